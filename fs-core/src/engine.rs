@@ -1,0 +1,87 @@
+//! The small transactional interface every metadata engine implements (RocksDB, Redis,
+//! PostgreSQL live in the `meta` crate). fs-core builds all file-system semantics on it.
+//!
+//! Contract for `commit`, the one subtle method:
+//! - atomically with respect to every other commit on this volume (from any process), check
+//!   that each key in `reads` still has the value recorded (absent = None), and if any differs
+//!   return `Conflict` and change nothing;
+//! - otherwise take `seq = head + 1`, build the entry with `CommitRequest::materialize`, apply
+//!   its write-set, append its frame to the journal under `seq`, set `head = seq`, all in one
+//!   atomic write, and wake journal readers.
+//! Hence sequence numbers are gap-free, strictly increasing and in commit order.
+
+use crate::error::Result;
+use crate::journal::{CommitRequest, Entry};
+use async_trait::async_trait;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitOutcome {
+    Committed { seq: u64, time_ns: i64 },
+    Conflict,
+}
+
+/// Retained journal range: entries `first..=last` can be read. Empty when `first > last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct JournalBounds {
+    pub first: u64,
+    pub last: u64,
+}
+
+pub type KvPair = (Vec<u8>, Vec<u8>);
+
+#[async_trait]
+pub trait Engine: Send + Sync + 'static {
+    /// "rocksdb", "redis" or "postgres".
+    fn kind(&self) -> &'static str;
+    /// The metadata URL with any password removed, for logs and `status`.
+    fn display_url(&self) -> String;
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(self.get(k).await?);
+        }
+        Ok(out)
+    }
+    /// Up to `limit` pairs with `start <= key < end`, in key order.
+    async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>>;
+
+    async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome>;
+
+    async fn journal_bounds(&self) -> Result<JournalBounds>;
+    /// Raw frames of entries with `seq >= from`, ascending, at most `max`. Errors with
+    /// `SeqNotRetained` when `from` is below the first retained entry.
+    async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>>;
+    /// Wait until an entry after `after` exists or `timeout` passes; true if one exists.
+    /// Never a tight poll loop.
+    async fn journal_wait(&self, after: u64, timeout: Duration) -> Result<bool>;
+    /// Drop entries with `seq < before` (never the head entry). Returns how many were dropped.
+    async fn journal_trim(&self, before: u64) -> Result<u64>;
+
+    /// Replay entries produced elsewhere, in order: apply each write-set, append the same
+    /// frames to this journal and advance the head, as one atomic write per call. The first
+    /// entry must be `head + 1` (entries at or below head are skipped: replay is idempotent).
+    async fn apply(&self, entries: &[Entry]) -> Result<u64>;
+}
+
+/// Read every pair in `[start, end)` page by page, calling `f` for each page.
+pub async fn scan_all<F>(engine: &dyn Engine, start: &[u8], end: &[u8], page: usize, mut f: F) -> Result<()>
+where
+    F: FnMut(Vec<KvPair>) -> Result<()>,
+{
+    let mut from = start.to_vec();
+    loop {
+        let batch = engine.scan(&from, end, page).await?;
+        let n = batch.len();
+        if let Some((k, _)) = batch.last() {
+            from = k.clone();
+            from.push(0);
+        }
+        f(batch)?;
+        if n < page {
+            return Ok(());
+        }
+    }
+}

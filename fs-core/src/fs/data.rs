@@ -1,0 +1,381 @@
+//! File data: slices written as immutable blocks, read back through the chunk's slice view,
+//! truncate without touching data, and compaction of chunks with many slices.
+//!
+//! Write order: every block of a slice is durably in the store before the transaction that
+//! references the slice commits. A crash in between leaves unreferenced objects for `gc`.
+
+use super::{get_attr, put_attr, transact, Fs};
+use crate::error::{corrupt, invalid, Error, ErrorKind, Result};
+use crate::journal::Op;
+use crate::keys;
+use crate::txn::Txn;
+use crate::types::{now_ns, Attr, FileKind, Ino, SliceRec, CHUNK_SIZE, MAX_FILE_LEN};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use std::collections::BTreeSet;
+
+/// A run of the chunk `[start, end)` showing bytes of slice `id` from `slice_off` (id 0: zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seg {
+    pub start: u32,
+    pub end: u32,
+    pub id: u64,
+    pub size: u32,
+    pub slice_off: u32,
+}
+
+/// The visible layout of a chunk: later records overwrite earlier ones where they overlap.
+/// Regions no record covers are absent (they read as zeros).
+pub(crate) fn build_view(recs: &[SliceRec]) -> Vec<Seg> {
+    let mut segs: Vec<Seg> = Vec::new();
+    for r in recs {
+        let (s, e) = (r.pos, r.pos + r.len);
+        let mut next = Vec::with_capacity(segs.len() + 2);
+        for g in segs.drain(..) {
+            if g.end <= s || g.start >= e {
+                next.push(g);
+                continue;
+            }
+            if g.start < s {
+                next.push(Seg { end: s, ..g });
+            }
+            if g.end > e {
+                next.push(Seg { start: e, slice_off: g.slice_off + (e - g.start), ..g });
+            }
+        }
+        next.push(Seg { start: s, end: e, id: r.id, size: r.size, slice_off: r.off });
+        next.sort_by_key(|g| g.start);
+        segs = next;
+    }
+    segs
+}
+
+fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec<SliceRec>> {
+    match v {
+        None => Ok(Vec::new()),
+        Some(b) => SliceRec::decode_list(&b).ok_or_else(|| corrupt(format!("chunk {idx} of inode {ino} does not decode"))),
+    }
+}
+
+/// Buffers contiguous writes (as `torch.save` and many writers issue: small appends) and
+/// commits them as few large slices. `flush` (or dropping past a chunk boundary) commits.
+pub struct FileWriter<'a> {
+    fs: &'a Fs,
+    ino: Ino,
+    start: u64,
+    buf: Vec<u8>,
+    limit: usize,
+}
+
+impl FileWriter<'_> {
+    pub async fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        if !self.buf.is_empty() && offset != self.start + self.buf.len() as u64 {
+            self.flush().await?;
+        }
+        if self.buf.is_empty() {
+            self.start = offset;
+        }
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= self.limit {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    pub async fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::take(&mut self.buf);
+        self.fs.write(self.ino, self.start, &data).await
+    }
+}
+
+impl Fs {
+    /// A buffered writer for `ino` (flushes every `limit` bytes, at least one block).
+    pub fn writer(&self, ino: Ino) -> FileWriter<'_> {
+        FileWriter { fs: self, ino, start: 0, buf: Vec::new(), limit: (self.settings.block_size as usize) * 4 }
+    }
+
+    fn block_key(&self, id: u64, index: u32, len: u32) -> String {
+        keys::block_key(&self.settings.name, id, index, len)
+    }
+
+    /// Object keys of the blocks of slice `id` of `size` bytes.
+    pub fn slice_block_keys(&self, id: u64, size: u32) -> Vec<(String, u32)> {
+        keys::slice_blocks(size, self.settings.block_size).map(|(i, l)| (self.block_key(id, i, l), l)).collect()
+    }
+
+    /// Upload `data` as a new slice; returns its id once every block is in the store.
+    pub(crate) async fn upload_slice(&self, data: Bytes) -> Result<u64> {
+        let id = self.alloc_slice().await?;
+        let bs = self.settings.block_size as usize;
+        let blocks: Vec<(String, Bytes)> = keys::slice_blocks(data.len() as u32, bs as u32)
+            .map(|(i, l)| {
+                let off = i as usize * bs;
+                (self.block_key(id, i, l), data.slice(off..off + l as usize))
+            })
+            .collect();
+        futures::stream::iter(blocks.into_iter().map(|(k, b)| async move { self.store.put(&k, b).await }))
+            .buffer_unordered(self.io_parallel)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(id)
+    }
+
+    /// Write `data` at `offset`: one slice per chunk touched, each committed after its blocks.
+    pub async fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<()> {
+        let end = offset.checked_add(data.len() as u64).filter(|e| *e <= MAX_FILE_LEN);
+        if end.is_none() {
+            return Err(invalid(format!("write past the {MAX_FILE_LEN}-byte file size limit")));
+        }
+        let mut done = 0usize;
+        while done < data.len() {
+            let off = offset + done as u64;
+            let idx = (off / CHUNK_SIZE) as u32;
+            let pos = (off % CHUNK_SIZE) as u32;
+            let n = ((CHUNK_SIZE - pos as u64) as usize).min(data.len() - done);
+            self.write_chunk(ino, idx, pos, Bytes::copy_from_slice(&data[done..done + n])).await?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    async fn write_chunk(&self, ino: Ino, idx: u32, pos: u32, data: Bytes) -> Result<()> {
+        // Refuse early (before uploading) if the inode is not a regular file.
+        let kind = self.getattr(ino).await?.kind;
+        if kind != FileKind::File {
+            return Err(Error::new(ErrorKind::IsDir, format!("inode {ino} is not a regular file")));
+        }
+        let len = data.len() as u32;
+        let id = self.upload_slice(data).await?;
+        let rec = SliceRec { pos, id, size: len, off: 0, len };
+        let (nrecs, _) = transact!(self, |tx| {
+            let mut attr = get_attr(&mut tx, ino).await?;
+            if attr.kind != FileKind::File {
+                return Err(Error::new(ErrorKind::IsDir, format!("inode {ino} is not a regular file")));
+            }
+            let key = keys::chunk(ino, idx);
+            let mut recs = decode_chunk(ino, idx, tx.get(&key).await?)?;
+            recs.push(rec);
+            tx.put(key, SliceRec::encode_list(&recs));
+            let end = idx as u64 * CHUNK_SIZE + (pos + len) as u64;
+            if end > attr.length {
+                tx.add(keys::USED_SPACE, (end - attr.length) as i64);
+                attr.length = end;
+            }
+            let now = now_ns();
+            attr.mtime = now;
+            attr.ctime = now;
+            put_attr(&mut tx, ino, &attr);
+            tx.set_op(Op::Write { ino, chunk: idx, pos, slice: id, size: len, off: 0, len });
+            Ok::<_, Error>(recs.len())
+        })?;
+        if nrecs > self.settings.compact_threshold as usize {
+            // Compaction is an optimisation: failing it leaves a correct (if slower) chunk.
+            if let Err(e) = self.compact_chunk(ino, idx).await {
+                tracing::warn!(ino, chunk = idx, error = %e, "compaction failed; chunk left as is");
+            }
+        }
+        Ok(())
+    }
+
+    /// Read up to `len` bytes at `offset` (short at end of file).
+    pub async fn read(&self, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let attr = self.getattr(ino).await?;
+        if attr.kind != FileKind::File {
+            return Err(Error::new(ErrorKind::IsDir, format!("inode {ino} is not a regular file")));
+        }
+        if offset >= attr.length {
+            return Ok(Vec::new());
+        }
+        let end = (offset + len as u64).min(attr.length);
+        let mut out = vec![0u8; (end - offset) as usize];
+        let mut off = offset;
+        while off < end {
+            let idx = (off / CHUNK_SIZE) as u32;
+            let cstart = (off % CHUNK_SIZE) as u32;
+            let cend = ((idx as u64 + 1) * CHUNK_SIZE).min(end) - idx as u64 * CHUNK_SIZE;
+            let recs = decode_chunk(ino, idx, self.engine.get(&keys::chunk(ino, idx)).await?)?;
+            let dst_base = (off - offset) as usize;
+            self.read_view(&recs, cstart, cend as u32, &mut out[dst_base..dst_base + (cend as u32 - cstart) as usize])
+                .await?;
+            off = idx as u64 * CHUNK_SIZE + cend;
+        }
+        Ok(out)
+    }
+
+    /// Fill `dst` with chunk bytes `[from, to)` of the view of `recs`.
+    async fn read_view(&self, recs: &[SliceRec], from: u32, to: u32, dst: &mut [u8]) -> Result<()> {
+        let bs = self.settings.block_size;
+        // (block key, expected len, slice block range to copy, where in dst)
+        let mut wanted: Vec<(String, u32, usize, usize, usize)> = Vec::new();
+        for g in build_view(recs) {
+            let (s, e) = (g.start.max(from), g.end.min(to));
+            if s >= e || g.id == 0 {
+                continue;
+            }
+            let mut soff = g.slice_off + (s - g.start); // offset inside the slice
+            let mut d = (s - from) as usize;
+            let mut left = e - s;
+            while left > 0 {
+                let bi = soff / bs;
+                let blen = (g.size - bi * bs).min(bs);
+                let in_block = soff - bi * bs;
+                let n = (blen - in_block).min(left);
+                wanted.push((self.block_key(g.id, bi, blen), blen, in_block as usize, n as usize, d));
+                soff += n;
+                d += n as usize;
+                left -= n;
+            }
+        }
+        let fetched: Vec<(Bytes, usize, usize, usize)> = futures::stream::iter(wanted.into_iter().map(
+            |(key, blen, ib, n, d)| async move {
+                let b = self.store.get(&key).await?;
+                if b.len() != blen as usize {
+                    return Err(corrupt(format!("block {key} has {} bytes, its key says {blen}", b.len())));
+                }
+                Ok::<_, Error>((b, ib, n, d))
+            },
+        ))
+        .buffered(self.io_parallel)
+        .try_collect()
+        .await?;
+        for (b, ib, n, d) in fetched {
+            dst[d..d + n].copy_from_slice(&b[ib..ib + n]);
+        }
+        Ok(())
+    }
+
+    /// Delete chunks with index >= `first` of `ino`, moving their slices to pending deletes.
+    /// Touches only chunk keys (one per 64 MiB), never data: truncating a huge file is cheap.
+    pub(crate) async fn free_chunks_from(&self, tx: &mut Txn<'_>, ino: Ino, first: u32) -> Result<()> {
+        let end = keys::prefix_end(&keys::chunk_prefix(ino));
+        let mut start = keys::chunk(ino, first);
+        loop {
+            let page = tx.scan(&start, &end, 1024).await?;
+            let n = page.len();
+            let mut freed = BTreeSet::new();
+            for (k, v) in page {
+                let recs = SliceRec::decode_list(&v).ok_or_else(|| corrupt(format!("chunk of inode {ino} does not decode")))?;
+                freed.extend(recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)));
+                start = k.clone();
+                start.push(0);
+                tx.delete(k);
+            }
+            for (id, size) in freed {
+                tx.stamp(keys::pending(id, size));
+            }
+            if n < 1024 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Change a file's length inside a transaction. Shrinking drops whole chunks past the new
+    /// end and lays a hole record over the rest of the boundary chunk (so a later extension
+    /// reads zeros); growing only changes the length.
+    pub(crate) async fn truncate_in(&self, tx: &mut Txn<'_>, ino: Ino, attr: &mut Attr, len: u64) -> Result<()> {
+        let old = attr.length;
+        if len < old {
+            self.free_chunks_from(tx, ino, len.div_ceil(CHUNK_SIZE) as u32).await?;
+            let pos = (len % CHUNK_SIZE) as u32;
+            if pos != 0 {
+                let idx = (len / CHUNK_SIZE) as u32;
+                let key = keys::chunk(ino, idx);
+                if let Some(v) = tx.get(&key).await? {
+                    let mut recs = decode_chunk(ino, idx, Some(v))?;
+                    recs.push(SliceRec { pos, id: 0, size: 0, off: 0, len: CHUNK_SIZE as u32 - pos });
+                    tx.put(key, SliceRec::encode_list(&recs));
+                }
+            }
+            tx.add(keys::USED_SPACE, -((old - len) as i64));
+        } else if len > old {
+            tx.add(keys::USED_SPACE, (len - old) as i64);
+        }
+        attr.length = len;
+        Ok(())
+    }
+
+    /// Rewrite a chunk's visible bytes as one new slice and free the old ones. If the chunk
+    /// changed meanwhile the commit conflicts and the new slice stays unreferenced (gc removes
+    /// it after the grace period).
+    pub async fn compact_chunk(&self, ino: Ino, idx: u32) -> Result<()> {
+        let key = keys::chunk(ino, idx);
+        let mut tx = Txn::new(&*self.engine);
+        let attr = get_attr(&mut tx, ino).await?;
+        let raw = tx.get(&key).await?;
+        let recs = decode_chunk(ino, idx, raw.clone())?;
+        if recs.len() <= 1 {
+            return Ok(());
+        }
+        let chunk_start = idx as u64 * CHUNK_SIZE;
+        if attr.length <= chunk_start {
+            return Ok(());
+        }
+        let len = (attr.length - chunk_start).min(CHUNK_SIZE) as u32;
+        let mut data = vec![0u8; len as usize];
+        self.read_view(&recs, 0, len, &mut data).await?;
+        let id = self.upload_slice(Bytes::from(data)).await?;
+        let mut tx = Txn::new(&*self.engine);
+        // Both reads are validated at commit: any write, truncate or compaction in between wins.
+        let attr2 = get_attr(&mut tx, ino).await?;
+        if tx.get(&key).await? != raw || attr2.length != attr.length {
+            return Ok(());
+        }
+        put_attr(&mut tx, ino, &attr2);
+        tx.put(key, SliceRec::encode_list(&[SliceRec { pos: 0, id, size: len, off: 0, len }]));
+        let freed: BTreeSet<(u64, u32)> = recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)).collect();
+        for (fid, fsize) in &freed {
+            tx.stamp(keys::pending(*fid, *fsize));
+        }
+        tx.set_op(Op::Compact { ino, chunk: idx, slice: id, size: len, freed: freed.len() as u32 });
+        match tx.commit().await? {
+            crate::engine::CommitOutcome::Committed { .. } => Ok(()),
+            crate::engine::CommitOutcome::Conflict => {
+                tracing::debug!(ino, chunk = idx, slice = id, "compaction lost a race; new slice left for gc");
+                Ok(())
+            }
+        }
+    }
+
+    /// The slice records of every chunk of `ino`, for tools (fsck, dump, get).
+    pub async fn chunks(&self, ino: Ino) -> Result<Vec<(u32, Vec<SliceRec>)>> {
+        let p = keys::chunk_prefix(ino);
+        let mut out = Vec::new();
+        crate::engine::scan_all(&*self.engine, &p, &keys::prefix_end(&p), 1024, |page| {
+            for (k, v) in page {
+                if let keys::Key::Chunk(_, idx) = keys::parse(&k) {
+                    out.push((idx, decode_chunk(ino, idx, Some(v))?));
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(pos: u32, id: u64, len: u32) -> SliceRec {
+        SliceRec { pos, id, size: len, off: 0, len }
+    }
+
+    #[test]
+    fn newer_slices_win_where_they_overlap() {
+        let v = build_view(&[rec(0, 1, 100), rec(10, 2, 20), rec(50, 0, 100)]);
+        assert_eq!(
+            v,
+            vec![
+                Seg { start: 0, end: 10, id: 1, size: 100, slice_off: 0 },
+                Seg { start: 10, end: 30, id: 2, size: 20, slice_off: 0 },
+                Seg { start: 30, end: 50, id: 1, size: 100, slice_off: 30 },
+                Seg { start: 50, end: 150, id: 0, size: 100, slice_off: 0 },
+            ]
+        );
+        assert_eq!(build_view(&[rec(0, 1, 10), rec(0, 2, 10)]), vec![Seg { start: 0, end: 10, id: 2, size: 10, slice_off: 0 }]);
+    }
+}

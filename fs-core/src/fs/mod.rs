@@ -1,0 +1,267 @@
+//! `Fs`: file-system semantics over an `Engine` (metadata) and a `BlockStore` (data).
+//! Every method is one or more optimistic transactions, retried on conflict.
+
+mod data;
+pub mod namespace;
+
+pub use data::FileWriter;
+
+use crate::engine::{CommitOutcome, Engine};
+use crate::error::{invalid, not_found, Error, ErrorKind, Result};
+use crate::journal::Op;
+use crate::keys;
+use crate::store::BlockStore;
+use crate::txn::Txn;
+use crate::types::{now_ns, Attr, FileKind, Ino, Settings, MAX_NAME_LEN, ROOT_INO};
+use std::sync::Arc;
+use tokio::sync::Mutex;
+
+/// How many times a transaction is re-run after losing a race before giving up.
+const MAX_ATTEMPTS: u32 = 200;
+const INODE_BATCH: u64 = 1024;
+const SLICE_BATCH: u64 = 256;
+
+/// Run `$body` (an expression using `$tx: &mut Txn` and `?`, evaluating to `Result<T>`) as a
+/// transaction, re-running it on conflict with jittered backoff. Evaluates to `Result<(T, seq)>`
+/// where seq is 0 if the body wrote nothing.
+macro_rules! transact {
+    ($fs:expr, |$tx:ident| $body:expr) => {{
+        let mut attempt = 0u32;
+        loop {
+            let mut $tx = $crate::txn::Txn::new(&*$fs.engine);
+            let out = async { $body }.await;
+            match out {
+                Err(e) => break Err(e),
+                Ok(v) => {
+                    if $tx.is_read_only() {
+                        break Ok((v, 0u64));
+                    }
+                    match $tx.commit().await {
+                        Ok($crate::engine::CommitOutcome::Committed { seq, .. }) => break Ok((v, seq)),
+                        Ok($crate::engine::CommitOutcome::Conflict) => {
+                            attempt += 1;
+                            if let Err(e) = $crate::fs::backoff(attempt).await {
+                                break Err(e);
+                            }
+                        }
+                        Err(e) => break Err(e),
+                    }
+                }
+            }
+        }
+    }};
+}
+pub(crate) use transact;
+
+pub(crate) async fn backoff(attempt: u32) -> Result<()> {
+    if attempt >= MAX_ATTEMPTS {
+        return Err(Error::temporary(
+            ErrorKind::Conflict,
+            format!("transaction lost {attempt} races in a row: too much contention, try again"),
+        ));
+    }
+    let cap_us = 200u64 << attempt.min(8);
+    let us = rand::random::<u64>() % cap_us.max(1);
+    tokio::time::sleep(std::time::Duration::from_micros(us)).await;
+    Ok(())
+}
+
+/// An id range handed out by the volume counter, used locally without a transaction per id.
+struct IdPool {
+    next: u64,
+    end: u64,
+}
+
+pub struct Fs {
+    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) store: Arc<dyn BlockStore>,
+    pub(crate) settings: Settings,
+    inodes: Mutex<IdPool>,
+    slices: Mutex<IdPool>,
+    /// Block transfers in flight per read or write call.
+    pub io_parallel: usize,
+}
+
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(invalid(format!("invalid file name {:?}", String::from_utf8_lossy(name))));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::new(ErrorKind::NameTooLong, format!("file name longer than {MAX_NAME_LEN} bytes")));
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(invalid(format!("file name {:?} contains '/' or NUL", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+pub(crate) fn lossy(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+pub(crate) fn decode_attr(ino: Ino, v: &[u8]) -> Result<Attr> {
+    postcard::from_bytes(v).map_err(|e| crate::error::corrupt(format!("attributes of inode {ino} do not decode: {e}")))
+}
+
+pub(crate) fn encode_attr(a: &Attr) -> Vec<u8> {
+    postcard::to_stdvec(a).expect("attributes always serialize")
+}
+
+pub(crate) async fn get_attr(tx: &mut Txn<'_>, ino: Ino) -> Result<Attr> {
+    match tx.get(&keys::attr(ino)).await? {
+        Some(v) => decode_attr(ino, &v),
+        None => Err(not_found(format!("inode {ino}"))),
+    }
+}
+
+pub(crate) fn put_attr(tx: &mut Txn<'_>, ino: Ino, a: &Attr) {
+    tx.put(keys::attr(ino), encode_attr(a));
+}
+
+pub(crate) async fn get_dir(tx: &mut Txn<'_>, ino: Ino) -> Result<Attr> {
+    let a = get_attr(tx, ino).await?;
+    if a.kind != FileKind::Dir {
+        return Err(Error::new(ErrorKind::NotDir, format!("inode {ino} is not a directory")));
+    }
+    Ok(a)
+}
+
+pub(crate) async fn lookup_entry(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> Result<Option<(Ino, FileKind)>> {
+    match tx.get(&keys::dentry(parent, name)).await? {
+        None => Ok(None),
+        Some(v) => keys::decode_dentry(&v)
+            .map(Some)
+            .ok_or_else(|| crate::error::corrupt(format!("directory entry {:?} in inode {parent} does not decode", lossy(name)))),
+    }
+}
+
+pub(crate) fn new_attr(kind: FileKind, mode: u32, uid: u32, gid: u32, parent: Ino) -> Attr {
+    let now = now_ns();
+    Attr {
+        kind,
+        mode: mode & 0o7777,
+        uid,
+        gid,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        nlink: if kind == FileKind::Dir { 2 } else { 1 },
+        length: 0,
+        parent,
+    }
+}
+
+impl Fs {
+    /// Format a new volume: fails with `AlreadyExists` if the engine already holds one.
+    pub async fn format(engine: Arc<dyn Engine>, store: Arc<dyn BlockStore>, settings: Settings) -> Result<Fs> {
+        if settings.block_size < 64 << 10 || settings.block_size > 16 << 20 {
+            return Err(invalid(format!(
+                "block size {} is outside 64 KiB..16 MiB",
+                settings.block_size
+            )));
+        }
+        if settings.name.is_empty() || settings.name.contains(['/', '\\', '\0']) || settings.name.starts_with('.') {
+            return Err(invalid(format!("volume name {:?} must be non-empty, not start with '.', and contain no '/', '\\' or NUL", settings.name)));
+        }
+        let json = serde_json::to_vec(&settings).expect("settings serialize");
+        let mut tx = Txn::new(&*engine);
+        if tx.get(keys::SETTING).await?.is_some() {
+            return Err(Error::new(ErrorKind::AlreadyExists, "this metadata engine already holds a formatted volume"));
+        }
+        let root = new_attr(FileKind::Dir, 0o755, 0, 0, ROOT_INO);
+        tx.put(keys::SETTING.to_vec(), json);
+        put_attr(&mut tx, ROOT_INO, &root);
+        tx.put(keys::NEXT_INODE.to_vec(), b"2".to_vec());
+        tx.put(keys::NEXT_SLICE.to_vec(), b"1".to_vec());
+        tx.put(keys::USED_INODES.to_vec(), b"1".to_vec());
+        tx.put(keys::USED_SPACE.to_vec(), b"0".to_vec());
+        tx.set_op(Op::Format { name: settings.name.clone() });
+        match tx.commit().await? {
+            CommitOutcome::Committed { .. } => Ok(Fs::with_settings(engine, store, settings)),
+            CommitOutcome::Conflict => Err(Error::new(ErrorKind::AlreadyExists, "another format of this volume won the race")),
+        }
+    }
+
+    pub async fn open(engine: Arc<dyn Engine>, store: Arc<dyn BlockStore>) -> Result<Fs> {
+        let settings = Self::load_settings(&*engine).await?;
+        Ok(Fs::with_settings(engine, store, settings))
+    }
+
+    pub async fn load_settings(engine: &dyn Engine) -> Result<Settings> {
+        match engine.get(keys::SETTING).await? {
+            None => Err(Error::new(
+                ErrorKind::NotFormatted,
+                format!("no volume at {}: run `jfs format` first", engine.display_url()),
+            )),
+            Some(v) => serde_json::from_slice(&v)
+                .map_err(|e| crate::error::corrupt(format!("volume settings do not decode: {e}"))),
+        }
+    }
+
+    fn with_settings(engine: Arc<dyn Engine>, store: Arc<dyn BlockStore>, settings: Settings) -> Fs {
+        Fs {
+            engine,
+            store,
+            settings,
+            inodes: Mutex::new(IdPool { next: 0, end: 0 }),
+            slices: Mutex::new(IdPool { next: 0, end: 0 }),
+            io_parallel: 8,
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
+    }
+    pub fn store(&self) -> &Arc<dyn BlockStore> {
+        &self.store
+    }
+
+    async fn alloc(&self, pool: &Mutex<IdPool>, counter: &'static [u8], batch: u64) -> Result<u64> {
+        let mut p = pool.lock().await;
+        if p.next >= p.end {
+            let ((start, end), _) = transact!(self, |tx| {
+                let cur = crate::journal::parse_counter(tx.get(counter).await?.as_deref())? as u64;
+                tx.put(counter.to_vec(), (cur + batch).to_string().into_bytes());
+                tx.set_op(if counter == keys::NEXT_INODE {
+                    Op::AllocInodes { start: cur, count: batch }
+                } else {
+                    Op::AllocSlices { start: cur, count: batch }
+                });
+                Ok::<_, Error>((cur, cur + batch))
+            })?;
+            p.next = start;
+            p.end = end;
+        }
+        let id = p.next;
+        p.next += 1;
+        Ok(id)
+    }
+
+    pub(crate) async fn alloc_inode(&self) -> Result<Ino> {
+        self.alloc(&self.inodes, keys::NEXT_INODE, INODE_BATCH).await
+    }
+    pub(crate) async fn alloc_slice(&self) -> Result<u64> {
+        self.alloc(&self.slices, keys::NEXT_SLICE, SLICE_BATCH).await
+    }
+
+    /// Change volume settings (journaled like any metadata).
+    pub async fn update_settings(&mut self, what: &str, f: impl Fn(&mut Settings)) -> Result<u64> {
+        let mut next = Settings::clone(&self.settings);
+        let ((), seq) = transact!(self, |tx| {
+            let cur: Settings = match tx.get(keys::SETTING).await? {
+                Some(v) => serde_json::from_slice(&v).map_err(|e| crate::error::corrupt(format!("settings: {e}")))?,
+                None => return Err(Error::new(ErrorKind::NotFormatted, "volume is not formatted")),
+            };
+            next = cur;
+            f(&mut next);
+            tx.put(keys::SETTING.to_vec(), serde_json::to_vec(&next).expect("settings serialize"));
+            tx.set_op(Op::Settings { what: what.to_string() });
+            Ok::<_, Error>(())
+        })?;
+        self.settings = next;
+        Ok(seq)
+    }
+}

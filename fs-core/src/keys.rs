@@ -1,0 +1,208 @@
+//! The metadata key schema (byte keys, big-endian numbers so that ranges scan in order) and
+//! the object key of a block.
+//!
+//! | key                          | value                                  |
+//! |------------------------------|----------------------------------------|
+//! | `setting`                    | JSON `Settings`                        |
+//! | `c<name>`                    | counter, ASCII decimal i64             |
+//! | `A<ino:8>I`                  | `Attr` (postcard)                      |
+//! | `A<ino:8>D<name>`            | dentry: `<ino:8><kind:1>`              |
+//! | `A<ino:8>C<index:4>`         | chunk: slice records, 24 bytes each    |
+//! | `A<ino:8>S`                  | symlink target                         |
+//! | `A<ino:8>X<name>`            | xattr value                            |
+//! | `D<slice:8><size:4>`         | pending delete: `"<seq> <time_ns>"`    |
+//!
+//! Engines keep their own bookkeeping (journal, head) outside this key space.
+
+use crate::types::{FileKind, Ino};
+
+pub const SETTING: &[u8] = b"setting";
+pub const NEXT_INODE: &[u8] = b"cnext_inode";
+pub const NEXT_SLICE: &[u8] = b"cnext_slice";
+pub const USED_SPACE: &[u8] = b"cused_space";
+pub const USED_INODES: &[u8] = b"cused_inodes";
+pub const COUNTER_PREFIX: &[u8] = b"c";
+pub const PENDING_PREFIX: &[u8] = b"D";
+pub const INODE_PREFIX: &[u8] = b"A";
+
+fn inode_key(ino: Ino, tag: u8, extra: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(10 + extra.len());
+    k.push(b'A');
+    k.extend_from_slice(&ino.to_be_bytes());
+    k.push(tag);
+    k.extend_from_slice(extra);
+    k
+}
+
+pub fn attr(ino: Ino) -> Vec<u8> {
+    inode_key(ino, b'I', &[])
+}
+pub fn dentry(parent: Ino, name: &[u8]) -> Vec<u8> {
+    inode_key(parent, b'D', name)
+}
+pub fn dentry_prefix(parent: Ino) -> Vec<u8> {
+    inode_key(parent, b'D', &[])
+}
+pub fn chunk(ino: Ino, index: u32) -> Vec<u8> {
+    inode_key(ino, b'C', &index.to_be_bytes())
+}
+pub fn chunk_prefix(ino: Ino) -> Vec<u8> {
+    inode_key(ino, b'C', &[])
+}
+pub fn symlink(ino: Ino) -> Vec<u8> {
+    inode_key(ino, b'S', &[])
+}
+pub fn xattr(ino: Ino, name: &[u8]) -> Vec<u8> {
+    inode_key(ino, b'X', name)
+}
+pub fn xattr_prefix(ino: Ino) -> Vec<u8> {
+    inode_key(ino, b'X', &[])
+}
+/// Every key of one inode.
+pub fn inode_prefix(ino: Ino) -> Vec<u8> {
+    let mut k = vec![b'A'];
+    k.extend_from_slice(&ino.to_be_bytes());
+    k
+}
+pub fn pending(slice: u64, size: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(13);
+    k.push(b'D');
+    k.extend_from_slice(&slice.to_be_bytes());
+    k.extend_from_slice(&size.to_be_bytes());
+    k
+}
+
+/// The exclusive end of the range of keys starting with `prefix`.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0xff; prefix.len() + 1]
+}
+
+/// A parsed metadata key, for dump, fsck and gc which walk the whole key space.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Key<'a> {
+    Setting,
+    Counter(&'a [u8]),
+    Attr(Ino),
+    Dentry(Ino, &'a [u8]),
+    Chunk(Ino, u32),
+    Symlink(Ino),
+    Xattr(Ino, &'a [u8]),
+    Pending(u64, u32),
+    Unknown,
+}
+
+pub fn parse(k: &[u8]) -> Key<'_> {
+    if k == SETTING {
+        return Key::Setting;
+    }
+    match k.first() {
+        Some(b'c') => Key::Counter(&k[1..]),
+        Some(b'D') if k.len() == 13 => Key::Pending(
+            u64::from_be_bytes(k[1..9].try_into().unwrap()),
+            u32::from_be_bytes(k[9..13].try_into().unwrap()),
+        ),
+        Some(b'A') if k.len() >= 10 => {
+            let ino = u64::from_be_bytes(k[1..9].try_into().unwrap());
+            let rest = &k[10..];
+            match k[9] {
+                b'I' if rest.is_empty() => Key::Attr(ino),
+                b'D' => Key::Dentry(ino, rest),
+                b'C' if rest.len() == 4 => Key::Chunk(ino, u32::from_be_bytes(rest.try_into().unwrap())),
+                b'S' if rest.is_empty() => Key::Symlink(ino),
+                b'X' => Key::Xattr(ino, rest),
+                _ => Key::Unknown,
+            }
+        }
+        _ => Key::Unknown,
+    }
+}
+
+pub fn encode_dentry(ino: Ino, kind: FileKind) -> Vec<u8> {
+    let mut v = ino.to_be_bytes().to_vec();
+    v.push(kind.as_byte());
+    v
+}
+
+pub fn decode_dentry(v: &[u8]) -> Option<(Ino, FileKind)> {
+    if v.len() != 9 {
+        return None;
+    }
+    Some((u64::from_be_bytes(v[..8].try_into().unwrap()), FileKind::from_byte(v[8])?))
+}
+
+/// The object key of block `index` (of `len` bytes) of slice `id` in volume `volume`.
+/// Derived from these three numbers alone: a key is written once and never rewritten.
+pub fn block_key(volume: &str, id: u64, index: u32, len: u32) -> String {
+    format!("{volume}/chunks/{}/{}/{id}_{index}_{len}", id / 1_000_000, id / 1000)
+}
+
+/// The prefix under which all blocks of `volume` live.
+pub fn blocks_prefix(volume: &str) -> String {
+    format!("{volume}/chunks/")
+}
+
+/// Parse a block key back into (slice id, index, len); None for anything else, including keys
+/// whose directory part does not match the id (a hand-made or corrupted key).
+pub fn parse_block_key(volume: &str, key: &str) -> Option<(u64, u32, u32)> {
+    let rest = key.strip_prefix(&blocks_prefix(volume))?;
+    let mut parts = rest.split('/');
+    let (d1, d2, file) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let mut f = file.split('_');
+    let id: u64 = f.next()?.parse().ok()?;
+    let index: u32 = f.next()?.parse().ok()?;
+    let len: u32 = f.next()?.parse().ok()?;
+    if f.next().is_some() || d1 != (id / 1_000_000).to_string() || d2 != (id / 1000).to_string() {
+        return None;
+    }
+    Some((id, index, len))
+}
+
+/// The blocks of a slice of `size` bytes with block size `bs`: (index, len) pairs.
+pub fn slice_blocks(size: u32, bs: u32) -> impl Iterator<Item = (u32, u32)> {
+    let n = size.div_ceil(bs);
+    (0..n).map(move |i| (i, (size - i * bs).min(bs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_key_layout_matches_the_design() {
+        assert_eq!(block_key("vol", 1, 0, 4194304), "vol/chunks/0/0/1_0_4194304");
+        assert_eq!(block_key("vol", 12_345_678, 2, 5), "vol/chunks/12/12345/12345678_2_5");
+        assert_eq!(parse_block_key("vol", "vol/chunks/12/12345/12345678_2_5"), Some((12_345_678, 2, 5)));
+        assert_eq!(parse_block_key("vol", "vol/chunks/0/0/12345678_2_5"), None);
+        assert_eq!(parse_block_key("vol", "other/chunks/0/0/1_0_1"), None);
+        assert_eq!(parse_block_key("vol", "vol/chunks/0/0/1_0_1_9"), None);
+    }
+
+    #[test]
+    fn slice_blocks_split_at_block_size() {
+        let b: Vec<_> = slice_blocks(10 << 20, 4 << 20).collect();
+        assert_eq!(b, vec![(0, 4 << 20), (1, 4 << 20), (2, 2 << 20)]);
+        assert_eq!(slice_blocks(0, 4).count(), 0);
+    }
+
+    #[test]
+    fn keys_parse_back() {
+        assert_eq!(parse(&attr(5)), Key::Attr(5));
+        assert_eq!(parse(&dentry(5, b"x/y")), Key::Dentry(5, b"x/y"));
+        assert_eq!(parse(&chunk(5, 9)), Key::Chunk(5, 9));
+        assert_eq!(parse(&pending(7, 3)), Key::Pending(7, 3));
+        assert_eq!(parse(SETTING), Key::Setting);
+        assert_eq!(prefix_end(b"A\x01\xff"), b"A\x02".to_vec());
+        assert!(dentry_prefix(1) < dentry(1, b"") || dentry_prefix(1) == dentry(1, b""));
+        assert!(dentry(1, b"\xff\xff") < prefix_end(&dentry_prefix(1)));
+    }
+}

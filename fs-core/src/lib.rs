@@ -1,0 +1,21 @@
+//! fs-core: the volume format (inodes, chunks, slices, block keys), file-system semantics, and
+//! the change journal, over two traits: `Engine` (metadata) and `BlockStore` (data).
+//! No sockets, no CLI: engines and stores live in other crates.
+
+pub mod engine;
+pub mod error;
+pub mod fs;
+pub mod journal;
+pub mod keys;
+pub mod maint;
+pub mod store;
+pub mod txn;
+pub mod types;
+
+pub use engine::{CommitOutcome, Engine, JournalBounds};
+pub use error::{Error, ErrorKind, Result};
+pub use fs::{FileWriter, Fs};
+pub use fs::namespace::Owner;
+pub use journal::{CommitRequest, Entry, Mutation, Op};
+pub use store::{BlockStore, ObjectMeta};
+pub use types::*;

@@ -1,0 +1,196 @@
+//! The volume model: inodes, attributes, slices and volume settings.
+
+use serde::{Deserialize, Serialize};
+
+pub type Ino = u64;
+pub const ROOT_INO: Ino = 1;
+/// A file is split into chunks of this many bytes; a slice never crosses a chunk boundary.
+pub const CHUNK_SIZE: u64 = 64 << 20;
+pub const DEFAULT_BLOCK_SIZE: u32 = 4 << 20;
+pub const MAX_NAME_LEN: usize = 255;
+/// Largest file length accepted (2^48 bytes = 256 TiB, far above real checkpoints).
+pub const MAX_FILE_LEN: u64 = 1 << 48;
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+impl FileKind {
+    pub fn as_byte(self) -> u8 {
+        match self {
+            FileKind::File => b'f',
+            FileKind::Dir => b'd',
+            FileKind::Symlink => b'l',
+        }
+    }
+    pub fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            b'f' => Some(FileKind::File),
+            b'd' => Some(FileKind::Dir),
+            b'l' => Some(FileKind::Symlink),
+            _ => None,
+        }
+    }
+}
+
+/// Inode attributes. Times are nanoseconds since the Unix epoch.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub kind: FileKind,
+    /// Permission bits (0o7777).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    pub nlink: u32,
+    pub length: u64,
+    /// The directory this inode was created in (the first parent of a hard-linked file).
+    pub parent: Ino,
+}
+
+/// Which attributes a `setattr` changes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<i64>,
+    pub mtime: Option<i64>,
+    /// Truncate or extend to this length (files only).
+    pub length: Option<u64>,
+}
+
+/// One slice record in a chunk: bytes `[off, off+len)` of slice `id` appear at `pos` in the
+/// chunk. `size` is the slice's full stored size (it names its blocks). Id 0 is a hole (zeros).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SliceRec {
+    pub pos: u32,
+    pub id: u64,
+    pub size: u32,
+    pub off: u32,
+    pub len: u32,
+}
+
+pub const SLICE_REC_LEN: usize = 24;
+
+impl SliceRec {
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.pos.to_be_bytes());
+        out.extend_from_slice(&self.id.to_be_bytes());
+        out.extend_from_slice(&self.size.to_be_bytes());
+        out.extend_from_slice(&self.off.to_be_bytes());
+        out.extend_from_slice(&self.len.to_be_bytes());
+    }
+    pub fn decode_list(b: &[u8]) -> Option<Vec<SliceRec>> {
+        if b.len() % SLICE_REC_LEN != 0 {
+            return None;
+        }
+        let u32_at = |s: &[u8], i: usize| u32::from_be_bytes(s[i..i + 4].try_into().unwrap());
+        Some(
+            b.chunks_exact(SLICE_REC_LEN)
+                .map(|r| SliceRec {
+                    pos: u32_at(r, 0),
+                    id: u64::from_be_bytes(r[4..12].try_into().unwrap()),
+                    size: u32_at(r, 12),
+                    off: u32_at(r, 16),
+                    len: u32_at(r, 20),
+                })
+                .collect(),
+        )
+    }
+    pub fn encode_list(recs: &[SliceRec]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(recs.len() * SLICE_REC_LEN);
+        for r in recs {
+            r.encode_into(&mut out);
+        }
+        out
+    }
+}
+
+/// Volume settings: stored as metadata (key `setting`), changed through the journal.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub name: String,
+    pub uuid: String,
+    /// Format version of the volume layout.
+    pub format_version: u32,
+    pub block_size: u32,
+    /// Object store URL (never with credentials in it).
+    pub storage: String,
+    /// Capacity reported by statfs, bytes (0 = unlimited).
+    pub capacity: u64,
+    /// Journal entries younger than this are kept (seconds).
+    pub journal_retention_secs: u64,
+    /// Freed slices are kept this long before `gc` may delete their blocks (seconds).
+    pub trash_secs: u64,
+    /// Objects not referenced by metadata are leaked only once older than this (seconds).
+    pub gc_grace_secs: u64,
+    /// A chunk with more slice records than this is compacted after a write.
+    pub compact_threshold: u32,
+    pub created_ns: i64,
+}
+
+impl Settings {
+    pub fn new(name: &str, storage: &str, block_size: u32) -> Self {
+        Settings {
+            name: name.to_string(),
+            uuid: format!("{:032x}", rand::random::<u128>()),
+            format_version: 1,
+            block_size,
+            storage: storage.to_string(),
+            capacity: 0,
+            journal_retention_secs: 7 * 24 * 3600,
+            trash_secs: 0,
+            gc_grace_secs: 3600,
+            compact_threshold: 64,
+            created_ns: now_ns(),
+        }
+    }
+}
+
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// Statistics from `statfs`.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub capacity: u64,
+    pub used_space: u64,
+    pub used_inodes: u64,
+}
+
+/// One directory entry as returned by `readdir`.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_records_round_trip() {
+        let recs = vec![
+            SliceRec { pos: 0, id: 7, size: 10, off: 0, len: 10 },
+            SliceRec { pos: 5, id: u64::MAX, size: u32::MAX, off: 3, len: 1 },
+        ];
+        let b = SliceRec::encode_list(&recs);
+        assert_eq!(b.len(), 48);
+        assert_eq!(SliceRec::decode_list(&b).unwrap(), recs);
+        assert!(SliceRec::decode_list(&b[..47]).is_none());
+    }
+}
