@@ -1,1 +1,205 @@
-//! placeholder
+//! Metadata engines behind fs-core's `Engine` trait, and META_URL parsing:
+//!
+//! - `rocksdb:///path/to/dir[?sync=false]` — embedded, the default;
+//! - `redis://[user@]host[:port][/db][?prefix=P]`;
+//! - `postgres://user@host[:port]/db[?schema=S]`.
+//!
+//! Passwords never go in the URL (it would show in process lists and logs): they come from the
+//! file given by `password_file`, or the variable named by `?password_env=NAME`, or
+//! `JFS_META_PASSWORD`.
+
+mod postgres;
+mod redis_engine;
+mod rocks;
+
+pub use postgres::PgEngine;
+pub use redis_engine::RedisEngine;
+pub use rocks::{RocksEngine, RocksMode};
+
+use fs_core::error::{Error, ErrorKind, Result};
+use fs_core::Engine;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub const PASSWORD_ENV: &str = "JFS_META_PASSWORD";
+
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// RocksDB: if another process holds the database, open it read-only (secondary).
+    pub allow_read_only: bool,
+    /// Read the password from this file (first line).
+    pub password_file: Option<PathBuf>,
+}
+
+fn config_err(url: &str, what: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Config, format!("metadata URL {:?}: {what}", redact(url)))
+}
+
+/// The URL with any password replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn query(u: &url::Url) -> HashMap<String, String> {
+    u.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
+}
+
+fn check_params(url: &str, q: &HashMap<String, String>, allowed: &[&str]) -> Result<()> {
+    for k in q.keys() {
+        if !allowed.contains(&k.as_str()) {
+            return Err(config_err(url, format!("unknown parameter {k:?} (known: {})", allowed.join(", "))));
+        }
+    }
+    Ok(())
+}
+
+fn password(url: &str, q: &HashMap<String, String>, opts: &OpenOptions) -> Result<Option<String>> {
+    if let Some(f) = &opts.password_file {
+        let s = std::fs::read_to_string(f)
+            .map_err(|e| Error::new(ErrorKind::Config, format!("reading the password file {}: {e}", f.display())))?;
+        return Ok(Some(s.lines().next().unwrap_or("").to_string()));
+    }
+    let var = q.get("password_env").map(String::as_str).unwrap_or(PASSWORD_ENV);
+    match std::env::var(var) {
+        Ok(p) if !p.is_empty() => Ok(Some(p)),
+        _ if q.contains_key("password_env") => Err(config_err(url, format!("password_env names {var}, which is not set"))),
+        _ => Ok(None),
+    }
+}
+
+fn valid_ident(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 48 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// Open the engine a META_URL names. Errors name the URL (redacted) and what to fix.
+pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(config_err(url, "expected SCHEME://..., e.g. rocksdb:///var/lib/jfs/meta, redis://127.0.0.1:6379/1, postgres://jfs@127.0.0.1:5432/jfs"));
+    };
+    match scheme {
+        "rocksdb" => {
+            let rest = &url["rocksdb://".len()..];
+            let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
+            if path.is_empty() {
+                return Err(config_err(url, "no path: use rocksdb:///absolute/dir"));
+            }
+            let mut sync = true;
+            for pair in q.split('&').filter(|p| !p.is_empty()) {
+                match pair {
+                    "sync=true" => sync = true,
+                    "sync=false" => sync = false,
+                    other => return Err(config_err(url, format!("unknown parameter {other:?} (known: sync=true|false)"))),
+                }
+            }
+            let path = PathBuf::from(path);
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                if !parent.is_dir() {
+                    return Err(config_err(url, format!("directory {} does not exist", parent.display())));
+                }
+            }
+            let mode = if opts.allow_read_only { RocksMode::ReadWriteOrSecondary } else { RocksMode::ReadWrite };
+            Ok(Arc::new(RocksEngine::open(&path, mode, sync)?))
+        }
+        "redis" => {
+            let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
+            if u.password().is_some() {
+                return Err(config_err(url, format!("do not put the password in the URL; set {PASSWORD_ENV} or use a password file")));
+            }
+            let q = query(&u);
+            check_params(url, &q, &["prefix", "password_env"])?;
+            let host = u.host_str().filter(|h| !h.is_empty()).ok_or_else(|| config_err(url, "no host"))?.to_string();
+            let port = u.port().unwrap_or(6379);
+            let db: i64 = match u.path().trim_start_matches('/') {
+                "" => 0,
+                d => d.parse().map_err(|_| config_err(url, format!("database {d:?} is not a number")))?,
+            };
+            let prefix = q.get("prefix").cloned().unwrap_or_default();
+            if !prefix.is_empty() && !valid_ident(&prefix) {
+                return Err(config_err(url, "prefix must be lowercase letters, digits and '_'"));
+            }
+            let info = redis::ConnectionInfo {
+                addr: redis::ConnectionAddr::Tcp(host.clone(), port),
+                redis: redis::RedisConnectionInfo {
+                    db,
+                    username: (!u.username().is_empty()).then(|| u.username().to_string()),
+                    password: password(url, &q, opts)?,
+                    ..Default::default()
+                },
+            };
+            Ok(Arc::new(RedisEngine::connect(info, &prefix, redact(url)).await?))
+        }
+        "postgres" | "postgresql" => {
+            let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
+            if u.password().is_some() {
+                return Err(config_err(url, format!("do not put the password in the URL; set {PASSWORD_ENV} or use a password file")));
+            }
+            let q = query(&u);
+            check_params(url, &q, &["schema", "password_env"])?;
+            let host = u.host_str().filter(|h| !h.is_empty()).ok_or_else(|| config_err(url, "no host"))?;
+            let db = u.path().trim_start_matches('/');
+            if db.is_empty() {
+                return Err(config_err(url, "no database name: postgres://user@host:port/DB"));
+            }
+            let user = if u.username().is_empty() { "postgres" } else { u.username() };
+            let schema = q.get("schema").cloned().unwrap_or_else(|| "public".into());
+            if !valid_ident(&schema) {
+                return Err(config_err(url, "schema must be lowercase letters, digits and '_'"));
+            }
+            let mut cfg = tokio_postgres::Config::new();
+            cfg.host(host).port(u.port().unwrap_or(5432)).user(user).dbname(db).application_name("jfs");
+            if let Some(p) = password(url, &q, opts)? {
+                cfg.password(p);
+            }
+            Ok(Arc::new(PgEngine::connect(cfg, &schema, redact(url)).await?))
+        }
+        other => Err(config_err(
+            url,
+            format!("unsupported scheme {other:?}: use rocksdb:///path, redis://host:port/db or postgres://user@host:port/db"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn check_err(url: &str, needle: &str) {
+        let e = open(url, &OpenOptions::default()).await.err().expect("should fail");
+        assert_eq!(e.kind(), ErrorKind::Config, "{url}: {e}");
+        assert!(e.to_string().contains(needle), "{url}: {e}");
+        assert!(!e.to_string().contains("hunter2"), "secret leaked: {e}");
+    }
+
+    #[tokio::test]
+    async fn malformed_urls_are_refused_with_a_reason() {
+        check_err("nonsense", "expected SCHEME://").await;
+        check_err("mysql://x/y", "unsupported scheme").await;
+        check_err("rocksdb://", "no path").await;
+        check_err("rocksdb:///no/such/parent/dir", "does not exist").await;
+        check_err("rocksdb:///tmp/x?fast=1", "unknown parameter").await;
+        check_err("redis://u:hunter2@127.0.0.1:6379/0", "do not put the password").await;
+        check_err("redis://127.0.0.1:6379/zero", "not a number").await;
+        check_err("postgres://u:hunter2@127.0.0.1/db", "do not put the password").await;
+        check_err("postgres://u@127.0.0.1", "no database name").await;
+        check_err("postgres://u@127.0.0.1/db?schema=Bad;drop", "schema must be").await;
+    }
+
+    #[tokio::test]
+    async fn unreachable_engines_fail_fast_and_say_where() {
+        // A port nothing listens on (bound, then closed).
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        for url in [format!("redis://127.0.0.1:{port}/0"), format!("postgres://u@127.0.0.1:{port}/db")] {
+            let e = open(&url, &OpenOptions::default()).await.err().expect("should fail");
+            assert_eq!(e.kind(), ErrorKind::Backend, "{e}");
+            assert!(e.to_string().contains(&port.to_string()), "{e}");
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The PostgreSQL engine: tables `jfs_kv(k bytea primary key, v bytea)`,
+//! `jfs_journal(seq bigint primary key, frame bytea)` and `jfs_head(id, seq)`, in the schema
+//! named by the URL (`?schema=`, default `public`).
+//!
+//! Commit section: inside one transaction, `SELECT seq FROM jfs_head ... FOR UPDATE` takes the
+//! row lock that orders all commits; under it the read-set is validated, the entry is built for
+//! `seq + 1`, the write-set, the journal row and the new head are written, and `pg_notify`
+//! wakes readers (delivered at commit). A `bigserial` would not do: its values are handed out
+//! at insert time, not in commit order, so a reader could skip an entry committed late.
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use fs_core::engine::{CommitOutcome, Engine, JournalBounds, KvPair};
+use fs_core::error::{Error, ErrorKind, Result};
+use fs_core::journal::{CommitRequest, Entry, Mutation};
+use futures::StreamExt;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+pub struct PgEngine {
+    pool: Pool,
+    display: String,
+    channel: String,
+    notified: watch::Receiver<u64>,
+    _listener: tokio::task::JoinHandle<()>,
+}
+
+pub(crate) fn map_err(e: tokio_postgres::Error, what: &str) -> Error {
+    use tokio_postgres::error::SqlState;
+    if let Some(code) = e.code() {
+        if *code == SqlState::INVALID_PASSWORD || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION {
+            return Error::new(ErrorKind::PermissionDenied, format!("postgres {what}: authentication failed (check the user and JFS_META_PASSWORD)"));
+        }
+        if *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED {
+            return Error::temporary(ErrorKind::Backend, format!("postgres {what}: {e}"));
+        }
+        if *code == SqlState::DISK_FULL {
+            return Error::new(ErrorKind::Backend, format!("postgres {what}: disk full: {e}"));
+        }
+    }
+    let msg = match e.as_db_error() {
+        Some(db) => format!("postgres {what}: {}", db.message()),
+        None => format!("postgres {what}: {e}"),
+    };
+    if e.is_closed() || e.as_db_error().is_none() {
+        Error::temporary(ErrorKind::Backend, msg)
+    } else {
+        Error::new(ErrorKind::Backend, msg)
+    }
+}
+
+fn pool_err(e: deadpool_postgres::PoolError, what: &str) -> Error {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => map_err(e, what),
+        other => Error::temporary(ErrorKind::Backend, format!("postgres {what}: {other}")),
+    }
+}
+
+impl PgEngine {
+    pub async fn connect(cfg: tokio_postgres::Config, schema: &str, display: String) -> Result<Self> {
+        let mut cfg = cfg;
+        cfg.connect_timeout(Duration::from_secs(5));
+        cfg.options(format!("-c search_path={schema}"));
+        // Fail fast with a clear message (and prove the credentials) before building the pool.
+        let (client, mut connection) = tokio::time::timeout(Duration::from_secs(10), cfg.connect(NoTls))
+            .await
+            .map_err(|_| Error::temporary(ErrorKind::Backend, format!("{display}: no answer within 10 s: is PostgreSQL running there?")))?
+            .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
+        let channel = format!("jfs_journal_{schema}");
+        let (tx, notified) = watch::channel(0u64);
+        let listener = tokio::spawn(async move {
+            let mut msgs = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(m)) = msgs.next().await {
+                if let AsyncMessage::Notification(n) = m {
+                    if let Ok(seq) = n.payload().parse::<u64>() {
+                        tx.send_if_modified(|cur| {
+                            let changed = seq > *cur;
+                            *cur = (*cur).max(seq);
+                            changed
+                        });
+                    }
+                }
+            }
+        });
+        let setup = format!(
+            "SELECT pg_advisory_xact_lock(hashtext('jfs-setup-{schema}'));
+             CREATE SCHEMA IF NOT EXISTS {schema};
+             CREATE TABLE IF NOT EXISTS {schema}.jfs_kv (k bytea PRIMARY KEY, v bytea NOT NULL);
+             CREATE TABLE IF NOT EXISTS {schema}.jfs_journal (seq bigint PRIMARY KEY, frame bytea NOT NULL);
+             CREATE TABLE IF NOT EXISTS {schema}.jfs_head (id int PRIMARY KEY, seq bigint NOT NULL);
+             INSERT INTO {schema}.jfs_head VALUES (1, 0) ON CONFLICT DO NOTHING;"
+        );
+        client
+            .batch_execute(&format!("BEGIN; {setup} COMMIT;"))
+            .await
+            .map_err(|e| map_err(e, "creating tables"))?;
+        client.batch_execute(&format!("LISTEN {channel}")).await.map_err(|e| map_err(e, "LISTEN"))?;
+        // The listening client must stay alive: keep it inside the listener's future.
+        let listener = tokio::spawn(async move {
+            let _keep = client;
+            let _ = listener.await;
+        });
+        let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(mgr)
+            .max_size(16)
+            .build()
+            .map_err(|e| Error::new(ErrorKind::Config, format!("postgres pool: {e}")))?;
+        Ok(PgEngine { pool, display, channel, notified, _listener: listener })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(|e| pool_err(e, "connecting"))
+    }
+
+    async fn head(&self) -> Result<u64> {
+        let c = self.client().await?;
+        let row = c.query_one("SELECT seq FROM jfs_head WHERE id = 1", &[]).await.map_err(|e| map_err(e, "reading head"))?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+}
+
+/// Apply puts and deletes (last write of a key wins) inside a transaction.
+async fn write_set(tx: &deadpool_postgres::Transaction<'_>, writes: &[&Mutation]) -> Result<()> {
+    let mut last: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
+    for m in writes {
+        match m {
+            Mutation::Put { key, value } => last.insert(key, Some(value)),
+            Mutation::Delete { key } => last.insert(key, None),
+            _ => unreachable!("materialized entries hold only puts and deletes"),
+        };
+    }
+    let (mut pk, mut pv, mut dk) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, v) in last {
+        match v {
+            Some(v) => {
+                pk.push(k);
+                pv.push(v);
+            }
+            None => dk.push(k),
+        }
+    }
+    if !pk.is_empty() {
+        let st = tx
+            .prepare_cached("INSERT INTO jfs_kv (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v")
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        tx.execute(&st, &[&pk, &pv]).await.map_err(|e| map_err(e, "writing keys"))?;
+    }
+    if !dk.is_empty() {
+        let st = tx.prepare_cached("DELETE FROM jfs_kv WHERE k = ANY($1)").await.map_err(|e| map_err(e, "prepare"))?;
+        tx.execute(&st, &[&dk]).await.map_err(|e| map_err(e, "deleting keys"))?;
+    }
+    Ok(())
+}
+
+async fn append(tx: &deadpool_postgres::Transaction<'_>, channel: &str, seqs: &[i64], frames: &[Vec<u8>]) -> Result<()> {
+    let st = tx
+        .prepare_cached("INSERT INTO jfs_journal (seq, frame) SELECT * FROM unnest($1::bigint[], $2::bytea[])")
+        .await
+        .map_err(|e| map_err(e, "prepare"))?;
+    tx.execute(&st, &[&seqs, &frames]).await.map_err(|e| map_err(e, "appending to the journal"))?;
+    let last = *seqs.last().expect("at least one entry");
+    tx.execute("UPDATE jfs_head SET seq = $1 WHERE id = 1", &[&last]).await.map_err(|e| map_err(e, "advancing head"))?;
+    tx.execute("SELECT pg_notify($1, $2)", &[&channel, &last.to_string()]).await.map_err(|e| map_err(e, "notify"))?;
+    Ok(())
+}
+
+#[async_trait]
+impl Engine for PgEngine {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+    fn display_url(&self) -> String {
+        self.display.clone()
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let c = self.client().await?;
+        let st = c.prepare_cached("SELECT v FROM jfs_kv WHERE k = $1").await.map_err(|e| map_err(e, "prepare"))?;
+        let row = c.query_opt(&st, &[&key]).await.map_err(|e| map_err(e, "get"))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        let c = self.client().await?;
+        let st = c.prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)").await.map_err(|e| map_err(e, "prepare"))?;
+        let rows = c.query(&st, &[&keys]).await.map_err(|e| map_err(e, "get"))?;
+        let mut m: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok(keys.iter().map(|k| m.remove(k)).collect())
+    }
+
+    async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached("SELECT k, v FROM jfs_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3")
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        let limit = limit.min(i64::MAX as usize) as i64;
+        let rows = c.query(&st, &[&start, &end, &limit]).await.map_err(|e| map_err(e, "scan"))?;
+        Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| map_err(e, "begin"))?;
+        let head: i64 = tx
+            .query_one("SELECT seq FROM jfs_head WHERE id = 1 FOR UPDATE", &[])
+            .await
+            .map_err(|e| map_err(e, "locking head"))?
+            .get(0);
+        let mut want: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
+        let ckeys = req.counter_keys();
+        want.extend(ckeys.iter().map(|k| k.as_slice()));
+        let st = tx.prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)").await.map_err(|e| map_err(e, "prepare"))?;
+        let rows = tx.query(&st, &[&want]).await.map_err(|e| map_err(e, "validating reads"))?;
+        let cur: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+        for (k, v) in &req.reads {
+            if cur.get(k) != v.as_ref() {
+                tx.rollback().await.map_err(|e| map_err(e, "rollback"))?;
+                return Ok(CommitOutcome::Conflict);
+            }
+        }
+        let counters: HashMap<Vec<u8>, Option<Vec<u8>>> = ckeys.iter().map(|k| (k.clone(), cur.get(k).cloned())).collect();
+        let seq = head as u64 + 1;
+        let entry = req.materialize(seq, fs_core::types::now_ns(), &counters)?;
+        write_set(&tx, &entry.writes.iter().collect::<Vec<_>>()).await?;
+        append(&tx, &self.channel, &[seq as i64], &[entry.encode()]).await?;
+        tx.commit().await.map_err(|e| map_err(e, "commit"))?;
+        Ok(CommitOutcome::Committed { seq, time_ns: entry.time_ns })
+    }
+
+    async fn journal_bounds(&self) -> Result<JournalBounds> {
+        let c = self.client().await?;
+        let row = c
+            .query_one("SELECT (SELECT min(seq) FROM jfs_journal), (SELECT seq FROM jfs_head WHERE id = 1)", &[])
+            .await
+            .map_err(|e| map_err(e, "reading journal bounds"))?;
+        let last = row.get::<_, i64>(1) as u64;
+        let first = row.get::<_, Option<i64>>(0).map(|s| s as u64).unwrap_or(last + 1);
+        Ok(JournalBounds { first, last })
+    }
+
+    async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        let b = self.journal_bounds().await?;
+        let from = from.max(1);
+        if from < b.first {
+            return Err(Error::new(ErrorKind::SeqNotRetained, format!("journal entry {from} is no longer retained (first retained is {})", b.first)));
+        }
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached("SELECT seq, frame FROM jfs_journal WHERE seq >= $1 ORDER BY seq LIMIT $2")
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        let rows = c.query(&st, &[&(from as i64), &(max as i64)]).await.map_err(|e| map_err(e, "reading the journal"))?;
+        Ok(rows.into_iter().map(|r| (r.get::<_, i64>(0) as u64, r.get(1))).collect())
+    }
+
+    async fn journal_wait(&self, after: u64, timeout: Duration) -> Result<bool> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.notified.clone();
+        loop {
+            rx.borrow_and_update();
+            if self.head().await? > after {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            // Notifications wake us; the 1 s cap only guards against a lost listener connection.
+            let _ = tokio::time::timeout((deadline - now).min(Duration::from_secs(1)), rx.changed()).await;
+        }
+    }
+
+    async fn journal_trim(&self, before: u64) -> Result<u64> {
+        let c = self.client().await?;
+        let n = c
+            .execute("DELETE FROM jfs_journal WHERE seq < $1 AND seq < (SELECT seq FROM jfs_head WHERE id = 1)", &[&(before as i64)])
+            .await
+            .map_err(|e| map_err(e, "trimming the journal"))?;
+        Ok(n)
+    }
+
+    async fn apply(&self, entries: &[Entry]) -> Result<u64> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| map_err(e, "begin"))?;
+        let head = tx
+            .query_one("SELECT seq FROM jfs_head WHERE id = 1 FOR UPDATE", &[])
+            .await
+            .map_err(|e| map_err(e, "locking head"))?
+            .get::<_, i64>(0) as u64;
+        let todo: Vec<&Entry> = entries.iter().filter(|e| e.seq > head).collect();
+        if todo.is_empty() {
+            return Ok(head);
+        }
+        for (i, e) in todo.iter().enumerate() {
+            if e.seq != head + 1 + i as u64 {
+                return Err(Error::new(ErrorKind::InvalidArgument, format!("replay gap: entry {} after head {}", e.seq, head + i as u64)));
+            }
+        }
+        let writes: Vec<&Mutation> = todo.iter().flat_map(|e| e.writes.iter()).collect();
+        write_set(&tx, &writes).await?;
+        let seqs: Vec<i64> = todo.iter().map(|e| e.seq as i64).collect();
+        let frames: Vec<Vec<u8>> = todo.iter().map(|e| e.encode()).collect();
+        append(&tx, &self.channel, &seqs, &frames).await?;
+        tx.commit().await.map_err(|e| map_err(e, "commit"))?;
+        Ok(todo.last().expect("non-empty").seq)
+    }
+}

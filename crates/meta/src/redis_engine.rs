@@ -1,0 +1,400 @@
+//! The Redis engine. Data keys are stored as plain strings (`<prefix><key>`), with a sorted
+//! set `<prefix>_index` of all keys (score 0) for ordered range scans (ZRANGEBYLEX), the
+//! journal as a stream `<prefix>_journal` with entry id `<seq>-0`, and the head in
+//! `<prefix>_head`.
+//!
+//! Commit section: one Lua script (atomic on the server) that checks the expected head and
+//! the read-set values, applies the write-set, appends the frame and bumps the head. The frame
+//! (with its CRC) is built in Rust for `seq = expected head + 1`; when another client
+//! committed first the script answers "head moved" and we rebuild for the new head, without
+//! re-running the transaction's logic (its reads are still checked by the script).
+//! Readers wait with XREAD BLOCK on a connection of their own.
+
+use async_trait::async_trait;
+use fs_core::engine::{CommitOutcome, Engine, JournalBounds, KvPair};
+use fs_core::error::{Error, ErrorKind, Result};
+use fs_core::journal::{CommitRequest, Entry, Mutation};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::{AsyncCommands, Script, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+const COMMIT_LUA: &str = r#"
+local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+if head ~= tonumber(ARGV[1]) then return {1, head} end
+local nr = tonumber(ARGV[2])
+local nw = tonumber(ARGV[3])
+local a = 6
+for i = 1, nr do
+  local v = redis.call('GET', KEYS[3 + i])
+  if ARGV[a] == '0' then
+    if v then return {2, head} end
+  elseif (not v) or v ~= ARGV[a + 1] then
+    return {2, head}
+  end
+  a = a + 2
+end
+for i = 1, nw do
+  local k = KEYS[3 + nr + i]
+  if ARGV[a] == 'p' then
+    redis.call('SET', k, ARGV[a + 1])
+    redis.call('ZADD', KEYS[3], 0, ARGV[a + 2])
+  else
+    redis.call('DEL', k)
+    redis.call('ZREM', KEYS[3], ARGV[a + 2])
+  end
+  a = a + 3
+end
+redis.call('SET', KEYS[1], ARGV[5])
+redis.call('XADD', KEYS[2], ARGV[5] .. '-0', 'f', ARGV[4])
+return {0, tonumber(ARGV[5])}
+"#;
+
+/// Replay: ARGV = [expected head, new head, n frames, (seq, frame)*, (op, value, member)*]
+const APPLY_LUA: &str = r#"
+local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+if head ~= tonumber(ARGV[1]) then return {1, head} end
+local nf = tonumber(ARGV[3])
+local a = 4
+for i = 1, nf do
+  redis.call('XADD', KEYS[2], ARGV[a] .. '-0', 'f', ARGV[a + 1])
+  a = a + 2
+end
+for i = 4, #KEYS do
+  if ARGV[a] == 'p' then
+    redis.call('SET', KEYS[i], ARGV[a + 1])
+    redis.call('ZADD', KEYS[3], 0, ARGV[a + 2])
+  else
+    redis.call('DEL', KEYS[i])
+    redis.call('ZREM', KEYS[3], ARGV[a + 2])
+  end
+  a = a + 3
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return {0, tonumber(ARGV[2])}
+"#;
+
+pub struct RedisEngine {
+    client: redis::Client,
+    conn: ConnectionManager,
+    waiter: Mutex<Option<MultiplexedConnection>>,
+    prefix: Vec<u8>,
+    display: String,
+    head_hint: AtomicU64,
+    commit_script: Script,
+    apply_script: Script,
+}
+
+pub(crate) fn map_err(e: redis::RedisError, what: &str) -> Error {
+    let temporary = e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal();
+    let msg = format!("redis {what}: {e}");
+    if e.kind() == redis::ErrorKind::AuthenticationFailed || msg.contains("NOAUTH") || msg.contains("WRONGPASS") {
+        return Error::new(ErrorKind::PermissionDenied, format!("redis {what}: authentication failed (check JFS_META_PASSWORD)"));
+    }
+    if temporary {
+        Error::temporary(ErrorKind::Backend, msg)
+    } else {
+        Error::new(ErrorKind::Backend, msg)
+    }
+}
+
+impl RedisEngine {
+    pub async fn connect(info: redis::ConnectionInfo, prefix: &str, display: String) -> Result<Self> {
+        let client = redis::Client::open(info).map_err(|e| Error::new(ErrorKind::Config, format!("redis URL: {e}")))?;
+        // Probe with one plain connection first: a refused connection or bad credentials fail
+        // at once here (the manager below would retry), and PING proves the AUTH.
+        let probe_cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Duration::from_secs(5))
+            .set_response_timeout(Duration::from_secs(10));
+        let mut probe = client
+            .get_multiplexed_async_connection_with_config(&probe_cfg)
+            .await
+            .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
+        let _: String = redis::cmd("PING").query_async(&mut probe).await.map_err(|e| map_err(e, &format!("connecting to {display}")))?;
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(5))
+            .set_response_timeout(Duration::from_secs(60))
+            .set_number_of_retries(3);
+        let conn = client
+            .get_connection_manager_with_config(cfg)
+            .await
+            .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
+        let e = RedisEngine {
+            client,
+            conn,
+            waiter: Mutex::new(None),
+            prefix: prefix.as_bytes().to_vec(),
+            display,
+            head_hint: AtomicU64::new(0),
+            commit_script: Script::new(COMMIT_LUA),
+            apply_script: Script::new(APPLY_LUA),
+        };
+        e.head_hint.store(e.head().await?, Ordering::SeqCst);
+        Ok(e)
+    }
+
+    fn k(&self, key: &[u8]) -> Vec<u8> {
+        let mut v = self.prefix.clone();
+        v.extend_from_slice(key);
+        v
+    }
+    fn head_key(&self) -> Vec<u8> {
+        self.k(b"_head")
+    }
+    fn journal_key(&self) -> Vec<u8> {
+        self.k(b"_journal")
+    }
+    fn index_key(&self) -> Vec<u8> {
+        self.k(b"_index")
+    }
+
+    async fn head(&self) -> Result<u64> {
+        let mut c = self.conn.clone();
+        let v: Option<u64> = c.get(self.head_key()).await.map_err(|e| map_err(e, "reading head"))?;
+        Ok(v.unwrap_or(0))
+    }
+
+    fn parse_id(id: &str) -> Result<u64> {
+        id.split('-')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| fs_core::error::corrupt(format!("redis journal id {id:?} is not <seq>-0")))
+    }
+
+    fn frames_from(v: Value) -> Result<Vec<(u64, Vec<u8>)>> {
+        let reply: redis::streams::StreamRangeReply =
+            redis::from_redis_value(&v).map_err(|e| fs_core::error::corrupt(format!("redis journal reply: {e}")))?;
+        reply
+            .ids
+            .into_iter()
+            .map(|se| {
+                let seq = Self::parse_id(&se.id)?;
+                let f: Vec<u8> = match se.map.get("f") {
+                    Some(v) => redis::from_redis_value(v).map_err(|e| fs_core::error::corrupt(format!("journal {seq}: {e}")))?,
+                    None => return Err(fs_core::error::corrupt(format!("redis journal entry {seq} has no frame"))),
+                };
+                Ok((seq, f))
+            })
+            .collect()
+    }
+}
+
+fn push_write(inv: &mut redis::ScriptInvocation<'_>, this: &RedisEngine, m: &Mutation) {
+    match m {
+        Mutation::Put { key, value } => {
+            inv.key(this.k(key));
+            inv.arg("p").arg(value.as_slice()).arg(key.as_slice());
+        }
+        Mutation::Delete { key } => {
+            inv.key(this.k(key));
+            inv.arg("d").arg("").arg(key.as_slice());
+        }
+        _ => unreachable!("materialized entries hold only puts and deletes"),
+    }
+}
+
+#[async_trait]
+impl Engine for RedisEngine {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+    fn display_url(&self) -> String {
+        self.display.clone()
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut c = self.conn.clone();
+        c.get(self.k(key)).await.map_err(|e| map_err(e, "get"))
+    }
+
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut c = self.conn.clone();
+        let ks: Vec<Vec<u8>> = keys.iter().map(|k| self.k(k)).collect();
+        redis::cmd("MGET").arg(ks).query_async(&mut c).await.map_err(|e| map_err(e, "mget"))
+    }
+
+    async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
+        let mut c = self.conn.clone();
+        let mut lo = b"[".to_vec();
+        lo.extend_from_slice(start);
+        let mut hi = b"(".to_vec();
+        hi.extend_from_slice(end);
+        let limit = limit.min(100_000);
+        let members: Vec<Vec<u8>> = redis::cmd("ZRANGEBYLEX")
+            .arg(self.index_key())
+            .arg(lo)
+            .arg(hi)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "scan"))?;
+        let vals = self.get_many(&members).await?;
+        // A key deleted between the two calls is skipped; its absence is validated by commit.
+        Ok(members.into_iter().zip(vals).filter_map(|(k, v)| v.map(|v| (k, v))).collect())
+    }
+
+    async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
+        let ckeys = req.counter_keys();
+        let mut c = self.conn.clone();
+        loop {
+            let head = self.head_hint.load(Ordering::SeqCst);
+            let counters: HashMap<Vec<u8>, Option<Vec<u8>>> = if ckeys.is_empty() {
+                HashMap::new()
+            } else {
+                ckeys.iter().cloned().zip(self.get_many(&ckeys).await?).collect()
+            };
+            let seq = head + 1;
+            let entry = req.materialize(seq, fs_core::types::now_ns(), &counters)?;
+            let frame = entry.encode();
+            let mut inv = self.commit_script.prepare_invoke();
+            inv.key(self.head_key()).key(self.journal_key()).key(self.index_key());
+            inv.arg(head).arg(req.reads.len()).arg(entry.writes.len()).arg(frame).arg(seq);
+            for (k, want) in &req.reads {
+                inv.key(self.k(k));
+                match want {
+                    None => inv.arg("0").arg(""),
+                    Some(v) => inv.arg("1").arg(v.as_slice()),
+                };
+            }
+            for m in &entry.writes {
+                push_write(&mut inv, self, m);
+            }
+            let (code, cur): (i64, u64) = inv.invoke_async(&mut c).await.map_err(|e| map_err(e, "commit"))?;
+            match code {
+                0 => {
+                    self.head_hint.fetch_max(seq, Ordering::SeqCst);
+                    return Ok(CommitOutcome::Committed { seq, time_ns: entry.time_ns });
+                }
+                1 => self.head_hint.store(cur, Ordering::SeqCst),
+                _ => {
+                    self.head_hint.store(cur, Ordering::SeqCst);
+                    return Ok(CommitOutcome::Conflict);
+                }
+            }
+        }
+    }
+
+    async fn journal_bounds(&self) -> Result<JournalBounds> {
+        let mut c = self.conn.clone();
+        let last = self.head().await?;
+        let v: Value = redis::cmd("XRANGE")
+            .arg(self.journal_key())
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "reading the journal"))?;
+        let first = Self::frames_from(v)?.first().map(|(s, _)| *s).unwrap_or(last + 1);
+        Ok(JournalBounds { first, last })
+    }
+
+    async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        let b = self.journal_bounds().await?;
+        let from = from.max(1);
+        if from < b.first {
+            return Err(Error::new(ErrorKind::SeqNotRetained, format!("journal entry {from} is no longer retained (first retained is {})", b.first)));
+        }
+        let mut c = self.conn.clone();
+        let v: Value = redis::cmd("XRANGE")
+            .arg(self.journal_key())
+            .arg(format!("{from}-0"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(max)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "reading the journal"))?;
+        Self::frames_from(v)
+    }
+
+    async fn journal_wait(&self, after: u64, timeout: Duration) -> Result<bool> {
+        if self.head().await? > after {
+            return Ok(true);
+        }
+        let mut guard = self.waiter.lock().await;
+        if guard.is_none() {
+            let cfg = redis::AsyncConnectionConfig::new().set_connection_timeout(Duration::from_secs(5));
+            *guard = Some(
+                self.client
+                    .get_multiplexed_async_connection_with_config(&cfg)
+                    .await
+                    .map_err(|e| map_err(e, "connecting a journal reader"))?,
+            );
+        }
+        let conn = guard.as_mut().expect("set above");
+        let ms = timeout.as_millis().max(1) as u64;
+        let r: redis::RedisResult<Value> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(ms)
+            .arg("STREAMS")
+            .arg(self.journal_key())
+            .arg(format!("{after}-0"))
+            .query_async(conn)
+            .await;
+        match r {
+            Ok(Value::Nil) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(e) => {
+                *guard = None; // reconnect next time
+                Err(map_err(e, "waiting for journal entries"))
+            }
+        }
+    }
+
+    async fn journal_trim(&self, before: u64) -> Result<u64> {
+        let b = self.journal_bounds().await?;
+        let before = before.min(b.last);
+        if before <= b.first {
+            return Ok(0);
+        }
+        let mut c = self.conn.clone();
+        let n: u64 = redis::cmd("XTRIM")
+            .arg(self.journal_key())
+            .arg("MINID")
+            .arg(format!("{before}-0"))
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "trimming the journal"))?;
+        Ok(n)
+    }
+
+    async fn apply(&self, entries: &[Entry]) -> Result<u64> {
+        let head = self.head().await?;
+        let todo: Vec<&Entry> = entries.iter().filter(|e| e.seq > head).collect();
+        let Some(last) = todo.last() else { return Ok(head) };
+        for (i, e) in todo.iter().enumerate() {
+            if e.seq != head + 1 + i as u64 {
+                return Err(Error::new(ErrorKind::InvalidArgument, format!("replay gap: entry {} after head {}", e.seq, head + i as u64)));
+            }
+        }
+        let mut inv = self.apply_script.prepare_invoke();
+        inv.key(self.head_key()).key(self.journal_key()).key(self.index_key());
+        inv.arg(head).arg(last.seq).arg(todo.len());
+        for e in &todo {
+            inv.arg(e.seq).arg(e.encode());
+        }
+        for e in &todo {
+            for m in &e.writes {
+                push_write(&mut inv, self, m);
+            }
+        }
+        let mut c = self.conn.clone();
+        let (code, cur): (i64, u64) = inv.invoke_async(&mut c).await.map_err(|e| map_err(e, "apply"))?;
+        if code != 0 {
+            return Err(Error::new(ErrorKind::Conflict, format!("another writer moved the head to {cur} during replay")));
+        }
+        self.head_hint.store(last.seq, Ordering::SeqCst);
+        Ok(last.seq)
+    }
+}

@@ -1,0 +1,323 @@
+//! The embedded engine: RocksDB with three column families: `default` (the key space),
+//! `journal` (big-endian seq -> frame) and `meta` (`head`).
+//!
+//! Commit section: a process-wide mutex around validate + assign seq + one atomic WriteBatch.
+//! RocksDB lets one process open a database for writing; another process that finds it locked
+//! (and asked for read access) opens it as a *secondary* instance that catches up with the
+//! primary's WAL: every commit is one atomic batch, so a secondary sees whole transactions.
+
+use async_trait::async_trait;
+use fs_core::engine::{CommitOutcome, Engine, JournalBounds, KvPair};
+use fs_core::error::{Error, ErrorKind, Result};
+use fs_core::journal::{CommitRequest, Entry};
+use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+const CF_JOURNAL: &str = "journal";
+const CF_META: &str = "meta";
+const HEAD: &[u8] = b"head";
+
+fn err(e: rocksdb::Error, what: &str) -> Error {
+    let msg = e.into_string();
+    if msg.contains("No space left") {
+        return Error::new(ErrorKind::Backend, format!("rocksdb {what}: disk full: {msg}"));
+    }
+    Error::new(ErrorKind::Backend, format!("rocksdb {what}: {msg}"))
+}
+
+struct Inner {
+    db: DB,
+    path: PathBuf,
+    secondary: Option<tempfile::TempDir>,
+    commit: Mutex<()>,
+    head: AtomicU64,
+    sync: bool,
+    tx: watch::Sender<u64>,
+}
+
+pub struct RocksEngine {
+    inner: Arc<Inner>,
+}
+
+/// How to open: read-write only, or fall back to a read-only secondary when another process
+/// holds the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RocksMode {
+    ReadWrite,
+    ReadWriteOrSecondary,
+}
+
+fn cfs() -> Vec<ColumnFamilyDescriptor> {
+    [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META]
+        .into_iter()
+        .map(|n| ColumnFamilyDescriptor::new(n, Options::default()))
+        .collect()
+}
+
+impl RocksEngine {
+    pub fn open(path: &Path, mode: RocksMode, sync: bool) -> Result<Self> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_max_open_files(512);
+        let (db, secondary) = match DB::open_cf_descriptors(&opts, path, cfs()) {
+            Ok(db) => (db, None),
+            Err(e) if e.as_ref().contains("lock") && mode == RocksMode::ReadWriteOrSecondary => {
+                let dir = tempfile::Builder::new()
+                    .prefix("jfs-rocks-secondary")
+                    .tempdir()
+                    .map_err(|e| Error::new(ErrorKind::Backend, format!("creating a secondary dir: {e}")))?;
+                let mut so = Options::default();
+                so.set_max_open_files(-1);
+                let db = DB::open_cf_as_secondary(&so, path, dir.path(), [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META])
+                    .map_err(|e| err(e, "opening as secondary"))?;
+                (db, Some(dir))
+            }
+            Err(e) if e.as_ref().contains("lock") => {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!("{} is open for writing by another process (only one may write a RocksDB volume); stop it or go through it", path.display()),
+                ))
+            }
+            Err(e) => return Err(err(e, &format!("opening {}", path.display()))),
+        };
+        if secondary.is_some() {
+            db.try_catch_up_with_primary().map_err(|e| err(e, "catching up with the primary"))?;
+        }
+        let head = read_head(&db)?;
+        let (tx, _) = watch::channel(head);
+        Ok(RocksEngine {
+            inner: Arc::new(Inner { db, path: path.to_path_buf(), secondary, commit: Mutex::new(()), head: AtomicU64::new(head), sync, tx }),
+        })
+    }
+
+    pub fn is_secondary(&self) -> bool {
+        self.inner.secondary.is_some()
+    }
+
+    fn catch_up(&self) -> Result<()> {
+        if self.inner.secondary.is_some() {
+            self.inner.db.try_catch_up_with_primary().map_err(|e| err(e, "catching up with the primary"))?;
+            self.inner.head.store(read_head(&self.inner.db)?, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn read_only(&self) -> Result<()> {
+        if self.inner.secondary.is_some() {
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!("{} is open for writing by another process; this one has it read-only", self.inner.path.display()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn read_head(db: &DB) -> Result<u64> {
+    let cf = db.cf_handle(CF_META).expect("meta cf exists");
+    Ok(match db.get_cf(cf, HEAD).map_err(|e| err(e, "reading head"))? {
+        Some(v) if v.len() == 8 => u64::from_be_bytes(v[..].try_into().unwrap()),
+        Some(_) => return Err(fs_core::error::corrupt("rocksdb journal head is not 8 bytes")),
+        None => 0,
+    })
+}
+
+impl Inner {
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(name).expect("column family exists")
+    }
+
+    fn write(&self, batch: WriteBatch) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(false);
+        self.db.write_opt(batch, &wo).map_err(|e| err(e, "commit"))
+    }
+
+    /// Sync the WAL outside the commit mutex, so concurrent committers share one fsync.
+    fn sync_wal(&self) -> Result<()> {
+        if self.sync {
+            self.db.flush_wal(true).map_err(|e| err(e, "syncing the WAL"))?;
+        }
+        Ok(())
+    }
+
+    fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
+        let guard = self.commit.lock().unwrap_or_else(|p| p.into_inner());
+        let keys: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
+        for ((_, want), got) in req.reads.iter().zip(self.db.multi_get(keys)) {
+            if got.map_err(|e| err(e, "validating reads"))?.as_deref() != want.as_deref() {
+                return Ok(CommitOutcome::Conflict);
+            }
+        }
+        let ckeys = req.counter_keys();
+        let mut counters = HashMap::new();
+        for k in ckeys {
+            let v = self.db.get(&k).map_err(|e| err(e, "reading a counter"))?;
+            counters.insert(k, v);
+        }
+        let seq = self.head.load(Ordering::SeqCst) + 1;
+        let time_ns = fs_core::types::now_ns();
+        let entry = req.materialize(seq, time_ns, &counters)?;
+        let mut batch = WriteBatch::default();
+        self.add_entry(&mut batch, &entry);
+        self.write(batch)?;
+        self.head.store(seq, Ordering::SeqCst);
+        drop(guard);
+        self.sync_wal()?;
+        self.tx.send_replace(seq);
+        Ok(CommitOutcome::Committed { seq, time_ns })
+    }
+
+    fn add_entry(&self, batch: &mut WriteBatch, entry: &Entry) {
+        for m in &entry.writes {
+            match m {
+                fs_core::Mutation::Put { key, value } => batch.put(key, value),
+                fs_core::Mutation::Delete { key } => batch.delete(key),
+                // materialize() leaves only puts and deletes
+                _ => unreachable!("journal entries hold only puts and deletes"),
+            }
+        }
+        batch.put_cf(self.cf(CF_JOURNAL), entry.seq.to_be_bytes(), entry.encode());
+        batch.put_cf(self.cf(CF_META), HEAD, entry.seq.to_be_bytes());
+    }
+
+    fn bounds(&self) -> Result<JournalBounds> {
+        let last = self.head.load(Ordering::SeqCst);
+        let mut it = self.db.iterator_cf(self.cf(CF_JOURNAL), IteratorMode::Start);
+        let first = match it.next() {
+            Some(Ok((k, _))) => u64::from_be_bytes(k[..].try_into().map_err(|_| fs_core::error::corrupt("journal key is not 8 bytes"))?),
+            Some(Err(e)) => return Err(err(e, "reading the journal")),
+            None => last + 1,
+        };
+        Ok(JournalBounds { first, last })
+    }
+}
+
+#[async_trait]
+impl Engine for RocksEngine {
+    fn kind(&self) -> &'static str {
+        "rocksdb"
+    }
+    fn display_url(&self) -> String {
+        format!("rocksdb://{}", self.inner.path.display())
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.db.get(key).map_err(|e| err(e, "get"))
+    }
+
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.inner.db.multi_get(keys).into_iter().map(|r| r.map_err(|e| err(e, "get"))).collect()
+    }
+
+    async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
+        let mut out = Vec::new();
+        let it = self.inner.db.iterator(IteratorMode::From(start, rocksdb::Direction::Forward));
+        for item in it {
+            let (k, v) = item.map_err(|e| err(e, "scan"))?;
+            if &*k >= end || out.len() >= limit {
+                break;
+            }
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
+        self.read_only()?;
+        let inner = self.inner.clone();
+        let req = req.clone();
+        tokio::task::spawn_blocking(move || inner.commit(&req))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Backend, format!("commit task failed: {e}")))?
+    }
+
+    async fn journal_bounds(&self) -> Result<JournalBounds> {
+        self.catch_up()?;
+        self.inner.bounds()
+    }
+
+    async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        let b = self.inner.bounds()?;
+        let from = from.max(1);
+        if from < b.first {
+            return Err(Error::new(ErrorKind::SeqNotRetained, format!("journal entry {from} is no longer retained (first retained is {})", b.first)));
+        }
+        let mut out = Vec::new();
+        let key = from.to_be_bytes();
+        let it = self.inner.db.iterator_cf(self.inner.cf(CF_JOURNAL), IteratorMode::From(&key, rocksdb::Direction::Forward));
+        for item in it.take(max) {
+            let (k, v) = item.map_err(|e| err(e, "reading the journal"))?;
+            let seq = u64::from_be_bytes(k[..].try_into().map_err(|_| fs_core::error::corrupt("journal key is not 8 bytes"))?);
+            out.push((seq, v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    async fn journal_wait(&self, after: u64, timeout: Duration) -> Result<bool> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        if self.inner.secondary.is_some() {
+            // A secondary has no in-process signal from the writer: catch up at a gentle pace.
+            loop {
+                self.catch_up()?;
+                if self.inner.head.load(Ordering::SeqCst) > after {
+                    return Ok(true);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(false);
+                }
+                tokio::time::sleep(Duration::from_millis(50).min(deadline - tokio::time::Instant::now())).await;
+            }
+        }
+        let mut rx = self.inner.tx.subscribe();
+        let res = tokio::time::timeout_at(deadline, rx.wait_for(|h| *h > after)).await;
+        Ok(matches!(res, Ok(Ok(_))))
+    }
+
+    async fn journal_trim(&self, before: u64) -> Result<u64> {
+        self.read_only()?;
+        let b = self.inner.bounds()?;
+        let before = before.min(b.last);
+        if before <= b.first {
+            return Ok(0);
+        }
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(self.inner.cf(CF_JOURNAL), b.first.to_be_bytes(), before.to_be_bytes());
+        self.inner.write(batch)?;
+        self.inner.sync_wal()?;
+        Ok(before - b.first)
+    }
+
+    async fn apply(&self, entries: &[Entry]) -> Result<u64> {
+        self.read_only()?;
+        let inner = self.inner.clone();
+        let entries = entries.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let guard = inner.commit.lock().unwrap_or_else(|p| p.into_inner());
+            let start = inner.head.load(Ordering::SeqCst);
+            let mut head = start;
+            let mut batch = WriteBatch::default();
+            for e in entries.iter().filter(|e| e.seq > start) {
+                if e.seq != head + 1 {
+                    return Err(Error::new(ErrorKind::InvalidArgument, format!("replay gap: entry {} after head {head}", e.seq)));
+                }
+                inner.add_entry(&mut batch, e);
+                head = e.seq;
+            }
+            inner.write(batch)?;
+            inner.head.store(head, Ordering::SeqCst);
+            drop(guard);
+            inner.sync_wal()?;
+            inner.tx.send_replace(head);
+            Ok(head)
+        })
+        .await
+        .map_err(|e| Error::new(ErrorKind::Backend, format!("apply task failed: {e}")))?
+    }
+}
