@@ -23,5 +23,9 @@ pub trait BlockStore: Send + Sync + 'static {
     async fn delete(&self, key: &str) -> Result<()>;
     /// Every object under `prefix`, recursively, in pages of at most `page` (calls `f` per
     /// page). A listing error is returned, never swallowed: gc relies on this to fail closed.
+    /// Prove the store answers and the credentials work (before anything is written).
+    async fn check(&self) -> Result<()> {
+        Ok(())
+    }
     async fn list(&self, prefix: &str, f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send)) -> Result<()>;
 }

@@ -1,1 +1,45 @@
-fn main() {}
+//! `jfs`: the admin CLI of a volume. Thin wiring: parse flags, set up logging, run a command,
+//! turn the outcome into an exit code (0 done, 1 partial failure, 2 error).
+
+mod cli;
+mod cmd;
+mod progress;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    init_logging(&args.global);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("jfs: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(cmd::run(args)) {
+        Ok(cmd::Outcome::Done) => ExitCode::SUCCESS,
+        Ok(cmd::Outcome::Partial) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("jfs: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(g: &cli::Global) {
+    let level = match (g.quiet, g.verbose) {
+        (true, _) => "error",
+        (_, 0) => "warn",
+        (_, 1) => "info",
+        (_, 2) => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("JFS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match g.log_format {
+        cli::LogFormat::Json => b.json().init(),
+        cli::LogFormat::Human => b.init(),
+    }
+}

@@ -135,16 +135,16 @@ impl OpendalStore {
         Ok(OpendalStore { op, display: url.to_string() })
     }
 
-    /// Check that the store answers and the credentials work (a listing of the root).
-    pub async fn check(&self) -> Result<()> {
-        self.op.list_with("").limit(1).await.map(|_| ()).map_err(|e| map_err(e, &format!("reaching {}", self.display)))
-    }
 }
 
 #[async_trait]
 impl BlockStore for OpendalStore {
     fn display_url(&self) -> String {
         self.display.clone()
+    }
+
+    async fn check(&self) -> Result<()> {
+        self.op.list_with("").limit(1).await.map(|_| ()).map_err(|e| map_err(e, &format!("reaching {}", self.display)))
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<()> {

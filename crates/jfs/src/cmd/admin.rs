@@ -1,0 +1,162 @@
+//! Volume administration: format, dump/load, fsck, gc, journal, status.
+
+use super::Outcome;
+use crate::cli::Global;
+use anyhow::{bail, Context, Result};
+use fs_core::maint::{self, GcOptions};
+use fs_core::{Engine, Entry, Fs, Mutation, Settings};
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+#[allow(clippy::too_many_arguments)]
+pub async fn format(
+    g: &Global,
+    meta_url: &str,
+    name: &str,
+    storage: &str,
+    block_size: u64,
+    capacity: u64,
+    retention: Duration,
+    trash: Duration,
+    grace: Duration,
+) -> Result<Outcome> {
+    // Validate the store before touching metadata: nothing is written on bad input.
+    let store = super::open_store(g, storage)?;
+    store.check().await?;
+    let engine = super::open_engine(g, meta_url, false).await?;
+    let mut s = Settings::new(name, storage, u32::try_from(block_size).context("block size too large")?);
+    s.capacity = capacity;
+    s.journal_retention_secs = retention.as_secs();
+    s.trash_secs = trash.as_secs();
+    s.gc_grace_secs = grace.as_secs();
+    let fs = Fs::format(engine, store, s).await.with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
+    println!("formatted volume {:?} (uuid {}) in {} with blocks in {}", fs.settings().name, fs.settings().uuid, fs.engine().display_url(), storage);
+    Ok(Outcome::Done)
+}
+
+pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
+    let d = maint::dump(engine).await.context("dumping metadata")?;
+    match file {
+        Some(f) => {
+            let tmp = f.with_extension("jfs-tmp");
+            let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+            serde_json::to_writer_pretty(&mut w, &d)?;
+            w.write_all(b"\n")?;
+            w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            std::fs::rename(&tmp, f).with_context(|| format!("renaming into {}", f.display()))?;
+            eprintln!("dumped {} inodes to {}", d.inodes.len(), f.display());
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut out, &d)?;
+            out.write_all(b"\n")?;
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+pub async fn load(engine: &dyn Engine, file: &Path) -> Result<Outcome> {
+    let raw = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let d: maint::Dump = serde_json::from_slice(&raw).with_context(|| format!("{} is not a jfs dump", file.display()))?;
+    let n = maint::load(engine, &d).await.context("loading")?;
+    eprintln!("loaded {} keys ({} inodes) into {}", n, d.inodes.len(), engine.display_url());
+    Ok(Outcome::Done)
+}
+
+pub async fn fsck(fs: &Fs, json: bool) -> Result<Outcome> {
+    let r = fs.fsck().await.context("fsck")?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        for b in &r.broken {
+            println!("BROKEN {}: block {} {}", b.path, b.key, b.problem);
+        }
+        println!("checked {} files, {} blocks: {} broken", r.files, r.blocks, r.broken.len());
+    }
+    Ok(if r.broken.is_empty() { Outcome::Done } else { Outcome::Partial })
+}
+
+pub async fn gc(fs: &Fs, delete: bool, json: bool) -> Result<Outcome> {
+    let opts = GcOptions { delete, ..maint::gc_defaults() };
+    let r = fs.gc(&opts).await.context("gc")?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "pending deletes: {} ({} due, {} held for mirrors, {} purged)\nobjects: {} listed, {} leaked ({} bytes, {} deleted), {} too young, {} not block keys\njournal entries trimmed: {}",
+            r.pending, r.pending_due, r.pending_held_for_mirrors, r.pending_purged, r.objects, r.leaked, r.leaked_bytes,
+            r.leaked_deleted, r.leaked_young, r.foreign, r.journal_trimmed
+        );
+        if !delete && (r.pending_due > 0 || r.leaked > 0) {
+            println!("(dry run: run with --delete to remove them)");
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+fn time_str(ns: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64);
+    humantime::format_rfc3339_nanos(t).to_string()
+}
+
+fn print_entry(e: &Entry, json: bool) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let (puts, dels) = e.writes.iter().fold((0, 0), |(p, d), m| match m {
+        Mutation::Delete { .. } => (p, d + 1),
+        _ => (p + 1, d),
+    });
+    let r = if json {
+        let v = serde_json::json!({
+            "seq": e.seq, "time": time_str(e.time_ns), "time_ns": e.time_ns,
+            "op": e.op.name(), "args": e.op.args_json(), "puts": puts, "deletes": dels,
+        });
+        writeln!(out, "{v}")
+    } else {
+        writeln!(out, "{:>8} {} {:<12} {} (+{puts} -{dels})", e.seq, time_str(e.time_ns), e.op.name(), e.op.args_json())
+    };
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        r => Ok(r?),
+    }
+}
+
+pub async fn journal(engine: &dyn Engine, from: Option<u64>, follow: bool, json: bool) -> Result<Outcome> {
+    let b = engine.journal_bounds().await?;
+    let mut next = from.unwrap_or(b.first).max(1);
+    if next < b.first {
+        bail!("journal entry {next} is no longer retained: the first retained entry is {}", b.first);
+    }
+    loop {
+        let frames = engine.journal_read(next, 1000).await?;
+        for (seq, f) in &frames {
+            let e = Entry::decode(f).with_context(|| format!("journal entry {seq} in {} is unreadable", engine.display_url()))?;
+            if e.seq != *seq {
+                bail!("journal entry stored under {seq} says it is {}: the journal is corrupt", e.seq);
+            }
+            print_entry(&e, json)?;
+            next = seq + 1;
+        }
+        if frames.is_empty() {
+            if !follow {
+                return Ok(Outcome::Done);
+            }
+            engine.journal_wait(next - 1, Duration::from_secs(5)).await?;
+        }
+    }
+}
+
+pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
+    let s = fs.status().await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(Outcome::Done);
+    }
+    println!("volume      {} (uuid {})", s.name, s.uuid);
+    println!("metadata    {} ({})", s.meta_url, s.engine);
+    println!("storage     {}  block size {}", s.storage, s.block_size);
+    println!("usage       {} bytes in {} inodes", s.used_space, s.used_inodes);
+    println!("journal     head {}, retained {}..={} (retention {}s)", s.journal.last, s.journal.first, s.journal.last, s.settings.journal_retention_secs);
+    println!("pending     {} freed slices awaiting gc (trash {}s)", s.pending_deletes, s.settings.trash_secs);
+    Ok(Outcome::Done)
+}

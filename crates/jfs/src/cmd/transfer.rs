@@ -1,0 +1,277 @@
+//! `jfs put` and `jfs get`: trees in and out of a volume, files in parallel, each file's
+//! pieces in parallel, mode and mtime kept. A file lands under a temporary name and is renamed
+//! into place when complete, in the volume and on local disk alike.
+
+use super::{parent_of, Outcome};
+use crate::progress::Progress;
+use anyhow::{bail, Context, Result};
+use fs_core::{ErrorKind, FileKind, Fs, Ino, Owner, SetAttr};
+use futures::{StreamExt, TryStreamExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// Bytes per write/read call: two 4 MiB blocks, so pieces of one file move in parallel.
+const PIECE: u64 = 8 << 20;
+const PIECES_IN_FLIGHT: usize = 4;
+
+fn tmp_name(name: &str) -> String {
+    format!(".{name}.jfs-tmp-{:08x}", rand::random::<u32>())
+}
+
+fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+    m.mtime() * 1_000_000_000 + m.mtime_nsec()
+}
+
+struct PutJob {
+    local: PathBuf,
+    parent: Ino,
+    name: String,
+    meta: std::fs::Metadata,
+}
+
+/// Create the directory tree in the volume; collect file jobs; return (dir ino, mtime) pairs to
+/// fix up at the end (creating children changes a directory's mtime).
+fn plan_put<'a>(
+    fs: &'a Fs,
+    local: &'a Path,
+    parent: Ino,
+    name: &'a str,
+    jobs: &'a mut Vec<PutJob>,
+    dirs: &'a mut Vec<(Ino, std::fs::Metadata)>,
+) -> futures::future::BoxFuture<'a, Result<()>> {
+    Box::pin(async move {
+        let meta = std::fs::symlink_metadata(local).with_context(|| format!("reading {}", local.display()))?;
+        let ft = meta.file_type();
+        let owner = Owner { uid: meta.uid(), gid: meta.gid() };
+        if ft.is_dir() {
+            let ino = match fs.mkdir(parent, name.as_bytes(), meta.mode() & 0o7777, owner).await {
+                Ok((ino, _)) => ino,
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    let (ino, a) = fs.lookup(parent, name.as_bytes()).await?;
+                    if a.kind != FileKind::Dir {
+                        bail!("{name} exists in the volume and is not a directory");
+                    }
+                    ino
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating directory {name}")),
+            };
+            let mut children: Vec<_> = std::fs::read_dir(local)
+                .with_context(|| format!("listing {}", local.display()))?
+                .collect::<std::io::Result<_>>()?;
+            children.sort_by_key(|e| e.file_name());
+            for c in children {
+                let cname = c.file_name().to_str().map(str::to_string).with_context(|| format!("{:?} is not UTF-8", c.path()))?;
+                plan_put(fs, &c.path(), ino, &cname, jobs, dirs).await?;
+            }
+            dirs.push((ino, meta));
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(local)?;
+            let t = target.to_str().with_context(|| format!("symlink target of {} is not UTF-8", local.display()))?;
+            if let Ok((_, a)) = fs.lookup(parent, name.as_bytes()).await {
+                if a.kind == FileKind::Dir {
+                    bail!("{name} exists in the volume as a directory");
+                }
+                fs.unlink(parent, name.as_bytes()).await?;
+            }
+            fs.symlink(parent, name.as_bytes(), t.as_bytes(), owner).await.with_context(|| format!("symlink {name}"))?;
+        } else if ft.is_file() {
+            jobs.push(PutJob { local: local.to_path_buf(), parent, name: name.to_string(), meta });
+        } else {
+            tracing::warn!(path = %local.display(), "skipping: not a file, directory or symlink");
+        }
+        Ok(())
+    })
+}
+
+async fn put_file(fs: &Fs, job: &PutJob, progress: &Progress) -> Result<()> {
+    let tmp = tmp_name(&job.name);
+    let owner = Owner { uid: job.meta.uid(), gid: job.meta.gid() };
+    let (ino, _) = fs.create(job.parent, tmp.as_bytes(), job.meta.mode() & 0o7777, owner).await?;
+    let file = Arc::new(std::fs::File::open(&job.local).with_context(|| format!("opening {}", job.local.display()))?);
+    let len = job.meta.len();
+    let offsets: Vec<u64> = (0..len.div_ceil(PIECE)).map(|i| i * PIECE).collect();
+    let result: Result<()> = futures::stream::iter(offsets.into_iter().map(|off| {
+        let file = file.clone();
+        async move {
+            let n = PIECE.min(len - off) as usize;
+            let buf = tokio::task::spawn_blocking(move || {
+                let mut b = vec![0u8; n];
+                file.read_exact_at(&mut b, off).map(|_| b)
+            })
+            .await??;
+            fs.write(ino, off, &buf).await?;
+            progress.add_bytes(n as u64);
+            Ok::<_, anyhow::Error>(())
+        }
+    }))
+    .buffer_unordered(PIECES_IN_FLIGHT)
+    .try_collect::<Vec<()>>()
+    .await
+    .map(|_| ());
+    if let Err(e) = result {
+        let _ = fs.unlink(job.parent, tmp.as_bytes()).await;
+        return Err(e.context(format!("copying {}", job.local.display())));
+    }
+    let atime = job.meta.atime() * 1_000_000_000 + job.meta.atime_nsec();
+    fs.setattr(ino, &SetAttr { atime: Some(atime), mtime: Some(mtime_ns(&job.meta)), ..Default::default() }).await?;
+    fs.rename(job.parent, tmp.as_bytes(), job.parent, job.name.as_bytes(), false)
+        .await
+        .with_context(|| format!("renaming into place: {}", job.name))?;
+    progress.add_file();
+    Ok(())
+}
+
+pub async fn put(fs: &Fs, local: &Path, volpath: &str, threads: usize, quiet: bool) -> Result<Outcome> {
+    let base = local
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string)
+        .with_context(|| format!("{} has no UTF-8 file name", local.display()))?;
+    let (parent, name) = match fs.resolve(volpath).await {
+        Ok((ino, a)) if a.kind == FileKind::Dir && std::fs::symlink_metadata(local).map(|m| !m.is_dir()).unwrap_or(true) => (ino, base),
+        Ok((ino, a)) if a.kind == FileKind::Dir && volpath.ends_with('/') => (ino, base),
+        _ => parent_of(fs, volpath).await?,
+    };
+    let mut jobs = Vec::new();
+    let mut dirs = Vec::new();
+    plan_put(fs, local, parent, &name, &mut jobs, &mut dirs).await?;
+    let total: u64 = jobs.iter().map(|j| j.meta.len()).sum();
+    let progress = Progress::new("put", total, quiet);
+    let t0 = std::time::Instant::now();
+    let failures: Vec<anyhow::Error> = futures::stream::iter(jobs.iter().map(|j| put_file(fs, j, &progress)))
+        .buffer_unordered(threads.max(1))
+        .filter_map(|r| async move { r.err() })
+        .collect()
+        .await;
+    for (ino, meta) in &dirs {
+        fs.setattr(*ino, &SetAttr { mtime: Some(mtime_ns(meta)), ..Default::default() }).await?;
+    }
+    let (files, bytes) = progress.finish();
+    report("put", files, bytes, t0.elapsed(), &failures, quiet)
+}
+
+fn report(what: &str, files: u64, bytes: u64, took: Duration, failures: &[anyhow::Error], quiet: bool) -> Result<Outcome> {
+    for f in failures {
+        eprintln!("jfs {what}: failed: {f:#}");
+    }
+    if !quiet {
+        let mbs = bytes as f64 / took.as_secs_f64().max(1e-9) / (1 << 20) as f64;
+        eprintln!("{what}: {files} files, {bytes} bytes in {:.2}s ({mbs:.1} MiB/s), {} failed", took.as_secs_f64(), failures.len());
+    }
+    Ok(if failures.is_empty() { Outcome::Done } else { Outcome::Partial })
+}
+
+struct GetJob {
+    ino: Ino,
+    local: PathBuf,
+    attr: fs_core::Attr,
+}
+
+fn plan_get<'a>(
+    fs: &'a Fs,
+    ino: Ino,
+    attr: fs_core::Attr,
+    local: PathBuf,
+    jobs: &'a mut Vec<GetJob>,
+    dirs: &'a mut Vec<(PathBuf, fs_core::Attr)>,
+) -> futures::future::BoxFuture<'a, Result<()>> {
+    Box::pin(async move {
+        match attr.kind {
+            FileKind::Dir => {
+                std::fs::create_dir_all(&local).with_context(|| format!("creating {}", local.display()))?;
+                for e in fs.readdir_all(ino).await? {
+                    let name = String::from_utf8(e.name.clone()).with_context(|| format!("a name in inode {ino} is not UTF-8"))?;
+                    if name.starts_with('.') && name.contains(".jfs-tmp-") {
+                        continue; // an unfinished put
+                    }
+                    let a = fs.getattr(e.ino).await?;
+                    plan_get(fs, e.ino, a, local.join(&name), jobs, dirs).await?;
+                }
+                dirs.push((local, attr));
+            }
+            FileKind::Symlink => {
+                let t = fs.readlink(ino).await?;
+                let _ = std::fs::remove_file(&local);
+                std::os::unix::fs::symlink(String::from_utf8_lossy(&t).as_ref(), &local)
+                    .with_context(|| format!("creating symlink {}", local.display()))?;
+            }
+            FileKind::File => jobs.push(GetJob { ino, local, attr }),
+        }
+        Ok(())
+    })
+}
+
+fn set_local_times(path: &Path, attr: &fs_core::Attr) -> Result<()> {
+    let f = std::fs::File::options().read(true).open(path)?;
+    let t = std::fs::FileTimes::new()
+        .set_modified(UNIX_EPOCH + Duration::from_nanos(attr.mtime.max(0) as u64))
+        .set_accessed(UNIX_EPOCH + Duration::from_nanos(attr.atime.max(0) as u64));
+    f.set_times(t)?;
+    Ok(())
+}
+
+async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
+    let name = job.local.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = job.local.with_file_name(tmp_name(name));
+    let file = Arc::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+    let len = job.attr.length;
+    file.set_len(len)?;
+    let offsets: Vec<u64> = (0..len.div_ceil(PIECE)).map(|i| i * PIECE).collect();
+    let res: Result<()> = futures::stream::iter(offsets.into_iter().map(|off| {
+        let file = file.clone();
+        async move {
+            let buf = fs.read(job.ino, off, PIECE.min(len - off) as usize).await?;
+            let n = buf.len() as u64;
+            tokio::task::spawn_blocking(move || file.write_all_at(&buf, off)).await??;
+            progress.add_bytes(n);
+            Ok::<_, anyhow::Error>(())
+        }
+    }))
+    .buffer_unordered(PIECES_IN_FLIGHT)
+    .try_collect::<Vec<()>>()
+    .await
+    .map(|_| ());
+    let res = res.and_then(|_| {
+        file.sync_all()?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(job.attr.mode))?;
+        set_local_times(&tmp, &job.attr)?;
+        std::fs::rename(&tmp, &job.local)?;
+        Ok(())
+    });
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!("copying to {}", job.local.display())));
+    }
+    progress.add_file();
+    Ok(())
+}
+
+pub async fn get(fs: &Fs, volpath: &str, local: &Path, threads: usize, quiet: bool) -> Result<Outcome> {
+    let (ino, attr) = fs.resolve(volpath).await.with_context(|| format!("resolving {volpath}"))?;
+    let dest = if local.is_dir() {
+        let base = volpath.trim_end_matches('/').rsplit('/').next().filter(|b| !b.is_empty()).unwrap_or("root");
+        local.join(base)
+    } else {
+        local.to_path_buf()
+    };
+    let mut jobs = Vec::new();
+    let mut dirs = Vec::new();
+    plan_get(fs, ino, attr, dest, &mut jobs, &mut dirs).await?;
+    let total = jobs.iter().map(|j| j.attr.length).sum();
+    let progress = Progress::new("get", total, quiet);
+    let t0 = std::time::Instant::now();
+    let failures: Vec<anyhow::Error> = futures::stream::iter(jobs.iter().map(|j| get_file(fs, j, &progress)))
+        .buffer_unordered(threads.max(1))
+        .filter_map(|r| async move { r.err() })
+        .collect()
+        .await;
+    for (path, attr) in dirs.iter().rev() {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(attr.mode))?;
+        let t = UNIX_EPOCH + Duration::from_nanos(attr.mtime.max(0) as u64);
+        std::fs::File::open(path)?.set_times(std::fs::FileTimes::new().set_modified(t))?;
+    }
+    let (files, bytes) = progress.finish();
+    report("get", files, bytes, t0.elapsed(), &failures, quiet)
+}
