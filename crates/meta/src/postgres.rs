@@ -276,8 +276,9 @@ impl Engine for PgEngine {
 
     async fn journal_trim(&self, before: u64) -> Result<u64> {
         let c = self.client().await?;
+        let before = before.min(i64::MAX as u64) as i64;
         let n = c
-            .execute("DELETE FROM jfs_journal WHERE seq < $1 AND seq < (SELECT seq FROM jfs_head WHERE id = 1)", &[&(before as i64)])
+            .execute("DELETE FROM jfs_journal WHERE seq < $1 AND seq < (SELECT seq FROM jfs_head WHERE id = 1)", &[&before])
             .await
             .map_err(|e| map_err(e, "trimming the journal"))?;
         Ok(n)
