@@ -75,9 +75,12 @@ pub struct TestVol {
 }
 
 impl TestVol {
-    /// Another client of the same volume (its own engine connection and id pools).
+    /// Another client of the same volume: its own engine connection (RocksDB: the same
+    /// engine, since one process opens it once), store handle and id pools.
     pub async fn client(&self) -> Fs {
-        Fs::open(open_engine(&self.meta_url).await, open_store(&self.store_url)).await.expect("open")
+        let engine = if self.engine == "rocksdb" { self.fs.engine().clone() } else { open_engine(&self.meta_url).await };
+        let store = if self.store == "memory" { self.fs.store().clone() } else { open_store(&self.store_url) };
+        Fs::open(engine, store).await.expect("open")
     }
 }
 
