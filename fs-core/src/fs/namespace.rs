@@ -252,7 +252,7 @@ impl Fs {
     pub async fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], no_replace: bool) -> Result<()> {
         check_name(new_name)?;
         if parent == new_parent && name == new_name {
-            return Ok(());
+            return self.lookup(parent, name).await.map(|_| ());
         }
         transact!(self, |tx| {
             let mut pattr = get_dir(&mut tx, parent).await?;
