@@ -155,6 +155,27 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// Check the settings before anything is written anywhere.
+    pub fn validate(&self) -> crate::error::Result<()> {
+        use crate::error::invalid;
+        if self.block_size < 64 << 10 || self.block_size > 16 << 20 {
+            return Err(invalid(format!("block size {} is outside 64 KiB..16 MiB", self.block_size)));
+        }
+        if self.name.is_empty()
+            || self.name.len() > 63
+            || self.name.starts_with('.')
+            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(invalid(format!(
+                "volume name {:?} must be 1..63 of [A-Za-z0-9-_.], not starting with '.'",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+}
+
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -57,7 +57,7 @@ pub fn store_url(store: &str) -> (String, Option<tempfile::TempDir>) {
 }
 
 pub async fn open_engine(url: &str) -> Arc<dyn Engine> {
-    meta::open(url, &meta::OpenOptions::default()).await.unwrap_or_else(|e| panic!("opening {url}: {e}"))
+    meta::open(url, &meta::OpenOptions { create: true, ..Default::default() }).await.unwrap_or_else(|e| panic!("opening {url}: {e}"))
 }
 
 pub fn open_store(url: &str) -> Arc<dyn BlockStore> {

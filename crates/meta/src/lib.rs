@@ -26,8 +26,12 @@ pub const PASSWORD_ENV: &str = "JFS_META_PASSWORD";
 
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
-    /// RocksDB: if another process holds the database, open it read-only (secondary).
-    pub allow_read_only: bool,
+    /// Open for reading only. RocksDB then opens a secondary instance that follows the writing
+    /// process without taking its lock; other engines ignore it.
+    pub read_only: bool,
+    /// Create an empty database where none exists (RocksDB; `format` and `load` only), so
+    /// that every other command on a wrong path writes nothing.
+    pub create: bool,
     /// Read the password from this file (first line).
     pub password_file: Option<PathBuf>,
 }
@@ -105,8 +109,8 @@ pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
                     return Err(config_err(url, format!("directory {} does not exist", parent.display())));
                 }
             }
-            let mode = if opts.allow_read_only { RocksMode::ReadWriteOrSecondary } else { RocksMode::ReadWrite };
-            Ok(Arc::new(RocksEngine::open(&path, mode, sync)?))
+            let mode = if opts.read_only { RocksMode::ReadOnly } else { RocksMode::ReadWrite };
+            Ok(Arc::new(RocksEngine::open(&path, mode, opts.create, sync)?))
         }
         "redis" => {
             let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;

@@ -2,9 +2,10 @@
 //! `journal` (big-endian seq -> frame) and `meta` (`head`).
 //!
 //! Commit section: a process-wide mutex around validate + assign seq + one atomic WriteBatch.
-//! RocksDB lets one process open a database for writing; another process that finds it locked
-//! (and asked for read access) opens it as a *secondary* instance that catches up with the
-//! primary's WAL: every commit is one atomic batch, so a secondary sees whole transactions.
+//! RocksDB lets one process open a database for writing. Readers (`jfs ls/get/journal`, later
+//! the mirror's read-only mount) open it as a *secondary* instance that catches up with the
+//! writer's WAL, so they never take the write lock: every commit is one atomic batch, so a
+//! secondary sees whole transactions.
 
 use async_trait::async_trait;
 use fs_core::engine::{CommitOutcome, Engine, JournalBounds, KvPair};
@@ -44,12 +45,11 @@ pub struct RocksEngine {
     inner: Arc<Inner>,
 }
 
-/// How to open: read-write only, or fall back to a read-only secondary when another process
-/// holds the database.
+/// How to open: as the one writer, or as a read-only secondary that follows the writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RocksMode {
     ReadWrite,
-    ReadWriteOrSecondary,
+    ReadOnly,
 }
 
 fn cfs() -> Vec<ColumnFamilyDescriptor> {
@@ -60,14 +60,25 @@ fn cfs() -> Vec<ColumnFamilyDescriptor> {
 }
 
 impl RocksEngine {
-    pub fn open(path: &Path, mode: RocksMode, sync: bool) -> Result<Self> {
+    pub fn open(path: &Path, mode: RocksMode, create: bool, sync: bool) -> Result<Self> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_max_open_files(512);
-        let (db, secondary) = match DB::open_cf_descriptors(&opts, path, cfs()) {
-            Ok(db) => (db, None),
-            Err(e) if e.as_ref().contains("lock") && mode == RocksMode::ReadWriteOrSecondary => {
+        let (db, secondary) = match mode {
+            _ if !create && !path.join("CURRENT").exists() => {
+                return Err(Error::new(
+                    ErrorKind::NotFormatted,
+                    format!("no RocksDB volume at {}: run `jfs format` first", path.display()),
+                ))
+            }
+            RocksMode::ReadOnly => {
+                if !path.join("CURRENT").exists() {
+                    return Err(Error::new(
+                        ErrorKind::NotFormatted,
+                        format!("no RocksDB volume at {}: run `jfs format` first", path.display()),
+                    ));
+                }
                 let dir = tempfile::Builder::new()
                     .prefix("jfs-rocks-secondary")
                     .tempdir()
@@ -75,16 +86,19 @@ impl RocksEngine {
                 let mut so = Options::default();
                 so.set_max_open_files(-1);
                 let db = DB::open_cf_as_secondary(&so, path, dir.path(), [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META])
-                    .map_err(|e| err(e, "opening as secondary"))?;
+                    .map_err(|e| err(e, &format!("opening {} read-only", path.display())))?;
                 (db, Some(dir))
             }
-            Err(e) if e.as_ref().contains("lock") => {
-                return Err(Error::new(
-                    ErrorKind::Busy,
-                    format!("{} is open for writing by another process (only one may write a RocksDB volume); stop it or go through it", path.display()),
-                ))
-            }
-            Err(e) => return Err(err(e, &format!("opening {}", path.display()))),
+            RocksMode::ReadWrite => match DB::open_cf_descriptors(&opts, path, cfs()) {
+                Ok(db) => (db, None),
+                Err(e) if e.as_ref().contains("lock") => {
+                    return Err(Error::new(
+                        ErrorKind::Busy,
+                        format!("{} is open for writing by another process (one process writes a RocksDB volume; readers open it read-only); stop that process or go through it", path.display()),
+                    ))
+                }
+                Err(e) => return Err(err(e, &format!("opening {}", path.display()))),
+            },
         };
         if secondary.is_some() {
             db.try_catch_up_with_primary().map_err(|e| err(e, "catching up with the primary"))?;

@@ -154,15 +154,7 @@ pub(crate) fn new_attr(kind: FileKind, mode: u32, uid: u32, gid: u32, parent: In
 impl Fs {
     /// Format a new volume: fails with `AlreadyExists` if the engine already holds one.
     pub async fn format(engine: Arc<dyn Engine>, store: Arc<dyn BlockStore>, settings: Settings) -> Result<Fs> {
-        if settings.block_size < 64 << 10 || settings.block_size > 16 << 20 {
-            return Err(invalid(format!(
-                "block size {} is outside 64 KiB..16 MiB",
-                settings.block_size
-            )));
-        }
-        if settings.name.is_empty() || settings.name.contains(['/', '\\', '\0']) || settings.name.starts_with('.') {
-            return Err(invalid(format!("volume name {:?} must be non-empty, not start with '.', and contain no '/', '\\' or NUL", settings.name)));
-        }
+        settings.validate()?;
         let json = serde_json::to_vec(&settings).expect("settings serialize");
         let mut tx = Txn::new(&*engine);
         if tx.get(keys::SETTING).await?.is_some() {

@@ -21,15 +21,16 @@ pub async fn format(
     trash: Duration,
     grace: Duration,
 ) -> Result<Outcome> {
-    // Validate the store before touching metadata: nothing is written on bad input.
-    let store = super::open_store(g, storage)?;
-    store.check().await?;
-    let engine = super::open_engine(g, meta_url, false).await?;
-    let mut s = Settings::new(name, storage, u32::try_from(block_size).context("block size too large")?);
+    // Validate everything before touching metadata: nothing is written on bad input.
+    let mut s = Settings::new(name, storage, u32::try_from(block_size).unwrap_or(u32::MAX));
     s.capacity = capacity;
     s.journal_retention_secs = retention.as_secs();
     s.trash_secs = trash.as_secs();
     s.gc_grace_secs = grace.as_secs();
+    s.validate()?;
+    let store = super::open_store(g, storage)?;
+    store.check().await.with_context(|| format!("checking the storage {storage}"))?;
+    let engine = super::open_engine_with(g, meta_url, false, true).await?;
     let fs = Fs::format(engine, store, s).await.with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
     println!("formatted volume {:?} (uuid {}) in {} with blocks in {}", fs.settings().name, fs.settings().uuid, fs.engine().display_url(), storage);
     Ok(Outcome::Done)

@@ -38,7 +38,7 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
         }
         Command::Truncate { meta_url, path, size } => fsops::truncate(&open_fs(g, &meta_url, false).await?, &path, size).await,
         Command::Dump { meta_url, file } => admin::dump(&*open_engine(g, &meta_url, true).await?, file.as_deref()).await,
-        Command::Load { meta_url, file } => admin::load(&*open_engine(g, &meta_url, false).await?, &file).await,
+        Command::Load { meta_url, file } => admin::load(&*open_engine_with(g, &meta_url, false, true).await?, &file).await,
         Command::Fsck { meta_url, json } => admin::fsck(&open_fs(g, &meta_url, true).await?, json).await,
         Command::Gc { meta_url, delete, json } => admin::gc(&open_fs(g, &meta_url, !delete).await?, delete, json).await,
         Command::Journal { meta_url, from, follow, json } => {
@@ -48,10 +48,14 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
     }
 }
 
-/// Open the metadata engine. `read_only` allows opening a RocksDB volume that another process
-/// is writing (as a secondary).
+/// Open the metadata engine. `read_only` commands open a RocksDB volume as a secondary, so they
+/// work beside the process that writes it and never block it.
 pub async fn open_engine(g: &Global, meta_url: &str, read_only: bool) -> Result<Arc<dyn Engine>> {
-    let opts = meta::OpenOptions { allow_read_only: read_only, password_file: g.meta_password_file.clone() };
+    open_engine_with(g, meta_url, read_only, false).await
+}
+
+pub async fn open_engine_with(g: &Global, meta_url: &str, read_only: bool, create: bool) -> Result<Arc<dyn Engine>> {
+    let opts = meta::OpenOptions { read_only, create, password_file: g.meta_password_file.clone() };
     meta::open(meta_url, &opts).await.with_context(|| format!("opening metadata {}", meta::redact(meta_url)))
 }
 

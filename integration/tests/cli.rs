@@ -1,0 +1,359 @@
+//! The `jfs` binary as a user runs it: separate processes against real engines and stores.
+
+use integration::{bin, data, meta_url, store_url, unique};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn jfs(args: &[&str]) -> Output {
+    jfs_env(args, &[])
+}
+
+fn jfs_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin("jfs"));
+    c.args(args).stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run jfs")
+}
+
+fn ok_bytes(args: &[&str]) -> Vec<u8> {
+    let o = jfs(args);
+    assert!(o.status.success(), "jfs {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    o.stdout
+}
+
+fn ok(args: &[&str]) -> String {
+    String::from_utf8(ok_bytes(args)).expect("UTF-8 output")
+}
+
+/// Exit code 2 with exactly one line on stderr that contains `needle`.
+fn fails_clearly(o: &Output, needle: &str) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(2), "expected exit 2, got {:?}: {err}", o.status.code());
+    assert_eq!(err.trim_end().lines().count(), 1, "one line expected, got: {err}");
+    assert!(err.contains(needle), "{needle:?} not in: {err}");
+    err
+}
+
+fn write_tree(root: &Path, small: usize, big: usize) {
+    std::fs::create_dir_all(root).unwrap();
+    std::fs::write(root.join("big.bin"), data(42, big)).unwrap();
+    for i in 0..small {
+        let dir = root.join(format!("d{:02}", i % 10));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i:04}.txt")), data(i as u64, (i * 37) % 5000)).unwrap();
+    }
+    std::os::unix::fs::symlink("d00/f0000.txt", root.join("link")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root.join("d01"), std::fs::Permissions::from_mode(0o750)).unwrap();
+}
+
+/// Compare two local trees: names, kinds, bytes, permission bits and mtimes (seconds).
+fn same_tree(a: &Path, b: &Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let ma = std::fs::symlink_metadata(a).unwrap();
+    let mb = std::fs::symlink_metadata(b).unwrap();
+    assert_eq!(ma.file_type(), mb.file_type(), "{}", b.display());
+    if ma.file_type().is_symlink() {
+        assert_eq!(std::fs::read_link(a).unwrap(), std::fs::read_link(b).unwrap());
+        return 1;
+    }
+    assert_eq!(ma.mode() & 0o7777, mb.mode() & 0o7777, "mode of {}", b.display());
+    assert_eq!(ma.mtime(), mb.mtime(), "mtime of {}", b.display());
+    if ma.is_file() {
+        assert!(std::fs::read(a).unwrap() == std::fs::read(b).unwrap(), "bytes of {} differ", b.display());
+        return 1;
+    }
+    let mut names: Vec<_> = std::fs::read_dir(a).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    let mut other: Vec<_> = std::fs::read_dir(b).unwrap().map(|e| e.unwrap().file_name()).collect();
+    other.sort();
+    assert_eq!(names, other, "entries of {}", b.display());
+    names.iter().map(|n| same_tree(&a.join(n), &b.join(n))).sum::<usize>() + 1
+}
+
+fn store_files(root: &Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if p.is_dir() {
+                if !p.ends_with(".jfs-tmp") {
+                    stack.push(p);
+                }
+            } else {
+                out.push((p.strip_prefix(root).unwrap().to_string_lossy().into_owned(), e.metadata().unwrap().len()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn put_get_tree_with_a_100_mib_file_and_1000_small_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, 1000, 100 << 20);
+    let meta = format!("rocksdb://{}/meta", tmp.path().display());
+    let store = tmp.path().join("store");
+    ok(&["format", &meta, "vol", "--storage", &format!("file://{}", store.display())]);
+    ok(&["put", &meta, src.to_str().unwrap(), "/data"]);
+    let out = tmp.path().join("out");
+    ok(&["get", &meta, "/data", out.to_str().unwrap()]);
+    assert_eq!(same_tree(&src, &out), 1000 + 10 + 1 + 1 + 1, "every file, dir and link compared");
+    // Objects have the block key layout, and each object's length is the one in its key.
+    let objects = store_files(&store);
+    // 999 non-empty small files (one block each) and 25 blocks of the 100 MiB file
+    assert_eq!(objects.len(), 999 + 25, "{} objects", objects.len());
+    for (key, len) in &objects {
+        let (_, _, klen) = fs_core::keys::parse_block_key("vol", key).unwrap_or_else(|| panic!("{key} is not a block key"));
+        assert_eq!(*len, klen as u64, "{key}");
+        assert!(klen <= 4 << 20);
+    }
+    assert!(ok(&["fsck", &meta]).contains("0 broken"));
+    // Delete one block of the big file by hand: fsck fails and names the file.
+    let big_ino: u64 = serde_json::from_str::<serde_json::Value>(&ok(&["stat", &meta, "/data/big.bin"])).unwrap()["ino"].as_u64().unwrap();
+    assert!(big_ino > 1);
+    let victim = objects.iter().find(|(_, l)| *l == 4 << 20).expect("a full block").0.clone();
+    std::fs::remove_file(store.join(&victim)).unwrap();
+    let o = jfs(&["fsck", &meta]);
+    assert_eq!(o.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("BROKEN /data/big.bin") && report.contains(&victim), "{report}");
+    // ls, cat and the other namespace commands
+    assert!(ok(&["ls", &meta, "/data"]).lines().any(|l| l == "big.bin"));
+    assert_eq!(ok_bytes(&["cat", &meta, "/data/d03/f0003.txt"]), data(3, 111));
+    ok(&["mkdir", "-p", &meta, "/x/y/z"]);
+    ok(&["mv", &meta, "/data/d03/f0003.txt", "/x/y/z"]);
+    ok(&["ln", "-s", &meta, "/x/y/z/f0003.txt", "/sl"]);
+    ok(&["ln", &meta, "/x/y/z/f0003.txt", "/hard"]);
+    ok(&["truncate", &meta, "/hard", "10"]);
+    assert_eq!(ok_bytes(&["cat", &meta, "/x/y/z/f0003.txt"]), data(3, 10));
+    let long = ok(&["ls", "-l", &meta, "/"]);
+    assert!(long.contains("sl -> /x/y/z/f0003.txt") && long.contains("   2 "), "{long}");
+    ok(&["rm", "-r", &meta, "/x"]);
+    assert!(ok(&["ls", "-R", &meta, "/"]).contains("/data/d09:"));
+    let o = jfs(&["rm", &meta, "/data"]);
+    fails_clearly(&o, "not empty");
+}
+
+#[test]
+fn s3_store_put_get_and_fsck() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, 50, 9 << 20);
+    let (meta, _d) = meta_url("rocksdb");
+    let (store, _) = store_url("s3");
+    ok(&["format", &meta, "s3vol", "--storage", &store]);
+    ok(&["put", &meta, src.to_str().unwrap(), "/in"]);
+    let out = tmp.path().join("out");
+    ok(&["get", &meta, "/in", out.to_str().unwrap()]);
+    same_tree(&src, &out);
+    assert!(ok(&["fsck", &meta]).contains("0 broken"));
+}
+
+#[test]
+fn bad_input_gives_one_clear_line_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = format!("rocksdb://{}/meta", tmp.path().display());
+    fails_clearly(&jfs(&["status", "nonsense"]), "expected SCHEME://");
+    fails_clearly(&jfs(&["status", "mysql://h/db"]), "unsupported scheme");
+    // A bad store URL is refused before the metadata engine is even created.
+    fails_clearly(&jfs(&["format", &m, "v", "--storage", "ftp://x"]), "unsupported scheme");
+    assert!(!tmp.path().join("meta").exists(), "nothing written");
+    // Commands other than format never create a volume.
+    fails_clearly(&jfs(&["ls", &m]), "run `jfs format` first");
+    fails_clearly(&jfs(&["mkdir", &m, "/a"]), "run `jfs format` first");
+    assert!(!tmp.path().join("meta").exists(), "nothing written");
+    // Bad names and values
+    fails_clearly(&jfs(&["format", &m, "bad/name", "--storage", &format!("file://{}/s", tmp.path().display())]), "volume name");
+    fails_clearly(&jfs(&["format", &m, "v", "--storage", "file:///tmp/x", "--block-size", "1K"]), "block size");
+    // An unreachable engine: fast, and the message says where.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let t0 = Instant::now();
+    fails_clearly(&jfs(&["status", &format!("redis://127.0.0.1:{port}/0")]), &port.to_string());
+    fails_clearly(&jfs(&["status", &format!("postgres://u@127.0.0.1:{port}/db")]), &port.to_string());
+    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
+    // Wrong credentials: refused, and the secret is not echoed.
+    for engine in ["redis", "postgres"] {
+        let (url, _) = meta_url(engine);
+        let err = fails_clearly(&jfs_env(&["status", &url], &[("JFS_META_PASSWORD", "Wr0ngSecret!")]), "authentication failed");
+        assert!(!err.contains("Wr0ngSecret"), "{err}");
+    }
+    // Wrong S3 credentials: format refuses before writing metadata.
+    let (s3, _) = store_url("s3");
+    let err = fails_clearly(
+        &jfs_env(&["format", &m, "v", "--storage", &s3], &[("AWS_SECRET_ACCESS_KEY", "Wr0ngS3cret")]),
+        "storage",
+    );
+    assert!(!err.contains("Wr0ngS3cret"), "{err}");
+    assert!(!tmp.path().join("meta").exists(), "nothing written");
+    // The password never appears in the URL form we accept.
+    fails_clearly(&jfs(&["status", "redis://u:Wr0ng@127.0.0.1:1/0"]), "do not put the password in the URL");
+}
+
+/// Damage the stored frame of entry `seq` so that its checksum no longer matches.
+async fn corrupt_frame(engine: &str, url: &str, seq: u64) {
+    match engine {
+        "rocksdb" => {
+            let path = url.strip_prefix("rocksdb://").unwrap();
+            let cfs = ["default", "journal", "meta"];
+            let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), path, cfs).unwrap();
+            let cf = db.cf_handle("journal").unwrap();
+            let mut f = db.get_cf(cf, seq.to_be_bytes()).unwrap().unwrap();
+            let last = f.len() - 1;
+            f[last] ^= 0x40;
+            db.put_cf(cf, seq.to_be_bytes(), f).unwrap();
+        }
+        "redis" => {
+            let (base, prefix) = url.split_once("?prefix=").unwrap();
+            let pw = std::env::var("JFS_META_PASSWORD").unwrap();
+            let c = redis::Client::open(base.replace("redis://", &format!("redis://:{pw}@"))).unwrap();
+            let mut conn = c.get_multiplexed_async_connection().await.unwrap();
+            let key = format!("{prefix}_journal");
+            let all: redis::streams::StreamRangeReply = redis::cmd("XRANGE").arg(&key).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+            let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+            for e in all.ids {
+                let mut f: Vec<u8> = redis::from_redis_value(&e.map["f"]).unwrap();
+                if e.id == format!("{seq}-0") {
+                    let last = f.len() - 1;
+                    f[last] ^= 0x40;
+                }
+                let _: String = redis::cmd("XADD").arg(&key).arg(&e.id).arg("f").arg(f).query_async(&mut conn).await.unwrap();
+            }
+        }
+        "postgres" => {
+            let (base, schema) = url.split_once("?schema=").unwrap();
+            let mut cfg: tokio_postgres::Config = base.parse().unwrap();
+            cfg.password(std::env::var("JFS_META_PASSWORD").unwrap());
+            let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            let q = format!("UPDATE {schema}.jfs_journal SET frame = overlay(frame placing '\\x00' from length(frame)) WHERE seq = $1");
+            assert_eq!(client.execute(&q, &[&(seq as i64)]).await.unwrap(), 1);
+        }
+        _ => unreachable!(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_journal_frame_is_an_error_naming_the_entry() {
+    for engine in integration::ENGINES {
+        let tmp = tempfile::tempdir().unwrap();
+        let (url, _d) = meta_url(engine);
+        ok(&["format", &url, "v", "--storage", &format!("file://{}/s", tmp.path().display())]);
+        ok(&["mkdir", &url, "/a"]);
+        ok(&["mkdir", &url, "/b"]);
+        let lines = ok(&["journal", &url, "--json"]);
+        // every process allocates its own batch of inode numbers: format, alloc, mknod, alloc, mknod
+        assert_eq!(lines.lines().count(), 5, "{lines}");
+        corrupt_frame(engine, &url, 3).await;
+        let o = jfs(&["journal", &url, "--json"]);
+        let err = fails_clearly(&o, "journal entry 3");
+        assert!(err.contains("checksum"), "{engine}: {err}");
+        // entries before the bad one were printed, none after it
+        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 2, "{engine}");
+    }
+}
+
+#[test]
+fn journal_json_lines_have_seq_time_op() {
+    let tmp = tempfile::tempdir().unwrap();
+    let meta = format!("rocksdb://{}/meta", tmp.path().display());
+    ok(&["format", &meta, "v", "--storage", &format!("file://{}/s", tmp.path().display())]);
+    ok(&["mkdir", &meta, "/a"]);
+    ok(&["mv", &meta, "/a", "/b"]);
+    let out = ok(&["journal", &meta, "--json"]);
+    let vals: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ops: Vec<&str> = vals.iter().map(|v| v["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["format", "alloc_inodes", "mknod", "rename"]);
+    for (i, v) in vals.iter().enumerate() {
+        assert_eq!(v["seq"].as_u64(), Some(i as u64 + 1));
+        assert!(v["time"].as_str().unwrap().starts_with("20"));
+    }
+    assert_eq!(vals[3]["args"]["new_name"], "b");
+    let from = ok(&["journal", &meta, "--from", "3"]);
+    assert_eq!(from.lines().count(), 2);
+    let st: serde_json::Value = serde_json::from_str(&ok(&["status", &meta, "--json"])).unwrap();
+    assert_eq!((st["journal"]["first"].as_u64(), st["journal"]["last"].as_u64()), (Some(1), Some(4)));
+}
+
+/// A follower process (read-only, RocksDB secondary) sees what a writer process commits.
+#[test]
+fn journal_follow_sees_commits_of_another_process() {
+    for engine in ["rocksdb", "postgres", "redis"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (meta, _d) = meta_url(engine);
+        ok(&["format", &meta, "v", "--storage", &format!("file://{}/s", tmp.path().display())]);
+        let mut child = Command::new(bin("jfs"))
+            .args(["journal", &meta, "--follow", "--json", "--from", "3"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let name = unique("d");
+        ok(&["mkdir", &meta, &format!("/{name}")]); // a writer beside the follower
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                if tx.send(line.unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        let line = rx.recv_timeout(Duration::from_secs(15)).unwrap_or_else(|_| panic!("{engine}: follower saw nothing"));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!((v["seq"].as_u64(), v["op"].as_str()), (Some(3), Some("mknod")), "{engine}");
+        assert_eq!(v["args"]["name"], name.as_str());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+#[test]
+fn dump_then_load_into_every_engine_gives_an_identical_dump() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, 40, 1 << 20);
+    let (meta, _d) = meta_url("rocksdb");
+    ok(&["format", &meta, "v", "--storage", &format!("file://{}/s", tmp.path().display())]);
+    ok(&["put", &meta, src.to_str().unwrap(), "/t"]);
+    ok(&["rm", &meta, "/t/big.bin"]);
+    let dump_file: PathBuf = tmp.path().join("dump.json");
+    ok(&["dump", &meta, dump_file.to_str().unwrap()]);
+    let first = std::fs::read_to_string(&dump_file).unwrap();
+    for engine in integration::ENGINES {
+        let (target, _d2) = meta_url(engine);
+        ok(&["load", &target, dump_file.to_str().unwrap()]);
+        assert_eq!(ok(&["dump", &target]), first, "dump after load into {engine}");
+        fails_clearly(&jfs(&["load", &target, dump_file.to_str().unwrap()]), "already holds a volume");
+        assert_eq!(ok_bytes(&["cat", &target, "/t/d05/f0005.txt"]), data(5, 185));
+    }
+}
+
+#[test]
+fn gc_deletes_freed_blocks_only_with_delete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let meta = format!("rocksdb://{}/meta", tmp.path().display());
+    let store = tmp.path().join("s");
+    ok(&["format", &meta, "v", "--storage", &format!("file://{}", store.display())]);
+    let f = tmp.path().join("f");
+    std::fs::write(&f, data(1, 6 << 20)).unwrap();
+    ok(&["put", &meta, f.to_str().unwrap(), "/f"]);
+    ok(&["rm", &meta, "/f"]);
+    assert_eq!(store_files(&store).len(), 2);
+    let dry: serde_json::Value = serde_json::from_str(&ok(&["gc", &meta, "--json"])).unwrap();
+    assert_eq!((dry["pending_due"].as_u64(), dry["pending_purged"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(store_files(&store).len(), 2, "gc without --delete deletes nothing");
+    let r: serde_json::Value = serde_json::from_str(&ok(&["gc", &meta, "--delete", "--json"])).unwrap();
+    assert_eq!(r["pending_purged"].as_u64(), Some(1));
+    assert_eq!(store_files(&store).len(), 0);
+    let st: serde_json::Value = serde_json::from_str(&ok(&["status", &meta, "--json"])).unwrap();
+    assert_eq!(st["pending_deletes"].as_u64(), Some(0));
+}
