@@ -67,7 +67,13 @@ pub trait Engine: Send + Sync + 'static {
 }
 
 /// Read every pair in `[start, end)` page by page, calling `f` for each page.
-pub async fn scan_all<F>(engine: &dyn Engine, start: &[u8], end: &[u8], page: usize, mut f: F) -> Result<()>
+pub async fn scan_all<F>(
+    engine: &dyn Engine,
+    start: &[u8],
+    end: &[u8],
+    page: usize,
+    mut f: F,
+) -> Result<()>
 where
     F: FnMut(Vec<KvPair>) -> Result<()>,
 {

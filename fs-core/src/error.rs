@@ -47,11 +47,19 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into(), temporary: false }
+        Error {
+            kind,
+            message: message.into(),
+            temporary: false,
+        }
     }
     /// A backend failure that may succeed if retried (timeouts, connection resets, 5xx).
     pub fn temporary(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into(), temporary: true }
+        Error {
+            kind,
+            message: message.into(),
+            temporary: true,
+        }
     }
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -100,7 +108,10 @@ impl std::error::Error for Error {}
 
 /// Shorthands used throughout fs-core.
 pub fn not_found(what: impl fmt::Display) -> Error {
-    Error::new(ErrorKind::NotFound, format!("{what}: no such file or directory"))
+    Error::new(
+        ErrorKind::NotFound,
+        format!("{what}: no such file or directory"),
+    )
 }
 pub fn corrupt(what: impl Into<String>) -> Error {
     Error::new(ErrorKind::Corrupt, what)

@@ -19,13 +19,23 @@ pub const MAX_FRAME: usize = 256 << 20;
 /// One change to a key, as requested by a transaction.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum Mutation {
-    Put { key: Vec<u8>, value: Vec<u8> },
-    Delete { key: Vec<u8> },
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
     /// Add to an ASCII-decimal counter. The engine turns it into a `Put` of the new value in
     /// its commit section, so the journal never holds deltas (replay stays idempotent).
-    Add { key: Vec<u8>, delta: i64 },
+    Add {
+        key: Vec<u8>,
+        delta: i64,
+    },
     /// Put `"<seq> <time_ns>"` of the committing transaction (pending-delete tags).
-    Stamp { key: Vec<u8> },
+    Stamp {
+        key: Vec<u8>,
+    },
 }
 
 impl Mutation {
@@ -43,25 +53,93 @@ impl Mutation {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    Format { name: String },
-    Settings { what: String },
-    AllocInodes { start: Ino, count: u64 },
-    AllocSlices { start: u64, count: u64 },
-    Mknod { parent: Ino, name: String, ino: Ino, kind: FileKind, mode: u32 },
-    Symlink { parent: Ino, name: String, ino: Ino, target: String },
-    Link { ino: Ino, parent: Ino, name: String },
-    Unlink { parent: Ino, name: String, ino: Ino, freed: bool },
-    Rmdir { parent: Ino, name: String, ino: Ino },
-    Rename { parent: Ino, name: String, new_parent: Ino, new_name: String, ino: Ino, replaced: Option<Ino> },
-    SetAttr { ino: Ino, set: SetAttr },
-    Write { ino: Ino, chunk: u32, pos: u32, slice: u64, size: u32, off: u32, len: u32 },
-    Compact { ino: Ino, chunk: u32, slice: u64, size: u32, freed: u32 },
-    SetXattr { ino: Ino, name: String },
-    RemoveXattr { ino: Ino, name: String },
+    Format {
+        name: String,
+    },
+    Settings {
+        what: String,
+    },
+    AllocInodes {
+        start: Ino,
+        count: u64,
+    },
+    AllocSlices {
+        start: u64,
+        count: u64,
+    },
+    Mknod {
+        parent: Ino,
+        name: String,
+        ino: Ino,
+        kind: FileKind,
+        mode: u32,
+    },
+    Symlink {
+        parent: Ino,
+        name: String,
+        ino: Ino,
+        target: String,
+    },
+    Link {
+        ino: Ino,
+        parent: Ino,
+        name: String,
+    },
+    Unlink {
+        parent: Ino,
+        name: String,
+        ino: Ino,
+        freed: bool,
+    },
+    Rmdir {
+        parent: Ino,
+        name: String,
+        ino: Ino,
+    },
+    Rename {
+        parent: Ino,
+        name: String,
+        new_parent: Ino,
+        new_name: String,
+        ino: Ino,
+        replaced: Option<Ino>,
+    },
+    SetAttr {
+        ino: Ino,
+        set: SetAttr,
+    },
+    Write {
+        ino: Ino,
+        chunk: u32,
+        pos: u32,
+        slice: u64,
+        size: u32,
+        off: u32,
+        len: u32,
+    },
+    Compact {
+        ino: Ino,
+        chunk: u32,
+        slice: u64,
+        size: u32,
+        freed: u32,
+    },
+    SetXattr {
+        ino: Ino,
+        name: String,
+    },
+    RemoveXattr {
+        ino: Ino,
+        name: String,
+    },
     /// Pending deletes whose blocks `gc` removed.
-    Purge { slices: u64 },
+    Purge {
+        slices: u64,
+    },
     /// A batch of `jfs load`.
-    Load { keys: u64 },
+    Load {
+        keys: u64,
+    },
 }
 
 impl Op {
@@ -134,7 +212,10 @@ impl Entry {
     /// Decode the frame at the start of `buf`; returns the entry and the bytes it used.
     pub fn decode_prefix(buf: &[u8]) -> Result<(Entry, usize)> {
         if buf.len() < FRAME_HEADER {
-            return Err(corrupt(format!("journal frame truncated: {} bytes, header needs 9", buf.len())));
+            return Err(corrupt(format!(
+                "journal frame truncated: {} bytes, header needs 9",
+                buf.len()
+            )));
         }
         if buf[0] != FRAME_VERSION {
             return Err(Error::new(
@@ -144,17 +225,24 @@ impl Entry {
         }
         let len = u32::from_le_bytes(buf[1..5].try_into().unwrap()) as usize;
         if len > MAX_FRAME {
-            return Err(corrupt(format!("journal frame claims {len} bytes, over the {MAX_FRAME} limit")));
+            return Err(corrupt(format!(
+                "journal frame claims {len} bytes, over the {MAX_FRAME} limit"
+            )));
         }
         let end = FRAME_HEADER + len;
         if buf.len() < end {
-            return Err(corrupt(format!("journal frame truncated: payload {len} bytes, have {}", buf.len() - FRAME_HEADER)));
+            return Err(corrupt(format!(
+                "journal frame truncated: payload {len} bytes, have {}",
+                buf.len() - FRAME_HEADER
+            )));
         }
         let want = u32::from_le_bytes(buf[5..9].try_into().unwrap());
         let payload = &buf[FRAME_HEADER..end];
         let got = crc32c::crc32c(payload);
         if got != want {
-            return Err(corrupt(format!("journal frame checksum mismatch (stored {want:08x}, computed {got:08x})")));
+            return Err(corrupt(format!(
+                "journal frame checksum mismatch (stored {want:08x}, computed {got:08x})"
+            )));
         }
         let entry: Entry = postcard::from_bytes(payload)
             .map_err(|e| corrupt(format!("journal frame payload does not decode: {e}")))?;
@@ -179,7 +267,12 @@ pub fn parse_counter(v: Option<&[u8]>) -> Result<i64> {
         Some(b) => std::str::from_utf8(b)
             .ok()
             .and_then(|s| s.parse().ok())
-            .ok_or_else(|| corrupt(format!("counter value {:?} is not a decimal number", String::from_utf8_lossy(b)))),
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "counter value {:?} is not a decimal number",
+                    String::from_utf8_lossy(b)
+                ))
+            }),
     }
 }
 
@@ -211,15 +304,21 @@ impl CommitRequest {
 
     /// Build the journal entry for this request committed as `seq` at `time_ns`, given the
     /// current values of its counters. Called by the engines inside their commit section.
-    pub fn materialize(&self, seq: u64, time_ns: i64, counters: &HashMap<Vec<u8>, Option<Vec<u8>>>) -> Result<Entry> {
+    pub fn materialize(
+        &self,
+        seq: u64,
+        time_ns: i64,
+        counters: &HashMap<Vec<u8>, Option<Vec<u8>>>,
+    ) -> Result<Entry> {
         let mut sums: HashMap<&[u8], i64> = HashMap::new();
         let mut writes = Vec::with_capacity(self.writes.len());
         for m in &self.writes {
             match m {
                 Mutation::Put { .. } | Mutation::Delete { .. } => writes.push(m.clone()),
-                Mutation::Stamp { key } => {
-                    writes.push(Mutation::Put { key: key.clone(), value: Entry::stamp_value(seq, time_ns) })
-                }
+                Mutation::Stamp { key } => writes.push(Mutation::Put {
+                    key: key.clone(),
+                    value: Entry::stamp_value(seq, time_ns),
+                }),
                 Mutation::Add { key, delta } => {
                     let cur = match sums.get(key.as_slice()) {
                         Some(v) => *v,
@@ -232,9 +331,17 @@ impl CommitRequest {
         let mut adds: Vec<_> = sums.into_iter().collect();
         adds.sort();
         for (k, v) in adds {
-            writes.push(Mutation::Put { key: k.to_vec(), value: v.to_string().into_bytes() });
+            writes.push(Mutation::Put {
+                key: k.to_vec(),
+                value: v.to_string().into_bytes(),
+            });
         }
-        Ok(Entry { seq, time_ns, op: self.op.clone(), writes })
+        Ok(Entry {
+            seq,
+            time_ns,
+            op: self.op.clone(),
+            writes,
+        })
     }
 }
 
@@ -247,9 +354,20 @@ mod tests {
         Entry {
             seq: 42,
             time_ns: 1_700_000_000_000_000_000,
-            op: Op::Write { ino: 9, chunk: 0, pos: 0, slice: 3, size: 10, off: 0, len: 10 },
+            op: Op::Write {
+                ino: 9,
+                chunk: 0,
+                pos: 0,
+                slice: 3,
+                size: 10,
+                off: 0,
+                len: 10,
+            },
             writes: vec![
-                Mutation::Put { key: b"A\0\0\0\0\0\0\0\x09I".to_vec(), value: vec![1, 2, 3] },
+                Mutation::Put {
+                    key: b"A\0\0\0\0\0\0\0\x09I".to_vec(),
+                    value: vec![1, 2, 3],
+                },
                 Mutation::Delete { key: b"x".to_vec() },
             ],
         }
@@ -264,16 +382,28 @@ mod tests {
             for bit in 0..8 {
                 let mut g = f.clone();
                 g[i] ^= 1 << bit;
-                assert!(Entry::decode(&g).is_err(), "flip at byte {i} bit {bit} went unnoticed");
+                assert!(
+                    Entry::decode(&g).is_err(),
+                    "flip at byte {i} bit {bit} went unnoticed"
+                );
             }
         }
         let mut v2 = f.clone();
         v2[0] = 2;
-        assert_eq!(Entry::decode(&v2).unwrap_err().kind(), ErrorKind::UnsupportedVersion);
-        assert_eq!(Entry::decode(&f[..f.len() - 1]).unwrap_err().kind(), ErrorKind::Corrupt);
+        assert_eq!(
+            Entry::decode(&v2).unwrap_err().kind(),
+            ErrorKind::UnsupportedVersion
+        );
+        assert_eq!(
+            Entry::decode(&f[..f.len() - 1]).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
         let mut extra = f.clone();
         extra.push(0);
-        assert_eq!(Entry::decode(&extra).unwrap_err().kind(), ErrorKind::Corrupt);
+        assert_eq!(
+            Entry::decode(&extra).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
     }
 
     #[test]
@@ -281,9 +411,17 @@ mod tests {
         let req = CommitRequest {
             reads: vec![],
             writes: vec![
-                Mutation::Add { key: b"cused".to_vec(), delta: 5 },
-                Mutation::Stamp { key: b"D1".to_vec() },
-                Mutation::Add { key: b"cused".to_vec(), delta: -2 },
+                Mutation::Add {
+                    key: b"cused".to_vec(),
+                    delta: 5,
+                },
+                Mutation::Stamp {
+                    key: b"D1".to_vec(),
+                },
+                Mutation::Add {
+                    key: b"cused".to_vec(),
+                    delta: -2,
+                },
             ],
             op: Op::Purge { slices: 1 },
         };
@@ -292,8 +430,14 @@ mod tests {
         assert_eq!(
             e.writes,
             vec![
-                Mutation::Put { key: b"D1".to_vec(), value: b"7 99".to_vec() },
-                Mutation::Put { key: b"cused".to_vec(), value: b"13".to_vec() },
+                Mutation::Put {
+                    key: b"D1".to_vec(),
+                    value: b"7 99".to_vec()
+                },
+                Mutation::Put {
+                    key: b"cused".to_vec(),
+                    value: b"13".to_vec()
+                },
             ]
         );
         assert_eq!(parse_stamp(b"7 99"), Some((7, 99)));
@@ -301,14 +445,22 @@ mod tests {
 
     #[test]
     fn op_json_has_name_and_args() {
-        let op = Op::Link { ino: 3, parent: 1, name: "b".into() };
+        let op = Op::Link {
+            ino: 3,
+            parent: 1,
+            name: "b".into(),
+        };
         assert_eq!(op.name(), "link");
-        assert_eq!(op.args_json(), serde_json::json!({"ino": 3, "parent": 1, "name": "b"}));
+        assert_eq!(
+            op.args_json(),
+            serde_json::json!({"ino": 3, "parent": 1, "name": "b"})
+        );
     }
 
     fn arb_mutation() -> impl Strategy<Value = Mutation> {
         prop_oneof![
-            (any::<Vec<u8>>(), any::<Vec<u8>>()).prop_map(|(key, value)| Mutation::Put { key, value }),
+            (any::<Vec<u8>>(), any::<Vec<u8>>())
+                .prop_map(|(key, value)| Mutation::Put { key, value }),
             any::<Vec<u8>>().prop_map(|key| Mutation::Delete { key }),
         ]
     }

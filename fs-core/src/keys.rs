@@ -114,7 +114,9 @@ pub fn parse(k: &[u8]) -> Key<'_> {
             match k[9] {
                 b'I' if rest.is_empty() => Key::Attr(ino),
                 b'D' => Key::Dentry(ino, rest),
-                b'C' if rest.len() == 4 => Key::Chunk(ino, u32::from_be_bytes(rest.try_into().unwrap())),
+                b'C' if rest.len() == 4 => {
+                    Key::Chunk(ino, u32::from_be_bytes(rest.try_into().unwrap()))
+                }
                 b'S' if rest.is_empty() => Key::Symlink(ino),
                 b'X' => Key::Xattr(ino, rest),
                 _ => Key::Unknown,
@@ -134,13 +136,20 @@ pub fn decode_dentry(v: &[u8]) -> Option<(Ino, FileKind)> {
     if v.len() != 9 {
         return None;
     }
-    Some((u64::from_be_bytes(v[..8].try_into().unwrap()), FileKind::from_byte(v[8])?))
+    Some((
+        u64::from_be_bytes(v[..8].try_into().unwrap()),
+        FileKind::from_byte(v[8])?,
+    ))
 }
 
 /// The object key of block `index` (of `len` bytes) of slice `id` in volume `volume`.
 /// Derived from these three numbers alone: a key is written once and never rewritten.
 pub fn block_key(volume: &str, id: u64, index: u32, len: u32) -> String {
-    format!("{volume}/chunks/{}/{}/{id}_{index}_{len}", id / 1_000_000, id / 1000)
+    format!(
+        "{volume}/chunks/{}/{}/{id}_{index}_{len}",
+        id / 1_000_000,
+        id / 1000
+    )
 }
 
 /// The prefix under which all blocks of `volume` live.
@@ -179,9 +188,18 @@ mod tests {
 
     #[test]
     fn block_key_layout_matches_the_design() {
-        assert_eq!(block_key("vol", 1, 0, 4194304), "vol/chunks/0/0/1_0_4194304");
-        assert_eq!(block_key("vol", 12_345_678, 2, 5), "vol/chunks/12/12345/12345678_2_5");
-        assert_eq!(parse_block_key("vol", "vol/chunks/12/12345/12345678_2_5"), Some((12_345_678, 2, 5)));
+        assert_eq!(
+            block_key("vol", 1, 0, 4194304),
+            "vol/chunks/0/0/1_0_4194304"
+        );
+        assert_eq!(
+            block_key("vol", 12_345_678, 2, 5),
+            "vol/chunks/12/12345/12345678_2_5"
+        );
+        assert_eq!(
+            parse_block_key("vol", "vol/chunks/12/12345/12345678_2_5"),
+            Some((12_345_678, 2, 5))
+        );
         assert_eq!(parse_block_key("vol", "vol/chunks/0/0/12345678_2_5"), None);
         assert_eq!(parse_block_key("vol", "other/chunks/0/0/1_0_1"), None);
         assert_eq!(parse_block_key("vol", "vol/chunks/0/0/1_0_1_9"), None);

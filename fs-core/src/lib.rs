@@ -14,8 +14,8 @@ pub mod types;
 
 pub use engine::{CommitOutcome, Engine, JournalBounds};
 pub use error::{Error, ErrorKind, Result};
-pub use fs::{FileWriter, Fs};
 pub use fs::namespace::Owner;
+pub use fs::{FileWriter, Fs};
 pub use journal::{CommitRequest, Entry, Mutation, Op};
 pub use store::{BlockStore, ObjectMeta};
 pub use types::*;

@@ -37,7 +37,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
     if s.len() % 2 != 0 {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
@@ -81,35 +84,65 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
         for (k, v) in page {
             match keys::parse(&k) {
                 Key::Setting => {
-                    setting = Some(serde_json::from_slice(&v).map_err(|e| corrupt(format!("settings: {e}")))?)
+                    setting = Some(
+                        serde_json::from_slice(&v)
+                            .map_err(|e| corrupt(format!("settings: {e}")))?,
+                    )
                 }
                 Key::Counter(name) => {
                     counters.insert(encode_name(name), parse_counter(Some(&v))?);
                 }
                 Key::Pending(slice, size) => {
-                    pending.push(PendingDump { slice, size, stamp: encode_name(&v) });
+                    pending.push(PendingDump {
+                        slice,
+                        size,
+                        stamp: encode_name(&v),
+                    });
                 }
-                Key::Attr(ino) => inodes.entry(ino).or_default().attr = Some(crate::fs::decode_attr(ino, &v)?),
+                Key::Attr(ino) => {
+                    inodes.entry(ino).or_default().attr = Some(crate::fs::decode_attr(ino, &v)?)
+                }
                 Key::Dentry(p, name) => {
-                    let (ino, _) = keys::decode_dentry(&v).ok_or_else(|| corrupt("dentry does not decode"))?;
-                    inodes.entry(p).or_default().entries.insert(encode_name(name), ino);
+                    let (ino, _) =
+                        keys::decode_dentry(&v).ok_or_else(|| corrupt("dentry does not decode"))?;
+                    inodes
+                        .entry(p)
+                        .or_default()
+                        .entries
+                        .insert(encode_name(name), ino);
                 }
                 Key::Chunk(ino, idx) => {
-                    let recs = SliceRec::decode_list(&v).ok_or_else(|| corrupt(format!("chunk {idx} of {ino}")))?;
+                    let recs = SliceRec::decode_list(&v)
+                        .ok_or_else(|| corrupt(format!("chunk {idx} of {ino}")))?;
                     inodes.entry(ino).or_default().chunks.insert(idx, recs);
                 }
                 Key::Symlink(ino) => inodes.entry(ino).or_default().symlink = Some(encode_name(&v)),
                 Key::Xattr(ino, name) => {
-                    inodes.entry(ino).or_default().xattrs.insert(encode_name(name), hex(&v));
+                    inodes
+                        .entry(ino)
+                        .or_default()
+                        .xattrs
+                        .insert(encode_name(name), hex(&v));
                 }
-                Key::Unknown => return Err(corrupt(format!("unknown metadata key {:?}", String::from_utf8_lossy(&k)))),
+                Key::Unknown => {
+                    return Err(corrupt(format!(
+                        "unknown metadata key {:?}",
+                        String::from_utf8_lossy(&k)
+                    )))
+                }
             }
         }
         Ok(())
     })
     .await?;
-    let setting = setting.ok_or_else(|| Error::new(ErrorKind::NotFormatted, "no volume settings: not formatted"))?;
-    Ok(Dump { setting, counters, pending, inodes })
+    let setting = setting
+        .ok_or_else(|| Error::new(ErrorKind::NotFormatted, "no volume settings: not formatted"))?;
+    Ok(Dump {
+        setting,
+        counters,
+        pending,
+        inodes,
+    })
 }
 
 /// Every key/value pair a dump stands for.
@@ -133,11 +166,21 @@ fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
                 .get(&child)
                 .and_then(|c| c.attr.as_ref())
                 .map(|a| a.kind)
-                .ok_or_else(|| corrupt(format!("dump entry {name:?} points at inode {child} which has no attributes")))?;
-            out.push((keys::dentry(ino, &decode_name(name)?), keys::encode_dentry(child, kind)));
+                .ok_or_else(|| {
+                    corrupt(format!(
+                        "dump entry {name:?} points at inode {child} which has no attributes"
+                    ))
+                })?;
+            out.push((
+                keys::dentry(ino, &decode_name(name)?),
+                keys::encode_dentry(child, kind),
+            ));
         }
         for (name, v) in &n.xattrs {
-            out.push((keys::xattr(ino, &decode_name(name)?), unhex(v).ok_or_else(|| corrupt("bad xattr hex"))?));
+            out.push((
+                keys::xattr(ino, &decode_name(name)?),
+                unhex(v).ok_or_else(|| corrupt("bad xattr hex"))?,
+            ));
         }
         if let Some(t) = &n.symlink {
             out.push((keys::symlink(ino), decode_name(t)?));
@@ -153,19 +196,33 @@ fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
 /// so an interrupted load leaves an unformatted engine that a second load completes.
 pub async fn load(engine: &dyn Engine, d: &Dump) -> Result<u64> {
     if engine.get(keys::SETTING).await?.is_some() {
-        return Err(Error::new(ErrorKind::AlreadyExists, format!("{} already holds a volume; load needs an empty one", engine.display_url())));
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "{} already holds a volume; load needs an empty one",
+                engine.display_url()
+            ),
+        ));
     }
     let mut pairs = dump_pairs(d)?;
-    pairs.push((keys::SETTING.to_vec(), serde_json::to_vec(&d.setting).expect("settings serialize")));
+    pairs.push((
+        keys::SETTING.to_vec(),
+        serde_json::to_vec(&d.setting).expect("settings serialize"),
+    ));
     let total = pairs.len() as u64;
     for batch in pairs.chunks(2000) {
         let mut tx = Txn::new(engine);
         for (k, v) in batch {
             tx.put(k.clone(), v.clone());
         }
-        tx.set_op(Op::Load { keys: batch.len() as u64 });
+        tx.set_op(Op::Load {
+            keys: batch.len() as u64,
+        });
         if let CommitOutcome::Conflict = tx.commit().await? {
-            return Err(Error::new(ErrorKind::Conflict, "the engine changed during load"));
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                "the engine changed during load",
+            ));
         }
     }
     Ok(total)
@@ -204,12 +261,16 @@ impl Fs {
                         report.files += 1;
                         last_ino = ino;
                     }
-                    let recs = SliceRec::decode_list(v).ok_or_else(|| corrupt(format!("chunk {idx} of inode {ino}")))?;
+                    let recs = SliceRec::decode_list(v)
+                        .ok_or_else(|| corrupt(format!("chunk {idx} of inode {ino}")))?;
                     for r in recs.iter().filter(|r| r.id != 0 && r.len > 0) {
                         let bs = self.settings.block_size;
                         for bi in r.off / bs..=(r.off + r.len - 1) / bs {
                             let blen = (r.size - bi * bs).min(bs);
-                            want.insert(keys::block_key(&self.settings.name, r.id, bi, blen), (ino, blen));
+                            want.insert(
+                                keys::block_key(&self.settings.name, r.id, bi, blen),
+                                (ino, blen),
+                            );
                         }
                     }
                 }
@@ -219,17 +280,20 @@ impl Fs {
                 from.push(0);
             }
             report.blocks += want.len() as u64;
-            let results: Vec<_> = futures::stream::iter(want.into_iter().map(|(key, (ino, len))| async move {
-                let r = self.store.head(&key).await;
-                (key, ino, len, r)
-            }))
-            .buffer_unordered(32)
-            .collect()
-            .await;
+            let results: Vec<_> =
+                futures::stream::iter(want.into_iter().map(|(key, (ino, len))| async move {
+                    let r = self.store.head(&key).await;
+                    (key, ino, len, r)
+                }))
+                .buffer_unordered(32)
+                .collect()
+                .await;
             for (key, ino, len, r) in results {
                 match r {
                     Ok(Some(m)) if m.size == len as u64 => {}
-                    Ok(Some(m)) => bad.push((ino, key, format!("has {} bytes, expected {len}", m.size))),
+                    Ok(Some(m)) => {
+                        bad.push((ino, key, format!("has {} bytes, expected {len}", m.size)))
+                    }
                     Ok(None) => bad.push((ino, key, "missing".into())),
                     Err(e) => return Err(e.context(format!("checking block {key}"))),
                 }
@@ -240,8 +304,16 @@ impl Fs {
         }
         bad.sort();
         for (ino, key, problem) in bad {
-            let path = self.path_of(ino).await.unwrap_or_else(|_| format!("<inode {ino}>"));
-            report.broken.push(BrokenBlock { ino, path, key, problem });
+            let path = self
+                .path_of(ino)
+                .await
+                .unwrap_or_else(|_| format!("<inode {ino}>"));
+            report.broken.push(BrokenBlock {
+                ino,
+                path,
+                key,
+                problem,
+            });
         }
         Ok(report)
     }
@@ -283,7 +355,9 @@ impl Fs {
             for (k, v) in page {
                 match keys::parse(&k) {
                     Key::Chunk(..) => {
-                        for r in SliceRec::decode_list(&v).ok_or_else(|| corrupt("chunk does not decode"))? {
+                        for r in SliceRec::decode_list(&v)
+                            .ok_or_else(|| corrupt("chunk does not decode"))?
+                        {
                             if r.id != 0 {
                                 referenced.insert(r.id, r.size);
                             }
@@ -292,7 +366,9 @@ impl Fs {
                     Key::Pending(id, size) => {
                         rep.pending += 1;
                         referenced.insert(id, size);
-                        let (seq, t) = parse_stamp(&v).ok_or_else(|| corrupt(format!("pending delete {id} has a bad stamp")))?;
+                        let (seq, t) = parse_stamp(&v).ok_or_else(|| {
+                            corrupt(format!("pending delete {id} has a bad stamp"))
+                        })?;
                         if opts.now_ns - t < s.trash_secs as i64 * 1_000_000_000 {
                             continue;
                         }
@@ -324,9 +400,9 @@ impl Fs {
                         foreign += 1;
                         continue;
                     };
-                    let belongs = referenced
-                        .get(&id)
-                        .is_some_and(|&size| keys::slice_blocks(size, s.block_size).any(|b| b == (index, len)));
+                    let belongs = referenced.get(&id).is_some_and(|&size| {
+                        keys::slice_blocks(size, s.block_size).any(|b| b == (index, len))
+                    });
                     if belongs {
                         continue;
                     }
@@ -365,16 +441,26 @@ impl Fs {
             for &(id, size) in batch {
                 tx.delete(keys::pending(id, size));
             }
-            tx.set_op(Op::Purge { slices: batch.len() as u64 });
+            tx.set_op(Op::Purge {
+                slices: batch.len() as u64,
+            });
             tx.commit().await?;
             rep.pending_purged += batch.len() as u64;
         }
         for (key, _) in &leaked {
-            self.store.delete(key).await.map_err(|e| e.context(format!("deleting leaked object {key}")))?;
+            self.store
+                .delete(key)
+                .await
+                .map_err(|e| e.context(format!("deleting leaked object {key}")))?;
             rep.leaked_deleted += 1;
         }
         // 4. Journal retention by age (the head entry is always kept).
-        rep.journal_trimmed = self.trim_journal(opts.now_ns - s.journal_retention_secs as i64 * 1_000_000_000, opts.safe_seq).await?;
+        rep.journal_trimmed = self
+            .trim_journal(
+                opts.now_ns - s.journal_retention_secs as i64 * 1_000_000_000,
+                opts.safe_seq,
+            )
+            .await?;
         Ok(rep)
     }
 
@@ -423,10 +509,16 @@ impl Fs {
     pub async fn status(&self) -> Result<Status> {
         let st = self.statfs().await?;
         let mut pending = 0u64;
-        scan_all(&*self.engine, keys::PENDING_PREFIX, &keys::prefix_end(keys::PENDING_PREFIX), PAGE, |p| {
-            pending += p.len() as u64;
-            Ok(())
-        })
+        scan_all(
+            &*self.engine,
+            keys::PENDING_PREFIX,
+            &keys::prefix_end(keys::PENDING_PREFIX),
+            PAGE,
+            |p| {
+                pending += p.len() as u64;
+                Ok(())
+            },
+        )
         .await?;
         Ok(Status {
             name: self.settings.name.clone(),
@@ -445,7 +537,11 @@ impl Fs {
 }
 
 pub fn gc_defaults() -> GcOptions {
-    GcOptions { delete: false, safe_seq: u64::MAX, now_ns: now_ns() }
+    GcOptions {
+        delete: false,
+        safe_seq: u64::MAX,
+        now_ns: now_ns(),
+    }
 }
 
 #[cfg(test)]
@@ -454,7 +550,13 @@ mod tests {
 
     #[test]
     fn names_round_trip_through_the_dump_encoding() {
-        for n in [&b"plain"[..], b"\xff\xfe", b"\\x:looks-escaped", b"", "ünï".as_bytes()] {
+        for n in [
+            &b"plain"[..],
+            b"\xff\xfe",
+            b"\\x:looks-escaped",
+            b"",
+            "ünï".as_bytes(),
+        ] {
             assert_eq!(decode_name(&encode_name(n)).unwrap(), n);
         }
     }

@@ -27,5 +27,9 @@ pub trait BlockStore: Send + Sync + 'static {
     async fn check(&self) -> Result<()> {
         Ok(())
     }
-    async fn list(&self, prefix: &str, f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send)) -> Result<()>;
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()>;
 }

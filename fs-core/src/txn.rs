@@ -25,7 +25,13 @@ pub struct Txn<'a> {
 
 impl<'a> Txn<'a> {
     pub fn new(engine: &'a dyn Engine) -> Self {
-        Txn { engine, reads: BTreeMap::new(), writes: BTreeMap::new(), extra: Vec::new(), op: None }
+        Txn {
+            engine,
+            reads: BTreeMap::new(),
+            writes: BTreeMap::new(),
+            extra: Vec::new(),
+            op: None,
+        }
     }
 
     pub async fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -52,7 +58,9 @@ impl<'a> Txn<'a> {
         // are not: see the module comment).
         for (k, v) in &found {
             if !self.writes.contains_key(k) {
-                self.reads.entry(k.clone()).or_insert_with(|| Some(v.clone()));
+                self.reads
+                    .entry(k.clone())
+                    .or_insert_with(|| Some(v.clone()));
             }
         }
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = found.into_iter().collect();
@@ -82,7 +90,10 @@ impl<'a> Txn<'a> {
     }
     pub fn add(&mut self, key: &[u8], delta: i64) {
         if delta != 0 {
-            self.extra.push(Mutation::Add { key: key.to_vec(), delta });
+            self.extra.push(Mutation::Add {
+                key: key.to_vec(),
+                delta,
+            });
         }
     }
     pub fn stamp(&mut self, key: Vec<u8>) {
@@ -97,9 +108,12 @@ impl<'a> Txn<'a> {
     }
 
     pub fn into_request(self) -> Result<CommitRequest> {
-        let op = self
-            .op
-            .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "internal: transaction committed without an op"))?;
+        let op = self.op.ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                "internal: transaction committed without an op",
+            )
+        })?;
         let mut writes: Vec<Mutation> = self
             .writes
             .into_iter()
@@ -109,7 +123,11 @@ impl<'a> Txn<'a> {
             })
             .collect();
         writes.extend(self.extra);
-        Ok(CommitRequest { reads: self.reads.into_iter().collect(), writes, op })
+        Ok(CommitRequest {
+            reads: self.reads.into_iter().collect(),
+            writes,
+            op,
+        })
     }
 
     pub async fn commit(self) -> Result<CommitOutcome> {

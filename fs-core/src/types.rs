@@ -160,12 +160,18 @@ impl Settings {
     pub fn validate(&self) -> crate::error::Result<()> {
         use crate::error::invalid;
         if self.block_size < 64 << 10 || self.block_size > 16 << 20 {
-            return Err(invalid(format!("block size {} is outside 64 KiB..16 MiB", self.block_size)));
+            return Err(invalid(format!(
+                "block size {} is outside 64 KiB..16 MiB",
+                self.block_size
+            )));
         }
         if self.name.is_empty()
             || self.name.len() > 63
             || self.name.starts_with('.')
-            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         {
             return Err(invalid(format!(
                 "volume name {:?} must be 1..63 of [A-Za-z0-9-_.], not starting with '.'",
@@ -206,8 +212,20 @@ mod tests {
     #[test]
     fn slice_records_round_trip() {
         let recs = vec![
-            SliceRec { pos: 0, id: 7, size: 10, off: 0, len: 10 },
-            SliceRec { pos: 5, id: u64::MAX, size: u32::MAX, off: 3, len: 1 },
+            SliceRec {
+                pos: 0,
+                id: 7,
+                size: 10,
+                off: 0,
+                len: 10,
+            },
+            SliceRec {
+                pos: 5,
+                id: u64::MAX,
+                size: u32::MAX,
+                off: 3,
+                len: 1,
+            },
         ];
         let b = SliceRec::encode_list(&recs);
         assert_eq!(b.len(), 48);

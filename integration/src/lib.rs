@@ -23,7 +23,12 @@ fn required(var: &str) -> String {
 /// A short name unique across this test run (lowercase, digits, '_').
 pub fn unique(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("{tag}_{}_{}_{:04x}", std::process::id(), N.fetch_add(1, Ordering::SeqCst), rand::random::<u16>())
+    format!(
+        "{tag}_{}_{}_{:04x}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst),
+        rand::random::<u16>()
+    )
 }
 
 /// A fresh metadata URL of the given engine (and the temp dir holding it, for RocksDB).
@@ -33,8 +38,14 @@ pub fn meta_url(engine: &str) -> (String, Option<tempfile::TempDir>) {
             let d = tempfile::tempdir().expect("temp dir");
             (format!("rocksdb://{}/meta", d.path().display()), Some(d))
         }
-        "redis" => (format!("{}?prefix={}", required("JFS_TEST_REDIS"), unique("t")), None),
-        "postgres" => (format!("{}?schema={}", required("JFS_TEST_PG"), unique("t")), None),
+        "redis" => (
+            format!("{}?prefix={}", required("JFS_TEST_REDIS"), unique("t")),
+            None,
+        ),
+        "postgres" => (
+            format!("{}?schema={}", required("JFS_TEST_PG"), unique("t")),
+            None,
+        ),
         other => panic!("unknown engine {other}"),
     }
 }
@@ -57,11 +68,22 @@ pub fn store_url(store: &str) -> (String, Option<tempfile::TempDir>) {
 }
 
 pub async fn open_engine(url: &str) -> Arc<dyn Engine> {
-    meta::open(url, &meta::OpenOptions { create: true, ..Default::default() }).await.unwrap_or_else(|e| panic!("opening {url}: {e}"))
+    meta::open(
+        url,
+        &meta::OpenOptions {
+            create: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("opening {url}: {e}"))
 }
 
 pub fn open_store(url: &str) -> Arc<dyn BlockStore> {
-    Arc::new(objstore::OpendalStore::open(url, &objstore::StoreOptions::default()).unwrap_or_else(|e| panic!("opening {url}: {e}")))
+    Arc::new(
+        objstore::OpendalStore::open(url, &objstore::StoreOptions::default())
+            .unwrap_or_else(|e| panic!("opening {url}: {e}")),
+    )
 }
 
 /// A formatted volume and what it lives in.
@@ -78,8 +100,16 @@ impl TestVol {
     /// Another client of the same volume: its own engine connection (RocksDB: the same
     /// engine, since one process opens it once), store handle and id pools.
     pub async fn client(&self) -> Fs {
-        let engine = if self.engine == "rocksdb" { self.fs.engine().clone() } else { open_engine(&self.meta_url).await };
-        let store = if self.store == "memory" { self.fs.store().clone() } else { open_store(&self.store_url) };
+        let engine = if self.engine == "rocksdb" {
+            self.fs.engine().clone()
+        } else {
+            open_engine(&self.meta_url).await
+        };
+        let store = if self.store == "memory" {
+            self.fs.store().clone()
+        } else {
+            open_store(&self.store_url)
+        };
         Fs::open(engine, store).await.expect("open")
     }
 }
@@ -88,13 +118,26 @@ pub async fn volume(engine: &'static str, store: &'static str) -> TestVol {
     volume_with(engine, store, |_| {}).await
 }
 
-pub async fn volume_with(engine: &'static str, store: &'static str, f: impl FnOnce(&mut Settings)) -> TestVol {
+pub async fn volume_with(
+    engine: &'static str,
+    store: &'static str,
+    f: impl FnOnce(&mut Settings),
+) -> TestVol {
     let (m, d1) = meta_url(engine);
     let (s, d2) = store_url(store);
     let mut settings = Settings::new(&unique("vol"), &s, fs_core::DEFAULT_BLOCK_SIZE);
     f(&mut settings);
-    let fs = Fs::format(open_engine(&m).await, open_store(&s), settings).await.expect("format");
-    TestVol { fs, meta_url: m, store_url: s, engine, store, _dirs: d1.into_iter().chain(d2).collect() }
+    let fs = Fs::format(open_engine(&m).await, open_store(&s), settings)
+        .await
+        .expect("format");
+    TestVol {
+        fs,
+        meta_url: m,
+        store_url: s,
+        engine,
+        store,
+        _dirs: d1.into_iter().chain(d2).collect(),
+    }
 }
 
 /// Path of one of this workspace's binaries (built by `cargo build --workspace --bins`).
@@ -102,7 +145,11 @@ pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let p = dir.join(name);
-    assert!(p.exists(), "{} is missing: run `cargo build --workspace --bins` first", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        p.display()
+    );
     p
 }
 
@@ -133,7 +180,12 @@ pub async fn journal(engine: &dyn Engine) -> Vec<fs_core::Entry> {
     let mut next = b.first;
     while next <= b.last {
         let frames = engine.journal_read(next, 1000).await.expect("journal read");
-        assert!(!frames.is_empty(), "journal ends at {} but head is {}", next - 1, b.last);
+        assert!(
+            !frames.is_empty(),
+            "journal ends at {} but head is {}",
+            next - 1,
+            b.last
+        );
         for (seq, f) in frames {
             assert_eq!(seq, next, "journal gap: expected {next}, found {seq}");
             let e = fs_core::Entry::decode(&f).expect("frame decodes");

@@ -20,7 +20,11 @@ fn jfs_env(args: &[&str], env: &[(&str, &str)]) -> Output {
 
 fn ok_bytes(args: &[&str]) -> Vec<u8> {
     let o = jfs(args);
-    assert!(o.status.success(), "jfs {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "jfs {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     o.stdout
 }
 
@@ -31,8 +35,17 @@ fn ok(args: &[&str]) -> String {
 /// Exit code 2 with exactly one line on stderr that contains `needle`.
 fn fails_clearly(o: &Output, needle: &str) -> String {
     let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status.code(), Some(2), "expected exit 2, got {:?}: {err}", o.status.code());
-    assert_eq!(err.trim_end().lines().count(), 1, "one line expected, got: {err}");
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "expected exit 2, got {:?}: {err}",
+        o.status.code()
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected, got: {err}"
+    );
     assert!(err.contains(needle), "{needle:?} not in: {err}");
     err
 }
@@ -43,7 +56,11 @@ fn write_tree(root: &Path, small: usize, big: usize) {
     for i in 0..small {
         let dir = root.join(format!("d{:02}", i % 10));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("f{i:04}.txt")), data(i as u64, (i * 37) % 5000)).unwrap();
+        std::fs::write(
+            dir.join(format!("f{i:04}.txt")),
+            data(i as u64, (i * 37) % 5000),
+        )
+        .unwrap();
     }
     std::os::unix::fs::symlink("d00/f0000.txt", root.join("link")).unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -57,21 +74,43 @@ fn same_tree(a: &Path, b: &Path) -> usize {
     let mb = std::fs::symlink_metadata(b).unwrap();
     assert_eq!(ma.file_type(), mb.file_type(), "{}", b.display());
     if ma.file_type().is_symlink() {
-        assert_eq!(std::fs::read_link(a).unwrap(), std::fs::read_link(b).unwrap());
+        assert_eq!(
+            std::fs::read_link(a).unwrap(),
+            std::fs::read_link(b).unwrap()
+        );
         return 1;
     }
-    assert_eq!(ma.mode() & 0o7777, mb.mode() & 0o7777, "mode of {}", b.display());
+    assert_eq!(
+        ma.mode() & 0o7777,
+        mb.mode() & 0o7777,
+        "mode of {}",
+        b.display()
+    );
     assert_eq!(ma.mtime(), mb.mtime(), "mtime of {}", b.display());
     if ma.is_file() {
-        assert!(std::fs::read(a).unwrap() == std::fs::read(b).unwrap(), "bytes of {} differ", b.display());
+        assert!(
+            std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+            "bytes of {} differ",
+            b.display()
+        );
         return 1;
     }
-    let mut names: Vec<_> = std::fs::read_dir(a).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let mut names: Vec<_> = std::fs::read_dir(a)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     names.sort();
-    let mut other: Vec<_> = std::fs::read_dir(b).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let mut other: Vec<_> = std::fs::read_dir(b)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     other.sort();
     assert_eq!(names, other, "entries of {}", b.display());
-    names.iter().map(|n| same_tree(&a.join(n), &b.join(n))).sum::<usize>() + 1
+    names
+        .iter()
+        .map(|n| same_tree(&a.join(n), &b.join(n)))
+        .sum::<usize>()
+        + 1
 }
 
 fn store_files(root: &Path) -> Vec<(String, u64)> {
@@ -86,7 +125,10 @@ fn store_files(root: &Path) -> Vec<(String, u64)> {
                     stack.push(p);
                 }
             } else {
-                out.push((p.strip_prefix(root).unwrap().to_string_lossy().into_owned(), e.metadata().unwrap().len()));
+                out.push((
+                    p.strip_prefix(root).unwrap().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().len(),
+                ));
             }
         }
     }
@@ -100,33 +142,59 @@ fn put_get_tree_with_a_100_mib_file_and_1000_small_files() {
     write_tree(&src, 1000, 100 << 20);
     let meta = format!("rocksdb://{}/meta", tmp.path().display());
     let store = tmp.path().join("store");
-    ok(&["format", &meta, "vol", "--storage", &format!("file://{}", store.display())]);
+    ok(&[
+        "format",
+        &meta,
+        "vol",
+        "--storage",
+        &format!("file://{}", store.display()),
+    ]);
     ok(&["put", &meta, src.to_str().unwrap(), "/data"]);
     let out = tmp.path().join("out");
     ok(&["get", &meta, "/data", out.to_str().unwrap()]);
-    assert_eq!(same_tree(&src, &out), 1000 + 10 + 1 + 1 + 1, "every file, dir and link compared");
+    assert_eq!(
+        same_tree(&src, &out),
+        1000 + 10 + 1 + 1 + 1,
+        "every file, dir and link compared"
+    );
     // Objects have the block key layout, and each object's length is the one in its key.
     let objects = store_files(&store);
     // 999 non-empty small files (one block each) and 25 blocks of the 100 MiB file
     assert_eq!(objects.len(), 999 + 25, "{} objects", objects.len());
     for (key, len) in &objects {
-        let (_, _, klen) = fs_core::keys::parse_block_key("vol", key).unwrap_or_else(|| panic!("{key} is not a block key"));
+        let (_, _, klen) = fs_core::keys::parse_block_key("vol", key)
+            .unwrap_or_else(|| panic!("{key} is not a block key"));
         assert_eq!(*len, klen as u64, "{key}");
         assert!(klen <= 4 << 20);
     }
     assert!(ok(&["fsck", &meta]).contains("0 broken"));
     // Delete one block of the big file by hand: fsck fails and names the file.
-    let big_ino: u64 = serde_json::from_str::<serde_json::Value>(&ok(&["stat", &meta, "/data/big.bin"])).unwrap()["ino"].as_u64().unwrap();
+    let big_ino: u64 =
+        serde_json::from_str::<serde_json::Value>(&ok(&["stat", &meta, "/data/big.bin"])).unwrap()
+            ["ino"]
+            .as_u64()
+            .unwrap();
     assert!(big_ino > 1);
-    let victim = objects.iter().find(|(_, l)| *l == 4 << 20).expect("a full block").0.clone();
+    let victim = objects
+        .iter()
+        .find(|(_, l)| *l == 4 << 20)
+        .expect("a full block")
+        .0
+        .clone();
     std::fs::remove_file(store.join(&victim)).unwrap();
     let o = jfs(&["fsck", &meta]);
     assert_eq!(o.status.code(), Some(1));
     let report = String::from_utf8_lossy(&o.stdout);
-    assert!(report.contains("BROKEN /data/big.bin") && report.contains(&victim), "{report}");
+    assert!(
+        report.contains("BROKEN /data/big.bin") && report.contains(&victim),
+        "{report}"
+    );
     // ls, cat and the other namespace commands
     assert!(ok(&["ls", &meta, "/data"]).lines().any(|l| l == "big.bin"));
-    assert_eq!(ok_bytes(&["cat", &meta, "/data/d03/f0003.txt"]), data(3, 111));
+    assert_eq!(
+        ok_bytes(&["cat", &meta, "/data/d03/f0003.txt"]),
+        data(3, 111)
+    );
     ok(&["mkdir", "-p", &meta, "/x/y/z"]);
     ok(&["mv", &meta, "/data/d03/f0003.txt", "/x/y/z"]);
     ok(&["ln", "-s", &meta, "/x/y/z/f0003.txt", "/sl"]);
@@ -134,7 +202,10 @@ fn put_get_tree_with_a_100_mib_file_and_1000_small_files() {
     ok(&["truncate", &meta, "/hard", "10"]);
     assert_eq!(ok_bytes(&["cat", &meta, "/x/y/z/f0003.txt"]), data(3, 10));
     let long = ok(&["ls", "-l", &meta, "/"]);
-    assert!(long.contains("sl -> /x/y/z/f0003.txt") && long.contains("   2 "), "{long}");
+    assert!(
+        long.contains("sl -> /x/y/z/f0003.txt") && long.contains("   2 "),
+        "{long}"
+    );
     ok(&["rm", "-r", &meta, "/x"]);
     assert!(ok(&["ls", "-R", &meta, "/"]).contains("/data/d09:"));
     let o = jfs(&["rm", &meta, "/data"]);
@@ -163,37 +234,83 @@ fn bad_input_gives_one_clear_line_and_writes_nothing() {
     fails_clearly(&jfs(&["status", "nonsense"]), "expected SCHEME://");
     fails_clearly(&jfs(&["status", "mysql://h/db"]), "unsupported scheme");
     // A bad store URL is refused before the metadata engine is even created.
-    fails_clearly(&jfs(&["format", &m, "v", "--storage", "ftp://x"]), "unsupported scheme");
+    fails_clearly(
+        &jfs(&["format", &m, "v", "--storage", "ftp://x"]),
+        "unsupported scheme",
+    );
     assert!(!tmp.path().join("meta").exists(), "nothing written");
     // Commands other than format never create a volume.
     fails_clearly(&jfs(&["ls", &m]), "run `jfs format` first");
     fails_clearly(&jfs(&["mkdir", &m, "/a"]), "run `jfs format` first");
     assert!(!tmp.path().join("meta").exists(), "nothing written");
     // Bad names and values
-    fails_clearly(&jfs(&["format", &m, "bad/name", "--storage", &format!("file://{}/s", tmp.path().display())]), "volume name");
-    fails_clearly(&jfs(&["format", &m, "v", "--storage", "file:///tmp/x", "--block-size", "1K"]), "block size");
+    fails_clearly(
+        &jfs(&[
+            "format",
+            &m,
+            "bad/name",
+            "--storage",
+            &format!("file://{}/s", tmp.path().display()),
+        ]),
+        "volume name",
+    );
+    fails_clearly(
+        &jfs(&[
+            "format",
+            &m,
+            "v",
+            "--storage",
+            "file:///tmp/x",
+            "--block-size",
+            "1K",
+        ]),
+        "block size",
+    );
     // An unreachable engine: fast, and the message says where.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let t0 = Instant::now();
-    fails_clearly(&jfs(&["status", &format!("redis://127.0.0.1:{port}/0")]), &port.to_string());
-    fails_clearly(&jfs(&["status", &format!("postgres://u@127.0.0.1:{port}/db")]), &port.to_string());
-    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
+    fails_clearly(
+        &jfs(&["status", &format!("redis://127.0.0.1:{port}/0")]),
+        &port.to_string(),
+    );
+    fails_clearly(
+        &jfs(&["status", &format!("postgres://u@127.0.0.1:{port}/db")]),
+        &port.to_string(),
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t0.elapsed()
+    );
     // Wrong credentials: refused, and the secret is not echoed.
     for engine in ["redis", "postgres"] {
         let (url, _) = meta_url(engine);
-        let err = fails_clearly(&jfs_env(&["status", &url], &[("JFS_META_PASSWORD", "Wr0ngSecret!")]), "authentication failed");
+        let err = fails_clearly(
+            &jfs_env(&["status", &url], &[("JFS_META_PASSWORD", "Wr0ngSecret!")]),
+            "authentication failed",
+        );
         assert!(!err.contains("Wr0ngSecret"), "{err}");
     }
     // Wrong S3 credentials: format refuses before writing metadata.
     let (s3, _) = store_url("s3");
     let err = fails_clearly(
-        &jfs_env(&["format", &m, "v", "--storage", &s3], &[("AWS_SECRET_ACCESS_KEY", "Wr0ngS3cret")]),
+        &jfs_env(
+            &["format", &m, "v", "--storage", &s3],
+            &[("AWS_SECRET_ACCESS_KEY", "Wr0ngS3cret")],
+        ),
         "storage",
     );
     assert!(!err.contains("Wr0ngS3cret"), "{err}");
     assert!(!tmp.path().join("meta").exists(), "nothing written");
     // The password never appears in the URL form we accept.
-    fails_clearly(&jfs(&["status", "redis://u:Wr0ng@127.0.0.1:1/0"]), "do not put the password in the URL");
+    fails_clearly(
+        &jfs(&["status", "redis://u:Wr0ng@127.0.0.1:1/0"]),
+        "do not put the password in the URL",
+    );
 }
 
 /// Damage the stored frame of entry `seq` so that its checksum no longer matches.
@@ -212,18 +329,36 @@ async fn corrupt_frame(engine: &str, url: &str, seq: u64) {
         "redis" => {
             let (base, prefix) = url.split_once("?prefix=").unwrap();
             let pw = std::env::var("JFS_META_PASSWORD").unwrap();
-            let c = redis::Client::open(base.replace("redis://", &format!("redis://:{pw}@"))).unwrap();
+            let c =
+                redis::Client::open(base.replace("redis://", &format!("redis://:{pw}@"))).unwrap();
             let mut conn = c.get_multiplexed_async_connection().await.unwrap();
             let key = format!("{prefix}_journal");
-            let all: redis::streams::StreamRangeReply = redis::cmd("XRANGE").arg(&key).arg("-").arg("+").query_async(&mut conn).await.unwrap();
-            let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+            let all: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(&key)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let _: () = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             for e in all.ids {
                 let mut f: Vec<u8> = redis::from_redis_value(&e.map["f"]).unwrap();
                 if e.id == format!("{seq}-0") {
                     let last = f.len() - 1;
                     f[last] ^= 0x40;
                 }
-                let _: String = redis::cmd("XADD").arg(&key).arg(&e.id).arg("f").arg(f).query_async(&mut conn).await.unwrap();
+                let _: String = redis::cmd("XADD")
+                    .arg(&key)
+                    .arg(&e.id)
+                    .arg("f")
+                    .arg(f)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
             }
         }
         "postgres" => {
@@ -244,7 +379,13 @@ async fn a_corrupt_journal_frame_is_an_error_naming_the_entry() {
     for engine in integration::ENGINES {
         let tmp = tempfile::tempdir().unwrap();
         let (url, _d) = meta_url(engine);
-        ok(&["format", &url, "v", "--storage", &format!("file://{}/s", tmp.path().display())]);
+        ok(&[
+            "format",
+            &url,
+            "v",
+            "--storage",
+            &format!("file://{}/s", tmp.path().display()),
+        ]);
         ok(&["mkdir", &url, "/a"]);
         ok(&["mkdir", &url, "/b"]);
         let lines = ok(&["journal", &url, "--json"]);
@@ -255,7 +396,11 @@ async fn a_corrupt_journal_frame_is_an_error_naming_the_entry() {
         let err = fails_clearly(&o, "journal entry 3");
         assert!(err.contains("checksum"), "{engine}: {err}");
         // entries before the bad one were printed, none after it
-        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 2, "{engine}");
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).lines().count(),
+            2,
+            "{engine}"
+        );
     }
 }
 
@@ -263,11 +408,20 @@ async fn a_corrupt_journal_frame_is_an_error_naming_the_entry() {
 fn journal_json_lines_have_seq_time_op() {
     let tmp = tempfile::tempdir().unwrap();
     let meta = format!("rocksdb://{}/meta", tmp.path().display());
-    ok(&["format", &meta, "v", "--storage", &format!("file://{}/s", tmp.path().display())]);
+    ok(&[
+        "format",
+        &meta,
+        "v",
+        "--storage",
+        &format!("file://{}/s", tmp.path().display()),
+    ]);
     ok(&["mkdir", &meta, "/a"]);
     ok(&["mv", &meta, "/a", "/b"]);
     let out = ok(&["journal", &meta, "--json"]);
-    let vals: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let vals: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let ops: Vec<&str> = vals.iter().map(|v| v["op"].as_str().unwrap()).collect();
     assert_eq!(ops, ["format", "alloc_inodes", "mknod", "rename"]);
     for (i, v) in vals.iter().enumerate() {
@@ -278,7 +432,13 @@ fn journal_json_lines_have_seq_time_op() {
     let from = ok(&["journal", &meta, "--from", "3"]);
     assert_eq!(from.lines().count(), 2);
     let st: serde_json::Value = serde_json::from_str(&ok(&["status", &meta, "--json"])).unwrap();
-    assert_eq!((st["journal"]["first"].as_u64(), st["journal"]["last"].as_u64()), (Some(1), Some(4)));
+    assert_eq!(
+        (
+            st["journal"]["first"].as_u64(),
+            st["journal"]["last"].as_u64()
+        ),
+        (Some(1), Some(4))
+    );
 }
 
 /// A follower process (read-only, RocksDB secondary) sees what a writer process commits.
@@ -287,7 +447,13 @@ fn journal_follow_sees_commits_of_another_process() {
     for engine in ["rocksdb", "postgres", "redis"] {
         let tmp = tempfile::tempdir().unwrap();
         let (meta, _d) = meta_url(engine);
-        ok(&["format", &meta, "v", "--storage", &format!("file://{}/s", tmp.path().display())]);
+        ok(&[
+            "format",
+            &meta,
+            "v",
+            "--storage",
+            &format!("file://{}/s", tmp.path().display()),
+        ]);
         let mut child = Command::new(bin("jfs"))
             .args(["journal", &meta, "--follow", "--json", "--from", "3"])
             .stdout(Stdio::piped())
@@ -307,9 +473,15 @@ fn journal_follow_sees_commits_of_another_process() {
                 }
             }
         });
-        let line = rx.recv_timeout(Duration::from_secs(15)).unwrap_or_else(|_| panic!("{engine}: follower saw nothing"));
+        let line = rx
+            .recv_timeout(Duration::from_secs(15))
+            .unwrap_or_else(|_| panic!("{engine}: follower saw nothing"));
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!((v["seq"].as_u64(), v["op"].as_str()), (Some(3), Some("mknod")), "{engine}");
+        assert_eq!(
+            (v["seq"].as_u64(), v["op"].as_str()),
+            (Some(3), Some("mknod")),
+            "{engine}"
+        );
         assert_eq!(v["args"]["name"], name.as_str());
         child.kill().unwrap();
         child.wait().unwrap();
@@ -322,7 +494,13 @@ fn dump_then_load_into_every_engine_gives_an_identical_dump() {
     let src = tmp.path().join("src");
     write_tree(&src, 40, 1 << 20);
     let (meta, _d) = meta_url("rocksdb");
-    ok(&["format", &meta, "v", "--storage", &format!("file://{}/s", tmp.path().display())]);
+    ok(&[
+        "format",
+        &meta,
+        "v",
+        "--storage",
+        &format!("file://{}/s", tmp.path().display()),
+    ]);
     ok(&["put", &meta, src.to_str().unwrap(), "/t"]);
     ok(&["rm", &meta, "/t/big.bin"]);
     let dump_file: PathBuf = tmp.path().join("dump.json");
@@ -331,9 +509,19 @@ fn dump_then_load_into_every_engine_gives_an_identical_dump() {
     for engine in integration::ENGINES {
         let (target, _d2) = meta_url(engine);
         ok(&["load", &target, dump_file.to_str().unwrap()]);
-        assert_eq!(ok(&["dump", &target]), first, "dump after load into {engine}");
-        fails_clearly(&jfs(&["load", &target, dump_file.to_str().unwrap()]), "already holds a volume");
-        assert_eq!(ok_bytes(&["cat", &target, "/t/d05/f0005.txt"]), data(5, 185));
+        assert_eq!(
+            ok(&["dump", &target]),
+            first,
+            "dump after load into {engine}"
+        );
+        fails_clearly(
+            &jfs(&["load", &target, dump_file.to_str().unwrap()]),
+            "already holds a volume",
+        );
+        assert_eq!(
+            ok_bytes(&["cat", &target, "/t/d05/f0005.txt"]),
+            data(5, 185)
+        );
     }
 }
 
@@ -342,16 +530,30 @@ fn gc_deletes_freed_blocks_only_with_delete() {
     let tmp = tempfile::tempdir().unwrap();
     let meta = format!("rocksdb://{}/meta", tmp.path().display());
     let store = tmp.path().join("s");
-    ok(&["format", &meta, "v", "--storage", &format!("file://{}", store.display())]);
+    ok(&[
+        "format",
+        &meta,
+        "v",
+        "--storage",
+        &format!("file://{}", store.display()),
+    ]);
     let f = tmp.path().join("f");
     std::fs::write(&f, data(1, 6 << 20)).unwrap();
     ok(&["put", &meta, f.to_str().unwrap(), "/f"]);
     ok(&["rm", &meta, "/f"]);
     assert_eq!(store_files(&store).len(), 2);
     let dry: serde_json::Value = serde_json::from_str(&ok(&["gc", &meta, "--json"])).unwrap();
-    assert_eq!((dry["pending_due"].as_u64(), dry["pending_purged"].as_u64()), (Some(1), Some(0)));
-    assert_eq!(store_files(&store).len(), 2, "gc without --delete deletes nothing");
-    let r: serde_json::Value = serde_json::from_str(&ok(&["gc", &meta, "--delete", "--json"])).unwrap();
+    assert_eq!(
+        (dry["pending_due"].as_u64(), dry["pending_purged"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert_eq!(
+        store_files(&store).len(),
+        2,
+        "gc without --delete deletes nothing"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&ok(&["gc", &meta, "--delete", "--json"])).unwrap();
     assert_eq!(r["pending_purged"].as_u64(), Some(1));
     assert_eq!(store_files(&store).len(), 0);
     let st: serde_json::Value = serde_json::from_str(&ok(&["status", &meta, "--json"])).unwrap();

@@ -15,18 +15,33 @@ const ROUNDS: usize = 30;
 async fn worker(fs: Arc<Fs>, shared: u64, me: usize, wins: Arc<Vec<AtomicU64>>) {
     for i in 0..ROUNDS {
         // Everyone races to create the same name: exactly one may win.
-        match fs.create(shared, format!("race{i}").as_bytes(), 0o644, O).await {
+        match fs
+            .create(shared, format!("race{i}").as_bytes(), 0o644, O)
+            .await
+        {
             Ok((ino, _)) => {
                 wins[i].fetch_add(1, Ordering::SeqCst);
-                fs.write(ino, 0, format!("won by {me}").as_bytes()).await.unwrap();
+                fs.write(ino, 0, format!("won by {me}").as_bytes())
+                    .await
+                    .unwrap();
             }
             Err(e) => assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}"),
         }
         let name = format!("w{me}_{i}");
         let (ino, _) = fs.create(shared, name.as_bytes(), 0o644, O).await.unwrap();
-        fs.write(ino, 0, &data((me * 1000 + i) as u64, 3000)).await.unwrap();
+        fs.write(ino, 0, &data((me * 1000 + i) as u64, 3000))
+            .await
+            .unwrap();
         if i % 3 == 0 {
-            fs.rename(shared, name.as_bytes(), shared, format!("m{me}_{i}").as_bytes(), false).await.unwrap();
+            fs.rename(
+                shared,
+                name.as_bytes(),
+                shared,
+                format!("m{me}_{i}").as_bytes(),
+                false,
+            )
+            .await
+            .unwrap();
         } else if i % 5 == 0 {
             fs.unlink(shared, name.as_bytes()).await.unwrap();
         }
@@ -49,29 +64,48 @@ async fn concurrent_writers_replay_to_the_same_state(v: TestVol) {
         // Every client also writes its own 64 KiB stripe of one shared file.
         let f2 = fs.clone();
         handles.push(tokio::spawn(async move {
-            f2.write(common, (c as u64) << 16, &data(c as u64 + 77, 1 << 16)).await.unwrap();
+            f2.write(common, (c as u64) << 16, &data(c as u64 + 77, 1 << 16))
+                .await
+                .unwrap();
         }));
         for t in 0..TASKS {
-            handles.push(tokio::spawn(worker(fs.clone(), shared, c * TASKS + t, wins.clone())));
+            handles.push(tokio::spawn(worker(
+                fs.clone(),
+                shared,
+                c * TASKS + t,
+                wins.clone(),
+            )));
         }
     }
     for h in handles {
         h.await.unwrap();
     }
     for (i, w) in wins.iter().enumerate() {
-        assert_eq!(w.load(Ordering::SeqCst), 1, "race{i} was created {} times", w.load(Ordering::SeqCst));
+        assert_eq!(
+            w.load(Ordering::SeqCst),
+            1,
+            "race{i} was created {} times",
+            w.load(Ordering::SeqCst)
+        );
     }
     let mut want = Vec::new();
     for c in 0..CLIENTS {
         want.extend(data(c as u64 + 77, 1 << 16));
     }
-    assert_eq!(read_all(&v.fs, common).await, want, "no write to the shared file was lost");
+    assert_eq!(
+        read_all(&v.fs, common).await,
+        want,
+        "no write to the shared file was lost"
+    );
 
     let entries = journal(v.fs.engine().as_ref()).await; // asserts 1..=head with no gap
     assert_eq!(entries[0].seq, 1);
     let head = v.fs.engine().journal_bounds().await.unwrap().last;
     assert_eq!(entries.len() as u64, head);
-    let mknods = entries.iter().filter(|e| matches!(&e.op, fs_core::Op::Mknod { name, .. } if name.starts_with("race"))).count();
+    let mknods = entries
+        .iter()
+        .filter(|e| matches!(&e.op, fs_core::Op::Mknod { name, .. } if name.starts_with("race")))
+        .count();
     assert_eq!(mknods, ROUNDS, "one journaled create per contested name");
 
     let original = fs_core::maint::dump(v.fs.engine().as_ref()).await.unwrap();
@@ -82,12 +116,22 @@ async fn concurrent_writers_replay_to_the_same_state(v: TestVol) {
     }
     assert_eq!(replica.journal_bounds().await.unwrap().last, head);
     let replayed = fs_core::maint::dump(replica.as_ref()).await.unwrap();
-    assert_eq!(replayed, original, "replaying the journal reproduces the volume");
+    assert_eq!(
+        replayed, original,
+        "replaying the journal reproduces the volume"
+    );
     // Replay is idempotent: applying the same entries again changes nothing.
     replica.apply(&entries[entries.len() - 10..]).await.unwrap();
-    assert_eq!(fs_core::maint::dump(replica.as_ref()).await.unwrap(), original);
+    assert_eq!(
+        fs_core::maint::dump(replica.as_ref()).await.unwrap(),
+        original
+    );
     // Counters agree with what is there.
-    let inodes = original.inodes.values().filter(|n| n.attr.is_some()).count() as i64;
+    let inodes = original
+        .inodes
+        .values()
+        .filter(|n| n.attr.is_some())
+        .count() as i64;
     assert_eq!(original.counters["used_inodes"], inodes);
 }
 
@@ -103,5 +147,6 @@ async fn redis_concurrent_writers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_concurrent_writers() {
-    concurrent_writers_replay_to_the_same_state(integration::volume("postgres", "file").await).await;
+    concurrent_writers_replay_to_the_same_state(integration::volume("postgres", "file").await)
+        .await;
 }

@@ -6,7 +6,10 @@ use fs_core::{ErrorKind, FileKind, Fs, Owner, SetAttr, CHUNK_SIZE, ROOT_INO};
 use integration::{data, journal, read_all, TestVol};
 use std::time::Duration;
 
-const O: Owner = Owner { uid: 1000, gid: 1000 };
+const O: Owner = Owner {
+    uid: 1000,
+    gid: 1000,
+};
 
 fn kind_of<T: std::fmt::Debug>(r: fs_core::Result<T>) -> ErrorKind {
     r.expect_err("expected an error").kind()
@@ -24,7 +27,9 @@ async fn pending(fs: &Fs) -> Vec<(u64, u32, u64)> {
         .unwrap()
         .into_iter()
         .map(|(k, v)| match keys::parse(&k) {
-            keys::Key::Pending(id, size) => (id, size, fs_core::journal::parse_stamp(&v).unwrap().0),
+            keys::Key::Pending(id, size) => {
+                (id, size, fs_core::journal::parse_stamp(&v).unwrap().0)
+            }
             _ => panic!("bad pending key"),
         })
         .collect()
@@ -36,19 +41,38 @@ mod cases {
     pub async fn namespace_basics(v: &TestVol) {
         let fs = &v.fs;
         let (d, da) = fs.mkdir(ROOT_INO, b"dir", 0o750, O).await.unwrap();
-        assert_eq!((da.kind, da.mode, da.nlink, da.uid, da.parent), (FileKind::Dir, 0o750, 2, 1000, ROOT_INO));
+        assert_eq!(
+            (da.kind, da.mode, da.nlink, da.uid, da.parent),
+            (FileKind::Dir, 0o750, 2, 1000, ROOT_INO)
+        );
         assert_eq!(fs.getattr(ROOT_INO).await.unwrap().nlink, 3);
         let (f, fa) = fs.create(d, b"file", 0o640, O).await.unwrap();
-        assert_eq!((fa.kind, fa.mode, fa.nlink, fa.length), (FileKind::File, 0o640, 1, 0));
+        assert_eq!(
+            (fa.kind, fa.mode, fa.nlink, fa.length),
+            (FileKind::File, 0o640, 1, 0)
+        );
         assert_eq!(fs.lookup(d, b"file").await.unwrap().0, f);
         assert_eq!(fs.resolve("/dir/file").await.unwrap().0, f);
-        assert_eq!(kind_of(fs.create(d, b"file", 0o644, O).await), ErrorKind::AlreadyExists);
+        assert_eq!(
+            kind_of(fs.create(d, b"file", 0o644, O).await),
+            ErrorKind::AlreadyExists
+        );
         assert_eq!(kind_of(fs.lookup(d, b"nope").await), ErrorKind::NotFound);
-        assert_eq!(kind_of(fs.create(f, b"x", 0o644, O).await), ErrorKind::NotDir);
+        assert_eq!(
+            kind_of(fs.create(f, b"x", 0o644, O).await),
+            ErrorKind::NotDir
+        );
         for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
-            assert_eq!(kind_of(fs.create(d, bad, 0o644, O).await), ErrorKind::InvalidArgument, "{bad:?}");
+            assert_eq!(
+                kind_of(fs.create(d, bad, 0o644, O).await),
+                ErrorKind::InvalidArgument,
+                "{bad:?}"
+            );
         }
-        assert_eq!(kind_of(fs.create(d, &[b'x'; 256], 0o644, O).await), ErrorKind::NameTooLong);
+        assert_eq!(
+            kind_of(fs.create(d, &[b'x'; 256], 0o644, O).await),
+            ErrorKind::NameTooLong
+        );
         let st = fs.statfs().await.unwrap();
         assert_eq!(st.used_inodes, 3);
     }
@@ -74,27 +98,45 @@ mod cases {
         fs.write(f, 0, b"shared bytes").await.unwrap();
         let (d, _) = fs.mkdir(ROOT_INO, b"d", 0o755, O).await.unwrap();
         assert_eq!(fs.link(f, d, b"b").await.unwrap().nlink, 2);
-        assert_eq!(kind_of(fs.link(d, ROOT_INO, b"dl").await), ErrorKind::PermissionDenied);
+        assert_eq!(
+            kind_of(fs.link(d, ROOT_INO, b"dl").await),
+            ErrorKind::PermissionDenied
+        );
         fs.unlink(ROOT_INO, b"a").await.unwrap();
         let (g, ga) = fs.lookup(d, b"b").await.unwrap();
         assert_eq!((g, ga.nlink), (f, 1));
         assert_eq!(read_all(fs, f).await, b"shared bytes");
-        assert!(pending(fs).await.is_empty(), "data freed while a link remains");
+        assert!(
+            pending(fs).await.is_empty(),
+            "data freed while a link remains"
+        );
         fs.unlink(d, b"b").await.unwrap();
         let p = pending(fs).await;
         assert_eq!(p.len(), 1, "the file's one slice is pending deletion");
         let unlink_seq = head(fs).await;
-        assert_eq!(p[0].2, unlink_seq, "pending delete is tagged with the freeing transaction's seq");
+        assert_eq!(
+            p[0].2, unlink_seq,
+            "pending delete is tagged with the freeing transaction's seq"
+        );
         assert_eq!(fs.statfs().await.unwrap().used_space, 0);
     }
 
     pub async fn symlinks(v: &TestVol) {
         let fs = &v.fs;
-        let (l, la) = fs.symlink(ROOT_INO, b"ln", b"../target/x", O).await.unwrap();
+        let (l, la) = fs
+            .symlink(ROOT_INO, b"ln", b"../target/x", O)
+            .await
+            .unwrap();
         assert_eq!((la.kind, la.length), (FileKind::Symlink, 11));
         assert_eq!(fs.readlink(l).await.unwrap(), b"../target/x");
-        assert_eq!(fs.lookup(ROOT_INO, b"ln").await.unwrap().1.kind, FileKind::Symlink);
-        assert_eq!(kind_of(fs.readlink(ROOT_INO).await), ErrorKind::InvalidArgument);
+        assert_eq!(
+            fs.lookup(ROOT_INO, b"ln").await.unwrap().1.kind,
+            FileKind::Symlink
+        );
+        assert_eq!(
+            kind_of(fs.readlink(ROOT_INO).await),
+            ErrorKind::InvalidArgument
+        );
         fs.unlink(ROOT_INO, b"ln").await.unwrap();
         assert_eq!(kind_of(fs.readlink(l).await), ErrorKind::NotFound);
     }
@@ -115,11 +157,17 @@ mod cases {
         fs.write(h, 0, b"two").await.unwrap();
         fs.rename(b, b"g", b, b"h", false).await.unwrap();
         assert_eq!(kind_of(fs.getattr(h).await), ErrorKind::NotFound);
-        assert_eq!(read_all(fs, fs.lookup(b, b"h").await.unwrap().0).await, b"one");
+        assert_eq!(
+            read_all(fs, fs.lookup(b, b"h").await.unwrap().0).await,
+            b"one"
+        );
         assert_eq!(pending(fs).await.len(), 1);
         // no-replace
         fs.create(b, b"k", 0o644, O).await.unwrap();
-        assert_eq!(kind_of(fs.rename(b, b"k", b, b"h", true).await), ErrorKind::AlreadyExists);
+        assert_eq!(
+            kind_of(fs.rename(b, b"k", b, b"h", true).await),
+            ErrorKind::AlreadyExists
+        );
         // directories: across parents moves a link count; over an empty dir replaces it
         let (c, _) = fs.mkdir(a, b"c", 0o755, O).await.unwrap();
         fs.rename(a, b"c", b, b"c", false).await.unwrap();
@@ -133,35 +181,81 @@ mod cases {
         // over a non-empty dir, file over dir, dir over file, into its own subtree
         let (full, _) = fs.mkdir(a, b"full", 0o755, O).await.unwrap();
         fs.create(full, b"x", 0o644, O).await.unwrap();
-        assert_eq!(kind_of(fs.rename(a, b"e", a, b"full", false).await), ErrorKind::NotEmpty);
-        assert_eq!(kind_of(fs.rename(b, b"k", a, b"full", false).await), ErrorKind::IsDir);
-        assert_eq!(kind_of(fs.rename(a, b"e", b, b"k", false).await), ErrorKind::NotDir);
+        assert_eq!(
+            kind_of(fs.rename(a, b"e", a, b"full", false).await),
+            ErrorKind::NotEmpty
+        );
+        assert_eq!(
+            kind_of(fs.rename(b, b"k", a, b"full", false).await),
+            ErrorKind::IsDir
+        );
+        assert_eq!(
+            kind_of(fs.rename(a, b"e", b, b"k", false).await),
+            ErrorKind::NotDir
+        );
         let (deep, _) = fs.mkdir(c, b"deep", 0o755, O).await.unwrap();
-        assert_eq!(kind_of(fs.rename(a, b"e", deep, b"loop", false).await), ErrorKind::InvalidArgument);
+        assert_eq!(
+            kind_of(fs.rename(a, b"e", deep, b"loop", false).await),
+            ErrorKind::InvalidArgument
+        );
         // two names of one inode: rename is a no-op
         fs.link(f, b, b"alias").await.unwrap();
         fs.rename(b, b"h", b, b"alias", false).await.unwrap();
         assert!(fs.lookup(b, b"h").await.is_ok());
-        assert_eq!(kind_of(fs.rename(a, b"missing", a, b"z", false).await), ErrorKind::NotFound);
+        assert_eq!(
+            kind_of(fs.rename(a, b"missing", a, b"z", false).await),
+            ErrorKind::NotFound
+        );
     }
 
     pub async fn setattr_and_xattrs(v: &TestVol) {
         let fs = &v.fs;
         let (f, _) = fs.create(ROOT_INO, b"f", 0o644, O).await.unwrap();
         let a = fs
-            .setattr(f, &SetAttr { mode: Some(0o600), uid: Some(7), gid: Some(8), mtime: Some(1_000_000_000), atime: Some(5), length: None })
+            .setattr(
+                f,
+                &SetAttr {
+                    mode: Some(0o600),
+                    uid: Some(7),
+                    gid: Some(8),
+                    mtime: Some(1_000_000_000),
+                    atime: Some(5),
+                    length: None,
+                },
+            )
             .await
             .unwrap();
-        assert_eq!((a.mode, a.uid, a.gid, a.mtime, a.atime), (0o600, 7, 8, 1_000_000_000, 5));
+        assert_eq!(
+            (a.mode, a.uid, a.gid, a.mtime, a.atime),
+            (0o600, 7, 8, 1_000_000_000, 5)
+        );
         assert_eq!(fs.getattr(f).await.unwrap(), a);
         fs.setxattr(f, b"user.a", b"1").await.unwrap();
         fs.setxattr(f, b"user.b", &[0xff, 0]).await.unwrap();
         assert_eq!(fs.getxattr(f, b"user.b").await.unwrap(), vec![0xff, 0]);
-        assert_eq!(fs.listxattr(f).await.unwrap(), vec![b"user.a".to_vec(), b"user.b".to_vec()]);
+        assert_eq!(
+            fs.listxattr(f).await.unwrap(),
+            vec![b"user.a".to_vec(), b"user.b".to_vec()]
+        );
         fs.removexattr(f, b"user.a").await.unwrap();
         assert_eq!(kind_of(fs.getxattr(f, b"user.a").await), ErrorKind::NoData);
-        assert_eq!(kind_of(fs.removexattr(f, b"user.a").await), ErrorKind::NoData);
-        assert_eq!(kind_of(fs.setattr(ROOT_INO, &SetAttr { length: Some(1), ..Default::default() }).await), ErrorKind::IsDir);
+        assert_eq!(
+            kind_of(fs.removexattr(f, b"user.a").await),
+            ErrorKind::NoData
+        );
+        assert_eq!(
+            kind_of(
+                fs.setattr(
+                    ROOT_INO,
+                    &SetAttr {
+                        length: Some(1),
+                        ..Default::default()
+                    }
+                )
+                .await
+            ),
+            ErrorKind::IsDir
+        );
     }
 
     pub async fn readdir_pages_in_name_order(v: &TestVol) {
@@ -176,7 +270,13 @@ mod cases {
         assert_eq!(p1.len(), 500);
         let p2 = fs.readdir(d, Some(&p1[499].name), 500).await.unwrap();
         assert_eq!(p2[0].name, names[500].as_bytes());
-        let all: Vec<String> = fs.readdir_all(d).await.unwrap().into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect();
+        let all: Vec<String> = fs
+            .readdir_all(d)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| String::from_utf8(e.name).unwrap())
+            .collect();
         assert_eq!(all, names);
     }
 
@@ -197,8 +297,15 @@ mod cases {
         model.extend(std::iter::repeat_n(0, 500));
         model.extend_from_slice(&tail);
         assert_eq!(read_all(fs, f).await, model);
-        assert_eq!(fs.read(f, at as u64 - 10, 20).await.unwrap(), model[at - 10..at + 10]);
-        assert!(fs.read(f, model.len() as u64 + 10, 10).await.unwrap().is_empty());
+        assert_eq!(
+            fs.read(f, at as u64 - 10, 20).await.unwrap(),
+            model[at - 10..at + 10]
+        );
+        assert!(fs
+            .read(f, model.len() as u64 + 10, 10)
+            .await
+            .unwrap()
+            .is_empty());
         // a write across the 64 MiB chunk boundary, read back around it
         let (g, _) = fs.create(ROOT_INO, b"g", 0o644, O).await.unwrap();
         let edge = data(4, 3000);
@@ -206,8 +313,15 @@ mod cases {
         assert_eq!(fs.read(g, CHUNK_SIZE - 1000, 3000).await.unwrap(), edge);
         assert_eq!(fs.read(g, 0, 100).await.unwrap(), vec![0; 100]);
         assert_eq!(fs.getattr(g).await.unwrap().length, CHUNK_SIZE + 2000);
-        assert_eq!(fs.chunks(g).await.unwrap().len(), 2, "the write was split at the chunk boundary");
-        assert_eq!(fs.statfs().await.unwrap().used_space, model.len() as u64 + CHUNK_SIZE + 2000);
+        assert_eq!(
+            fs.chunks(g).await.unwrap().len(),
+            2,
+            "the write was split at the chunk boundary"
+        );
+        assert_eq!(
+            fs.statfs().await.unwrap().used_space,
+            model.len() as u64 + CHUNK_SIZE + 2000
+        );
     }
 
     pub async fn small_appends_are_compacted(v: &TestVol) {
@@ -220,8 +334,15 @@ mod cases {
             model.extend_from_slice(&piece);
         }
         let recs = &fs.chunks(f).await.unwrap()[0].1;
-        assert!(recs.len() <= fs.settings().compact_threshold as usize, "{} slice records after compaction", recs.len());
-        assert!(!pending(fs).await.is_empty(), "compaction freed the small slices");
+        assert!(
+            recs.len() <= fs.settings().compact_threshold as usize,
+            "{} slice records after compaction",
+            recs.len()
+        );
+        assert!(
+            !pending(fs).await.is_empty(),
+            "compaction freed the small slices"
+        );
         assert_eq!(read_all(fs, f).await, model);
         // A buffered writer turns many small writes (torch.save) into few slices.
         let (g, _) = fs.create(ROOT_INO, b"ckpt", 0o644, O).await.unwrap();
@@ -233,7 +354,10 @@ mod cases {
             m2.extend_from_slice(&piece);
         }
         w.flush().await.unwrap();
-        assert!(fs.chunks(g).await.unwrap()[0].1.len() <= 1, "8 MB of 4 KiB writes became one slice");
+        assert!(
+            fs.chunks(g).await.unwrap()[0].1.len() <= 1,
+            "8 MB of 4 KiB writes became one slice"
+        );
         assert_eq!(read_all(fs, g).await, m2);
     }
 
@@ -242,23 +366,63 @@ mod cases {
         let (f, _) = fs.create(ROOT_INO, b"t", 0o644, O).await.unwrap();
         let d = data(9, 5 << 20);
         fs.write(f, 0, &d).await.unwrap();
-        fs.setattr(f, &SetAttr { length: Some(1000), ..Default::default() }).await.unwrap();
-        fs.setattr(f, &SetAttr { length: Some(3000), ..Default::default() }).await.unwrap();
+        fs.setattr(
+            f,
+            &SetAttr {
+                length: Some(1000),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        fs.setattr(
+            f,
+            &SetAttr {
+                length: Some(3000),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
         let got = read_all(fs, f).await;
         assert_eq!(&got[..1000], &d[..1000]);
-        assert_eq!(&got[1000..], &[0u8; 2000][..], "bytes past a shrink read as zeros after extending");
-        fs.setattr(f, &SetAttr { length: Some(0), ..Default::default() }).await.unwrap();
+        assert_eq!(
+            &got[1000..],
+            &[0u8; 2000][..],
+            "bytes past a shrink read as zeros after extending"
+        );
+        fs.setattr(
+            f,
+            &SetAttr {
+                length: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
         assert_eq!(pending(fs).await.len(), 1);
         assert!(fs.chunks(f).await.unwrap().is_empty());
         // A 1 TiB sparse file truncated back: the transaction touches chunk keys only.
         let (h, _) = fs.create(ROOT_INO, b"huge", 0o644, O).await.unwrap();
         fs.write(h, 0, b"head").await.unwrap();
         fs.write(h, (1u64 << 40) - 4, b"tail").await.unwrap();
-        fs.setattr(h, &SetAttr { length: Some(2), ..Default::default() }).await.unwrap();
+        fs.setattr(
+            h,
+            &SetAttr {
+                length: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
         let entries = journal(fs.engine().as_ref()).await;
         let last = entries.last().unwrap();
         assert!(matches!(last.op, fs_core::Op::SetAttr { .. }));
-        assert!(last.writes.len() < 10, "truncate wrote {} keys", last.writes.len());
+        assert!(
+            last.writes.len() < 10,
+            "truncate wrote {} keys",
+            last.writes.len()
+        );
         assert_eq!(read_all(fs, h).await, b"he");
     }
 
@@ -269,14 +433,37 @@ mod cases {
         let (f, _) = fs.create(ROOT_INO, b"f", 0o644, O).await.unwrap();
         fs.write(f, 0, b"x").await.unwrap(); // slice ids were allocated above? not yet: +2 at most
         let h1 = head(fs).await;
-        fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", false).await.unwrap();
-        fs.setattr(f, &SetAttr { mode: Some(0o600), ..Default::default() }).await.unwrap();
+        fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", false)
+            .await
+            .unwrap();
+        fs.setattr(
+            f,
+            &SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
         fs.unlink(ROOT_INO, b"g").await.unwrap();
         assert_eq!(head(fs).await, h1 + 3);
         let entries = journal(fs.engine().as_ref()).await;
-        let names: Vec<&str> = entries.iter().filter(|e| e.seq > h0).map(|e| e.op.name()).collect();
+        let names: Vec<&str> = entries
+            .iter()
+            .filter(|e| e.seq > h0)
+            .map(|e| e.op.name())
+            .collect();
         assert!(
-            names == ["mknod", "alloc_slices", "write", "rename", "setattr", "unlink"] || names == ["mknod", "write", "rename", "setattr", "unlink"],
+            names
+                == [
+                    "mknod",
+                    "alloc_slices",
+                    "write",
+                    "rename",
+                    "setattr",
+                    "unlink"
+                ]
+                || names == ["mknod", "write", "rename", "setattr", "unlink"],
             "{names:?}"
         );
         assert_eq!(entries[0].op.name(), "format");
@@ -284,7 +471,10 @@ mod cases {
         let w = entries.iter().find(|e| e.op.name() == "write").unwrap();
         assert!(matches!(w.op, fs_core::Op::Write { ino, len: 1, off: 0, .. } if ino == f));
         for pair in entries.windows(2) {
-            assert!(pair[1].time_ns >= pair[0].time_ns - 1_000_000_000, "commit times go back by over a second");
+            assert!(
+                pair[1].time_ns >= pair[0].time_ns - 1_000_000_000,
+                "commit times go back by over a second"
+            );
         }
     }
 
@@ -292,33 +482,57 @@ mod cases {
         let fs = &v.fs;
         let e = fs.engine().clone();
         let h = head(fs).await;
-        assert!(!e.journal_wait(h, Duration::from_millis(200)).await.unwrap(), "no entry yet");
-        let waiter = tokio::spawn(async move { e.journal_wait(h, Duration::from_secs(20)).await.unwrap() });
+        assert!(
+            !e.journal_wait(h, Duration::from_millis(200)).await.unwrap(),
+            "no entry yet"
+        );
+        let waiter =
+            tokio::spawn(async move { e.journal_wait(h, Duration::from_secs(20)).await.unwrap() });
         tokio::time::sleep(Duration::from_millis(100)).await;
         let t0 = std::time::Instant::now();
         fs.mkdir(ROOT_INO, b"wake", 0o755, O).await.unwrap();
         assert!(waiter.await.unwrap(), "waiter woke for the new entry");
-        assert!(t0.elapsed() < Duration::from_secs(5), "woken by the commit, not by its timeout");
-        assert!(fs.engine().journal_wait(h, Duration::from_secs(1)).await.unwrap());
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "woken by the commit, not by its timeout"
+        );
+        assert!(fs
+            .engine()
+            .journal_wait(h, Duration::from_secs(1))
+            .await
+            .unwrap());
     }
 
     pub async fn trimmed_entries_are_refused_not_skipped(v: &TestVol) {
         let fs = &v.fs;
         for i in 0..10 {
-            fs.mkdir(ROOT_INO, format!("d{i}").as_bytes(), 0o755, O).await.unwrap();
+            fs.mkdir(ROOT_INO, format!("d{i}").as_bytes(), 0o755, O)
+                .await
+                .unwrap();
         }
         let b = fs.engine().journal_bounds().await.unwrap();
         assert_eq!(b.first, 1);
         assert_eq!(fs.engine().journal_trim(6).await.unwrap(), 5);
         let b2 = fs.engine().journal_bounds().await.unwrap();
         assert_eq!((b2.first, b2.last), (6, b.last));
-        assert_eq!(fs.engine().journal_read(3, 10).await.unwrap_err().kind(), ErrorKind::SeqNotRetained);
-        assert_eq!(fs.engine().journal_read(6, 1000).await.unwrap().len() as u64, b.last - 5);
+        assert_eq!(
+            fs.engine().journal_read(3, 10).await.unwrap_err().kind(),
+            ErrorKind::SeqNotRetained
+        );
+        assert_eq!(
+            fs.engine().journal_read(6, 1000).await.unwrap().len() as u64,
+            b.last - 5
+        );
         // the head entry is never trimmed
         fs.engine().journal_trim(u64::MAX).await.unwrap();
         assert_eq!(fs.engine().journal_bounds().await.unwrap().first, b.last);
         // age-based retention through gc's trim
-        assert_eq!(fs.trim_journal(fs_core::now_ns() + 1, u64::MAX).await.unwrap(), 0);
+        assert_eq!(
+            fs.trim_journal(fs_core::now_ns() + 1, u64::MAX)
+                .await
+                .unwrap(),
+            0
+        );
     }
 
     pub async fn gc_and_fsck(v: &TestVol) {
@@ -334,39 +548,99 @@ mod cases {
         fs.unlink(ROOT_INO, b"drop").await.unwrap();
         // a leaked object (an upload whose commit never happened) and a foreign one
         let leak = keys::block_key(&fs.settings().name, 999_999, 0, 3);
-        store.put(&leak, bytes::Bytes::from_static(b"abc")).await.unwrap();
+        store
+            .put(&leak, bytes::Bytes::from_static(b"abc"))
+            .await
+            .unwrap();
         let foreign = format!("{}notes.txt", keys::blocks_prefix(&fs.settings().name));
-        store.put(&foreign, bytes::Bytes::from_static(b"hi")).await.unwrap();
+        store
+            .put(&foreign, bytes::Bytes::from_static(b"hi"))
+            .await
+            .unwrap();
         let now = fs_core::now_ns() + 2 * 3600 * 1_000_000_000; // past the 1 h grace period
-        let dry = fs.gc(&fs_core::maint::GcOptions { delete: false, safe_seq: u64::MAX, now_ns: now }).await.unwrap();
-        assert_eq!((dry.pending, dry.pending_due, dry.leaked, dry.foreign), (1, 1, 1, 1), "{dry:?}");
-        assert!(store.head(&gkey).await.unwrap().is_some(), "dry run deleted nothing");
+        let dry = fs
+            .gc(&fs_core::maint::GcOptions {
+                delete: false,
+                safe_seq: u64::MAX,
+                now_ns: now,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (dry.pending, dry.pending_due, dry.leaked, dry.foreign),
+            (1, 1, 1, 1),
+            "{dry:?}"
+        );
+        assert!(
+            store.head(&gkey).await.unwrap().is_some(),
+            "dry run deleted nothing"
+        );
         // held back for a mirror that has not applied the unlink yet
         let unlink_seq = head(fs).await;
-        let held = fs.gc(&fs_core::maint::GcOptions { delete: true, safe_seq: unlink_seq - 1, now_ns: now }).await.unwrap();
-        assert_eq!((held.pending_held_for_mirrors, held.pending_purged, held.leaked_deleted), (1, 0, 1), "{held:?}");
+        let held = fs
+            .gc(&fs_core::maint::GcOptions {
+                delete: true,
+                safe_seq: unlink_seq - 1,
+                now_ns: now,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                held.pending_held_for_mirrors,
+                held.pending_purged,
+                held.leaked_deleted
+            ),
+            (1, 0, 1),
+            "{held:?}"
+        );
         assert!(store.head(&gkey).await.unwrap().is_some());
-        let r = fs.gc(&fs_core::maint::GcOptions { delete: true, safe_seq: u64::MAX, now_ns: now }).await.unwrap();
+        let r = fs
+            .gc(&fs_core::maint::GcOptions {
+                delete: true,
+                safe_seq: u64::MAX,
+                now_ns: now,
+            })
+            .await
+            .unwrap();
         assert_eq!((r.pending_purged, r.leaked, r.foreign), (1, 0, 1), "{r:?}");
-        assert!(store.head(&gkey).await.unwrap().is_none(), "freed block deleted");
-        assert!(store.head(&leak).await.unwrap().is_none(), "leaked object deleted");
-        assert!(store.head(&foreign).await.unwrap().is_some(), "a key that is not a block key is never deleted");
+        assert!(
+            store.head(&gkey).await.unwrap().is_none(),
+            "freed block deleted"
+        );
+        assert!(
+            store.head(&leak).await.unwrap().is_none(),
+            "leaked object deleted"
+        );
+        assert!(
+            store.head(&foreign).await.unwrap().is_some(),
+            "a key that is not a block key is never deleted"
+        );
         assert!(pending(fs).await.is_empty());
         // fsck: clean, then a block removed by hand is reported with its path
         let rep = fs.fsck().await.unwrap();
         assert!(rep.broken.is_empty(), "{:?}", rep.broken);
         assert_eq!(rep.blocks, 2);
         let fid = fs.chunks(f).await.unwrap()[0].1[0].id;
-        store.delete(&keys::block_key(&fs.settings().name, fid, 1, 1 << 20)).await.unwrap();
+        store
+            .delete(&keys::block_key(&fs.settings().name, fid, 1, 1 << 20))
+            .await
+            .unwrap();
         let rep = fs.fsck().await.unwrap();
         assert_eq!(rep.broken.len(), 1);
         assert_eq!(rep.broken[0].path, "/keep");
-        assert!(fs.read(f, 0, 6 << 20).await.is_err(), "a read of a missing block fails, never returns partial data");
+        assert!(
+            fs.read(f, 0, 6 << 20).await.is_err(),
+            "a read of a missing block fails, never returns partial data"
+        );
     }
 
     pub async fn dump_load_round_trip_across_engines(v: &TestVol) {
         let fs = &v.fs;
-        let (d, _) = fs.mkdir(ROOT_INO, "ünï".as_bytes(), 0o755, O).await.unwrap();
+        let (d, _) = fs
+            .mkdir(ROOT_INO, "ünï".as_bytes(), 0o755, O)
+            .await
+            .unwrap();
         let (f, _) = fs.create(d, b"f", 0o644, O).await.unwrap();
         fs.write(f, 0, &data(1, 5000)).await.unwrap();
         fs.link(f, ROOT_INO, b"hard").await.unwrap();
@@ -382,9 +656,17 @@ mod cases {
             let (url, _dir) = integration::meta_url(target);
             let e = integration::open_engine(&url).await;
             fs_core::maint::load(e.as_ref(), &dump).await.unwrap();
-            assert_eq!(fs_core::maint::dump(e.as_ref()).await.unwrap(), dump, "{} -> {target}", v.engine);
             assert_eq!(
-                fs_core::maint::load(e.as_ref(), &dump).await.unwrap_err().kind(),
+                fs_core::maint::dump(e.as_ref()).await.unwrap(),
+                dump,
+                "{} -> {target}",
+                v.engine
+            );
+            assert_eq!(
+                fs_core::maint::load(e.as_ref(), &dump)
+                    .await
+                    .unwrap_err()
+                    .kind(),
                 ErrorKind::AlreadyExists,
                 "load refuses a formatted engine"
             );

@@ -103,7 +103,9 @@ impl Model {
             }
             Op::Link(p1, n1, p2, n2) => {
                 let src = *self.entries.get(&(p1, n1)).ok_or(NotFound)?;
-                let Obj::File(f) = src else { return Err(PermissionDenied) };
+                let Obj::File(f) = src else {
+                    return Err(PermissionDenied);
+                };
                 if self.entries.contains_key(&(p2, n2)) {
                     return Err(AlreadyExists);
                 }
@@ -111,7 +113,9 @@ impl Model {
                 self.entries.insert((p2, n2), src);
             }
             Op::Write(p, n, off, len, seed) => {
-                let Obj::File(f) = *self.entries.get(&(p, n)).ok_or(NotFound)? else { return Err(IsDir) };
+                let Obj::File(f) = *self.entries.get(&(p, n)).ok_or(NotFound)? else {
+                    return Err(IsDir);
+                };
                 let d = &mut self.files[f].0;
                 let end = (off + len) as usize;
                 if d.len() < end {
@@ -120,7 +124,9 @@ impl Model {
                 d[off as usize..end].copy_from_slice(&integration::data(seed as u64, len as usize));
             }
             Op::Truncate(p, n, len) => {
-                let Obj::File(f) = *self.entries.get(&(p, n)).ok_or(NotFound)? else { return Err(IsDir) };
+                let Obj::File(f) = *self.entries.get(&(p, n)).ok_or(NotFound)? else {
+                    return Err(IsDir);
+                };
                 self.files[f].0.resize(len as usize, 0);
             }
         }
@@ -141,11 +147,27 @@ async fn run_on_fs(fs: &Fs, dirs: &[Ino; 3], op: &Op) -> Result<(), ErrorKind> {
             Err(e) => Err(e),
         },
         Op::Write(p, n, off, len, seed) => match fs.lookup(dirs[p], name(n)).await {
-            Ok((ino, _)) => fs.write(ino, off as u64, &integration::data(seed as u64, len as usize)).await,
+            Ok((ino, _)) => {
+                fs.write(
+                    ino,
+                    off as u64,
+                    &integration::data(seed as u64, len as usize),
+                )
+                .await
+            }
             Err(e) => Err(e),
         },
         Op::Truncate(p, n, len) => match fs.lookup(dirs[p], name(n)).await {
-            Ok((ino, _)) => fs.setattr(ino, &SetAttr { length: Some(len as u64), ..Default::default() }).await.map(|_| ()),
+            Ok((ino, _)) => fs
+                .setattr(
+                    ino,
+                    &SetAttr {
+                        length: Some(len as u64),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(|_| ()),
             Err(e) => Err(e),
         },
     };
@@ -166,9 +188,20 @@ async fn check(ops: Vec<Op>) {
         assert_eq!(got, want, "op #{i} {op:?}");
     }
     for (pi, &d) in dirs.iter().enumerate() {
-        let listed: Vec<Vec<u8>> = fs.readdir_all(d).await.unwrap().into_iter().map(|e| e.name).filter(|n| n != b"x" && n != b"y").collect();
-        let expected: Vec<Vec<u8>> =
-            model.entries.keys().filter(|(p, _)| *p == pi).map(|(_, n)| NAMES[*n].as_bytes().to_vec()).collect();
+        let listed: Vec<Vec<u8>> = fs
+            .readdir_all(d)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| n != b"x" && n != b"y")
+            .collect();
+        let expected: Vec<Vec<u8>> = model
+            .entries
+            .keys()
+            .filter(|(p, _)| *p == pi)
+            .map(|(_, n)| NAMES[*n].as_bytes().to_vec())
+            .collect();
         assert_eq!(listed, expected, "entries of dir #{pi}");
         for (&(p, n), o) in model.entries.iter().filter(|((p, _), _)| *p == pi) {
             let (ino, attr) = fs.lookup(dirs[p], NAMES[n].as_bytes()).await.unwrap();
@@ -178,19 +211,31 @@ async fn check(ops: Vec<Op>) {
                     let (data, nlink) = &model.files[*f];
                     assert_eq!(attr.nlink, *nlink, "nlink of {}", NAMES[n]);
                     assert_eq!(attr.length, data.len() as u64);
-                    assert!(integration::read_all(fs, ino).await == *data, "bytes of {} differ", NAMES[n]);
+                    assert!(
+                        integration::read_all(fs, ino).await == *data,
+                        "bytes of {} differ",
+                        NAMES[n]
+                    );
                 }
             }
         }
     }
-    let live: u64 = model.files.iter().filter(|(_, l)| *l > 0).map(|(d, _)| d.len() as u64).sum();
+    let live: u64 = model
+        .files
+        .iter()
+        .filter(|(_, l)| *l > 0)
+        .map(|(d, _)| d.len() as u64)
+        .sum();
     assert_eq!(fs.statfs().await.unwrap().used_space, live);
     // The journal of this run replays to the same state.
     let entries = integration::journal(fs.engine().as_ref()).await;
     let (url, _d) = integration::meta_url("rocksdb");
     let replica = integration::open_engine(&url).await;
     replica.apply(&entries).await.unwrap();
-    assert_eq!(fs_core::maint::dump(replica.as_ref()).await.unwrap(), fs_core::maint::dump(fs.engine().as_ref()).await.unwrap());
+    assert_eq!(
+        fs_core::maint::dump(replica.as_ref()).await.unwrap(),
+        fs_core::maint::dump(fs.engine().as_ref()).await.unwrap()
+    );
 }
 
 proptest! {

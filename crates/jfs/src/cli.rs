@@ -23,7 +23,13 @@ pub struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct Global {
     /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value = "human", env = "JFS_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "human",
+        env = "JFS_LOG_FORMAT"
+    )]
     pub log_format: LogFormat,
     /// More logging (-v info, -vv debug, -vvv trace). JFS_LOG=filter overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -148,7 +154,10 @@ pub enum Command {
         size: u64,
     },
     /// Write the whole metadata as JSON (to FILE or stdout).
-    Dump { meta_url: String, file: Option<PathBuf> },
+    Dump {
+        meta_url: String,
+        file: Option<PathBuf>,
+    },
     /// Load a JSON dump into an empty metadata engine.
     Load { meta_url: String, file: PathBuf },
     /// Check that every block the metadata references exists with the right length.
@@ -205,7 +214,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
         None => (t, 1),
     };
-    let n: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size (e.g. 4M, 64K, 1G)"))?;
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 4M, 64K, 1G)"))?;
     if !(n >= 0.0) {
         return Err(format!("{s:?} is negative"));
     }
@@ -218,7 +230,13 @@ mod tests {
 
     #[test]
     fn sizes_parse() {
-        for (s, n) in [("4M", 4 << 20), ("64K", 64 << 10), ("1GiB", 1 << 30), ("123", 123), ("1.5K", 1536)] {
+        for (s, n) in [
+            ("4M", 4 << 20),
+            ("64K", 64 << 10),
+            ("1GiB", 1 << 30),
+            ("123", 123),
+            ("1.5K", 1536),
+        ] {
             assert_eq!(parse_size(s).unwrap(), n, "{s}");
         }
         assert!(parse_size("4Q").is_err());

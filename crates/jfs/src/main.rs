@@ -11,7 +11,10 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     init_logging(&args.global);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("jfs: cannot start the async runtime: {e}");
@@ -36,8 +39,11 @@ fn init_logging(g: &cli::Global) {
         (_, 2) => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("JFS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("JFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match g.log_format {
         cli::LogFormat::Json => b.json().init(),
         cli::LogFormat::Human => b.init(),

@@ -18,17 +18,29 @@ impl Progress {
         let done = Arc::new(AtomicU64::new(0));
         let files = Arc::new(AtomicU64::new(0));
         if quiet {
-            return Progress { bar: None, done, files, ticker: None };
+            return Progress {
+                bar: None,
+                done,
+                files,
+                ticker: None,
+            };
         }
         if std::io::stderr().is_terminal() {
             let bar = ProgressBar::new(total_bytes);
             bar.set_style(
-                ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                    .expect("valid template")
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
             );
             bar.set_message(what);
-            return Progress { bar: Some(bar), done, files, ticker: None };
+            return Progress {
+                bar: Some(bar),
+                done,
+                files,
+                ticker: None,
+            };
         }
         let (d, f) = (done.clone(), files.clone());
         let ticker = tokio::spawn(async move {
@@ -39,7 +51,12 @@ impl Progress {
                 tracing::warn!(target: "progress", what, bytes = d.load(Ordering::Relaxed), total_bytes, files = f.load(Ordering::Relaxed), "progress");
             }
         });
-        Progress { bar: None, done, files, ticker: Some(ticker) }
+        Progress {
+            bar: None,
+            done,
+            files,
+            ticker: Some(ticker),
+        }
     }
 
     pub fn add_bytes(&self, n: u64) {
@@ -60,6 +77,9 @@ impl Progress {
         if let Some(t) = &self.ticker {
             t.abort();
         }
-        (self.files.load(Ordering::Relaxed), self.done.load(Ordering::Relaxed))
+        (
+            self.files.load(Ordering::Relaxed),
+            self.done.load(Ordering::Relaxed),
+        )
     }
 }

@@ -37,7 +37,10 @@ pub struct OpenOptions {
 }
 
 fn config_err(url: &str, what: impl std::fmt::Display) -> Error {
-    Error::new(ErrorKind::Config, format!("metadata URL {:?}: {what}", redact(url)))
+    Error::new(
+        ErrorKind::Config,
+        format!("metadata URL {:?}: {what}", redact(url)),
+    )
 }
 
 /// The URL with any password replaced by `***`, for messages.
@@ -52,13 +55,18 @@ pub fn redact(url: &str) -> String {
 }
 
 fn query(u: &url::Url) -> HashMap<String, String> {
-    u.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
+    u.query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
 }
 
 fn check_params(url: &str, q: &HashMap<String, String>, allowed: &[&str]) -> Result<()> {
     for k in q.keys() {
         if !allowed.contains(&k.as_str()) {
-            return Err(config_err(url, format!("unknown parameter {k:?} (known: {})", allowed.join(", "))));
+            return Err(config_err(
+                url,
+                format!("unknown parameter {k:?} (known: {})", allowed.join(", ")),
+            ));
         }
     }
     Ok(())
@@ -66,20 +74,33 @@ fn check_params(url: &str, q: &HashMap<String, String>, allowed: &[&str]) -> Res
 
 fn password(url: &str, q: &HashMap<String, String>, opts: &OpenOptions) -> Result<Option<String>> {
     if let Some(f) = &opts.password_file {
-        let s = std::fs::read_to_string(f)
-            .map_err(|e| Error::new(ErrorKind::Config, format!("reading the password file {}: {e}", f.display())))?;
+        let s = std::fs::read_to_string(f).map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                format!("reading the password file {}: {e}", f.display()),
+            )
+        })?;
         return Ok(Some(s.lines().next().unwrap_or("").to_string()));
     }
-    let var = q.get("password_env").map(String::as_str).unwrap_or(PASSWORD_ENV);
+    let var = q
+        .get("password_env")
+        .map(String::as_str)
+        .unwrap_or(PASSWORD_ENV);
     match std::env::var(var) {
         Ok(p) if !p.is_empty() => Ok(Some(p)),
-        _ if q.contains_key("password_env") => Err(config_err(url, format!("password_env names {var}, which is not set"))),
+        _ if q.contains_key("password_env") => Err(config_err(
+            url,
+            format!("password_env names {var}, which is not set"),
+        )),
         _ => Ok(None),
     }
 }
 
 fn valid_ident(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 48 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    !s.is_empty()
+        && s.len() <= 48
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         && !s.starts_with(|c: char| c.is_ascii_digit())
 }
 
@@ -176,7 +197,10 @@ mod tests {
     use super::*;
 
     async fn check_err(url: &str, needle: &str) {
-        let e = open(url, &OpenOptions::default()).await.err().expect("should fail");
+        let e = open(url, &OpenOptions::default())
+            .await
+            .err()
+            .expect("should fail");
         assert_eq!(e.kind(), ErrorKind::Config, "{url}: {e}");
         assert!(e.to_string().contains(needle), "{url}: {e}");
         assert!(!e.to_string().contains("hunter2"), "secret leaked: {e}");
@@ -189,19 +213,41 @@ mod tests {
         check_err("rocksdb://", "no path").await;
         check_err("rocksdb:///no/such/parent/dir", "does not exist").await;
         check_err("rocksdb:///tmp/x?fast=1", "unknown parameter").await;
-        check_err("redis://u:hunter2@127.0.0.1:6379/0", "do not put the password").await;
+        check_err(
+            "redis://u:hunter2@127.0.0.1:6379/0",
+            "do not put the password",
+        )
+        .await;
         check_err("redis://127.0.0.1:6379/zero", "not a number").await;
-        check_err("postgres://u:hunter2@127.0.0.1/db", "do not put the password").await;
+        check_err(
+            "postgres://u:hunter2@127.0.0.1/db",
+            "do not put the password",
+        )
+        .await;
         check_err("postgres://u@127.0.0.1", "no database name").await;
-        check_err("postgres://u@127.0.0.1/db?schema=Bad;drop", "schema must be").await;
+        check_err(
+            "postgres://u@127.0.0.1/db?schema=Bad;drop",
+            "schema must be",
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn unreachable_engines_fail_fast_and_say_where() {
         // A port nothing listens on (bound, then closed).
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        for url in [format!("redis://127.0.0.1:{port}/0"), format!("postgres://u@127.0.0.1:{port}/db")] {
-            let e = open(&url, &OpenOptions::default()).await.err().expect("should fail");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        for url in [
+            format!("redis://127.0.0.1:{port}/0"),
+            format!("postgres://u@127.0.0.1:{port}/db"),
+        ] {
+            let e = open(&url, &OpenOptions::default())
+                .await
+                .err()
+                .expect("should fail");
             assert_eq!(e.kind(), ErrorKind::Backend, "{e}");
             assert!(e.to_string().contains(&port.to_string()), "{e}");
         }

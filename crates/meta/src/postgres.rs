@@ -30,14 +30,25 @@ pub struct PgEngine {
 pub(crate) fn map_err(e: tokio_postgres::Error, what: &str) -> Error {
     use tokio_postgres::error::SqlState;
     if let Some(code) = e.code() {
-        if *code == SqlState::INVALID_PASSWORD || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION {
-            return Error::new(ErrorKind::PermissionDenied, format!("postgres {what}: authentication failed (check the user and JFS_META_PASSWORD)"));
+        if *code == SqlState::INVALID_PASSWORD
+            || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+        {
+            return Error::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "postgres {what}: authentication failed (check the user and JFS_META_PASSWORD)"
+                ),
+            );
         }
-        if *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED {
+        if *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED
+        {
             return Error::temporary(ErrorKind::Backend, format!("postgres {what}: {e}"));
         }
         if *code == SqlState::DISK_FULL {
-            return Error::new(ErrorKind::Backend, format!("postgres {what}: disk full: {e}"));
+            return Error::new(
+                ErrorKind::Backend,
+                format!("postgres {what}: disk full: {e}"),
+            );
         }
     }
     let msg = match e.as_db_error() {
@@ -59,15 +70,25 @@ fn pool_err(e: deadpool_postgres::PoolError, what: &str) -> Error {
 }
 
 impl PgEngine {
-    pub async fn connect(cfg: tokio_postgres::Config, schema: &str, display: String) -> Result<Self> {
+    pub async fn connect(
+        cfg: tokio_postgres::Config,
+        schema: &str,
+        display: String,
+    ) -> Result<Self> {
         let mut cfg = cfg;
         cfg.connect_timeout(Duration::from_secs(5));
         cfg.options(format!("-c search_path={schema}"));
         // Fail fast with a clear message (and prove the credentials) before building the pool.
-        let (client, mut connection) = tokio::time::timeout(Duration::from_secs(10), cfg.connect(NoTls))
-            .await
-            .map_err(|_| Error::temporary(ErrorKind::Backend, format!("{display}: no answer within 10 s: is PostgreSQL running there?")))?
-            .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
+        let (client, mut connection) =
+            tokio::time::timeout(Duration::from_secs(10), cfg.connect(NoTls))
+                .await
+                .map_err(|_| {
+                    Error::temporary(
+                        ErrorKind::Backend,
+                        format!("{display}: no answer within 10 s: is PostgreSQL running there?"),
+                    )
+                })?
+                .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
         let channel = format!("jfs_journal_{schema}");
         let (tx, notified) = watch::channel(0u64);
         let listener = tokio::spawn(async move {
@@ -96,18 +117,33 @@ impl PgEngine {
             .batch_execute(&format!("BEGIN; {setup} COMMIT;"))
             .await
             .map_err(|e| map_err(e, "creating tables"))?;
-        client.batch_execute(&format!("LISTEN {channel}")).await.map_err(|e| map_err(e, "LISTEN"))?;
+        client
+            .batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .map_err(|e| map_err(e, "LISTEN"))?;
         // The listening client must stay alive: keep it inside the listener's future.
         let listener = tokio::spawn(async move {
             let _keep = client;
             let _ = listener.await;
         });
-        let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let mgr = Manager::from_config(
+            cfg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
         let pool = Pool::builder(mgr)
             .max_size(16)
             .build()
             .map_err(|e| Error::new(ErrorKind::Config, format!("postgres pool: {e}")))?;
-        Ok(PgEngine { pool, display, channel, notified, _listener: listener })
+        Ok(PgEngine {
+            pool,
+            display,
+            channel,
+            notified,
+            _listener: listener,
+        })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -116,7 +152,10 @@ impl PgEngine {
 
     async fn head(&self) -> Result<u64> {
         let c = self.client().await?;
-        let row = c.query_one("SELECT seq FROM jfs_head WHERE id = 1", &[]).await.map_err(|e| map_err(e, "reading head"))?;
+        let row = c
+            .query_one("SELECT seq FROM jfs_head WHERE id = 1", &[])
+            .await
+            .map_err(|e| map_err(e, "reading head"))?;
         Ok(row.get::<_, i64>(0) as u64)
     }
 }
@@ -146,24 +185,44 @@ async fn write_set(tx: &deadpool_postgres::Transaction<'_>, writes: &[&Mutation]
             .prepare_cached("INSERT INTO jfs_kv (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v")
             .await
             .map_err(|e| map_err(e, "prepare"))?;
-        tx.execute(&st, &[&pk, &pv]).await.map_err(|e| map_err(e, "writing keys"))?;
+        tx.execute(&st, &[&pk, &pv])
+            .await
+            .map_err(|e| map_err(e, "writing keys"))?;
     }
     if !dk.is_empty() {
-        let st = tx.prepare_cached("DELETE FROM jfs_kv WHERE k = ANY($1)").await.map_err(|e| map_err(e, "prepare"))?;
-        tx.execute(&st, &[&dk]).await.map_err(|e| map_err(e, "deleting keys"))?;
+        let st = tx
+            .prepare_cached("DELETE FROM jfs_kv WHERE k = ANY($1)")
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        tx.execute(&st, &[&dk])
+            .await
+            .map_err(|e| map_err(e, "deleting keys"))?;
     }
     Ok(())
 }
 
-async fn append(tx: &deadpool_postgres::Transaction<'_>, channel: &str, seqs: &[i64], frames: &[Vec<u8>]) -> Result<()> {
+async fn append(
+    tx: &deadpool_postgres::Transaction<'_>,
+    channel: &str,
+    seqs: &[i64],
+    frames: &[Vec<u8>],
+) -> Result<()> {
     let st = tx
-        .prepare_cached("INSERT INTO jfs_journal (seq, frame) SELECT * FROM unnest($1::bigint[], $2::bytea[])")
+        .prepare_cached(
+            "INSERT INTO jfs_journal (seq, frame) SELECT * FROM unnest($1::bigint[], $2::bytea[])",
+        )
         .await
         .map_err(|e| map_err(e, "prepare"))?;
-    tx.execute(&st, &[&seqs, &frames]).await.map_err(|e| map_err(e, "appending to the journal"))?;
+    tx.execute(&st, &[&seqs, &frames])
+        .await
+        .map_err(|e| map_err(e, "appending to the journal"))?;
     let last = *seqs.last().expect("at least one entry");
-    tx.execute("UPDATE jfs_head SET seq = $1 WHERE id = 1", &[&last]).await.map_err(|e| map_err(e, "advancing head"))?;
-    tx.execute("SELECT pg_notify($1, $2)", &[&channel, &last.to_string()]).await.map_err(|e| map_err(e, "notify"))?;
+    tx.execute("UPDATE jfs_head SET seq = $1 WHERE id = 1", &[&last])
+        .await
+        .map_err(|e| map_err(e, "advancing head"))?;
+    tx.execute("SELECT pg_notify($1, $2)", &[&channel, &last.to_string()])
+        .await
+        .map_err(|e| map_err(e, "notify"))?;
     Ok(())
 }
 
@@ -178,16 +237,29 @@ impl Engine for PgEngine {
 
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let c = self.client().await?;
-        let st = c.prepare_cached("SELECT v FROM jfs_kv WHERE k = $1").await.map_err(|e| map_err(e, "prepare"))?;
-        let row = c.query_opt(&st, &[&key]).await.map_err(|e| map_err(e, "get"))?;
+        let st = c
+            .prepare_cached("SELECT v FROM jfs_kv WHERE k = $1")
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        let row = c
+            .query_opt(&st, &[&key])
+            .await
+            .map_err(|e| map_err(e, "get"))?;
         Ok(row.map(|r| r.get(0)))
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         let c = self.client().await?;
-        let st = c.prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)").await.map_err(|e| map_err(e, "prepare"))?;
-        let rows = c.query(&st, &[&keys]).await.map_err(|e| map_err(e, "get"))?;
-        let mut m: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+        let st = c
+            .prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)")
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        let rows = c
+            .query(&st, &[&keys])
+            .await
+            .map_err(|e| map_err(e, "get"))?;
+        let mut m: HashMap<Vec<u8>, Vec<u8>> =
+            rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
         Ok(keys.iter().map(|k| m.remove(k)).collect())
     }
 
@@ -198,7 +270,10 @@ impl Engine for PgEngine {
             .await
             .map_err(|e| map_err(e, "prepare"))?;
         let limit = limit.min(i64::MAX as usize) as i64;
-        let rows = c.query(&st, &[&start, &end, &limit]).await.map_err(|e| map_err(e, "scan"))?;
+        let rows = c
+            .query(&st, &[&start, &end, &limit])
+            .await
+            .map_err(|e| map_err(e, "scan"))?;
         Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
@@ -213,22 +288,35 @@ impl Engine for PgEngine {
         let mut want: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
         let ckeys = req.counter_keys();
         want.extend(ckeys.iter().map(|k| k.as_slice()));
-        let st = tx.prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)").await.map_err(|e| map_err(e, "prepare"))?;
-        let rows = tx.query(&st, &[&want]).await.map_err(|e| map_err(e, "validating reads"))?;
-        let cur: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+        let st = tx
+            .prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)")
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        let rows = tx
+            .query(&st, &[&want])
+            .await
+            .map_err(|e| map_err(e, "validating reads"))?;
+        let cur: HashMap<Vec<u8>, Vec<u8>> =
+            rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
         for (k, v) in &req.reads {
             if cur.get(k) != v.as_ref() {
                 tx.rollback().await.map_err(|e| map_err(e, "rollback"))?;
                 return Ok(CommitOutcome::Conflict);
             }
         }
-        let counters: HashMap<Vec<u8>, Option<Vec<u8>>> = ckeys.iter().map(|k| (k.clone(), cur.get(k).cloned())).collect();
+        let counters: HashMap<Vec<u8>, Option<Vec<u8>>> = ckeys
+            .iter()
+            .map(|k| (k.clone(), cur.get(k).cloned()))
+            .collect();
         let seq = head as u64 + 1;
         let entry = req.materialize(seq, fs_core::types::now_ns(), &counters)?;
         write_set(&tx, &entry.writes.iter().collect::<Vec<_>>()).await?;
         append(&tx, &self.channel, &[seq as i64], &[entry.encode()]).await?;
         tx.commit().await.map_err(|e| map_err(e, "commit"))?;
-        Ok(CommitOutcome::Committed { seq, time_ns: entry.time_ns })
+        Ok(CommitOutcome::Committed {
+            seq,
+            time_ns: entry.time_ns,
+        })
     }
 
     async fn journal_bounds(&self) -> Result<JournalBounds> {
@@ -238,7 +326,10 @@ impl Engine for PgEngine {
             .await
             .map_err(|e| map_err(e, "reading journal bounds"))?;
         let last = row.get::<_, i64>(1) as u64;
-        let first = row.get::<_, Option<i64>>(0).map(|s| s as u64).unwrap_or(last + 1);
+        let first = row
+            .get::<_, Option<i64>>(0)
+            .map(|s| s as u64)
+            .unwrap_or(last + 1);
         Ok(JournalBounds { first, last })
     }
 
@@ -246,15 +337,29 @@ impl Engine for PgEngine {
         let b = self.journal_bounds().await?;
         let from = from.max(1);
         if from < b.first {
-            return Err(Error::new(ErrorKind::SeqNotRetained, format!("journal entry {from} is no longer retained (first retained is {})", b.first)));
+            return Err(Error::new(
+                ErrorKind::SeqNotRetained,
+                format!(
+                    "journal entry {from} is no longer retained (first retained is {})",
+                    b.first
+                ),
+            ));
         }
         let c = self.client().await?;
         let st = c
-            .prepare_cached("SELECT seq, frame FROM jfs_journal WHERE seq >= $1 ORDER BY seq LIMIT $2")
+            .prepare_cached(
+                "SELECT seq, frame FROM jfs_journal WHERE seq >= $1 ORDER BY seq LIMIT $2",
+            )
             .await
             .map_err(|e| map_err(e, "prepare"))?;
-        let rows = c.query(&st, &[&(from as i64), &(max as i64)]).await.map_err(|e| map_err(e, "reading the journal"))?;
-        Ok(rows.into_iter().map(|r| (r.get::<_, i64>(0) as u64, r.get(1))).collect())
+        let rows = c
+            .query(&st, &[&(from as i64), &(max as i64)])
+            .await
+            .map_err(|e| map_err(e, "reading the journal"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get(1)))
+            .collect())
     }
 
     async fn journal_wait(&self, after: u64, timeout: Duration) -> Result<bool> {
@@ -270,7 +375,9 @@ impl Engine for PgEngine {
                 return Ok(false);
             }
             // Notifications wake us; the 1 s cap only guards against a lost listener connection.
-            let _ = tokio::time::timeout((deadline - now).min(Duration::from_secs(1)), rx.changed()).await;
+            let _ =
+                tokio::time::timeout((deadline - now).min(Duration::from_secs(1)), rx.changed())
+                    .await;
         }
     }
 
@@ -298,7 +405,10 @@ impl Engine for PgEngine {
         }
         for (i, e) in todo.iter().enumerate() {
             if e.seq != head + 1 + i as u64 {
-                return Err(Error::new(ErrorKind::InvalidArgument, format!("replay gap: entry {} after head {}", e.seq, head + i as u64)));
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("replay gap: entry {} after head {}", e.seq, head + i as u64),
+                ));
             }
         }
         let writes: Vec<&Mutation> = todo.iter().flat_map(|e| e.writes.iter()).collect();

@@ -88,10 +88,17 @@ pub struct RedisEngine {
 }
 
 pub(crate) fn map_err(e: redis::RedisError, what: &str) -> Error {
-    let temporary = e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal();
+    let temporary =
+        e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal();
     let msg = format!("redis {what}: {e}");
-    if e.kind() == redis::ErrorKind::AuthenticationFailed || msg.contains("NOAUTH") || msg.contains("WRONGPASS") {
-        return Error::new(ErrorKind::PermissionDenied, format!("redis {what}: authentication failed (check JFS_META_PASSWORD)"));
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || msg.contains("NOAUTH")
+        || msg.contains("WRONGPASS")
+    {
+        return Error::new(
+            ErrorKind::PermissionDenied,
+            format!("redis {what}: authentication failed (check JFS_META_PASSWORD)"),
+        );
     }
     if temporary {
         Error::temporary(ErrorKind::Backend, msg)
@@ -101,8 +108,13 @@ pub(crate) fn map_err(e: redis::RedisError, what: &str) -> Error {
 }
 
 impl RedisEngine {
-    pub async fn connect(info: redis::ConnectionInfo, prefix: &str, display: String) -> Result<Self> {
-        let client = redis::Client::open(info).map_err(|e| Error::new(ErrorKind::Config, format!("redis URL: {e}")))?;
+    pub async fn connect(
+        info: redis::ConnectionInfo,
+        prefix: &str,
+        display: String,
+    ) -> Result<Self> {
+        let client = redis::Client::open(info)
+            .map_err(|e| Error::new(ErrorKind::Config, format!("redis URL: {e}")))?;
         // Probe with one plain connection first: a refused connection or bad credentials fail
         // at once here (the manager below would retry), and PING proves the AUTH.
         let probe_cfg = redis::AsyncConnectionConfig::new()
@@ -112,7 +124,10 @@ impl RedisEngine {
             .get_multiplexed_async_connection_with_config(&probe_cfg)
             .await
             .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
-        let _: String = redis::cmd("PING").query_async(&mut probe).await.map_err(|e| map_err(e, &format!("connecting to {display}")))?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut probe)
+            .await
+            .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Duration::from_secs(5))
             .set_response_timeout(Duration::from_secs(60))
@@ -152,7 +167,10 @@ impl RedisEngine {
 
     async fn head(&self) -> Result<u64> {
         let mut c = self.conn.clone();
-        let v: Option<u64> = c.get(self.head_key()).await.map_err(|e| map_err(e, "reading head"))?;
+        let v: Option<u64> = c
+            .get(self.head_key())
+            .await
+            .map_err(|e| map_err(e, "reading head"))?;
         Ok(v.unwrap_or(0))
     }
 
@@ -160,20 +178,27 @@ impl RedisEngine {
         id.split('-')
             .next()
             .and_then(|s| s.parse().ok())
-            .ok_or_else(|| fs_core::error::corrupt(format!("redis journal id {id:?} is not <seq>-0")))
+            .ok_or_else(|| {
+                fs_core::error::corrupt(format!("redis journal id {id:?} is not <seq>-0"))
+            })
     }
 
     fn frames_from(v: Value) -> Result<Vec<(u64, Vec<u8>)>> {
-        let reply: redis::streams::StreamRangeReply =
-            redis::from_redis_value(&v).map_err(|e| fs_core::error::corrupt(format!("redis journal reply: {e}")))?;
+        let reply: redis::streams::StreamRangeReply = redis::from_redis_value(&v)
+            .map_err(|e| fs_core::error::corrupt(format!("redis journal reply: {e}")))?;
         reply
             .ids
             .into_iter()
             .map(|se| {
                 let seq = Self::parse_id(&se.id)?;
                 let f: Vec<u8> = match se.map.get("f") {
-                    Some(v) => redis::from_redis_value(v).map_err(|e| fs_core::error::corrupt(format!("journal {seq}: {e}")))?,
-                    None => return Err(fs_core::error::corrupt(format!("redis journal entry {seq} has no frame"))),
+                    Some(v) => redis::from_redis_value(v)
+                        .map_err(|e| fs_core::error::corrupt(format!("journal {seq}: {e}")))?,
+                    None => {
+                        return Err(fs_core::error::corrupt(format!(
+                            "redis journal entry {seq} has no frame"
+                        )))
+                    }
                 };
                 Ok((seq, f))
             })
@@ -215,7 +240,11 @@ impl Engine for RedisEngine {
         }
         let mut c = self.conn.clone();
         let ks: Vec<Vec<u8>> = keys.iter().map(|k| self.k(k)).collect();
-        redis::cmd("MGET").arg(ks).query_async(&mut c).await.map_err(|e| map_err(e, "mget"))
+        redis::cmd("MGET")
+            .arg(ks)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "mget"))
     }
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
@@ -237,7 +266,11 @@ impl Engine for RedisEngine {
             .map_err(|e| map_err(e, "scan"))?;
         let vals = self.get_many(&members).await?;
         // A key deleted between the two calls is skipped; its absence is validated by commit.
-        Ok(members.into_iter().zip(vals).filter_map(|(k, v)| v.map(|v| (k, v))).collect())
+        Ok(members
+            .into_iter()
+            .zip(vals)
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect())
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
@@ -248,14 +281,24 @@ impl Engine for RedisEngine {
             let counters: HashMap<Vec<u8>, Option<Vec<u8>>> = if ckeys.is_empty() {
                 HashMap::new()
             } else {
-                ckeys.iter().cloned().zip(self.get_many(&ckeys).await?).collect()
+                ckeys
+                    .iter()
+                    .cloned()
+                    .zip(self.get_many(&ckeys).await?)
+                    .collect()
             };
             let seq = head + 1;
             let entry = req.materialize(seq, fs_core::types::now_ns(), &counters)?;
             let frame = entry.encode();
             let mut inv = self.commit_script.prepare_invoke();
-            inv.key(self.head_key()).key(self.journal_key()).key(self.index_key());
-            inv.arg(head).arg(req.reads.len()).arg(entry.writes.len()).arg(frame).arg(seq);
+            inv.key(self.head_key())
+                .key(self.journal_key())
+                .key(self.index_key());
+            inv.arg(head)
+                .arg(req.reads.len())
+                .arg(entry.writes.len())
+                .arg(frame)
+                .arg(seq);
             for (k, want) in &req.reads {
                 inv.key(self.k(k));
                 match want {
@@ -266,11 +309,17 @@ impl Engine for RedisEngine {
             for m in &entry.writes {
                 push_write(&mut inv, self, m);
             }
-            let (code, cur): (i64, u64) = inv.invoke_async(&mut c).await.map_err(|e| map_err(e, "commit"))?;
+            let (code, cur): (i64, u64) = inv
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| map_err(e, "commit"))?;
             match code {
                 0 => {
                     self.head_hint.fetch_max(seq, Ordering::SeqCst);
-                    return Ok(CommitOutcome::Committed { seq, time_ns: entry.time_ns });
+                    return Ok(CommitOutcome::Committed {
+                        seq,
+                        time_ns: entry.time_ns,
+                    });
                 }
                 1 => self.head_hint.store(cur, Ordering::SeqCst),
                 _ => {
@@ -293,7 +342,10 @@ impl Engine for RedisEngine {
             .query_async(&mut c)
             .await
             .map_err(|e| map_err(e, "reading the journal"))?;
-        let first = Self::frames_from(v)?.first().map(|(s, _)| *s).unwrap_or(last + 1);
+        let first = Self::frames_from(v)?
+            .first()
+            .map(|(s, _)| *s)
+            .unwrap_or(last + 1);
         Ok(JournalBounds { first, last })
     }
 
@@ -301,7 +353,13 @@ impl Engine for RedisEngine {
         let b = self.journal_bounds().await?;
         let from = from.max(1);
         if from < b.first {
-            return Err(Error::new(ErrorKind::SeqNotRetained, format!("journal entry {from} is no longer retained (first retained is {})", b.first)));
+            return Err(Error::new(
+                ErrorKind::SeqNotRetained,
+                format!(
+                    "journal entry {from} is no longer retained (first retained is {})",
+                    b.first
+                ),
+            ));
         }
         let mut c = self.conn.clone();
         let v: Value = redis::cmd("XRANGE")
@@ -322,7 +380,8 @@ impl Engine for RedisEngine {
         }
         let mut guard = self.waiter.lock().await;
         if guard.is_none() {
-            let cfg = redis::AsyncConnectionConfig::new().set_connection_timeout(Duration::from_secs(5));
+            let cfg =
+                redis::AsyncConnectionConfig::new().set_connection_timeout(Duration::from_secs(5));
             *guard = Some(
                 self.client
                     .get_multiplexed_async_connection_with_config(&cfg)
@@ -372,14 +431,21 @@ impl Engine for RedisEngine {
     async fn apply(&self, entries: &[Entry]) -> Result<u64> {
         let head = self.head().await?;
         let todo: Vec<&Entry> = entries.iter().filter(|e| e.seq > head).collect();
-        let Some(last) = todo.last() else { return Ok(head) };
+        let Some(last) = todo.last() else {
+            return Ok(head);
+        };
         for (i, e) in todo.iter().enumerate() {
             if e.seq != head + 1 + i as u64 {
-                return Err(Error::new(ErrorKind::InvalidArgument, format!("replay gap: entry {} after head {}", e.seq, head + i as u64)));
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("replay gap: entry {} after head {}", e.seq, head + i as u64),
+                ));
             }
         }
         let mut inv = self.apply_script.prepare_invoke();
-        inv.key(self.head_key()).key(self.journal_key()).key(self.index_key());
+        inv.key(self.head_key())
+            .key(self.journal_key())
+            .key(self.index_key());
         inv.arg(head).arg(last.seq).arg(todo.len());
         for e in &todo {
             inv.arg(e.seq).arg(e.encode());
@@ -390,9 +456,15 @@ impl Engine for RedisEngine {
             }
         }
         let mut c = self.conn.clone();
-        let (code, cur): (i64, u64) = inv.invoke_async(&mut c).await.map_err(|e| map_err(e, "apply"))?;
+        let (code, cur): (i64, u64) = inv
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "apply"))?;
         if code != 0 {
-            return Err(Error::new(ErrorKind::Conflict, format!("another writer moved the head to {cur} during replay")));
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                format!("another writer moved the head to {cur} during replay"),
+            ));
         }
         self.head_hint.store(last.seq, Ordering::SeqCst);
         Ok(last.seq)

@@ -26,7 +26,10 @@ const HEAD: &[u8] = b"head";
 fn err(e: rocksdb::Error, what: &str) -> Error {
     let msg = e.into_string();
     if msg.contains("No space left") {
-        return Error::new(ErrorKind::Backend, format!("rocksdb {what}: disk full: {msg}"));
+        return Error::new(
+            ErrorKind::Backend,
+            format!("rocksdb {what}: disk full: {msg}"),
+        );
     }
     Error::new(ErrorKind::Backend, format!("rocksdb {what}: {msg}"))
 }
@@ -101,12 +104,21 @@ impl RocksEngine {
             },
         };
         if secondary.is_some() {
-            db.try_catch_up_with_primary().map_err(|e| err(e, "catching up with the primary"))?;
+            db.try_catch_up_with_primary()
+                .map_err(|e| err(e, "catching up with the primary"))?;
         }
         let head = read_head(&db)?;
         let (tx, _) = watch::channel(head);
         Ok(RocksEngine {
-            inner: Arc::new(Inner { db, path: path.to_path_buf(), secondary, commit: Mutex::new(()), head: AtomicU64::new(head), sync, tx }),
+            inner: Arc::new(Inner {
+                db,
+                path: path.to_path_buf(),
+                secondary,
+                commit: Mutex::new(()),
+                head: AtomicU64::new(head),
+                sync,
+                tx,
+            }),
         })
     }
 
@@ -116,8 +128,13 @@ impl RocksEngine {
 
     fn catch_up(&self) -> Result<()> {
         if self.inner.secondary.is_some() {
-            self.inner.db.try_catch_up_with_primary().map_err(|e| err(e, "catching up with the primary"))?;
-            self.inner.head.store(read_head(&self.inner.db)?, Ordering::SeqCst);
+            self.inner
+                .db
+                .try_catch_up_with_primary()
+                .map_err(|e| err(e, "catching up with the primary"))?;
+            self.inner
+                .head
+                .store(read_head(&self.inner.db)?, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -126,7 +143,10 @@ impl RocksEngine {
         if self.inner.secondary.is_some() {
             return Err(Error::new(
                 ErrorKind::ReadOnly,
-                format!("{} is open for writing by another process; this one has it read-only", self.inner.path.display()),
+                format!(
+                    "{} is open for writing by another process; this one has it read-only",
+                    self.inner.path.display()
+                ),
             ));
         }
         Ok(())
@@ -135,11 +155,17 @@ impl RocksEngine {
 
 fn read_head(db: &DB) -> Result<u64> {
     let cf = db.cf_handle(CF_META).expect("meta cf exists");
-    Ok(match db.get_cf(cf, HEAD).map_err(|e| err(e, "reading head"))? {
-        Some(v) if v.len() == 8 => u64::from_be_bytes(v[..].try_into().unwrap()),
-        Some(_) => return Err(fs_core::error::corrupt("rocksdb journal head is not 8 bytes")),
-        None => 0,
-    })
+    Ok(
+        match db.get_cf(cf, HEAD).map_err(|e| err(e, "reading head"))? {
+            Some(v) if v.len() == 8 => u64::from_be_bytes(v[..].try_into().unwrap()),
+            Some(_) => {
+                return Err(fs_core::error::corrupt(
+                    "rocksdb journal head is not 8 bytes",
+                ))
+            }
+            None => 0,
+        },
+    )
 }
 
 impl Inner {
@@ -156,7 +182,9 @@ impl Inner {
     /// Sync the WAL outside the commit mutex, so concurrent committers share one fsync.
     fn sync_wal(&self) -> Result<()> {
         if self.sync {
-            self.db.flush_wal(true).map_err(|e| err(e, "syncing the WAL"))?;
+            self.db
+                .flush_wal(true)
+                .map_err(|e| err(e, "syncing the WAL"))?;
         }
         Ok(())
     }
@@ -203,9 +231,15 @@ impl Inner {
 
     fn bounds(&self) -> Result<JournalBounds> {
         let last = self.head.load(Ordering::SeqCst);
-        let mut it = self.db.iterator_cf(self.cf(CF_JOURNAL), IteratorMode::Start);
+        let mut it = self
+            .db
+            .iterator_cf(self.cf(CF_JOURNAL), IteratorMode::Start);
         let first = match it.next() {
-            Some(Ok((k, _))) => u64::from_be_bytes(k[..].try_into().map_err(|_| fs_core::error::corrupt("journal key is not 8 bytes"))?),
+            Some(Ok((k, _))) => u64::from_be_bytes(
+                k[..]
+                    .try_into()
+                    .map_err(|_| fs_core::error::corrupt("journal key is not 8 bytes"))?,
+            ),
             Some(Err(e)) => return Err(err(e, "reading the journal")),
             None => last + 1,
         };
@@ -227,12 +261,20 @@ impl Engine for RocksEngine {
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
-        self.inner.db.multi_get(keys).into_iter().map(|r| r.map_err(|e| err(e, "get"))).collect()
+        self.inner
+            .db
+            .multi_get(keys)
+            .into_iter()
+            .map(|r| r.map_err(|e| err(e, "get")))
+            .collect()
     }
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
         let mut out = Vec::new();
-        let it = self.inner.db.iterator(IteratorMode::From(start, rocksdb::Direction::Forward));
+        let it = self
+            .inner
+            .db
+            .iterator(IteratorMode::From(start, rocksdb::Direction::Forward));
         for item in it {
             let (k, v) = item.map_err(|e| err(e, "scan"))?;
             if &*k >= end || out.len() >= limit {
@@ -261,14 +303,27 @@ impl Engine for RocksEngine {
         let b = self.inner.bounds()?;
         let from = from.max(1);
         if from < b.first {
-            return Err(Error::new(ErrorKind::SeqNotRetained, format!("journal entry {from} is no longer retained (first retained is {})", b.first)));
+            return Err(Error::new(
+                ErrorKind::SeqNotRetained,
+                format!(
+                    "journal entry {from} is no longer retained (first retained is {})",
+                    b.first
+                ),
+            ));
         }
         let mut out = Vec::new();
         let key = from.to_be_bytes();
-        let it = self.inner.db.iterator_cf(self.inner.cf(CF_JOURNAL), IteratorMode::From(&key, rocksdb::Direction::Forward));
+        let it = self.inner.db.iterator_cf(
+            self.inner.cf(CF_JOURNAL),
+            IteratorMode::From(&key, rocksdb::Direction::Forward),
+        );
         for item in it.take(max) {
             let (k, v) = item.map_err(|e| err(e, "reading the journal"))?;
-            let seq = u64::from_be_bytes(k[..].try_into().map_err(|_| fs_core::error::corrupt("journal key is not 8 bytes"))?);
+            let seq = u64::from_be_bytes(
+                k[..]
+                    .try_into()
+                    .map_err(|_| fs_core::error::corrupt("journal key is not 8 bytes"))?,
+            );
             out.push((seq, v.to_vec()));
         }
         Ok(out)
@@ -286,7 +341,10 @@ impl Engine for RocksEngine {
                 if tokio::time::Instant::now() >= deadline {
                     return Ok(false);
                 }
-                tokio::time::sleep(Duration::from_millis(50).min(deadline - tokio::time::Instant::now())).await;
+                tokio::time::sleep(
+                    Duration::from_millis(50).min(deadline - tokio::time::Instant::now()),
+                )
+                .await;
             }
         }
         let mut rx = self.inner.tx.subscribe();
@@ -302,7 +360,11 @@ impl Engine for RocksEngine {
             return Ok(0);
         }
         let mut batch = WriteBatch::default();
-        batch.delete_range_cf(self.inner.cf(CF_JOURNAL), b.first.to_be_bytes(), before.to_be_bytes());
+        batch.delete_range_cf(
+            self.inner.cf(CF_JOURNAL),
+            b.first.to_be_bytes(),
+            before.to_be_bytes(),
+        );
         self.inner.write(batch)?;
         self.inner.sync_wal()?;
         Ok(before - b.first)
@@ -319,7 +381,10 @@ impl Engine for RocksEngine {
             let mut batch = WriteBatch::default();
             for e in entries.iter().filter(|e| e.seq > start) {
                 if e.seq != head + 1 {
-                    return Err(Error::new(ErrorKind::InvalidArgument, format!("replay gap: entry {} after head {head}", e.seq)));
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("replay gap: entry {} after head {head}", e.seq),
+                    ));
                 }
                 inner.add_entry(&mut batch, e);
                 head = e.seq;

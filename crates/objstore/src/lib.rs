@@ -40,7 +40,9 @@ fn map_err(e: opendal::Error, what: &str) -> Error {
 
 fn ns(t: Option<opendal::raw::Timestamp>) -> Option<i64> {
     let st: SystemTime = t?.into();
-    st.duration_since(UNIX_EPOCH).ok().map(|d| d.as_nanos() as i64)
+    st.duration_since(UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_nanos() as i64)
 }
 
 /// Options that flags can set on top of the URL and environment.
@@ -61,10 +63,15 @@ fn env(name: &str) -> Option<String> {
 impl OpendalStore {
     pub fn open(url: &str, opts: &StoreOptions) -> Result<Self> {
         let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(config_err(url, "expected file:///dir, s3://bucket/prefix or memory://"));
+            return Err(config_err(
+                url,
+                "expected file:///dir, s3://bucket/prefix or memory://",
+            ));
         };
         let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
-        let params: HashMap<String, String> = url::form_urlencoded::parse(q.as_bytes()).into_owned().collect();
+        let params: HashMap<String, String> = url::form_urlencoded::parse(q.as_bytes())
+            .into_owned()
+            .collect();
         let known: &[&str] = match scheme {
             "s3" => &["endpoint", "region", "path_style"],
             _ => &[],
@@ -77,20 +84,28 @@ impl OpendalStore {
                 if !path.starts_with('/') {
                     return Err(config_err(url, "use an absolute path: file:///dir"));
                 }
-                std::fs::create_dir_all(path).map_err(|e| config_err(url, format!("cannot create {path}: {e}")))?;
+                std::fs::create_dir_all(path)
+                    .map_err(|e| config_err(url, format!("cannot create {path}: {e}")))?;
                 let tmp = format!("{}/.jfs-tmp", path.trim_end_matches('/'));
-                std::fs::create_dir_all(&tmp).map_err(|e| config_err(url, format!("cannot create {tmp}: {e}")))?;
+                std::fs::create_dir_all(&tmp)
+                    .map_err(|e| config_err(url, format!("cannot create {tmp}: {e}")))?;
                 Operator::new(services::Fs::default().root(path).atomic_write_dir(&tmp))
                     .map_err(|e| map_err(e, "file store"))?
                     .finish()
             }
-            "memory" => Operator::new(services::Memory::default()).map_err(|e| map_err(e, "memory store"))?.finish(),
+            "memory" => Operator::new(services::Memory::default())
+                .map_err(|e| map_err(e, "memory store"))?
+                .finish(),
             "s3" => {
                 let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
                 if bucket.is_empty() {
                     return Err(config_err(url, "no bucket: s3://bucket/prefix"));
                 }
-                let endpoint = opts.endpoint.clone().or_else(|| params.get("endpoint").cloned()).or_else(|| env("AWS_ENDPOINT_URL"));
+                let endpoint = opts
+                    .endpoint
+                    .clone()
+                    .or_else(|| params.get("endpoint").cloned())
+                    .or_else(|| env("AWS_ENDPOINT_URL"));
                 let region = opts
                     .region
                     .clone()
@@ -114,17 +129,33 @@ impl OpendalStore {
                             b = b.session_token(&t);
                         }
                     }
-                    _ => return Err(config_err(url, "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")),
+                    _ => {
+                        return Err(config_err(
+                            url,
+                            "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                        ))
+                    }
                 }
                 if params.get("path_style").map(String::as_str) == Some("false") {
                     b = b.enable_virtual_host_style();
                 }
-                Operator::new(b).map_err(|e| map_err(e, "s3 store"))?.finish()
+                Operator::new(b)
+                    .map_err(|e| map_err(e, "s3 store"))?
+                    .finish()
             }
-            other => return Err(config_err(url, format!("unsupported scheme {other:?}: use file://, s3:// or memory://"))),
+            other => {
+                return Err(config_err(
+                    url,
+                    format!("unsupported scheme {other:?}: use file://, s3:// or memory://"),
+                ))
+            }
         };
         let op = op
-            .layer(TimeoutLayer::new().with_timeout(Duration::from_secs(60)).with_io_timeout(Duration::from_secs(30)))
+            .layer(
+                TimeoutLayer::new()
+                    .with_timeout(Duration::from_secs(60))
+                    .with_io_timeout(Duration::from_secs(30)),
+            )
             .layer(
                 RetryLayer::new()
                     .with_jitter()
@@ -132,9 +163,11 @@ impl OpendalStore {
                     .with_min_delay(Duration::from_millis(50))
                     .with_max_delay(Duration::from_secs(5)),
             );
-        Ok(OpendalStore { op, display: url.to_string() })
+        Ok(OpendalStore {
+            op,
+            display: url.to_string(),
+        })
     }
-
 }
 
 #[async_trait]
@@ -144,30 +177,55 @@ impl BlockStore for OpendalStore {
     }
 
     async fn check(&self) -> Result<()> {
-        self.op.list_with("").limit(1).await.map(|_| ()).map_err(|e| map_err(e, &format!("reaching {}", self.display)))
+        self.op
+            .list_with("")
+            .limit(1)
+            .await
+            .map(|_| ())
+            .map_err(|e| map_err(e, &format!("reaching {}", self.display)))
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<()> {
-        self.op.write(key, data).await.map(|_| ()).map_err(|e| map_err(e, &format!("writing {key}")))
+        self.op
+            .write(key, data)
+            .await
+            .map(|_| ())
+            .map_err(|e| map_err(e, &format!("writing {key}")))
     }
 
     async fn get(&self, key: &str) -> Result<Bytes> {
-        Ok(self.op.read(key).await.map_err(|e| map_err(e, &format!("reading {key}")))?.to_bytes())
+        Ok(self
+            .op
+            .read(key)
+            .await
+            .map_err(|e| map_err(e, &format!("reading {key}")))?
+            .to_bytes())
     }
 
     async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
         match self.op.stat(key).await {
-            Ok(m) => Ok(Some(ObjectMeta { key: key.to_string(), size: m.content_length(), modified_ns: ns(m.last_modified()) })),
+            Ok(m) => Ok(Some(ObjectMeta {
+                key: key.to_string(),
+                size: m.content_length(),
+                modified_ns: ns(m.last_modified()),
+            })),
             Err(e) if e.kind() == opendal::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(map_err(e, &format!("checking {key}"))),
         }
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        self.op.delete(key).await.map_err(|e| map_err(e, &format!("deleting {key}")))
+        self.op
+            .delete(key)
+            .await
+            .map_err(|e| map_err(e, &format!("deleting {key}")))
     }
 
-    async fn list(&self, prefix: &str, f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send)) -> Result<()> {
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()> {
         let what = format!("listing {prefix} in {}", self.display);
         let mut lister = match self.op.lister_with(prefix).recursive(true).await {
             Ok(l) => l,
@@ -190,7 +248,11 @@ impl BlockStore for OpendalStore {
             } else {
                 meta
             };
-            page.push(ObjectMeta { key: path, size: meta.content_length(), modified_ns: ns(meta.last_modified()) });
+            page.push(ObjectMeta {
+                key: path,
+                size: meta.content_length(),
+                modified_ns: ns(meta.last_modified()),
+            });
             if page.len() >= 1000 {
                 f(std::mem::take(&mut page))?;
             }
@@ -209,8 +271,14 @@ mod tests {
     #[tokio::test]
     async fn file_store_round_trip_and_listing() {
         let dir = tempfile::tempdir().unwrap();
-        let s = OpendalStore::open(&format!("file://{}", dir.path().display()), &StoreOptions::default()).unwrap();
-        s.put("v/chunks/0/0/1_0_3", Bytes::from_static(b"abc")).await.unwrap();
+        let s = OpendalStore::open(
+            &format!("file://{}", dir.path().display()),
+            &StoreOptions::default(),
+        )
+        .unwrap();
+        s.put("v/chunks/0/0/1_0_3", Bytes::from_static(b"abc"))
+            .await
+            .unwrap();
         assert_eq!(&s.get("v/chunks/0/0/1_0_3").await.unwrap()[..], b"abc");
         assert_eq!(s.head("v/chunks/0/0/1_0_3").await.unwrap().unwrap().size, 3);
         assert!(s.head("v/chunks/0/0/2_0_3").await.unwrap().is_none());
@@ -238,7 +306,9 @@ mod tests {
             ("s3://", "no bucket"),
             ("s3://b/p?colour=red", "unknown parameter"),
         ] {
-            let e = OpendalStore::open(u, &StoreOptions::default()).err().unwrap();
+            let e = OpendalStore::open(u, &StoreOptions::default())
+                .err()
+                .unwrap();
             assert!(e.to_string().contains(needle), "{u}: {e}");
         }
     }

@@ -40,10 +40,20 @@ pub(crate) fn build_view(recs: &[SliceRec]) -> Vec<Seg> {
                 next.push(Seg { end: s, ..g });
             }
             if g.end > e {
-                next.push(Seg { start: e, slice_off: g.slice_off + (e - g.start), ..g });
+                next.push(Seg {
+                    start: e,
+                    slice_off: g.slice_off + (e - g.start),
+                    ..g
+                });
             }
         }
-        next.push(Seg { start: s, end: e, id: r.id, size: r.size, slice_off: r.off });
+        next.push(Seg {
+            start: s,
+            end: e,
+            id: r.id,
+            size: r.size,
+            slice_off: r.off,
+        });
         next.sort_by_key(|g| g.start);
         segs = next;
     }
@@ -53,7 +63,8 @@ pub(crate) fn build_view(recs: &[SliceRec]) -> Vec<Seg> {
 fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec<SliceRec>> {
     match v {
         None => Ok(Vec::new()),
-        Some(b) => SliceRec::decode_list(&b).ok_or_else(|| corrupt(format!("chunk {idx} of inode {ino} does not decode"))),
+        Some(b) => SliceRec::decode_list(&b)
+            .ok_or_else(|| corrupt(format!("chunk {idx} of inode {ino} does not decode"))),
     }
 }
 
@@ -94,7 +105,13 @@ impl FileWriter<'_> {
 impl Fs {
     /// A buffered writer for `ino` (flushes every `limit` bytes, at least one block).
     pub fn writer(&self, ino: Ino) -> FileWriter<'_> {
-        FileWriter { fs: self, ino, start: 0, buf: Vec::new(), limit: (self.settings.block_size as usize) * 4 }
+        FileWriter {
+            fs: self,
+            ino,
+            start: 0,
+            buf: Vec::new(),
+            limit: (self.settings.block_size as usize) * 4,
+        }
     }
 
     fn block_key(&self, id: u64, index: u32, len: u32) -> String {
@@ -103,7 +120,9 @@ impl Fs {
 
     /// Object keys of the blocks of slice `id` of `size` bytes.
     pub fn slice_block_keys(&self, id: u64, size: u32) -> Vec<(String, u32)> {
-        keys::slice_blocks(size, self.settings.block_size).map(|(i, l)| (self.block_key(id, i, l), l)).collect()
+        keys::slice_blocks(size, self.settings.block_size)
+            .map(|(i, l)| (self.block_key(id, i, l), l))
+            .collect()
     }
 
     /// Upload `data` as a new slice; returns its id once every block is in the store.
@@ -116,18 +135,26 @@ impl Fs {
                 (self.block_key(id, i, l), data.slice(off..off + l as usize))
             })
             .collect();
-        futures::stream::iter(blocks.into_iter().map(|(k, b)| async move { self.store.put(&k, b).await }))
-            .buffer_unordered(self.io_parallel)
-            .try_collect::<Vec<()>>()
-            .await?;
+        futures::stream::iter(
+            blocks
+                .into_iter()
+                .map(|(k, b)| async move { self.store.put(&k, b).await }),
+        )
+        .buffer_unordered(self.io_parallel)
+        .try_collect::<Vec<()>>()
+        .await?;
         Ok(id)
     }
 
     /// Write `data` at `offset`: one slice per chunk touched, each committed after its blocks.
     pub async fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<()> {
-        let end = offset.checked_add(data.len() as u64).filter(|e| *e <= MAX_FILE_LEN);
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|e| *e <= MAX_FILE_LEN);
         if end.is_none() {
-            return Err(invalid(format!("write past the {MAX_FILE_LEN}-byte file size limit")));
+            return Err(invalid(format!(
+                "write past the {MAX_FILE_LEN}-byte file size limit"
+            )));
         }
         let mut done = 0usize;
         while done < data.len() {
@@ -135,7 +162,8 @@ impl Fs {
             let idx = (off / CHUNK_SIZE) as u32;
             let pos = (off % CHUNK_SIZE) as u32;
             let n = ((CHUNK_SIZE - pos as u64) as usize).min(data.len() - done);
-            self.write_chunk(ino, idx, pos, Bytes::copy_from_slice(&data[done..done + n])).await?;
+            self.write_chunk(ino, idx, pos, Bytes::copy_from_slice(&data[done..done + n]))
+                .await?;
             done += n;
         }
         Ok(())
@@ -145,15 +173,27 @@ impl Fs {
         // Refuse early (before uploading) if the inode is not a regular file.
         let kind = self.getattr(ino).await?.kind;
         if kind != FileKind::File {
-            return Err(Error::new(ErrorKind::IsDir, format!("inode {ino} is not a regular file")));
+            return Err(Error::new(
+                ErrorKind::IsDir,
+                format!("inode {ino} is not a regular file"),
+            ));
         }
         let len = data.len() as u32;
         let id = self.upload_slice(data).await?;
-        let rec = SliceRec { pos, id, size: len, off: 0, len };
+        let rec = SliceRec {
+            pos,
+            id,
+            size: len,
+            off: 0,
+            len,
+        };
         let (nrecs, _) = transact!(self, |tx| {
             let mut attr = get_attr(&mut tx, ino).await?;
             if attr.kind != FileKind::File {
-                return Err(Error::new(ErrorKind::IsDir, format!("inode {ino} is not a regular file")));
+                return Err(Error::new(
+                    ErrorKind::IsDir,
+                    format!("inode {ino} is not a regular file"),
+                ));
             }
             let key = keys::chunk(ino, idx);
             let mut recs = decode_chunk(ino, idx, tx.get(&key).await?)?;
@@ -168,7 +208,15 @@ impl Fs {
             attr.mtime = now;
             attr.ctime = now;
             put_attr(&mut tx, ino, &attr);
-            tx.set_op(Op::Write { ino, chunk: idx, pos, slice: id, size: len, off: 0, len });
+            tx.set_op(Op::Write {
+                ino,
+                chunk: idx,
+                pos,
+                slice: id,
+                size: len,
+                off: 0,
+                len,
+            });
             Ok::<_, Error>(recs.len())
         })?;
         if nrecs > self.settings.compact_threshold as usize {
@@ -184,7 +232,10 @@ impl Fs {
     pub async fn read(&self, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
         let attr = self.getattr(ino).await?;
         if attr.kind != FileKind::File {
-            return Err(Error::new(ErrorKind::IsDir, format!("inode {ino} is not a regular file")));
+            return Err(Error::new(
+                ErrorKind::IsDir,
+                format!("inode {ino} is not a regular file"),
+            ));
         }
         if offset >= attr.length {
             return Ok(Vec::new());
@@ -198,8 +249,13 @@ impl Fs {
             let cend = ((idx as u64 + 1) * CHUNK_SIZE).min(end) - idx as u64 * CHUNK_SIZE;
             let recs = decode_chunk(ino, idx, self.engine.get(&keys::chunk(ino, idx)).await?)?;
             let dst_base = (off - offset) as usize;
-            self.read_view(&recs, cstart, cend as u32, &mut out[dst_base..dst_base + (cend as u32 - cstart) as usize])
-                .await?;
+            self.read_view(
+                &recs,
+                cstart,
+                cend as u32,
+                &mut out[dst_base..dst_base + (cend as u32 - cstart) as usize],
+            )
+            .await?;
             off = idx as u64 * CHUNK_SIZE + cend;
         }
         Ok(out)
@@ -223,24 +279,32 @@ impl Fs {
                 let blen = (g.size - bi * bs).min(bs);
                 let in_block = soff - bi * bs;
                 let n = (blen - in_block).min(left);
-                wanted.push((self.block_key(g.id, bi, blen), blen, in_block as usize, n as usize, d));
+                wanted.push((
+                    self.block_key(g.id, bi, blen),
+                    blen,
+                    in_block as usize,
+                    n as usize,
+                    d,
+                ));
                 soff += n;
                 d += n as usize;
                 left -= n;
             }
         }
-        let fetched: Vec<(Bytes, usize, usize, usize)> = futures::stream::iter(wanted.into_iter().map(
-            |(key, blen, ib, n, d)| async move {
+        let fetched: Vec<(Bytes, usize, usize, usize)> =
+            futures::stream::iter(wanted.into_iter().map(|(key, blen, ib, n, d)| async move {
                 let b = self.store.get(&key).await?;
                 if b.len() != blen as usize {
-                    return Err(corrupt(format!("block {key} has {} bytes, its key says {blen}", b.len())));
+                    return Err(corrupt(format!(
+                        "block {key} has {} bytes, its key says {blen}",
+                        b.len()
+                    )));
                 }
                 Ok::<_, Error>((b, ib, n, d))
-            },
-        ))
-        .buffered(self.io_parallel)
-        .try_collect()
-        .await?;
+            }))
+            .buffered(self.io_parallel)
+            .try_collect()
+            .await?;
         for (b, ib, n, d) in fetched {
             dst[d..d + n].copy_from_slice(&b[ib..ib + n]);
         }
@@ -249,7 +313,12 @@ impl Fs {
 
     /// Delete chunks with index >= `first` of `ino`, moving their slices to pending deletes.
     /// Touches only chunk keys (one per 64 MiB), never data: truncating a huge file is cheap.
-    pub(crate) async fn free_chunks_from(&self, tx: &mut Txn<'_>, ino: Ino, first: u32) -> Result<()> {
+    pub(crate) async fn free_chunks_from(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: Ino,
+        first: u32,
+    ) -> Result<()> {
         let end = keys::prefix_end(&keys::chunk_prefix(ino));
         let mut start = keys::chunk(ino, first);
         loop {
@@ -257,7 +326,8 @@ impl Fs {
             let n = page.len();
             let mut freed = BTreeSet::new();
             for (k, v) in page {
-                let recs = SliceRec::decode_list(&v).ok_or_else(|| corrupt(format!("chunk of inode {ino} does not decode")))?;
+                let recs = SliceRec::decode_list(&v)
+                    .ok_or_else(|| corrupt(format!("chunk of inode {ino} does not decode")))?;
                 freed.extend(recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)));
                 start = k.clone();
                 start.push(0);
@@ -275,17 +345,30 @@ impl Fs {
     /// Change a file's length inside a transaction. Shrinking drops whole chunks past the new
     /// end and lays a hole record over the rest of the boundary chunk (so a later extension
     /// reads zeros); growing only changes the length.
-    pub(crate) async fn truncate_in(&self, tx: &mut Txn<'_>, ino: Ino, attr: &mut Attr, len: u64) -> Result<()> {
+    pub(crate) async fn truncate_in(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: Ino,
+        attr: &mut Attr,
+        len: u64,
+    ) -> Result<()> {
         let old = attr.length;
         if len < old {
-            self.free_chunks_from(tx, ino, len.div_ceil(CHUNK_SIZE) as u32).await?;
+            self.free_chunks_from(tx, ino, len.div_ceil(CHUNK_SIZE) as u32)
+                .await?;
             let pos = (len % CHUNK_SIZE) as u32;
             if pos != 0 {
                 let idx = (len / CHUNK_SIZE) as u32;
                 let key = keys::chunk(ino, idx);
                 if let Some(v) = tx.get(&key).await? {
                     let mut recs = decode_chunk(ino, idx, Some(v))?;
-                    recs.push(SliceRec { pos, id: 0, size: 0, off: 0, len: CHUNK_SIZE as u32 - pos });
+                    recs.push(SliceRec {
+                        pos,
+                        id: 0,
+                        size: 0,
+                        off: 0,
+                        len: CHUNK_SIZE as u32 - pos,
+                    });
                     tx.put(key, SliceRec::encode_list(&recs));
                 }
             }
@@ -324,16 +407,40 @@ impl Fs {
             return Ok(());
         }
         put_attr(&mut tx, ino, &attr2);
-        tx.put(key, SliceRec::encode_list(&[SliceRec { pos: 0, id, size: len, off: 0, len }]));
-        let freed: BTreeSet<(u64, u32)> = recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)).collect();
+        tx.put(
+            key,
+            SliceRec::encode_list(&[SliceRec {
+                pos: 0,
+                id,
+                size: len,
+                off: 0,
+                len,
+            }]),
+        );
+        let freed: BTreeSet<(u64, u32)> = recs
+            .iter()
+            .filter(|r| r.id != 0)
+            .map(|r| (r.id, r.size))
+            .collect();
         for (fid, fsize) in &freed {
             tx.stamp(keys::pending(*fid, *fsize));
         }
-        tx.set_op(Op::Compact { ino, chunk: idx, slice: id, size: len, freed: freed.len() as u32 });
+        tx.set_op(Op::Compact {
+            ino,
+            chunk: idx,
+            slice: id,
+            size: len,
+            freed: freed.len() as u32,
+        });
         match tx.commit().await? {
             crate::engine::CommitOutcome::Committed { .. } => Ok(()),
             crate::engine::CommitOutcome::Conflict => {
-                tracing::debug!(ino, chunk = idx, slice = id, "compaction lost a race; new slice left for gc");
+                tracing::debug!(
+                    ino,
+                    chunk = idx,
+                    slice = id,
+                    "compaction lost a race; new slice left for gc"
+                );
                 Ok(())
             }
         }
@@ -361,7 +468,13 @@ mod tests {
     use super::*;
 
     fn rec(pos: u32, id: u64, len: u32) -> SliceRec {
-        SliceRec { pos, id, size: len, off: 0, len }
+        SliceRec {
+            pos,
+            id,
+            size: len,
+            off: 0,
+            len,
+        }
     }
 
     #[test]
@@ -370,12 +483,45 @@ mod tests {
         assert_eq!(
             v,
             vec![
-                Seg { start: 0, end: 10, id: 1, size: 100, slice_off: 0 },
-                Seg { start: 10, end: 30, id: 2, size: 20, slice_off: 0 },
-                Seg { start: 30, end: 50, id: 1, size: 100, slice_off: 30 },
-                Seg { start: 50, end: 150, id: 0, size: 100, slice_off: 0 },
+                Seg {
+                    start: 0,
+                    end: 10,
+                    id: 1,
+                    size: 100,
+                    slice_off: 0
+                },
+                Seg {
+                    start: 10,
+                    end: 30,
+                    id: 2,
+                    size: 20,
+                    slice_off: 0
+                },
+                Seg {
+                    start: 30,
+                    end: 50,
+                    id: 1,
+                    size: 100,
+                    slice_off: 30
+                },
+                Seg {
+                    start: 50,
+                    end: 150,
+                    id: 0,
+                    size: 100,
+                    slice_off: 0
+                },
             ]
         );
-        assert_eq!(build_view(&[rec(0, 1, 10), rec(0, 2, 10)]), vec![Seg { start: 0, end: 10, id: 2, size: 10, slice_off: 0 }]);
+        assert_eq!(
+            build_view(&[rec(0, 1, 10), rec(0, 2, 10)]),
+            vec![Seg {
+                start: 0,
+                end: 10,
+                id: 2,
+                size: 10,
+                slice_off: 0
+            }]
+        );
     }
 }

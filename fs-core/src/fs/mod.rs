@@ -37,7 +37,9 @@ macro_rules! transact {
                         break Ok((v, 0u64));
                     }
                     match $tx.commit().await {
-                        Ok($crate::engine::CommitOutcome::Committed { seq, .. }) => break Ok((v, seq)),
+                        Ok($crate::engine::CommitOutcome::Committed { seq, .. }) => {
+                            break Ok((v, seq))
+                        }
                         Ok($crate::engine::CommitOutcome::Conflict) => {
                             attempt += 1;
                             if let Err(e) = $crate::fs::backoff(attempt).await {
@@ -84,13 +86,22 @@ pub struct Fs {
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
-        return Err(invalid(format!("invalid file name {:?}", String::from_utf8_lossy(name))));
+        return Err(invalid(format!(
+            "invalid file name {:?}",
+            String::from_utf8_lossy(name)
+        )));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(Error::new(ErrorKind::NameTooLong, format!("file name longer than {MAX_NAME_LEN} bytes")));
+        return Err(Error::new(
+            ErrorKind::NameTooLong,
+            format!("file name longer than {MAX_NAME_LEN} bytes"),
+        ));
     }
     if name.contains(&b'/') || name.contains(&0) {
-        return Err(invalid(format!("file name {:?} contains '/' or NUL", String::from_utf8_lossy(name))));
+        return Err(invalid(format!(
+            "file name {:?} contains '/' or NUL",
+            String::from_utf8_lossy(name)
+        )));
     }
     Ok(())
 }
@@ -100,7 +111,8 @@ pub(crate) fn lossy(name: &[u8]) -> String {
 }
 
 pub(crate) fn decode_attr(ino: Ino, v: &[u8]) -> Result<Attr> {
-    postcard::from_bytes(v).map_err(|e| crate::error::corrupt(format!("attributes of inode {ino} do not decode: {e}")))
+    postcard::from_bytes(v)
+        .map_err(|e| crate::error::corrupt(format!("attributes of inode {ino} do not decode: {e}")))
 }
 
 pub(crate) fn encode_attr(a: &Attr) -> Vec<u8> {
@@ -121,17 +133,27 @@ pub(crate) fn put_attr(tx: &mut Txn<'_>, ino: Ino, a: &Attr) {
 pub(crate) async fn get_dir(tx: &mut Txn<'_>, ino: Ino) -> Result<Attr> {
     let a = get_attr(tx, ino).await?;
     if a.kind != FileKind::Dir {
-        return Err(Error::new(ErrorKind::NotDir, format!("inode {ino} is not a directory")));
+        return Err(Error::new(
+            ErrorKind::NotDir,
+            format!("inode {ino} is not a directory"),
+        ));
     }
     Ok(a)
 }
 
-pub(crate) async fn lookup_entry(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> Result<Option<(Ino, FileKind)>> {
+pub(crate) async fn lookup_entry(
+    tx: &mut Txn<'_>,
+    parent: Ino,
+    name: &[u8],
+) -> Result<Option<(Ino, FileKind)>> {
     match tx.get(&keys::dentry(parent, name)).await? {
         None => Ok(None),
-        Some(v) => keys::decode_dentry(&v)
-            .map(Some)
-            .ok_or_else(|| crate::error::corrupt(format!("directory entry {:?} in inode {parent} does not decode", lossy(name)))),
+        Some(v) => keys::decode_dentry(&v).map(Some).ok_or_else(|| {
+            crate::error::corrupt(format!(
+                "directory entry {:?} in inode {parent} does not decode",
+                lossy(name)
+            ))
+        }),
     }
 }
 
@@ -153,12 +175,19 @@ pub(crate) fn new_attr(kind: FileKind, mode: u32, uid: u32, gid: u32, parent: In
 
 impl Fs {
     /// Format a new volume: fails with `AlreadyExists` if the engine already holds one.
-    pub async fn format(engine: Arc<dyn Engine>, store: Arc<dyn BlockStore>, settings: Settings) -> Result<Fs> {
+    pub async fn format(
+        engine: Arc<dyn Engine>,
+        store: Arc<dyn BlockStore>,
+        settings: Settings,
+    ) -> Result<Fs> {
         settings.validate()?;
         let json = serde_json::to_vec(&settings).expect("settings serialize");
         let mut tx = Txn::new(&*engine);
         if tx.get(keys::SETTING).await?.is_some() {
-            return Err(Error::new(ErrorKind::AlreadyExists, "this metadata engine already holds a formatted volume"));
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                "this metadata engine already holds a formatted volume",
+            ));
         }
         let root = new_attr(FileKind::Dir, 0o755, 0, 0, ROOT_INO);
         tx.put(keys::SETTING.to_vec(), json);
@@ -167,10 +196,15 @@ impl Fs {
         tx.put(keys::NEXT_SLICE.to_vec(), b"1".to_vec());
         tx.put(keys::USED_INODES.to_vec(), b"1".to_vec());
         tx.put(keys::USED_SPACE.to_vec(), b"0".to_vec());
-        tx.set_op(Op::Format { name: settings.name.clone() });
+        tx.set_op(Op::Format {
+            name: settings.name.clone(),
+        });
         match tx.commit().await? {
             CommitOutcome::Committed { .. } => Ok(Fs::with_settings(engine, store, settings)),
-            CommitOutcome::Conflict => Err(Error::new(ErrorKind::AlreadyExists, "another format of this volume won the race")),
+            CommitOutcome::Conflict => Err(Error::new(
+                ErrorKind::AlreadyExists,
+                "another format of this volume won the race",
+            )),
         }
     }
 
@@ -183,14 +217,21 @@ impl Fs {
         match engine.get(keys::SETTING).await? {
             None => Err(Error::new(
                 ErrorKind::NotFormatted,
-                format!("no volume at {}: run `jfs format` first", engine.display_url()),
+                format!(
+                    "no volume at {}: run `jfs format` first",
+                    engine.display_url()
+                ),
             )),
             Some(v) => serde_json::from_slice(&v)
                 .map_err(|e| crate::error::corrupt(format!("volume settings do not decode: {e}"))),
         }
     }
 
-    fn with_settings(engine: Arc<dyn Engine>, store: Arc<dyn BlockStore>, settings: Settings) -> Fs {
+    fn with_settings(
+        engine: Arc<dyn Engine>,
+        store: Arc<dyn BlockStore>,
+        settings: Settings,
+    ) -> Fs {
         Fs {
             engine,
             store,
@@ -218,9 +259,15 @@ impl Fs {
                 let cur = crate::journal::parse_counter(tx.get(counter).await?.as_deref())? as u64;
                 tx.put(counter.to_vec(), (cur + batch).to_string().into_bytes());
                 tx.set_op(if counter == keys::NEXT_INODE {
-                    Op::AllocInodes { start: cur, count: batch }
+                    Op::AllocInodes {
+                        start: cur,
+                        count: batch,
+                    }
                 } else {
-                    Op::AllocSlices { start: cur, count: batch }
+                    Op::AllocSlices {
+                        start: cur,
+                        count: batch,
+                    }
                 });
                 Ok::<_, Error>((cur, cur + batch))
             })?;
@@ -233,10 +280,12 @@ impl Fs {
     }
 
     pub(crate) async fn alloc_inode(&self) -> Result<Ino> {
-        self.alloc(&self.inodes, keys::NEXT_INODE, INODE_BATCH).await
+        self.alloc(&self.inodes, keys::NEXT_INODE, INODE_BATCH)
+            .await
     }
     pub(crate) async fn alloc_slice(&self) -> Result<u64> {
-        self.alloc(&self.slices, keys::NEXT_SLICE, SLICE_BATCH).await
+        self.alloc(&self.slices, keys::NEXT_SLICE, SLICE_BATCH)
+            .await
     }
 
     /// Change volume settings (journaled like any metadata).
@@ -244,13 +293,24 @@ impl Fs {
         let mut next = Settings::clone(&self.settings);
         let ((), seq) = transact!(self, |tx| {
             let cur: Settings = match tx.get(keys::SETTING).await? {
-                Some(v) => serde_json::from_slice(&v).map_err(|e| crate::error::corrupt(format!("settings: {e}")))?,
-                None => return Err(Error::new(ErrorKind::NotFormatted, "volume is not formatted")),
+                Some(v) => serde_json::from_slice(&v)
+                    .map_err(|e| crate::error::corrupt(format!("settings: {e}")))?,
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::NotFormatted,
+                        "volume is not formatted",
+                    ))
+                }
             };
             next = cur;
             f(&mut next);
-            tx.put(keys::SETTING.to_vec(), serde_json::to_vec(&next).expect("settings serialize"));
-            tx.set_op(Op::Settings { what: what.to_string() });
+            tx.put(
+                keys::SETTING.to_vec(),
+                serde_json::to_vec(&next).expect("settings serialize"),
+            );
+            tx.set_op(Op::Settings {
+                what: what.to_string(),
+            });
             Ok::<_, Error>(())
         })?;
         self.settings = next;

@@ -55,7 +55,10 @@ impl Fs {
                 continue;
             }
             if attr.kind != FileKind::Dir {
-                return Err(Error::new(ErrorKind::NotDir, format!("{path}: a component is not a directory")));
+                return Err(Error::new(
+                    ErrorKind::NotDir,
+                    format!("{path}: a component is not a directory"),
+                ));
             }
             let (i, a) = self.lookup(ino, comp.as_bytes()).await.map_err(|e| {
                 if e.kind() == ErrorKind::NotFound {
@@ -84,7 +87,10 @@ impl Fs {
         let (attr, _) = transact!(self, |tx| {
             let mut pattr = get_dir(&mut tx, parent).await?;
             if lookup_entry(&mut tx, parent, name).await?.is_some() {
-                return Err(Error::new(ErrorKind::AlreadyExists, format!("{:?} already exists", lossy(name))));
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{:?} already exists", lossy(name)),
+                ));
             }
             let now = now_ns();
             let mut attr = new_attr(kind, mode, owner.uid, owner.gid, parent);
@@ -104,8 +110,19 @@ impl Fs {
             put_attr(&mut tx, parent, &pattr);
             tx.add(keys::USED_INODES, 1);
             tx.set_op(match target {
-                Some(t) => Op::Symlink { parent, name: lossy(name), ino, target: lossy(t) },
-                None => Op::Mknod { parent, name: lossy(name), ino, kind, mode: attr.mode },
+                Some(t) => Op::Symlink {
+                    parent,
+                    name: lossy(name),
+                    ino,
+                    target: lossy(t),
+                },
+                None => Op::Mknod {
+                    parent,
+                    name: lossy(name),
+                    ino,
+                    kind,
+                    mode: attr.mode,
+                },
             });
             Ok::<_, Error>(attr)
         })?;
@@ -113,19 +130,40 @@ impl Fs {
     }
 
     /// Create a regular file.
-    pub async fn create(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> Result<(Ino, Attr)> {
-        self.create_node(parent, name, FileKind::File, mode, owner, None).await
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+    ) -> Result<(Ino, Attr)> {
+        self.create_node(parent, name, FileKind::File, mode, owner, None)
+            .await
     }
 
-    pub async fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> Result<(Ino, Attr)> {
-        self.create_node(parent, name, FileKind::Dir, mode, owner, None).await
+    pub async fn mkdir(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+    ) -> Result<(Ino, Attr)> {
+        self.create_node(parent, name, FileKind::Dir, mode, owner, None)
+            .await
     }
 
-    pub async fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], owner: Owner) -> Result<(Ino, Attr)> {
+    pub async fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+    ) -> Result<(Ino, Attr)> {
         if target.is_empty() || target.len() > 4096 || target.contains(&0) {
             return Err(invalid("symlink target must be 1..4096 bytes without NUL"));
         }
-        self.create_node(parent, name, FileKind::Symlink, 0o777, owner, Some(target)).await
+        self.create_node(parent, name, FileKind::Symlink, 0o777, owner, Some(target))
+            .await
     }
 
     pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
@@ -144,20 +182,33 @@ impl Fs {
         let (attr, _) = transact!(self, |tx| {
             let mut attr = get_attr(&mut tx, ino).await?;
             if attr.kind == FileKind::Dir {
-                return Err(Error::new(ErrorKind::PermissionDenied, "hard links to directories are not allowed"));
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    "hard links to directories are not allowed",
+                ));
             }
             let mut pattr = get_dir(&mut tx, new_parent).await?;
             if lookup_entry(&mut tx, new_parent, name).await?.is_some() {
-                return Err(Error::new(ErrorKind::AlreadyExists, format!("{:?} already exists", lossy(name))));
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{:?} already exists", lossy(name)),
+                ));
             }
             let now = now_ns();
             attr.nlink += 1;
             attr.ctime = now;
             put_attr(&mut tx, ino, &attr);
-            tx.put(keys::dentry(new_parent, name), keys::encode_dentry(ino, attr.kind));
+            tx.put(
+                keys::dentry(new_parent, name),
+                keys::encode_dentry(ino, attr.kind),
+            );
             touch_dir(&mut pattr, now);
             put_attr(&mut tx, new_parent, &pattr);
-            tx.set_op(Op::Link { ino, parent: new_parent, name: lossy(name) });
+            tx.set_op(Op::Link {
+                ino,
+                parent: new_parent,
+                name: lossy(name),
+            });
             Ok::<_, Error>(attr)
         })?;
         Ok(attr)
@@ -165,7 +216,13 @@ impl Fs {
 
     /// Drop one link of a non-directory inode; when it was the last, delete the inode and move
     /// its slices to the pending-delete set. Returns whether the inode was freed.
-    async fn drop_link(&self, tx: &mut Txn<'_>, ino: Ino, mut attr: Attr, now: i64) -> Result<bool> {
+    async fn drop_link(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: Ino,
+        mut attr: Attr,
+        now: i64,
+    ) -> Result<bool> {
         attr.nlink = attr.nlink.saturating_sub(1);
         attr.ctime = now;
         if attr.nlink > 0 {
@@ -173,7 +230,14 @@ impl Fs {
             return Ok(false);
         }
         self.free_chunks_from(tx, ino, 0).await?;
-        for (k, _) in tx.scan(&keys::xattr_prefix(ino), &keys::prefix_end(&keys::xattr_prefix(ino)), usize::MAX).await? {
+        for (k, _) in tx
+            .scan(
+                &keys::xattr_prefix(ino),
+                &keys::prefix_end(&keys::xattr_prefix(ino)),
+                usize::MAX,
+            )
+            .await?
+        {
             tx.delete(k);
         }
         tx.delete(keys::attr(ino));
@@ -194,7 +258,10 @@ impl Fs {
                 .await?
                 .ok_or_else(|| not_found(format!("{:?}", lossy(name))))?;
             if kind == FileKind::Dir {
-                return Err(Error::new(ErrorKind::IsDir, format!("{:?} is a directory", lossy(name))));
+                return Err(Error::new(
+                    ErrorKind::IsDir,
+                    format!("{:?} is a directory", lossy(name)),
+                ));
             }
             let attr = get_attr(&mut tx, ino).await?;
             let now = now_ns();
@@ -202,7 +269,12 @@ impl Fs {
             touch_dir(&mut pattr, now);
             put_attr(&mut tx, parent, &pattr);
             let freed = self.drop_link(&mut tx, ino, attr, now).await?;
-            tx.set_op(Op::Unlink { parent, name: lossy(name), ino, freed });
+            tx.set_op(Op::Unlink {
+                parent,
+                name: lossy(name),
+                ino,
+                freed,
+            });
             Ok::<_, Error>(())
         })?;
         Ok(())
@@ -211,13 +283,23 @@ impl Fs {
     async fn check_empty_dir(tx: &mut Txn<'_>, ino: Ino) -> Result<()> {
         let p = keys::dentry_prefix(ino);
         if !tx.scan(&p, &keys::prefix_end(&p), 1).await?.is_empty() {
-            return Err(Error::new(ErrorKind::NotEmpty, format!("directory inode {ino} is not empty")));
+            return Err(Error::new(
+                ErrorKind::NotEmpty,
+                format!("directory inode {ino} is not empty"),
+            ));
         }
         Ok(())
     }
 
     async fn remove_dir_inode(tx: &mut Txn<'_>, ino: Ino) -> Result<()> {
-        for (k, _) in tx.scan(&keys::xattr_prefix(ino), &keys::prefix_end(&keys::xattr_prefix(ino)), usize::MAX).await? {
+        for (k, _) in tx
+            .scan(
+                &keys::xattr_prefix(ino),
+                &keys::prefix_end(&keys::xattr_prefix(ino)),
+                usize::MAX,
+            )
+            .await?
+        {
             tx.delete(k);
         }
         tx.delete(keys::attr(ino));
@@ -232,7 +314,10 @@ impl Fs {
                 .await?
                 .ok_or_else(|| not_found(format!("{:?}", lossy(name))))?;
             if kind != FileKind::Dir {
-                return Err(Error::new(ErrorKind::NotDir, format!("{:?} is not a directory", lossy(name))));
+                return Err(Error::new(
+                    ErrorKind::NotDir,
+                    format!("{:?} is not a directory", lossy(name)),
+                ));
             }
             get_attr(&mut tx, ino).await?; // guard for the emptiness scan
             Self::check_empty_dir(&mut tx, ino).await?;
@@ -241,7 +326,11 @@ impl Fs {
             touch_dir(&mut pattr, now_ns());
             pattr.nlink = pattr.nlink.saturating_sub(1);
             put_attr(&mut tx, parent, &pattr);
-            tx.set_op(Op::Rmdir { parent, name: lossy(name), ino });
+            tx.set_op(Op::Rmdir {
+                parent,
+                name: lossy(name),
+                ino,
+            });
             Ok::<_, Error>(())
         })?;
         Ok(())
@@ -249,14 +338,25 @@ impl Fs {
 
     /// Rename `parent/name` to `new_parent/new_name`, replacing a compatible target unless
     /// `no_replace`. A directory cannot move into its own subtree.
-    pub async fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], no_replace: bool) -> Result<()> {
+    pub async fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        no_replace: bool,
+    ) -> Result<()> {
         check_name(new_name)?;
         if parent == new_parent && name == new_name {
             return self.lookup(parent, name).await.map(|_| ());
         }
         transact!(self, |tx| {
             let mut pattr = get_dir(&mut tx, parent).await?;
-            let mut npattr = if new_parent == parent { None } else { Some(get_dir(&mut tx, new_parent).await?) };
+            let mut npattr = if new_parent == parent {
+                None
+            } else {
+                Some(get_dir(&mut tx, new_parent).await?)
+            };
             let (ino, kind) = lookup_entry(&mut tx, parent, name)
                 .await?
                 .ok_or_else(|| not_found(format!("{:?}", lossy(name))))?;
@@ -272,7 +372,9 @@ impl Fs {
                     cur = get_attr(&mut tx, cur).await?.parent;
                     hops += 1;
                     if hops > 100_000 {
-                        return Err(crate::error::corrupt("directory parent chain does not reach the root"));
+                        return Err(crate::error::corrupt(
+                            "directory parent chain does not reach the root",
+                        ));
                     }
                 }
             }
@@ -284,7 +386,10 @@ impl Fs {
                     return Ok(());
                 }
                 if no_replace {
-                    return Err(Error::new(ErrorKind::AlreadyExists, format!("{:?} already exists", lossy(new_name))));
+                    return Err(Error::new(
+                        ErrorKind::AlreadyExists,
+                        format!("{:?} already exists", lossy(new_name)),
+                    ));
                 }
                 let tattr = get_attr(&mut tx, tino).await?;
                 match (kind == FileKind::Dir, tkind == FileKind::Dir) {
@@ -294,8 +399,18 @@ impl Fs {
                         let target_parent = npattr.as_mut().unwrap_or(&mut pattr);
                         target_parent.nlink = target_parent.nlink.saturating_sub(1);
                     }
-                    (true, false) => return Err(Error::new(ErrorKind::NotDir, format!("{:?} is not a directory", lossy(new_name)))),
-                    (false, true) => return Err(Error::new(ErrorKind::IsDir, format!("{:?} is a directory", lossy(new_name)))),
+                    (true, false) => {
+                        return Err(Error::new(
+                            ErrorKind::NotDir,
+                            format!("{:?} is not a directory", lossy(new_name)),
+                        ))
+                    }
+                    (false, true) => {
+                        return Err(Error::new(
+                            ErrorKind::IsDir,
+                            format!("{:?} is a directory", lossy(new_name)),
+                        ))
+                    }
                     (false, false) => {
                         self.drop_link(&mut tx, tino, tattr, now).await?;
                     }
@@ -303,7 +418,10 @@ impl Fs {
                 replaced = Some(tino);
             }
             tx.delete(keys::dentry(parent, name));
-            tx.put(keys::dentry(new_parent, new_name), keys::encode_dentry(ino, kind));
+            tx.put(
+                keys::dentry(new_parent, new_name),
+                keys::encode_dentry(ino, kind),
+            );
             if kind == FileKind::Dir || attr.parent == parent {
                 attr.parent = new_parent;
             }
@@ -335,7 +453,10 @@ impl Fs {
     pub async fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
         if let Some(len) = set.length {
             if len > crate::types::MAX_FILE_LEN {
-                return Err(invalid(format!("length {len} is over the {} limit", crate::types::MAX_FILE_LEN)));
+                return Err(invalid(format!(
+                    "length {len} is over the {} limit",
+                    crate::types::MAX_FILE_LEN
+                )));
             }
         }
         let (attr, _) = transact!(self, |tx| {
@@ -359,7 +480,12 @@ impl Fs {
             if let Some(len) = set.length {
                 match attr.kind {
                     FileKind::File => self.truncate_in(&mut tx, ino, &mut attr, len).await?,
-                    FileKind::Dir => return Err(Error::new(ErrorKind::IsDir, format!("inode {ino} is a directory"))),
+                    FileKind::Dir => {
+                        return Err(Error::new(
+                            ErrorKind::IsDir,
+                            format!("inode {ino} is a directory"),
+                        ))
+                    }
                     FileKind::Symlink => return Err(invalid(format!("inode {ino} is a symlink"))),
                 }
                 if set.mtime.is_none() {
@@ -368,14 +494,22 @@ impl Fs {
             }
             attr.ctime = now;
             put_attr(&mut tx, ino, &attr);
-            tx.set_op(Op::SetAttr { ino, set: set.clone() });
+            tx.set_op(Op::SetAttr {
+                ino,
+                set: set.clone(),
+            });
             Ok::<_, Error>(attr)
         })?;
         Ok(attr)
     }
 
     /// One page of a directory: entries with names after `after`, at most `limit`, in name order.
-    pub async fn readdir(&self, ino: Ino, after: Option<&[u8]>, limit: usize) -> Result<Vec<DirEntry>> {
+    pub async fn readdir(
+        &self,
+        ino: Ino,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<DirEntry>> {
         let mut tx = Txn::new(&*self.engine);
         get_dir(&mut tx, ino).await?;
         let prefix = keys::dentry_prefix(ino);
@@ -387,12 +521,19 @@ impl Fs {
             }
             None => prefix.clone(),
         };
-        let page = self.engine.scan(&start, &keys::prefix_end(&prefix), limit).await?;
+        let page = self
+            .engine
+            .scan(&start, &keys::prefix_end(&prefix), limit)
+            .await?;
         page.into_iter()
             .map(|(k, v)| {
                 let name = k[prefix.len()..].to_vec();
-                let (ino, kind) = keys::decode_dentry(&v)
-                    .ok_or_else(|| crate::error::corrupt(format!("directory entry {:?} does not decode", lossy(&name))))?;
+                let (ino, kind) = keys::decode_dentry(&v).ok_or_else(|| {
+                    crate::error::corrupt(format!(
+                        "directory entry {:?} does not decode",
+                        lossy(&name)
+                    ))
+                })?;
                 Ok(DirEntry { name, ino, kind })
             })
             .collect()
@@ -402,7 +543,9 @@ impl Fs {
     pub async fn readdir_all(&self, ino: Ino) -> Result<Vec<DirEntry>> {
         let mut out: Vec<DirEntry> = Vec::new();
         loop {
-            let page = self.readdir(ino, out.last().map(|e| e.name.as_slice()), 1000).await?;
+            let page = self
+                .readdir(ino, out.last().map(|e| e.name.as_slice()), 1000)
+                .await?;
             let n = page.len();
             out.extend(page);
             if n < 1000 {
@@ -412,7 +555,10 @@ impl Fs {
     }
 
     pub async fn statfs(&self) -> Result<StatFs> {
-        let vals = self.engine.get_many(&[keys::USED_SPACE.to_vec(), keys::USED_INODES.to_vec()]).await?;
+        let vals = self
+            .engine
+            .get_many(&[keys::USED_SPACE.to_vec(), keys::USED_INODES.to_vec()])
+            .await?;
         Ok(StatFs {
             capacity: self.settings.capacity,
             used_space: crate::journal::parse_counter(vals[0].as_deref())?.max(0) as u64,
@@ -423,28 +569,41 @@ impl Fs {
     pub async fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         let mut tx = Txn::new(&*self.engine);
         get_attr(&mut tx, ino).await?;
-        tx.get(&keys::xattr(ino, name))
-            .await?
-            .ok_or_else(|| Error::new(ErrorKind::NoData, format!("no xattr {:?} on inode {ino}", lossy(name))))
+        tx.get(&keys::xattr(ino, name)).await?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NoData,
+                format!("no xattr {:?} on inode {ino}", lossy(name)),
+            )
+        })
     }
 
     pub async fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
         let p = keys::xattr_prefix(ino);
         let mut tx = Txn::new(&*self.engine);
         get_attr(&mut tx, ino).await?;
-        Ok(tx.scan(&p, &keys::prefix_end(&p), usize::MAX).await?.into_iter().map(|(k, _)| k[p.len()..].to_vec()).collect())
+        Ok(tx
+            .scan(&p, &keys::prefix_end(&p), usize::MAX)
+            .await?
+            .into_iter()
+            .map(|(k, _)| k[p.len()..].to_vec())
+            .collect())
     }
 
     pub async fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
         if name.is_empty() || name.len() > 255 || value.len() > 64 << 10 {
-            return Err(invalid("xattr names are 1..255 bytes and values at most 64 KiB"));
+            return Err(invalid(
+                "xattr names are 1..255 bytes and values at most 64 KiB",
+            ));
         }
         transact!(self, |tx| {
             let mut attr = get_attr(&mut tx, ino).await?;
             attr.ctime = now_ns();
             put_attr(&mut tx, ino, &attr);
             tx.put(keys::xattr(ino, name), value.to_vec());
-            tx.set_op(Op::SetXattr { ino, name: lossy(name) });
+            tx.set_op(Op::SetXattr {
+                ino,
+                name: lossy(name),
+            });
             Ok::<_, Error>(())
         })?;
         Ok(())
@@ -454,12 +613,18 @@ impl Fs {
         transact!(self, |tx| {
             let mut attr = get_attr(&mut tx, ino).await?;
             if tx.get(&keys::xattr(ino, name)).await?.is_none() {
-                return Err(Error::new(ErrorKind::NoData, format!("no xattr {:?} on inode {ino}", lossy(name))));
+                return Err(Error::new(
+                    ErrorKind::NoData,
+                    format!("no xattr {:?} on inode {ino}", lossy(name)),
+                ));
             }
             attr.ctime = now_ns();
             put_attr(&mut tx, ino, &attr);
             tx.delete(keys::xattr(ino, name));
-            tx.set_op(Op::RemoveXattr { ino, name: lossy(name) });
+            tx.set_op(Op::RemoveXattr {
+                ino,
+                name: lossy(name),
+            });
             Ok::<_, Error>(())
         })?;
         Ok(())

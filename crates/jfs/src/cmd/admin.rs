@@ -29,10 +29,21 @@ pub async fn format(
     s.gc_grace_secs = grace.as_secs();
     s.validate()?;
     let store = super::open_store(g, storage)?;
-    store.check().await.with_context(|| format!("checking the storage {storage}"))?;
+    store
+        .check()
+        .await
+        .with_context(|| format!("checking the storage {storage}"))?;
     let engine = super::open_engine_with(g, meta_url, false, true).await?;
-    let fs = Fs::format(engine, store, s).await.with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
-    println!("formatted volume {:?} (uuid {}) in {} with blocks in {}", fs.settings().name, fs.settings().uuid, fs.engine().display_url(), storage);
+    let fs = Fs::format(engine, store, s)
+        .await
+        .with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
+    println!(
+        "formatted volume {:?} (uuid {}) in {} with blocks in {}",
+        fs.settings().name,
+        fs.settings().uuid,
+        fs.engine().display_url(),
+        storage
+    );
     Ok(Outcome::Done)
 }
 
@@ -41,7 +52,10 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
     match file {
         Some(f) => {
             let tmp = f.with_extension("jfs-tmp");
-            let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+            let mut w = std::io::BufWriter::new(
+                std::fs::File::create(&tmp)
+                    .with_context(|| format!("creating {}", tmp.display()))?,
+            );
             serde_json::to_writer_pretty(&mut w, &d)?;
             w.write_all(b"\n")?;
             w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
@@ -59,9 +73,15 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
 
 pub async fn load(engine: &dyn Engine, file: &Path) -> Result<Outcome> {
     let raw = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-    let d: maint::Dump = serde_json::from_slice(&raw).with_context(|| format!("{} is not a jfs dump", file.display()))?;
+    let d: maint::Dump = serde_json::from_slice(&raw)
+        .with_context(|| format!("{} is not a jfs dump", file.display()))?;
     let n = maint::load(engine, &d).await.context("loading")?;
-    eprintln!("loaded {} keys ({} inodes) into {}", n, d.inodes.len(), engine.display_url());
+    eprintln!(
+        "loaded {} keys ({} inodes) into {}",
+        n,
+        d.inodes.len(),
+        engine.display_url()
+    );
     Ok(Outcome::Done)
 }
 
@@ -73,13 +93,25 @@ pub async fn fsck(fs: &Fs, json: bool) -> Result<Outcome> {
         for b in &r.broken {
             println!("BROKEN {}: block {} {}", b.path, b.key, b.problem);
         }
-        println!("checked {} files, {} blocks: {} broken", r.files, r.blocks, r.broken.len());
+        println!(
+            "checked {} files, {} blocks: {} broken",
+            r.files,
+            r.blocks,
+            r.broken.len()
+        );
     }
-    Ok(if r.broken.is_empty() { Outcome::Done } else { Outcome::Partial })
+    Ok(if r.broken.is_empty() {
+        Outcome::Done
+    } else {
+        Outcome::Partial
+    })
 }
 
 pub async fn gc(fs: &Fs, delete: bool, json: bool) -> Result<Outcome> {
-    let opts = GcOptions { delete, ..maint::gc_defaults() };
+    let opts = GcOptions {
+        delete,
+        ..maint::gc_defaults()
+    };
     let r = fs.gc(&opts).await.context("gc")?;
     if json {
         println!("{}", serde_json::to_string(&r)?);
@@ -114,7 +146,14 @@ fn print_entry(e: &Entry, json: bool) -> Result<()> {
         });
         writeln!(out, "{v}")
     } else {
-        writeln!(out, "{:>8} {} {:<12} {} (+{puts} -{dels})", e.seq, time_str(e.time_ns), e.op.name(), e.op.args_json())
+        writeln!(
+            out,
+            "{:>8} {} {:<12} {} (+{puts} -{dels})",
+            e.seq,
+            time_str(e.time_ns),
+            e.op.name(),
+            e.op.args_json()
+        )
     };
     match r {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
@@ -122,18 +161,34 @@ fn print_entry(e: &Entry, json: bool) -> Result<()> {
     }
 }
 
-pub async fn journal(engine: &dyn Engine, from: Option<u64>, follow: bool, json: bool) -> Result<Outcome> {
+pub async fn journal(
+    engine: &dyn Engine,
+    from: Option<u64>,
+    follow: bool,
+    json: bool,
+) -> Result<Outcome> {
     let b = engine.journal_bounds().await?;
     let mut next = from.unwrap_or(b.first).max(1);
     if next < b.first {
-        bail!("journal entry {next} is no longer retained: the first retained entry is {}", b.first);
+        bail!(
+            "journal entry {next} is no longer retained: the first retained entry is {}",
+            b.first
+        );
     }
     loop {
         let frames = engine.journal_read(next, 1000).await?;
         for (seq, f) in &frames {
-            let e = Entry::decode(f).with_context(|| format!("journal entry {seq} in {} is unreadable", engine.display_url()))?;
+            let e = Entry::decode(f).with_context(|| {
+                format!(
+                    "journal entry {seq} in {} is unreadable",
+                    engine.display_url()
+                )
+            })?;
             if e.seq != *seq {
-                bail!("journal entry stored under {seq} says it is {}: the journal is corrupt", e.seq);
+                bail!(
+                    "journal entry stored under {seq} says it is {}: the journal is corrupt",
+                    e.seq
+                );
             }
             print_entry(&e, json)?;
             next = seq + 1;
@@ -142,7 +197,9 @@ pub async fn journal(engine: &dyn Engine, from: Option<u64>, follow: bool, json:
             if !follow {
                 return Ok(Outcome::Done);
             }
-            engine.journal_wait(next - 1, Duration::from_secs(5)).await?;
+            engine
+                .journal_wait(next - 1, Duration::from_secs(5))
+                .await?;
         }
     }
 }
@@ -156,8 +213,17 @@ pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
     println!("volume      {} (uuid {})", s.name, s.uuid);
     println!("metadata    {} ({})", s.meta_url, s.engine);
     println!("storage     {}  block size {}", s.storage, s.block_size);
-    println!("usage       {} bytes in {} inodes", s.used_space, s.used_inodes);
-    println!("journal     head {}, retained {}..={} (retention {}s)", s.journal.last, s.journal.first, s.journal.last, s.settings.journal_retention_secs);
-    println!("pending     {} freed slices awaiting gc (trash {}s)", s.pending_deletes, s.settings.trash_secs);
+    println!(
+        "usage       {} bytes in {} inodes",
+        s.used_space, s.used_inodes
+    );
+    println!(
+        "journal     head {}, retained {}..={} (retention {}s)",
+        s.journal.last, s.journal.first, s.journal.last, s.settings.journal_retention_secs
+    );
+    println!(
+        "pending     {} freed slices awaiting gc (trash {}s)",
+        s.pending_deletes, s.settings.trash_secs
+    );
     Ok(Outcome::Done)
 }

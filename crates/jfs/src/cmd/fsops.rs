@@ -26,7 +26,14 @@ fn mtime_str(ns: i64) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
-fn list_dir<'a>(fs: &'a Fs, path: &'a str, ino: Ino, long: bool, recursive: bool, out: &'a mut Vec<u8>) -> futures::future::BoxFuture<'a, Result<()>> {
+fn list_dir<'a>(
+    fs: &'a Fs,
+    path: &'a str,
+    ino: Ino,
+    long: bool,
+    recursive: bool,
+    out: &'a mut Vec<u8>,
+) -> futures::future::BoxFuture<'a, Result<()>> {
     Box::pin(async move {
         if recursive {
             writeln!(out, "{path}:")?;
@@ -38,11 +45,24 @@ fn list_dir<'a>(fs: &'a Fs, path: &'a str, ino: Ino, long: bool, recursive: bool
             if long {
                 let a = fs.getattr(e.ino).await?;
                 let target = if a.kind == FileKind::Symlink {
-                    format!(" -> {}", String::from_utf8_lossy(&fs.readlink(e.ino).await?))
+                    format!(
+                        " -> {}",
+                        String::from_utf8_lossy(&fs.readlink(e.ino).await?)
+                    )
                 } else {
                     String::new()
                 };
-                writeln!(out, "{} {:>3} {:>5} {:>5} {:>12} {} {:>8} {name}{target}", mode_string(&a), a.nlink, a.uid, a.gid, a.length, mtime_str(a.mtime), e.ino)?;
+                writeln!(
+                    out,
+                    "{} {:>3} {:>5} {:>5} {:>12} {} {:>8} {name}{target}",
+                    mode_string(&a),
+                    a.nlink,
+                    a.uid,
+                    a.gid,
+                    a.length,
+                    mtime_str(a.mtime),
+                    e.ino
+                )?;
             } else {
                 writeln!(out, "{name}")?;
             }
@@ -59,12 +79,25 @@ fn list_dir<'a>(fs: &'a Fs, path: &'a str, ino: Ino, long: bool, recursive: bool
 }
 
 pub async fn ls(fs: &Fs, path: &str, long: bool, recursive: bool) -> Result<Outcome> {
-    let (ino, attr) = fs.resolve(path).await.with_context(|| format!("ls {path}"))?;
+    let (ino, attr) = fs
+        .resolve(path)
+        .await
+        .with_context(|| format!("ls {path}"))?;
     let mut out = Vec::new();
     if attr.kind == FileKind::Dir {
         list_dir(fs, path, ino, long, recursive, &mut out).await?;
     } else if long {
-        writeln!(out, "{} {:>3} {:>5} {:>5} {:>12} {} {:>8} {path}", mode_string(&attr), attr.nlink, attr.uid, attr.gid, attr.length, mtime_str(attr.mtime), ino)?;
+        writeln!(
+            out,
+            "{} {:>3} {:>5} {:>5} {:>12} {} {:>8} {path}",
+            mode_string(&attr),
+            attr.nlink,
+            attr.uid,
+            attr.gid,
+            attr.length,
+            mtime_str(attr.mtime),
+            ino
+        )?;
     } else {
         writeln!(out, "{path}")?;
     }
@@ -73,19 +106,27 @@ pub async fn ls(fs: &Fs, path: &str, long: bool, recursive: bool) -> Result<Outc
 }
 
 pub async fn stat(fs: &Fs, path: &str) -> Result<Outcome> {
-    let (ino, a) = fs.resolve(path).await.with_context(|| format!("stat {path}"))?;
+    let (ino, a) = fs
+        .resolve(path)
+        .await
+        .with_context(|| format!("stat {path}"))?;
     let mut v = serde_json::to_value(&a)?;
     v["ino"] = ino.into();
     v["path"] = path.into();
     if a.kind == FileKind::Symlink {
-        v["target"] = String::from_utf8_lossy(&fs.readlink(ino).await?).into_owned().into();
+        v["target"] = String::from_utf8_lossy(&fs.readlink(ino).await?)
+            .into_owned()
+            .into();
     }
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(Outcome::Done)
 }
 
 pub async fn cat(fs: &Fs, path: &str) -> Result<Outcome> {
-    let (ino, a) = fs.resolve(path).await.with_context(|| format!("cat {path}"))?;
+    let (ino, a) = fs
+        .resolve(path)
+        .await
+        .with_context(|| format!("cat {path}"))?;
     if a.kind != FileKind::File {
         bail!("{path} is not a regular file");
     }
@@ -93,7 +134,10 @@ pub async fn cat(fs: &Fs, path: &str) -> Result<Outcome> {
     let step = fs.settings().block_size as usize * 4;
     let mut off = 0u64;
     while off < a.length {
-        let buf = fs.read(ino, off, step).await.with_context(|| format!("reading {path} at {off}"))?;
+        let buf = fs
+            .read(ino, off, step)
+            .await
+            .with_context(|| format!("reading {path} at {off}"))?;
         if buf.is_empty() {
             break;
         }
@@ -111,12 +155,17 @@ pub async fn cat(fs: &Fs, path: &str) -> Result<Outcome> {
 pub async fn mkdir(fs: &Fs, path: &str, parents: bool) -> Result<Outcome> {
     if !parents {
         let (p, name) = parent_of(fs, path).await?;
-        fs.mkdir(p, name.as_bytes(), 0o755, Owner::default()).await.with_context(|| format!("mkdir {path}"))?;
+        fs.mkdir(p, name.as_bytes(), 0o755, Owner::default())
+            .await
+            .with_context(|| format!("mkdir {path}"))?;
         return Ok(Outcome::Done);
     }
     let mut cur = fs_core::ROOT_INO;
     for comp in path.split('/').filter(|c| !c.is_empty()) {
-        cur = match fs.mkdir(cur, comp.as_bytes(), 0o755, Owner::default()).await {
+        cur = match fs
+            .mkdir(cur, comp.as_bytes(), 0o755, Owner::default())
+            .await
+        {
             Ok((ino, _)) => ino,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 let (ino, a) = fs.lookup(cur, comp.as_bytes()).await?;
@@ -152,14 +201,23 @@ fn remove_tree(fs: &Fs, dir: Ino) -> futures::future::BoxFuture<'_, Result<()>> 
 
 pub async fn rm(fs: &Fs, path: &str, recursive: bool) -> Result<Outcome> {
     let (p, name) = parent_of(fs, path).await?;
-    let (ino, a) = fs.lookup(p, name.as_bytes()).await.with_context(|| format!("rm {path}"))?;
+    let (ino, a) = fs
+        .lookup(p, name.as_bytes())
+        .await
+        .with_context(|| format!("rm {path}"))?;
     if a.kind == FileKind::Dir {
         if recursive {
-            remove_tree(fs, ino).await.with_context(|| format!("rm -r {path}"))?;
+            remove_tree(fs, ino)
+                .await
+                .with_context(|| format!("rm -r {path}"))?;
         }
-        fs.rmdir(p, name.as_bytes()).await.with_context(|| format!("rm {path}"))?;
+        fs.rmdir(p, name.as_bytes())
+            .await
+            .with_context(|| format!("rm {path}"))?;
     } else {
-        fs.unlink(p, name.as_bytes()).await.with_context(|| format!("rm {path}"))?;
+        fs.unlink(p, name.as_bytes())
+            .await
+            .with_context(|| format!("rm {path}"))?;
     }
     Ok(Outcome::Done)
 }
@@ -171,23 +229,43 @@ pub async fn mv(fs: &Fs, src: &str, dst: &str, no_clobber: bool) -> Result<Outco
         Ok((ino, a)) if a.kind == FileKind::Dir => (ino, sname.clone()),
         _ => parent_of(fs, dst).await?,
     };
-    fs.rename(sp, sname.as_bytes(), dp, dname.as_bytes(), no_clobber).await.with_context(|| format!("mv {src} {dst}"))?;
+    fs.rename(sp, sname.as_bytes(), dp, dname.as_bytes(), no_clobber)
+        .await
+        .with_context(|| format!("mv {src} {dst}"))?;
     Ok(Outcome::Done)
 }
 
 pub async fn ln(fs: &Fs, target: &str, link: &str, symbolic: bool) -> Result<Outcome> {
     let (p, name) = parent_of(fs, link).await?;
     if symbolic {
-        fs.symlink(p, name.as_bytes(), target.as_bytes(), Owner::default()).await.with_context(|| format!("ln -s {target} {link}"))?;
+        fs.symlink(p, name.as_bytes(), target.as_bytes(), Owner::default())
+            .await
+            .with_context(|| format!("ln -s {target} {link}"))?;
     } else {
-        let (ino, _) = fs.resolve(target).await.with_context(|| format!("ln {target}"))?;
-        fs.link(ino, p, name.as_bytes()).await.with_context(|| format!("ln {target} {link}"))?;
+        let (ino, _) = fs
+            .resolve(target)
+            .await
+            .with_context(|| format!("ln {target}"))?;
+        fs.link(ino, p, name.as_bytes())
+            .await
+            .with_context(|| format!("ln {target} {link}"))?;
     }
     Ok(Outcome::Done)
 }
 
 pub async fn truncate(fs: &Fs, path: &str, size: u64) -> Result<Outcome> {
-    let (ino, _) = fs.resolve(path).await.with_context(|| format!("truncate {path}"))?;
-    fs.setattr(ino, &SetAttr { length: Some(size), ..Default::default() }).await.with_context(|| format!("truncate {path}"))?;
+    let (ino, _) = fs
+        .resolve(path)
+        .await
+        .with_context(|| format!("truncate {path}"))?;
+    fs.setattr(
+        ino,
+        &SetAttr {
+            length: Some(size),
+            ..Default::default()
+        },
+    )
+    .await
+    .with_context(|| format!("truncate {path}"))?;
     Ok(Outcome::Done)
 }

@@ -18,33 +18,129 @@ pub enum Outcome {
 pub async fn run(cli: Cli) -> Result<Outcome> {
     let g = &cli.global;
     match cli.cmd {
-        Command::Format { meta_url, name, storage, block_size, capacity, journal_retention, trash, gc_grace } => {
-            admin::format(g, &meta_url, &name, &storage, block_size, capacity, journal_retention, trash, gc_grace).await
+        Command::Format {
+            meta_url,
+            name,
+            storage,
+            block_size,
+            capacity,
+            journal_retention,
+            trash,
+            gc_grace,
+        } => {
+            admin::format(
+                g,
+                &meta_url,
+                &name,
+                &storage,
+                block_size,
+                capacity,
+                journal_retention,
+                trash,
+                gc_grace,
+            )
+            .await
         }
-        Command::Put { meta_url, local, volpath, threads } => {
-            transfer::put(&open_fs(g, &meta_url, false).await?, &local, &volpath, threads, g.quiet).await
+        Command::Put {
+            meta_url,
+            local,
+            volpath,
+            threads,
+        } => {
+            transfer::put(
+                &open_fs(g, &meta_url, false).await?,
+                &local,
+                &volpath,
+                threads,
+                g.quiet,
+            )
+            .await
         }
-        Command::Get { meta_url, volpath, local, threads } => {
-            transfer::get(&open_fs(g, &meta_url, true).await?, &volpath, &local, threads, g.quiet).await
+        Command::Get {
+            meta_url,
+            volpath,
+            local,
+            threads,
+        } => {
+            transfer::get(
+                &open_fs(g, &meta_url, true).await?,
+                &volpath,
+                &local,
+                threads,
+                g.quiet,
+            )
+            .await
         }
-        Command::Ls { meta_url, path, long, recursive } => fsops::ls(&open_fs(g, &meta_url, true).await?, &path, long, recursive).await,
-        Command::Stat { meta_url, path } => fsops::stat(&open_fs(g, &meta_url, true).await?, &path).await,
-        Command::Cat { meta_url, path } => fsops::cat(&open_fs(g, &meta_url, true).await?, &path).await,
-        Command::Mkdir { meta_url, path, parents } => fsops::mkdir(&open_fs(g, &meta_url, false).await?, &path, parents).await,
-        Command::Rm { meta_url, path, recursive } => fsops::rm(&open_fs(g, &meta_url, false).await?, &path, recursive).await,
-        Command::Mv { meta_url, src, dst, no_clobber } => fsops::mv(&open_fs(g, &meta_url, false).await?, &src, &dst, no_clobber).await,
-        Command::Ln { meta_url, target, link, symbolic } => {
-            fsops::ln(&open_fs(g, &meta_url, false).await?, &target, &link, symbolic).await
+        Command::Ls {
+            meta_url,
+            path,
+            long,
+            recursive,
+        } => fsops::ls(&open_fs(g, &meta_url, true).await?, &path, long, recursive).await,
+        Command::Stat { meta_url, path } => {
+            fsops::stat(&open_fs(g, &meta_url, true).await?, &path).await
         }
-        Command::Truncate { meta_url, path, size } => fsops::truncate(&open_fs(g, &meta_url, false).await?, &path, size).await,
-        Command::Dump { meta_url, file } => admin::dump(&*open_engine(g, &meta_url, true).await?, file.as_deref()).await,
-        Command::Load { meta_url, file } => admin::load(&*open_engine_with(g, &meta_url, false, true).await?, &file).await,
-        Command::Fsck { meta_url, json } => admin::fsck(&open_fs(g, &meta_url, true).await?, json).await,
-        Command::Gc { meta_url, delete, json } => admin::gc(&open_fs(g, &meta_url, !delete).await?, delete, json).await,
-        Command::Journal { meta_url, from, follow, json } => {
-            admin::journal(&*open_engine(g, &meta_url, true).await?, from, follow, json).await
+        Command::Cat { meta_url, path } => {
+            fsops::cat(&open_fs(g, &meta_url, true).await?, &path).await
         }
-        Command::Status { meta_url, json } => admin::status(&open_fs(g, &meta_url, true).await?, json).await,
+        Command::Mkdir {
+            meta_url,
+            path,
+            parents,
+        } => fsops::mkdir(&open_fs(g, &meta_url, false).await?, &path, parents).await,
+        Command::Rm {
+            meta_url,
+            path,
+            recursive,
+        } => fsops::rm(&open_fs(g, &meta_url, false).await?, &path, recursive).await,
+        Command::Mv {
+            meta_url,
+            src,
+            dst,
+            no_clobber,
+        } => fsops::mv(&open_fs(g, &meta_url, false).await?, &src, &dst, no_clobber).await,
+        Command::Ln {
+            meta_url,
+            target,
+            link,
+            symbolic,
+        } => {
+            fsops::ln(
+                &open_fs(g, &meta_url, false).await?,
+                &target,
+                &link,
+                symbolic,
+            )
+            .await
+        }
+        Command::Truncate {
+            meta_url,
+            path,
+            size,
+        } => fsops::truncate(&open_fs(g, &meta_url, false).await?, &path, size).await,
+        Command::Dump { meta_url, file } => {
+            admin::dump(&*open_engine(g, &meta_url, true).await?, file.as_deref()).await
+        }
+        Command::Load { meta_url, file } => {
+            admin::load(&*open_engine_with(g, &meta_url, false, true).await?, &file).await
+        }
+        Command::Fsck { meta_url, json } => {
+            admin::fsck(&open_fs(g, &meta_url, true).await?, json).await
+        }
+        Command::Gc {
+            meta_url,
+            delete,
+            json,
+        } => admin::gc(&open_fs(g, &meta_url, !delete).await?, delete, json).await,
+        Command::Journal {
+            meta_url,
+            from,
+            follow,
+            json,
+        } => admin::journal(&*open_engine(g, &meta_url, true).await?, from, follow, json).await,
+        Command::Status { meta_url, json } => {
+            admin::status(&open_fs(g, &meta_url, true).await?, json).await
+        }
     }
 }
 
@@ -54,19 +150,38 @@ pub async fn open_engine(g: &Global, meta_url: &str, read_only: bool) -> Result<
     open_engine_with(g, meta_url, read_only, false).await
 }
 
-pub async fn open_engine_with(g: &Global, meta_url: &str, read_only: bool, create: bool) -> Result<Arc<dyn Engine>> {
-    let opts = meta::OpenOptions { read_only, create, password_file: g.meta_password_file.clone() };
-    meta::open(meta_url, &opts).await.with_context(|| format!("opening metadata {}", meta::redact(meta_url)))
+pub async fn open_engine_with(
+    g: &Global,
+    meta_url: &str,
+    read_only: bool,
+    create: bool,
+) -> Result<Arc<dyn Engine>> {
+    let opts = meta::OpenOptions {
+        read_only,
+        create,
+        password_file: g.meta_password_file.clone(),
+    };
+    meta::open(meta_url, &opts)
+        .await
+        .with_context(|| format!("opening metadata {}", meta::redact(meta_url)))
 }
 
 pub fn open_store(g: &Global, url: &str) -> Result<Arc<dyn fs_core::BlockStore>> {
-    let opts = objstore::StoreOptions { endpoint: g.endpoint.clone(), region: None };
-    Ok(Arc::new(objstore::OpendalStore::open(url, &opts).with_context(|| format!("opening the volume's store {url}"))?))
+    let opts = objstore::StoreOptions {
+        endpoint: g.endpoint.clone(),
+        region: None,
+    };
+    Ok(Arc::new(
+        objstore::OpendalStore::open(url, &opts)
+            .with_context(|| format!("opening the volume's store {url}"))?,
+    ))
 }
 
 pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> {
     let engine = open_engine(g, meta_url, read_only).await?;
-    let settings = Fs::load_settings(&*engine).await.with_context(|| format!("reading volume settings from {}", meta::redact(meta_url)))?;
+    let settings = Fs::load_settings(&*engine)
+        .await
+        .with_context(|| format!("reading volume settings from {}", meta::redact(meta_url)))?;
     let store = open_store(g, &settings.storage)?;
     let mut fs = Fs::open(engine, store).await?;
     fs.io_parallel = g.io_parallel.max(1);
@@ -77,7 +192,14 @@ pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> 
 pub fn split_path(path: &str) -> Result<(String, String)> {
     let p = path.trim_end_matches('/');
     match p.rsplit_once('/') {
-        Some((dir, name)) if !name.is_empty() => Ok((if dir.is_empty() { "/".into() } else { dir.into() }, name.into())),
+        Some((dir, name)) if !name.is_empty() => Ok((
+            if dir.is_empty() {
+                "/".into()
+            } else {
+                dir.into()
+            },
+            name.into(),
+        )),
         None if !p.is_empty() => Ok(("/".into(), p.into())),
         _ => bail!("{path:?} names the root, not an entry"),
     }
@@ -86,7 +208,10 @@ pub fn split_path(path: &str) -> Result<(String, String)> {
 /// Resolve the parent directory of `path` and return (parent ino, last name).
 pub async fn parent_of(fs: &Fs, path: &str) -> Result<(Ino, String)> {
     let (dir, name) = split_path(path)?;
-    let (ino, attr) = fs.resolve(&dir).await.with_context(|| format!("resolving {dir}"))?;
+    let (ino, attr) = fs
+        .resolve(&dir)
+        .await
+        .with_context(|| format!("resolving {dir}"))?;
     if attr.kind != fs_core::FileKind::Dir {
         bail!("{dir} is not a directory");
     }

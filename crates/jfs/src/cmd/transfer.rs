@@ -42,11 +42,18 @@ fn plan_put<'a>(
     dirs: &'a mut Vec<(Ino, std::fs::Metadata)>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
     Box::pin(async move {
-        let meta = std::fs::symlink_metadata(local).with_context(|| format!("reading {}", local.display()))?;
+        let meta = std::fs::symlink_metadata(local)
+            .with_context(|| format!("reading {}", local.display()))?;
         let ft = meta.file_type();
-        let owner = Owner { uid: meta.uid(), gid: meta.gid() };
+        let owner = Owner {
+            uid: meta.uid(),
+            gid: meta.gid(),
+        };
         if ft.is_dir() {
-            let ino = match fs.mkdir(parent, name.as_bytes(), meta.mode() & 0o7777, owner).await {
+            let ino = match fs
+                .mkdir(parent, name.as_bytes(), meta.mode() & 0o7777, owner)
+                .await
+            {
                 Ok((ino, _)) => ino,
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                     let (ino, a) = fs.lookup(parent, name.as_bytes()).await?;
@@ -62,22 +69,35 @@ fn plan_put<'a>(
                 .collect::<std::io::Result<_>>()?;
             children.sort_by_key(|e| e.file_name());
             for c in children {
-                let cname = c.file_name().to_str().map(str::to_string).with_context(|| format!("{:?} is not UTF-8", c.path()))?;
+                let cname = c
+                    .file_name()
+                    .to_str()
+                    .map(str::to_string)
+                    .with_context(|| format!("{:?} is not UTF-8", c.path()))?;
                 plan_put(fs, &c.path(), ino, &cname, jobs, dirs).await?;
             }
             dirs.push((ino, meta));
         } else if ft.is_symlink() {
             let target = std::fs::read_link(local)?;
-            let t = target.to_str().with_context(|| format!("symlink target of {} is not UTF-8", local.display()))?;
+            let t = target
+                .to_str()
+                .with_context(|| format!("symlink target of {} is not UTF-8", local.display()))?;
             if let Ok((_, a)) = fs.lookup(parent, name.as_bytes()).await {
                 if a.kind == FileKind::Dir {
                     bail!("{name} exists in the volume as a directory");
                 }
                 fs.unlink(parent, name.as_bytes()).await?;
             }
-            fs.symlink(parent, name.as_bytes(), t.as_bytes(), owner).await.with_context(|| format!("symlink {name}"))?;
+            fs.symlink(parent, name.as_bytes(), t.as_bytes(), owner)
+                .await
+                .with_context(|| format!("symlink {name}"))?;
         } else if ft.is_file() {
-            jobs.push(PutJob { local: local.to_path_buf(), parent, name: name.to_string(), meta });
+            jobs.push(PutJob {
+                local: local.to_path_buf(),
+                parent,
+                name: name.to_string(),
+                meta,
+            });
         } else {
             tracing::warn!(path = %local.display(), "skipping: not a file, directory or symlink");
         }
@@ -87,9 +107,17 @@ fn plan_put<'a>(
 
 async fn put_file(fs: &Fs, job: &PutJob, progress: &Progress) -> Result<()> {
     let tmp = tmp_name(&job.name);
-    let owner = Owner { uid: job.meta.uid(), gid: job.meta.gid() };
-    let (ino, _) = fs.create(job.parent, tmp.as_bytes(), job.meta.mode() & 0o7777, owner).await?;
-    let file = Arc::new(std::fs::File::open(&job.local).with_context(|| format!("opening {}", job.local.display()))?);
+    let owner = Owner {
+        uid: job.meta.uid(),
+        gid: job.meta.gid(),
+    };
+    let (ino, _) = fs
+        .create(job.parent, tmp.as_bytes(), job.meta.mode() & 0o7777, owner)
+        .await?;
+    let file = Arc::new(
+        std::fs::File::open(&job.local)
+            .with_context(|| format!("opening {}", job.local.display()))?,
+    );
     let len = job.meta.len();
     let offsets: Vec<u64> = (0..len.div_ceil(PIECE)).map(|i| i * PIECE).collect();
     let result: Result<()> = futures::stream::iter(offsets.into_iter().map(|off| {
@@ -115,22 +143,49 @@ async fn put_file(fs: &Fs, job: &PutJob, progress: &Progress) -> Result<()> {
         return Err(e.context(format!("copying {}", job.local.display())));
     }
     let atime = job.meta.atime() * 1_000_000_000 + job.meta.atime_nsec();
-    fs.setattr(ino, &SetAttr { atime: Some(atime), mtime: Some(mtime_ns(&job.meta)), ..Default::default() }).await?;
-    fs.rename(job.parent, tmp.as_bytes(), job.parent, job.name.as_bytes(), false)
-        .await
-        .with_context(|| format!("renaming into place: {}", job.name))?;
+    fs.setattr(
+        ino,
+        &SetAttr {
+            atime: Some(atime),
+            mtime: Some(mtime_ns(&job.meta)),
+            ..Default::default()
+        },
+    )
+    .await?;
+    fs.rename(
+        job.parent,
+        tmp.as_bytes(),
+        job.parent,
+        job.name.as_bytes(),
+        false,
+    )
+    .await
+    .with_context(|| format!("renaming into place: {}", job.name))?;
     progress.add_file();
     Ok(())
 }
 
-pub async fn put(fs: &Fs, local: &Path, volpath: &str, threads: usize, quiet: bool) -> Result<Outcome> {
+pub async fn put(
+    fs: &Fs,
+    local: &Path,
+    volpath: &str,
+    threads: usize,
+    quiet: bool,
+) -> Result<Outcome> {
     let base = local
         .file_name()
         .and_then(|n| n.to_str())
         .map(str::to_string)
         .with_context(|| format!("{} has no UTF-8 file name", local.display()))?;
     let (parent, name) = match fs.resolve(volpath).await {
-        Ok((ino, a)) if a.kind == FileKind::Dir && std::fs::symlink_metadata(local).map(|m| !m.is_dir()).unwrap_or(true) => (ino, base),
+        Ok((ino, a))
+            if a.kind == FileKind::Dir
+                && std::fs::symlink_metadata(local)
+                    .map(|m| !m.is_dir())
+                    .unwrap_or(true) =>
+        {
+            (ino, base)
+        }
         Ok((ino, a)) if a.kind == FileKind::Dir && volpath.ends_with('/') => (ino, base),
         _ => parent_of(fs, volpath).await?,
     };
@@ -140,27 +195,50 @@ pub async fn put(fs: &Fs, local: &Path, volpath: &str, threads: usize, quiet: bo
     let total: u64 = jobs.iter().map(|j| j.meta.len()).sum();
     let progress = Progress::new("put", total, quiet);
     let t0 = std::time::Instant::now();
-    let failures: Vec<anyhow::Error> = futures::stream::iter(jobs.iter().map(|j| put_file(fs, j, &progress)))
-        .buffer_unordered(threads.max(1))
-        .filter_map(|r| async move { r.err() })
-        .collect()
-        .await;
+    let failures: Vec<anyhow::Error> =
+        futures::stream::iter(jobs.iter().map(|j| put_file(fs, j, &progress)))
+            .buffer_unordered(threads.max(1))
+            .filter_map(|r| async move { r.err() })
+            .collect()
+            .await;
     for (ino, meta) in &dirs {
-        fs.setattr(*ino, &SetAttr { mtime: Some(mtime_ns(meta)), ..Default::default() }).await?;
+        fs.setattr(
+            *ino,
+            &SetAttr {
+                mtime: Some(mtime_ns(meta)),
+                ..Default::default()
+            },
+        )
+        .await?;
     }
     let (files, bytes) = progress.finish();
     report("put", files, bytes, t0.elapsed(), &failures, quiet)
 }
 
-fn report(what: &str, files: u64, bytes: u64, took: Duration, failures: &[anyhow::Error], quiet: bool) -> Result<Outcome> {
+fn report(
+    what: &str,
+    files: u64,
+    bytes: u64,
+    took: Duration,
+    failures: &[anyhow::Error],
+    quiet: bool,
+) -> Result<Outcome> {
     for f in failures {
         eprintln!("jfs {what}: failed: {f:#}");
     }
     if !quiet {
         let mbs = bytes as f64 / took.as_secs_f64().max(1e-9) / (1 << 20) as f64;
-        eprintln!("{what}: {files} files, {bytes} bytes in {:.2}s ({mbs:.1} MiB/s), {} failed", took.as_secs_f64(), failures.len());
+        eprintln!(
+            "{what}: {files} files, {bytes} bytes in {:.2}s ({mbs:.1} MiB/s), {} failed",
+            took.as_secs_f64(),
+            failures.len()
+        );
     }
-    Ok(if failures.is_empty() { Outcome::Done } else { Outcome::Partial })
+    Ok(if failures.is_empty() {
+        Outcome::Done
+    } else {
+        Outcome::Partial
+    })
 }
 
 struct GetJob {
@@ -180,9 +258,11 @@ fn plan_get<'a>(
     Box::pin(async move {
         match attr.kind {
             FileKind::Dir => {
-                std::fs::create_dir_all(&local).with_context(|| format!("creating {}", local.display()))?;
+                std::fs::create_dir_all(&local)
+                    .with_context(|| format!("creating {}", local.display()))?;
                 for e in fs.readdir_all(ino).await? {
-                    let name = String::from_utf8(e.name.clone()).with_context(|| format!("a name in inode {ino} is not UTF-8"))?;
+                    let name = String::from_utf8(e.name.clone())
+                        .with_context(|| format!("a name in inode {ino} is not UTF-8"))?;
                     if name.starts_with('.') && name.contains(".jfs-tmp-") {
                         continue; // an unfinished put
                     }
@@ -213,9 +293,15 @@ fn set_local_times(path: &Path, attr: &fs_core::Attr) -> Result<()> {
 }
 
 async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
-    let name = job.local.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let name = job
+        .local
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("file");
     let tmp = job.local.with_file_name(tmp_name(name));
-    let file = Arc::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+    let file = Arc::new(
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
+    );
     let len = job.attr.length;
     file.set_len(len)?;
     let offsets: Vec<u64> = (0..len.div_ceil(PIECE)).map(|i| i * PIECE).collect();
@@ -248,10 +334,24 @@ async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
     Ok(())
 }
 
-pub async fn get(fs: &Fs, volpath: &str, local: &Path, threads: usize, quiet: bool) -> Result<Outcome> {
-    let (ino, attr) = fs.resolve(volpath).await.with_context(|| format!("resolving {volpath}"))?;
+pub async fn get(
+    fs: &Fs,
+    volpath: &str,
+    local: &Path,
+    threads: usize,
+    quiet: bool,
+) -> Result<Outcome> {
+    let (ino, attr) = fs
+        .resolve(volpath)
+        .await
+        .with_context(|| format!("resolving {volpath}"))?;
     let dest = if local.is_dir() {
-        let base = volpath.trim_end_matches('/').rsplit('/').next().filter(|b| !b.is_empty()).unwrap_or("root");
+        let base = volpath
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .filter(|b| !b.is_empty())
+            .unwrap_or("root");
         local.join(base)
     } else {
         local.to_path_buf()
@@ -262,11 +362,12 @@ pub async fn get(fs: &Fs, volpath: &str, local: &Path, threads: usize, quiet: bo
     let total = jobs.iter().map(|j| j.attr.length).sum();
     let progress = Progress::new("get", total, quiet);
     let t0 = std::time::Instant::now();
-    let failures: Vec<anyhow::Error> = futures::stream::iter(jobs.iter().map(|j| get_file(fs, j, &progress)))
-        .buffer_unordered(threads.max(1))
-        .filter_map(|r| async move { r.err() })
-        .collect()
-        .await;
+    let failures: Vec<anyhow::Error> =
+        futures::stream::iter(jobs.iter().map(|j| get_file(fs, j, &progress)))
+            .buffer_unordered(threads.max(1))
+            .filter_map(|r| async move { r.err() })
+            .collect()
+            .await;
     for (path, attr) in dirs.iter().rev() {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(attr.mode))?;
         let t = UNIX_EPOCH + Duration::from_nanos(attr.mtime.max(0) as u64);
