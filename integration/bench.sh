@@ -9,7 +9,7 @@ bash integration/install-deps.sh test
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
 cargo build --release --locked -p jfs -p bench >/dev/null
 JFS=$CARGO_TARGET_DIR/release/jfs; BENCH=$CARGO_TARGET_DIR/release/jfs-bench
-W=$(mktemp -d /tmp/jfs-bench.XXXXXX); SVC=$W/svc
+W=$(mktemp -d /tmp/jfs-bench.XXXXXX); chmod 755 "$W"; SVC=$W/svc
 cleanup() { bash integration/services.sh down "$SVC" || true; rm -rf "$W"; }
 trap cleanup EXIT
 bash integration/services.sh up "$SVC" >/dev/null

@@ -34,6 +34,7 @@ down() {
 
 up() {
   mkdir -p "$D"; chmod 755 "$D"
+  runuser -u postgres -- test -x "$D" || { echo "services.sh: the postgres user cannot enter $D (a parent directory is private): use a directory under /tmp" >&2; return 1; }
   PW=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
   S3_AK=JFSTEST$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F)
   S3_SK=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
