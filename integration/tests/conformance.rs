@@ -431,7 +431,7 @@ mod cases {
         fs.create(ROOT_INO, b"warm", 0o644, O).await.unwrap(); // allocates the id batches
         let h0 = head(fs).await;
         let (f, _) = fs.create(ROOT_INO, b"f", 0o644, O).await.unwrap();
-        fs.write(f, 0, b"x").await.unwrap(); // slice ids were allocated above? not yet: +2 at most
+        fs.write(f, 0, b"x").await.unwrap(); // the first write also allocates a batch of slice ids
         let h1 = head(fs).await;
         fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", false)
             .await

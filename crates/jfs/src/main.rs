@@ -21,6 +21,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    rt.spawn(cmd::watch_signals());
     match rt.block_on(cmd::run(args)) {
         Ok(cmd::Outcome::Done) => ExitCode::SUCCESS,
         Ok(cmd::Outcome::Partial) => ExitCode::from(1),

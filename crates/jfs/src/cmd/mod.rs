@@ -7,7 +7,38 @@ mod transfer;
 use crate::cli::{Cli, Command, Global};
 use anyhow::{bail, Context, Result};
 use fs_core::{Engine, Fs, Ino};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// Set by SIGINT/SIGTERM: long transfers stop starting work, and each file in flight takes its
+/// own cleanup path (the temporary entry or local temp file is removed), then `jfs` exits 2.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+pub async fn watch_signals() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    INTERRUPTED.store(true, Ordering::SeqCst);
+    tracing::warn!("interrupted: finishing the pieces in flight and removing partial files");
+    // A second signal means "now".
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    std::process::exit(2);
+}
 
 pub enum Outcome {
     Done,

@@ -105,7 +105,15 @@ fn plan_put<'a>(
     })
 }
 
+fn check_interrupted() -> Result<()> {
+    if super::interrupted() {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
 async fn put_file(fs: &Fs, job: &PutJob, progress: &Progress) -> Result<()> {
+    check_interrupted()?;
     let tmp = tmp_name(&job.name);
     let owner = Owner {
         uid: job.meta.uid(),
@@ -123,6 +131,7 @@ async fn put_file(fs: &Fs, job: &PutJob, progress: &Progress) -> Result<()> {
     let result: Result<()> = futures::stream::iter(offsets.into_iter().map(|off| {
         let file = file.clone();
         async move {
+            check_interrupted()?;
             let n = PIECE.min(len - off) as usize;
             let buf = tokio::task::spawn_blocking(move || {
                 let mut b = vec![0u8; n];
@@ -223,6 +232,9 @@ fn report(
     failures: &[anyhow::Error],
     quiet: bool,
 ) -> Result<Outcome> {
+    if super::interrupted() {
+        bail!("{what} interrupted by a signal after {files} files ({bytes} bytes); partial files were removed, run it again to finish");
+    }
     for f in failures {
         eprintln!("jfs {what}: failed: {f:#}");
     }
@@ -293,6 +305,7 @@ fn set_local_times(path: &Path, attr: &fs_core::Attr) -> Result<()> {
 }
 
 async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
+    check_interrupted()?;
     let name = job
         .local
         .file_name()
@@ -308,6 +321,7 @@ async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
     let res: Result<()> = futures::stream::iter(offsets.into_iter().map(|off| {
         let file = file.clone();
         async move {
+            check_interrupted()?;
             let buf = fs.read(job.ino, off, PIECE.min(len - off) as usize).await?;
             let n = buf.len() as u64;
             tokio::task::spawn_blocking(move || file.write_all_at(&buf, off)).await??;
