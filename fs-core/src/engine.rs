@@ -28,6 +28,40 @@ pub struct JournalBounds {
     pub last: u64,
 }
 
+impl JournalBounds {
+    /// Where a read asked to start at `from` begins (0 means the first entry), or
+    /// `SeqNotRetained` when that entry was trimmed: a reader never jumps a gap silently.
+    pub fn check_from(&self, from: u64) -> Result<u64> {
+        let from = from.max(1);
+        if from < self.first {
+            return Err(crate::Error::new(
+                crate::ErrorKind::SeqNotRetained,
+                format!(
+                    "journal entry {from} is no longer retained (first retained is {})",
+                    self.first
+                ),
+            ));
+        }
+        Ok(from)
+    }
+}
+
+/// The entries to replay after `head`: those at or below it are skipped (replay is
+/// idempotent), the rest must run on from `head + 1` without a gap.
+pub fn entries_after(head: u64, entries: &[Entry]) -> Result<Vec<&Entry>> {
+    let todo: Vec<&Entry> = entries.iter().filter(|e| e.seq > head).collect();
+    for (i, e) in todo.iter().enumerate() {
+        let want = head + 1 + i as u64;
+        if e.seq != want {
+            return Err(crate::Error::new(
+                crate::ErrorKind::InvalidArgument,
+                format!("replay gap: entry {} where {want} was expected", e.seq),
+            ));
+        }
+    }
+    Ok(todo)
+}
+
 pub type KvPair = (Vec<u8>, Vec<u8>);
 
 #[async_trait]

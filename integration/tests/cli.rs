@@ -32,6 +32,17 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8(ok_bytes(args)).expect("UTF-8 output")
 }
 
+/// Format volume "v" at `meta` with blocks in `<dir>/s`.
+fn format_local(meta: &str, dir: &Path) {
+    ok(&[
+        "format",
+        meta,
+        "v",
+        "--storage",
+        &format!("file://{}/s", dir.display()),
+    ]);
+}
+
 /// Exit code 2 with exactly one line on stderr that contains `needle`.
 fn fails_clearly(o: &Output, needle: &str) -> String {
     let err = String::from_utf8_lossy(&o.stderr).to_string();
@@ -379,13 +390,7 @@ async fn a_corrupt_journal_frame_is_an_error_naming_the_entry() {
     for engine in integration::ENGINES {
         let tmp = tempfile::tempdir().unwrap();
         let (url, _d) = meta_url(engine);
-        ok(&[
-            "format",
-            &url,
-            "v",
-            "--storage",
-            &format!("file://{}/s", tmp.path().display()),
-        ]);
+        format_local(&url, tmp.path());
         ok(&["mkdir", &url, "/a"]);
         ok(&["mkdir", &url, "/b"]);
         let lines = ok(&["journal", &url, "--json"]);
@@ -408,13 +413,7 @@ async fn a_corrupt_journal_frame_is_an_error_naming_the_entry() {
 fn journal_json_lines_have_seq_time_op() {
     let tmp = tempfile::tempdir().unwrap();
     let meta = format!("rocksdb://{}/meta", tmp.path().display());
-    ok(&[
-        "format",
-        &meta,
-        "v",
-        "--storage",
-        &format!("file://{}/s", tmp.path().display()),
-    ]);
+    format_local(&meta, tmp.path());
     ok(&["mkdir", &meta, "/a"]);
     ok(&["mv", &meta, "/a", "/b"]);
     let out = ok(&["journal", &meta, "--json"]);
@@ -447,13 +446,7 @@ fn journal_follow_sees_commits_of_another_process() {
     for engine in ["rocksdb", "postgres", "redis"] {
         let tmp = tempfile::tempdir().unwrap();
         let (meta, _d) = meta_url(engine);
-        ok(&[
-            "format",
-            &meta,
-            "v",
-            "--storage",
-            &format!("file://{}/s", tmp.path().display()),
-        ]);
+        format_local(&meta, tmp.path());
         let mut child = Command::new(bin("jfs"))
             .args(["journal", &meta, "--follow", "--json", "--from", "3"])
             .stdout(Stdio::piped())
@@ -494,13 +487,7 @@ fn dump_then_load_into_every_engine_gives_an_identical_dump() {
     let src = tmp.path().join("src");
     write_tree(&src, 40, 1 << 20);
     let (meta, _d) = meta_url("rocksdb");
-    ok(&[
-        "format",
-        &meta,
-        "v",
-        "--storage",
-        &format!("file://{}/s", tmp.path().display()),
-    ]);
+    format_local(&meta, tmp.path());
     ok(&["put", &meta, src.to_str().unwrap(), "/t"]);
     ok(&["rm", &meta, "/t/big.bin"]);
     let dump_file: PathBuf = tmp.path().join("dump.json");

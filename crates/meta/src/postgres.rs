@@ -335,16 +335,7 @@ impl Engine for PgEngine {
 
     async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
         let b = self.journal_bounds().await?;
-        let from = from.max(1);
-        if from < b.first {
-            return Err(Error::new(
-                ErrorKind::SeqNotRetained,
-                format!(
-                    "journal entry {from} is no longer retained (first retained is {})",
-                    b.first
-                ),
-            ));
-        }
+        let from = b.check_from(from)?;
         let c = self.client().await?;
         let st = c
             .prepare_cached(
@@ -399,17 +390,9 @@ impl Engine for PgEngine {
             .await
             .map_err(|e| map_err(e, "locking head"))?
             .get::<_, i64>(0) as u64;
-        let todo: Vec<&Entry> = entries.iter().filter(|e| e.seq > head).collect();
+        let todo = fs_core::engine::entries_after(head, entries)?;
         if todo.is_empty() {
             return Ok(head);
-        }
-        for (i, e) in todo.iter().enumerate() {
-            if e.seq != head + 1 + i as u64 {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("replay gap: entry {} after head {}", e.seq, head + i as u64),
-                ));
-            }
         }
         let writes: Vec<&Mutation> = todo.iter().flat_map(|e| e.writes.iter()).collect();
         write_set(&tx, &writes).await?;

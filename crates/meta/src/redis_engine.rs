@@ -351,16 +351,7 @@ impl Engine for RedisEngine {
 
     async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
         let b = self.journal_bounds().await?;
-        let from = from.max(1);
-        if from < b.first {
-            return Err(Error::new(
-                ErrorKind::SeqNotRetained,
-                format!(
-                    "journal entry {from} is no longer retained (first retained is {})",
-                    b.first
-                ),
-            ));
-        }
+        let from = b.check_from(from)?;
         let mut c = self.conn.clone();
         let v: Value = redis::cmd("XRANGE")
             .arg(self.journal_key())
@@ -430,18 +421,10 @@ impl Engine for RedisEngine {
 
     async fn apply(&self, entries: &[Entry]) -> Result<u64> {
         let head = self.head().await?;
-        let todo: Vec<&Entry> = entries.iter().filter(|e| e.seq > head).collect();
+        let todo = fs_core::engine::entries_after(head, entries)?;
         let Some(last) = todo.last() else {
             return Ok(head);
         };
-        for (i, e) in todo.iter().enumerate() {
-            if e.seq != head + 1 + i as u64 {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("replay gap: entry {} after head {}", e.seq, head + i as u64),
-                ));
-            }
-        }
         let mut inv = self.apply_script.prepare_invoke();
         inv.key(self.head_key())
             .key(self.journal_key())

@@ -301,16 +301,7 @@ impl Engine for RocksEngine {
 
     async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
         let b = self.inner.bounds()?;
-        let from = from.max(1);
-        if from < b.first {
-            return Err(Error::new(
-                ErrorKind::SeqNotRetained,
-                format!(
-                    "journal entry {from} is no longer retained (first retained is {})",
-                    b.first
-                ),
-            ));
-        }
+        let from = b.check_from(from)?;
         let mut out = Vec::new();
         let key = from.to_be_bytes();
         let it = self.inner.db.iterator_cf(
@@ -377,17 +368,11 @@ impl Engine for RocksEngine {
         tokio::task::spawn_blocking(move || {
             let guard = inner.commit.lock().unwrap_or_else(|p| p.into_inner());
             let start = inner.head.load(Ordering::SeqCst);
-            let mut head = start;
+            let todo = fs_core::engine::entries_after(start, &entries)?;
+            let head = todo.last().map_or(start, |e| e.seq);
             let mut batch = WriteBatch::default();
-            for e in entries.iter().filter(|e| e.seq > start) {
-                if e.seq != head + 1 {
-                    return Err(Error::new(
-                        ErrorKind::InvalidArgument,
-                        format!("replay gap: entry {} after head {head}", e.seq),
-                    ));
-                }
+            for e in todo {
                 inner.add_entry(&mut batch, e);
-                head = e.seq;
             }
             inner.write(batch)?;
             inner.head.store(head, Ordering::SeqCst);
