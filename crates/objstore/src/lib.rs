@@ -20,6 +20,8 @@ use opendal::{services, Operator};
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub use opendal;
+
 pub struct OpendalStore {
     op: Operator,
     display: String,
@@ -62,6 +64,17 @@ fn env(name: &str) -> Option<String> {
 
 impl OpendalStore {
     pub fn open(url: &str, opts: &StoreOptions) -> Result<Self> {
+        Ok(OpendalStore {
+            op: operator(url, opts)?,
+            display: url.to_string(),
+        })
+    }
+}
+
+/// An OpenDAL operator for a store URL, with the timeout and retry layers, for callers that
+/// need more than blocks (ranged reads, multipart writers, listings from a key).
+pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
+    {
         let Some((scheme, rest)) = url.split_once("://") else {
             return Err(config_err(
                 url,
@@ -163,10 +176,7 @@ impl OpendalStore {
                     .with_min_delay(Duration::from_millis(50))
                     .with_max_delay(Duration::from_secs(5)),
             );
-        Ok(OpendalStore {
-            op,
-            display: url.to_string(),
-        })
+        Ok(op)
     }
 }
 

@@ -1,0 +1,316 @@
+//! A local directory, opened once as a capability (cap-std): every path below is resolved
+//! relative to that descriptor, `..` and absolute paths cannot leave it, and symlinks are never
+//! followed out of it (a planted `dst/a -> /etc` makes writes under `a/` fail, not escape).
+//! Files are written under a temporary name and renamed into place when complete.
+
+use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
+use anyhow::{anyhow, bail, Context, Result};
+use async_trait::async_trait;
+use bytes::Bytes;
+use cap_std::fs::Dir;
+use std::io::Write;
+use cap_std::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+pub struct LocalDir {
+    root: PathBuf,
+    dir: Arc<Dir>,
+}
+
+fn entry_from(key: String, m: &cap_std::fs::Metadata, target: Option<String>) -> Entry {
+    let kind = if m.is_dir() {
+        Kind::Dir
+    } else if m.is_symlink() {
+        Kind::Symlink
+    } else {
+        Kind::File
+    };
+    Entry {
+        key,
+        kind,
+        size: if kind == Kind::File { m.len() } else { 0 },
+        mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+        mode: Some(m.mode() & 0o7777),
+        target,
+    }
+}
+
+fn rel(key: &str) -> &Path {
+    Path::new(key.trim_end_matches('/'))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| anyhow!("I/O task failed: {e}"))?
+}
+
+impl LocalDir {
+    /// Open `path`; with `create`, make it first if missing.
+    pub fn open_with(path: &str, create: bool) -> Result<Self> {
+        if path.is_empty() {
+            bail!("empty local path");
+        }
+        let root = PathBuf::from(path);
+        if create {
+            std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+        }
+        let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())
+            .with_context(|| format!("opening directory {}", root.display()))?;
+        Ok(LocalDir { root, dir: Arc::new(dir) })
+    }
+
+    pub fn open(path: &str) -> Result<Self> {
+        Self::open_with(path, false)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Walk in ascending key order (a directory sorts as `name/`), sending pages.
+    fn walk(dir: &Dir, after: Option<&str>, dirs: bool, tx: &mpsc::Sender<Page>) -> Result<()> {
+        let mut page = Vec::with_capacity(1000);
+        // Stack of (directory key prefix, its sorted children, next index).
+        let mut stack: Vec<(String, Vec<(String, cap_std::fs::Metadata)>, usize)> = vec![(String::new(), Self::children(dir, "")?, 0)];
+        while let Some((prefix, kids, i)) = stack.last_mut() {
+            if *i >= kids.len() {
+                stack.pop();
+                continue;
+            }
+            let (name, meta) = kids[*i].clone();
+            *i += 1;
+            let key = format!("{prefix}{name}");
+            if meta.is_dir() {
+                // `key` ends with '/'. Skip a subtree wholly before `after`.
+                if let Some(a) = after {
+                    if a > key.as_str() && !a.starts_with(&key) {
+                        continue;
+                    }
+                }
+                if dirs && after.is_none_or(|a| key.as_str() > a) {
+                    page.push(entry_from(key.clone(), &meta, None));
+                }
+                let kids = Self::children(dir, &key).with_context(|| format!("listing {key}"))?;
+                stack.push((key, kids, 0));
+            } else {
+                if after.is_some_and(|a| key.as_str() <= a) {
+                    continue;
+                }
+                let target = if meta.is_symlink() {
+                    Some(dir.read_link_contents(&key)?.to_string_lossy().into_owned())
+                } else {
+                    None
+                };
+                page.push(entry_from(key, &meta, target));
+            }
+            if page.len() >= 1000 && tx.blocking_send(Ok(std::mem::take(&mut page))).is_err() {
+                return Ok(()); // the receiver stopped
+            }
+        }
+        if !page.is_empty() {
+            let _ = tx.blocking_send(Ok(page));
+        }
+        Ok(())
+    }
+
+    /// Children of directory `key`, sorted by key order: directories as `name/`.
+    fn children(dir: &Dir, key: &str) -> Result<Vec<(String, cap_std::fs::Metadata)>> {
+        let rd = if key.is_empty() { dir.entries()? } else { dir.read_dir(rel(key))? };
+        let mut out = Vec::new();
+        for e in rd {
+            let e = e?;
+            let name = e.file_name().into_string().map_err(|n| anyhow!("{key}{n:?}: file name is not UTF-8"))?;
+            let meta = e.metadata()?;
+            out.push((if meta.is_dir() { format!("{name}/") } else { name }, meta));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Copy a file from another local directory with copy_file_range (the kernel copies; no
+    /// bytes pass through user space), in pieces so a rate limit can pace it.
+    pub async fn copy_from_local(&self, src: &LocalDir, key: &str, mut pace: impl FnMut(u64) -> futures::future::BoxFuture<'static, ()>) -> Result<Box<dyn Sink>> {
+        check_key(key)?;
+        let (sd, k) = (src.dir.clone(), key.to_string());
+        let from = blocking(move || Ok(sd.open(rel(&k))?.into_std())).await?;
+        let sink = LocalSink::create(self.dir.clone(), key).await?;
+        let len = from.metadata()?.len();
+        let mut done = 0u64;
+        const PIECE: u64 = 64 << 20;
+        while done < len {
+            let n = PIECE.min(len - done);
+            pace(n).await;
+            let (mut f, mut t) = (from.try_clone()?, sink.file.try_clone()?);
+            let copied = blocking(move || {
+                use std::io::{Read, Seek, SeekFrom};
+                f.seek(SeekFrom::Start(done))?;
+                Ok(std::io::copy(&mut (&mut f).take(n), &mut t)?)
+            })
+            .await?;
+            if copied != n {
+                bail!("{key} changed while being copied (short read at {done})");
+            }
+            done += n;
+        }
+        Ok(Box::new(sink))
+    }
+}
+
+pub struct LocalSink {
+    dir: Arc<Dir>,
+    tmp: String,
+    key: String,
+    file: std::fs::File,
+}
+
+impl LocalSink {
+    async fn create(dir: Arc<Dir>, key: &str) -> Result<Self> {
+        let key = key.to_string();
+        blocking(move || {
+            let path = rel(&key);
+            let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow!("{key}: no file name"))?;
+            let tmp = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                Some(p) => {
+                    dir.create_dir_all(p).with_context(|| format!("creating the directory of {key}"))?;
+                    format!("{}/.{name}.jfs-sync-tmp", p.display())
+                }
+                None => format!(".{name}.jfs-sync-tmp"),
+            };
+            let file = dir.create(&tmp).with_context(|| format!("creating {tmp}"))?.into_std();
+            Ok(LocalSink { dir, tmp, key, file })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Sink for LocalSink {
+    async fn write(&mut self, data: Bytes) -> Result<()> {
+        let mut f = self.file.try_clone()?;
+        blocking(move || Ok(f.write_all(&data)?)).await
+    }
+
+    async fn finish(self: Box<Self>, src: &Entry, perms: bool) -> Result<()> {
+        let (mtime, mode) = (src.mtime_ns, src.mode);
+        blocking(move || {
+            let s = *self;
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime.max(0) as u64);
+            s.file.set_times(std::fs::FileTimes::new().set_modified(t))?;
+            if let (true, Some(m)) = (perms, mode) {
+                s.file.set_permissions(std::fs::Permissions::from_mode(m))?;
+            }
+            s.file.sync_data()?;
+            s.dir.rename(&s.tmp, &s.dir, rel(&s.key)).with_context(|| format!("renaming into place: {}", s.key))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn abort(self: Box<Self>) {
+        let _ = blocking(move || Ok(self.dir.remove_file(&self.tmp)?)).await;
+    }
+}
+
+#[async_trait]
+impl Endpoint for LocalDir {
+    fn describe(&self) -> String {
+        self.root.display().to_string()
+    }
+    fn mtime_precision_ns(&self) -> i64 {
+        1
+    }
+    fn mtime_is_upload(&self) -> bool {
+        false
+    }
+
+    async fn list(&self, after: Option<String>, dirs: bool, tx: mpsc::Sender<Page>) -> Result<()> {
+        let dir = self.dir.clone();
+        let root = self.root.clone();
+        blocking(move || {
+            if let Err(e) = Self::walk(&dir, after.as_deref(), dirs, &tx) {
+                let _ = tx.blocking_send(Err(e.context(format!("listing {}", root.display()))));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn stat(&self, key: &str) -> Result<Option<Entry>> {
+        check_key(key)?;
+        let (dir, k) = (self.dir.clone(), key.to_string());
+        blocking(move || match dir.symlink_metadata(rel(&k)) {
+            Ok(m) => {
+                let target = if m.is_symlink() { Some(dir.read_link_contents(rel(&k))?.to_string_lossy().into_owned()) } else { None };
+                let key = if m.is_dir() && !k.ends_with('/') { format!("{k}/") } else { k };
+                Ok(Some(entry_from(key, &m, target)))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("stat {k}")),
+        })
+        .await
+    }
+
+    async fn read(&self, key: &str, offset: u64, len: u64) -> Result<Bytes> {
+        check_key(key)?;
+        let (dir, k) = (self.dir.clone(), key.to_string());
+        blocking(move || {
+            let f = dir.open(rel(&k)).with_context(|| format!("opening {k}"))?.into_std();
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact_at(&mut buf, offset).with_context(|| format!("reading {k} at {offset}"))?;
+            Ok(Bytes::from(buf))
+        })
+        .await
+    }
+
+    async fn sink(&self, key: &str, _size: u64) -> Result<Box<dyn Sink>> {
+        check_key(key)?;
+        Ok(Box::new(LocalSink::create(self.dir.clone(), key).await?))
+    }
+
+    async fn mkdir(&self, key: &str, src: &Entry, perms: bool) -> Result<()> {
+        check_key(key)?;
+        let (dir, k, mode) = (self.dir.clone(), key.to_string(), src.mode);
+        blocking(move || {
+            dir.create_dir_all(rel(&k)).with_context(|| format!("creating directory {k}"))?;
+            if let (true, Some(m)) = (perms, mode) {
+                dir.set_permissions(rel(&k), cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(m)))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn symlink(&self, key: &str, target: &str) -> Result<()> {
+        check_key(key)?;
+        let (dir, k, t) = (self.dir.clone(), key.to_string(), target.to_string());
+        blocking(move || {
+            let p = rel(&k);
+            if let Some(parent) = p.parent().filter(|p| !p.as_os_str().is_empty()) {
+                dir.create_dir_all(parent)?;
+            }
+            match dir.symlink_metadata(p) {
+                Ok(m) if m.is_dir() => bail!("{k} exists as a directory"),
+                Ok(_) => dir.remove_file(p)?,
+                Err(_) => {}
+            }
+            dir.symlink_contents(&t, p).with_context(|| format!("creating symlink {k}"))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str, kind: Kind) -> Result<()> {
+        check_key(key)?;
+        let (dir, k) = (self.dir.clone(), key.to_string());
+        blocking(move || {
+            let r = if kind == Kind::Dir { dir.remove_dir(rel(&k)) } else { dir.remove_file(rel(&k)) };
+            match r {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| format!("deleting {k}")),
+                _ => Ok(()),
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,246 @@
+//! A volume, file by file through fs-core: `jfs://NAME/path`, where the environment variable
+//! `NAME` holds the META_URL (as JuiceFS does; it keeps URLs and passwords out of arguments).
+//! Files are written under a temporary name and renamed into place when complete.
+
+use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
+use anyhow::{anyhow, bail, Context, Result};
+use async_trait::async_trait;
+use bytes::Bytes;
+use fs_core::{Attr, ErrorKind, FileKind, Fs, Ino, Owner, SetAttr};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+pub struct VolumeEndpoint {
+    fs: Arc<Fs>,
+    name: String,
+    /// Volume path this endpoint is rooted at ("" is the volume root).
+    base: String,
+}
+
+fn entry(key: String, a: &Attr, target: Option<String>) -> Entry {
+    let kind = match a.kind {
+        FileKind::Dir => Kind::Dir,
+        FileKind::Symlink => Kind::Symlink,
+        FileKind::File => Kind::File,
+    };
+    Entry { key, kind, size: if kind == Kind::File { a.length } else { 0 }, mtime_ns: a.mtime, mode: Some(a.mode), target }
+}
+
+impl VolumeEndpoint {
+    pub async fn open(rest: &str) -> Result<Self> {
+        let (name, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let url = std::env::var(name).map_err(|_| anyhow!("jfs://{name}/: set the environment variable {name} to the volume's META_URL"))?;
+        let engine = meta::open(&url, &meta::OpenOptions::default()).await.with_context(|| format!("opening volume {name}"))?;
+        let settings = Fs::load_settings(&*engine).await?;
+        let store: Arc<dyn fs_core::BlockStore> = Arc::new(objstore::OpendalStore::open(&settings.storage, &Default::default())?);
+        let fs = Fs::open(engine, store).await?;
+        Ok(VolumeEndpoint { fs: Arc::new(fs), name: name.to_string(), base: path.trim_matches('/').to_string() })
+    }
+
+    pub fn fs(&self) -> &Arc<Fs> {
+        &self.fs
+    }
+
+    /// The volume path of a key.
+    pub fn path_of(&self, key: &str) -> String {
+        let k = key.trim_end_matches('/');
+        match (self.base.is_empty(), k.is_empty()) {
+            (true, _) => format!("/{k}"),
+            (false, true) => format!("/{}", self.base),
+            (false, false) => format!("/{}/{k}", self.base),
+        }
+    }
+
+    /// The key of a volume path, if it is under this endpoint's base.
+    pub fn key_of(&self, path: &str) -> Option<String> {
+        let p = path.trim_start_matches('/');
+        if self.base.is_empty() {
+            return Some(p.to_string());
+        }
+        p.strip_prefix(&self.base).and_then(|r| r.strip_prefix('/')).map(str::to_string)
+    }
+
+    async fn parent_dir(&self, key: &str, create: bool) -> Result<(Ino, String)> {
+        let path = self.path_of(key);
+        let (dir, name) = path.rsplit_once('/').ok_or_else(|| anyhow!("bad key {key}"))?;
+        let mut cur = fs_core::ROOT_INO;
+        for c in dir.split('/').filter(|c| !c.is_empty()) {
+            cur = match self.fs.lookup(cur, c.as_bytes()).await {
+                Ok((ino, a)) if a.kind == FileKind::Dir => ino,
+                Ok(_) => bail!("{dir}: {c} is not a directory"),
+                Err(e) if e.kind() == ErrorKind::NotFound && create => match self.fs.mkdir(cur, c.as_bytes(), 0o755, Owner::default()).await {
+                    Ok((ino, _)) => ino,
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => self.fs.lookup(cur, c.as_bytes()).await?.0,
+                    Err(e) => return Err(e.into()),
+                },
+                Err(e) => return Err(e.into()),
+            };
+        }
+        Ok((cur, name.to_string()))
+    }
+
+    async fn children(&self, ino: Ino, prefix: &str) -> Result<Vec<(String, Ino, Attr)>> {
+        let mut out = Vec::new();
+        for e in self.fs.readdir_all(ino).await? {
+            let name = String::from_utf8(e.name).map_err(|_| anyhow!("a name under {prefix:?} is not UTF-8"))?;
+            let a = self.fs.getattr(e.ino).await?;
+            let key = if a.kind == FileKind::Dir { format!("{prefix}{name}/") } else { format!("{prefix}{name}") };
+            out.push((key, e.ino, a));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
+
+struct VolumeSink {
+    fs: Arc<Fs>,
+    parent: Ino,
+    tmp: String,
+    name: String,
+    ino: Ino,
+    off: u64,
+}
+
+#[async_trait]
+impl Sink for VolumeSink {
+    async fn write(&mut self, data: Bytes) -> Result<()> {
+        self.fs.write(self.ino, self.off, &data).await?;
+        self.off += data.len() as u64;
+        Ok(())
+    }
+    async fn finish(self: Box<Self>, src: &Entry, perms: bool) -> Result<()> {
+        let set = SetAttr { mtime: Some(src.mtime_ns), mode: if perms { src.mode } else { None }, ..Default::default() };
+        self.fs.setattr(self.ino, &set).await?;
+        self.fs.rename(self.parent, self.tmp.as_bytes(), self.parent, self.name.as_bytes(), false).await?;
+        Ok(())
+    }
+    async fn abort(self: Box<Self>) {
+        let _ = self.fs.unlink(self.parent, self.tmp.as_bytes()).await;
+    }
+}
+
+#[async_trait]
+impl Endpoint for VolumeEndpoint {
+    fn describe(&self) -> String {
+        format!("jfs://{}/{}", self.name, self.base)
+    }
+    fn mtime_precision_ns(&self) -> i64 {
+        1
+    }
+    fn mtime_is_upload(&self) -> bool {
+        false
+    }
+
+    async fn list(&self, after: Option<String>, dirs: bool, tx: mpsc::Sender<Page>) -> Result<()> {
+        let root = match self.fs.resolve(&self.path_of("")).await {
+            Ok((ino, a)) if a.kind == FileKind::Dir => ino,
+            Ok(_) => bail!("{} is not a directory", self.describe()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut page = Vec::with_capacity(1000);
+        let mut stack = vec![(self.children(root, "").await?, 0usize)];
+        while let Some((kids, i)) = stack.last_mut() {
+            if *i >= kids.len() {
+                stack.pop();
+                continue;
+            }
+            let (key, ino, a) = kids[*i].clone();
+            *i += 1;
+            if a.kind == FileKind::Dir {
+                if after.as_deref().is_some_and(|x| x > key.as_str() && !x.starts_with(&key)) {
+                    continue;
+                }
+                if dirs && after.as_deref().is_none_or(|x| key.as_str() > x) {
+                    page.push(entry(key.clone(), &a, None));
+                }
+                stack.push((self.children(ino, &key).await?, 0));
+            } else {
+                if after.as_deref().is_some_and(|x| key.as_str() <= x) {
+                    continue;
+                }
+                let target = if a.kind == FileKind::Symlink { Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned()) } else { None };
+                page.push(entry(key, &a, target));
+            }
+            if page.len() >= 1000 && tx.send(Ok(std::mem::take(&mut page))).await.is_err() {
+                return Ok(());
+            }
+        }
+        if !page.is_empty() {
+            let _ = tx.send(Ok(page)).await;
+        }
+        Ok(())
+    }
+
+    async fn stat(&self, key: &str) -> Result<Option<Entry>> {
+        match self.fs.resolve(&self.path_of(key)).await {
+            Ok((ino, a)) => {
+                let target = if a.kind == FileKind::Symlink { Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned()) } else { None };
+                let k = if a.kind == FileKind::Dir && !key.ends_with('/') { format!("{key}/") } else { key.to_string() };
+                Ok(Some(entry(k, &a, target)))
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn read(&self, key: &str, offset: u64, len: u64) -> Result<Bytes> {
+        let (ino, _) = self.fs.resolve(&self.path_of(key)).await?;
+        let b = self.fs.read(ino, offset, len as usize).await?;
+        if b.len() as u64 != len {
+            bail!("{key}: got {} bytes at {offset}, expected {len} (file changed during the copy?)", b.len());
+        }
+        Ok(Bytes::from(b))
+    }
+
+    async fn sink(&self, key: &str, _size: u64) -> Result<Box<dyn Sink>> {
+        check_key(key)?;
+        let (parent, name) = self.parent_dir(key, true).await?;
+        let tmp = format!(".{name}.jfs-sync-tmp-{:08x}", rand_u32());
+        let (ino, _) = self.fs.create(parent, tmp.as_bytes(), 0o644, Owner::default()).await?;
+        Ok(Box::new(VolumeSink { fs: self.fs.clone(), parent, tmp, name, ino, off: 0 }))
+    }
+
+    async fn mkdir(&self, key: &str, src: &Entry, perms: bool) -> Result<()> {
+        check_key(key)?;
+        let (parent, name) = self.parent_dir(key, true).await?;
+        let ino = match self.fs.mkdir(parent, name.as_bytes(), src.mode.unwrap_or(0o755), Owner::default()).await {
+            Ok((ino, _)) => ino,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => self.fs.lookup(parent, name.as_bytes()).await?.0,
+            Err(e) => return Err(e.into()),
+        };
+        if perms {
+            self.fs.setattr(ino, &SetAttr { mode: src.mode, ..Default::default() }).await?;
+        }
+        Ok(())
+    }
+
+    async fn symlink(&self, key: &str, target: &str) -> Result<()> {
+        check_key(key)?;
+        let (parent, name) = self.parent_dir(key, true).await?;
+        if self.fs.lookup(parent, name.as_bytes()).await.is_ok() {
+            self.fs.unlink(parent, name.as_bytes()).await?;
+        }
+        self.fs.symlink(parent, name.as_bytes(), target.as_bytes(), Owner::default()).await?;
+        Ok(())
+    }
+
+    async fn delete(&self, key: &str, kind: Kind) -> Result<()> {
+        let (parent, name) = match self.parent_dir(key, false).await {
+            Ok(p) => p,
+            Err(_) => return Ok(()),
+        };
+        let r = if kind == Kind::Dir { self.fs.rmdir(parent, name.as_bytes()).await } else { self.fs.unlink(parent, name.as_bytes()).await };
+        match r {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish() as u32
+}

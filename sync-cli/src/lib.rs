@@ -1,0 +1,9 @@
+//! jfs-sync: full and incremental, resumable migrations between local directories, object
+//! stores and volumes. `run::sync` is the entry point; `main.rs` is wiring.
+
+pub mod endpoint;
+pub mod filter;
+pub mod limits;
+pub mod plan;
+pub mod state;
+pub mod stats;
