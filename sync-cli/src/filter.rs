@@ -49,16 +49,27 @@ impl Filter {
             let p = pat.trim_end_matches('/');
             let anchored = p.contains('/');
             let p = p.trim_start_matches('/');
-            let glob = if anchored { p.to_string() } else { format!("**/{p}") };
+            let glob = if anchored {
+                p.to_string()
+            } else {
+                format!("**/{p}")
+            };
             let m = globset::GlobBuilder::new(&glob)
                 .literal_separator(true)
                 .backslash_escape(true)
                 .build()
                 .with_context(|| format!("bad pattern {pat:?}"))?
                 .compile_matcher();
-            out.push(Rule { include: *include, dir_only, m });
+            out.push(Rule {
+                include: *include,
+                dir_only,
+                m,
+            });
         }
-        Ok(Filter { rules: out, ..Default::default() })
+        Ok(Filter {
+            rules: out,
+            ..Default::default()
+        })
     }
 
     /// The rules' verdict on a key (`dir/` keys are directories).
@@ -94,7 +105,8 @@ impl Filter {
     }
 
     pub fn in_range(&self, key: &str) -> bool {
-        self.start.as_deref().is_none_or(|s| key >= s) && self.end.as_deref().is_none_or(|e| key <= e)
+        self.start.as_deref().is_none_or(|s| key >= s)
+            && self.end.as_deref().is_none_or(|e| key <= e)
     }
 
     /// The whole verdict on a listed entry; size and age apply to files only.
@@ -126,27 +138,68 @@ mod tests {
 
     #[test]
     fn patterns_without_slash_match_any_component() {
-        check(&[(false, "*.tmp")], &[("a.tmp", false), ("d/e/a.tmp", false), ("a.tmp.x", true), ("x/a.txt", true)]);
-        check(&[(false, "cache/")], &[("cache/", false), ("cache/x", false), ("a/cache/x", false), ("cache", true)]);
+        check(
+            &[(false, "*.tmp")],
+            &[
+                ("a.tmp", false),
+                ("d/e/a.tmp", false),
+                ("a.tmp.x", true),
+                ("x/a.txt", true),
+            ],
+        );
+        check(
+            &[(false, "cache/")],
+            &[
+                ("cache/", false),
+                ("cache/x", false),
+                ("a/cache/x", false),
+                ("cache", true),
+            ],
+        );
     }
 
     #[test]
     fn patterns_with_slash_are_anchored_and_star_stays_in_a_component() {
-        check(&[(false, "logs/*.gz")], &[("logs/a.gz", false), ("logs/x/a.gz", true), ("y/logs/a.gz", true)]);
-        check(&[(false, "/logs/**")], &[("logs/x/a.gz", false), ("logsx/a", true)]);
+        check(
+            &[(false, "logs/*.gz")],
+            &[
+                ("logs/a.gz", false),
+                ("logs/x/a.gz", true),
+                ("y/logs/a.gz", true),
+            ],
+        );
+        check(
+            &[(false, "/logs/**")],
+            &[("logs/x/a.gz", false), ("logsx/a", true)],
+        );
     }
 
     #[test]
     fn layer_by_layer_first_match_wins() {
         // include *.txt, exclude everything else: but "*" excludes directory layers first,
         // exactly as rsync does, unless directories are included explicitly.
-        check(&[(true, "*.txt"), (false, "*")], &[("a.txt", true), ("a.bin", false), ("d/a.txt", false)]);
-        check(&[(true, "*/"), (true, "*.txt"), (false, "*")], &[("d/a.txt", true), ("d/a.bin", false), ("d/e/f.txt", true)]);
+        check(
+            &[(true, "*.txt"), (false, "*")],
+            &[("a.txt", true), ("a.bin", false), ("d/a.txt", false)],
+        );
+        check(
+            &[(true, "*/"), (true, "*.txt"), (false, "*")],
+            &[("d/a.txt", true), ("d/a.bin", false), ("d/e/f.txt", true)],
+        );
         // an excluded directory excludes all below it, whatever later layers say
-        check(&[(false, "secret/"), (true, "*.txt")], &[("secret/a.txt", false), ("open/a.txt", true)]);
+        check(
+            &[(false, "secret/"), (true, "*.txt")],
+            &[("secret/a.txt", false), ("open/a.txt", true)],
+        );
         // order matters: the first matching rule of a layer decides
-        check(&[(true, "keep.log"), (false, "*.log")], &[("keep.log", true), ("other.log", false)]);
-        check(&[(false, "*.log"), (true, "keep.log")], &[("keep.log", false)]);
+        check(
+            &[(true, "keep.log"), (false, "*.log")],
+            &[("keep.log", true), ("other.log", false)],
+        );
+        check(
+            &[(false, "*.log"), (true, "keep.log")],
+            &[("keep.log", false)],
+        );
     }
 
     #[test]
@@ -156,7 +209,14 @@ mod tests {
         f.max_size = Some(100);
         f.start = Some("b".into());
         f.end = Some("m".into());
-        let e = |k: &str, size| Entry { key: k.into(), kind: Kind::File, size, mtime_ns: 0, mode: None, target: None };
+        let e = |k: &str, size| Entry {
+            key: k.into(),
+            kind: Kind::File,
+            size,
+            mtime_ns: 0,
+            mode: None,
+            target: None,
+        };
         assert!(f.allows(&e("c", 50)));
         assert!(!f.allows(&e("c", 5)));
         assert!(!f.allows(&e("c", 500)));

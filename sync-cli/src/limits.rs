@@ -20,7 +20,11 @@ fn parse_rate(s: &str) -> Result<Option<u64>> {
     }
     let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
         Some((i, _)) => {
-            let m: u64 = match s[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+            let m: u64 = match s[i..]
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
                 "" => 1,
                 "K" => 1 << 10,
                 "M" => 1 << 20,
@@ -42,8 +46,12 @@ impl BwSchedule {
         }
         let mut v = Vec::new();
         for part in s.split_whitespace() {
-            let (t, r) = part.split_once(',').with_context(|| format!("timetable entry {part:?}: expected HH:MM,RATE"))?;
-            let (h, m) = t.split_once(':').with_context(|| format!("time {t:?}: expected HH:MM"))?;
+            let (t, r) = part
+                .split_once(',')
+                .with_context(|| format!("timetable entry {part:?}: expected HH:MM,RATE"))?;
+            let (h, m) = t
+                .split_once(':')
+                .with_context(|| format!("time {t:?}: expected HH:MM"))?;
             let (h, m): (u32, u32) = (h.parse()?, m.parse()?);
             if h > 23 || m > 59 {
                 bail!("time {t:?} out of range");
@@ -56,7 +64,12 @@ impl BwSchedule {
 
     /// The limit at `minute` of the day.
     pub fn at(&self, minute: u32) -> Option<u64> {
-        self.0.iter().rev().find(|e| e.0 <= minute).or(self.0.last()).and_then(|e| e.1)
+        self.0
+            .iter()
+            .rev()
+            .find(|e| e.0 <= minute)
+            .or(self.0.last())
+            .and_then(|e| e.1)
     }
 }
 
@@ -68,7 +81,9 @@ pub struct Limits {
 
 fn minute_now() -> u32 {
     // Local time without a time-zone crate: the offset comes from TZ-aware `date` at start.
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     (((secs as i64 + *UTC_OFFSET) / 60).rem_euclid(1440)) as u32
 }
 
@@ -81,7 +96,10 @@ static UTC_OFFSET: std::sync::LazyLock<i64> = std::sync::LazyLock::new(|| {
             let s = String::from_utf8_lossy(&o.stdout).trim().to_string();
             let sign = if s.starts_with('-') { -1 } else { 1 };
             let d = s.trim_start_matches(['+', '-']);
-            let (h, m) = (d.get(..2)?.parse::<i64>().ok()?, d.get(2..4)?.parse::<i64>().ok()?);
+            let (h, m) = (
+                d.get(..2)?.parse::<i64>().ok()?,
+                d.get(2..4)?.parse::<i64>().ok()?,
+            );
             Some(sign * (h * 3600 + m * 60))
         })
         .unwrap_or(0)
@@ -89,7 +107,8 @@ static UTC_OFFSET: std::sync::LazyLock<i64> = std::sync::LazyLock::new(|| {
 
 fn byte_limiter(rate: u64) -> Arc<DefaultDirectRateLimiter> {
     let cells = (rate / CELL).max(1) as u32;
-    let q = Quota::per_second(NonZeroU32::new(cells).expect(">0")).allow_burst(NonZeroU32::new(4).expect(">0"));
+    let q = Quota::per_second(NonZeroU32::new(cells).expect(">0"))
+        .allow_burst(NonZeroU32::new(4).expect(">0"));
     Arc::new(RateLimiter::direct(q))
 }
 
@@ -97,9 +116,15 @@ impl Limits {
     pub fn new(bw: Option<BwSchedule>, tps: Option<u32>) -> Result<Self> {
         let requests = match tps {
             Some(0) | None => None,
-            Some(n) => Some(RateLimiter::direct(Quota::per_second(NonZeroU32::new(n).expect(">0")))),
+            Some(n) => Some(RateLimiter::direct(Quota::per_second(
+                NonZeroU32::new(n).expect(">0"),
+            ))),
         };
-        let l = Limits { bytes: RwLock::new(None), requests, schedule: bw };
+        let l = Limits {
+            bytes: RwLock::new(None),
+            requests,
+            schedule: bw,
+        };
         l.refresh();
         Ok(l)
     }
@@ -116,7 +141,12 @@ impl Limits {
 
     /// Wait until `n` bytes may pass.
     pub async fn bytes(&self, n: u64) {
-        let lim = self.bytes.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|c| c.1.clone());
+        let lim = self
+            .bytes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| c.1.clone());
         if let Some(l) = lim {
             let mut cells = n.div_ceil(CELL);
             while cells > 0 {
@@ -142,7 +172,11 @@ mod tests {
     #[test]
     fn timetables_parse_and_pick_the_entry_in_force() {
         let s = BwSchedule::parse("08:00,10M 18:00,off 23:30,512K").unwrap();
-        assert_eq!(s.at(7 * 60), Some(512 << 10), "before the first entry: the last of the day");
+        assert_eq!(
+            s.at(7 * 60),
+            Some(512 << 10),
+            "before the first entry: the last of the day"
+        );
         assert_eq!(s.at(8 * 60), Some(10 << 20));
         assert_eq!(s.at(17 * 60 + 59), Some(10 << 20));
         assert_eq!(s.at(18 * 60), None);

@@ -1,1 +1,330 @@
-fn main() {}
+//! `jfs-sync`: thin wiring over the sync-cli library (flags, logging, signals, progress,
+//! metrics, exit codes).
+
+use anyhow::{bail, Context, Result};
+use clap::{CommandFactory, FromArgMatches};
+use std::io::IsTerminal;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use sync_cli::cli::{Cli, Cmd, Common, SyncArgs};
+use sync_cli::endpoint;
+use sync_cli::filter::Filter;
+use sync_cli::limits::{BwSchedule, Limits};
+use sync_cli::plan::Compare;
+use sync_cli::run::{self, MaxDelete, Options};
+use sync_cli::state::{self, State};
+use sync_cli::stats::Stats;
+use tokio::sync::watch;
+
+fn main() {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    init_logging(&cli.common);
+    // --include/--exclude keep their command-line order.
+    let mut rules: Vec<(usize, bool, String)> = Vec::new();
+    for (id, include) in [("include", true), ("exclude", false)] {
+        if let (Some(idx), Some(vals)) = (matches.indices_of(id), matches.get_many::<String>(id)) {
+            rules.extend(idx.zip(vals).map(|(i, v)| (i, include, v.clone())));
+        }
+    }
+    rules.sort_by_key(|r| r.0);
+    let rules: Vec<(bool, String)> = rules.into_iter().map(|(_, i, p)| (i, p)).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = rt.block_on(async move {
+        let r = match cli.cmd {
+            Some(Cmd::Check(a)) => check(a).await,
+            None => sync(cli.sync, cli.common, rules).await,
+        };
+        match r {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("jfs-sync: error: {e:#}");
+                2
+            }
+        }
+    });
+    std::process::exit(code);
+}
+
+fn init_logging(c: &Common) {
+    let level = match c.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("JFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if c.log_format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+fn norm(spec: &str) -> String {
+    // A trailing slash means the same as none.
+    if spec.len() > 1 && !spec.ends_with("://") {
+        spec.trim_end_matches('/').to_string()
+    } else {
+        spec.to_string()
+    }
+}
+
+fn signals() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut t), Ok(mut i)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
+        eprintln!("jfs-sync: interrupted: finishing the copies in flight and saving progress");
+        let _ = tx.send(true);
+        tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
+        std::process::exit(2);
+    });
+    rx
+}
+
+fn progress(stats: Arc<Stats>, every: u64, quiet: bool) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if quiet {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        if std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+                    .expect("template"),
+            );
+            loop {
+                let b = stats.bytes.load(Relaxed);
+                let rate = b as f64 / t0.elapsed().as_secs_f64().max(0.001) / (1 << 20) as f64;
+                bar.set_message(format!(
+                    "listed {} | pending {} | copied {} | updated {} | skipped {} | failed {} | {} MiB ({rate:.1} MiB/s)",
+                    stats.listed.load(Relaxed), stats.pending.load(Relaxed), stats.copied.load(Relaxed),
+                    stats.updated.load(Relaxed), stats.skipped.load(Relaxed), stats.failed.load(Relaxed), b >> 20
+                ));
+                bar.tick();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        } else {
+            loop {
+                tokio::time::sleep(Duration::from_secs(every.max(1))).await;
+                eprintln!(
+                    "jfs-sync: progress: {}",
+                    stats.summary(t0.elapsed().as_secs_f64()).line()
+                );
+            }
+        }
+    })
+}
+
+async fn serve_metrics(addr: &str, stats: Arc<Stats>) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics {addr}"))?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let s = stats.clone();
+            async move { s.prometheus() }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(())
+}
+
+fn parse_max_delete(s: &str) -> Result<MaxDelete> {
+    Ok(match s.strip_suffix('%') {
+        Some(p) => MaxDelete::Percent(
+            p.trim()
+                .parse()
+                .with_context(|| format!("--max-delete {s:?}"))?,
+        ),
+        None => MaxDelete::Count(
+            s.trim()
+                .parse()
+                .with_context(|| format!("--max-delete {s:?}: a count or a percentage"))?,
+        ),
+    })
+}
+
+async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32> {
+    let (src_spec, dst_spec) = (
+        norm(a.src.as_deref().unwrap_or("")),
+        norm(a.dst.as_deref().unwrap_or("")),
+    );
+    if a.update && a.force_update {
+        bail!("--update and --force-update contradict each other");
+    }
+    if a.existing && a.ignore_existing {
+        bail!("--existing and --ignore-existing together would copy nothing");
+    }
+    let mut filter = Filter::new(&rules)?;
+    filter.min_size = a.min_size;
+    filter.max_size = a.max_size;
+    let now = fs_core::now_ns();
+    filter.newest_ns = a.min_age.map(|d| now - d.as_nanos() as i64);
+    filter.oldest_ns = a.max_age.map(|d| now - d.as_nanos() as i64);
+    filter.start = a.start.clone();
+    filter.end = a.end.clone();
+    let bw = a
+        .bwlimit
+        .as_deref()
+        .map(BwSchedule::parse)
+        .transpose()
+        .context("--bwlimit")?;
+    let limits = Arc::new(Limits::new(bw, a.tps)?);
+    let max_delete = a.max_delete.as_deref().map(parse_max_delete).transpose()?;
+    let keys = match &a.files_from {
+        Some(f) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("--files-from {}", f.display()))?;
+            let mut k: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_string)
+                .collect();
+            k.sort();
+            k.dedup();
+            Some(k)
+        }
+        None => None,
+    };
+    let src = endpoint::open(&src_spec, c.endpoint.as_deref(), false)
+        .await
+        .with_context(|| format!("source {src_spec}"))?;
+    let dst = endpoint::open(&dst_spec, c.endpoint.as_deref(), !a.dry_run)
+        .await
+        .with_context(|| format!("destination {dst_spec}"))?;
+    let compare = Compare {
+        checksum: a.checksum,
+        update: a.update,
+        ignore_existing: a.ignore_existing,
+        existing: a.existing,
+        force_update: a.force_update,
+        precision_ns: src.mtime_precision_ns().max(dst.mtime_precision_ns()),
+        dst_upload_time: dst.mtime_is_upload(),
+    };
+    // The job's identity: what decides which objects it copies.
+    let identity = format!(
+        "{:?}|{:?}|{}{}{}{}{}{}{}{}|{:?}|{:?}",
+        rules,
+        a.files_from,
+        a.checksum,
+        a.update,
+        a.ignore_existing,
+        a.existing,
+        a.force_update,
+        a.dirs,
+        a.links,
+        a.delete_dst,
+        (a.min_size, a.max_size, &a.start, &a.end),
+        a.from_journal
+    );
+    let state = if a.dry_run {
+        None
+    } else {
+        let dir = a
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| state::default_dir(&src_spec, &dst_spec, &identity));
+        if a.reset_state {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Some(Arc::new(State::open(&dir)?))
+    };
+    let mut opts = Options {
+        threads: c.threads,
+        compare,
+        filter,
+        delete_dst: a.delete_dst,
+        delete_src: a.delete_src,
+        max_delete,
+        max_failure: a.max_failure,
+        dry_run: a.dry_run,
+        dirs: a.dirs,
+        perms: a.perms,
+        links: a.links,
+        check_new: a.check_new,
+        retries: a.retries,
+        keys,
+        limits,
+    };
+    let stats = Arc::new(Stats::default());
+    if let Some(addr) = &a.metrics {
+        serve_metrics(addr, stats.clone()).await?;
+    }
+    let journal_head = if a.from_journal {
+        sync_cli::journal::prepare(&*src, &*dst, state.as_deref(), &mut opts).await?
+    } else {
+        None
+    };
+    let ticker = progress(
+        stats.clone(),
+        a.progress_interval,
+        c.json && !std::io::stderr().is_terminal(),
+    );
+    let report = run::sync(src, dst, opts, state.clone(), stats, signals()).await?;
+    ticker.abort();
+    if let (Some(head), Some(st)) = (journal_head, &state) {
+        if report.exit_code() == 0 {
+            st.set_journal_seq(head)?;
+        }
+    }
+    if let Some(f) = &report.fatal {
+        eprintln!("jfs-sync: error: {f}");
+    }
+    if report.interrupted {
+        eprintln!("jfs-sync: interrupted; progress saved, run the same command again to resume");
+    }
+    eprintln!("jfs-sync: {}", report.summary.line());
+    if c.json {
+        println!("{}", serde_json::to_string(&report.summary)?);
+    }
+    Ok(report.exit_code())
+}
+
+async fn check(a: sync_cli::cli::CheckArgs) -> Result<i32> {
+    let src = endpoint::open(&norm(&a.src), a.common.endpoint.as_deref(), false)
+        .await
+        .with_context(|| format!("source {}", a.src))?;
+    let dst = endpoint::open(&norm(&a.dst), a.common.endpoint.as_deref(), false)
+        .await
+        .with_context(|| format!("destination {}", a.dst))?;
+    let r = sync_cli::check::check(src, dst, a.download, a.common.threads).await?;
+    if a.list || !a.common.json {
+        for (k, what) in &r.keys {
+            if a.list {
+                println!("{what} {k}");
+            }
+        }
+    }
+    if a.common.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        eprintln!(
+            "jfs-sync check: {} same, {} missing, {} differing, {} extra",
+            r.same, r.missing, r.differing, r.extra
+        );
+    }
+    Ok(if r.missing + r.differing > 0 { 1 } else { 0 })
+}

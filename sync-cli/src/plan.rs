@@ -68,13 +68,21 @@ impl Compare {
                 match (s.kind, d.kind) {
                     (Kind::Dir, Kind::Dir) => return Action::Skip,
                     (Kind::Symlink, Kind::Symlink) => {
-                        return if s.target == d.target { Action::Skip } else { Action::Update };
+                        return if s.target == d.target {
+                            Action::Skip
+                        } else {
+                            Action::Update
+                        };
                     }
                     (a, b) if a != b => return Action::Update,
                     _ => {}
                 }
                 if self.update {
-                    return if self.newer(s, d) { Action::Update } else { Action::Skip };
+                    return if self.newer(s, d) {
+                        Action::Update
+                    } else {
+                        Action::Skip
+                    };
                 }
                 if s.size != d.size {
                     return Action::Update;
@@ -97,7 +105,14 @@ mod tests {
     use super::*;
 
     fn e(size: u64, t: i64) -> Entry {
-        Entry { key: "k".into(), kind: Kind::File, size, mtime_ns: t, mode: None, target: None }
+        Entry {
+            key: "k".into(),
+            kind: Kind::File,
+            size,
+            mtime_ns: t,
+            mode: None,
+            target: None,
+        }
     }
 
     fn check(c: &Compare, cases: &[(Option<Entry>, Option<Entry>, Action)]) {
@@ -110,42 +125,103 @@ mod tests {
 
     #[test]
     fn default_is_size_and_mtime_at_the_coarser_precision() {
-        let c = Compare { precision_ns: S, ..Default::default() };
-        check(&c, &[
-            (Some(e(1, 10 * S + 5)), None, Action::Copy),
-            (None, Some(e(1, 0)), Action::Extra),
-            (Some(e(1, 10 * S + 5)), Some(e(1, 10 * S)), Action::Skip), // same second
-            (Some(e(1, 11 * S)), Some(e(1, 10 * S)), Action::Update),
-            (Some(e(2, 10 * S)), Some(e(1, 10 * S)), Action::Update),
-        ]);
-        let fine = Compare { precision_ns: 1, ..Default::default() };
-        check(&fine, &[(Some(e(1, 10 * S + 5)), Some(e(1, 10 * S)), Action::Update)]);
+        let c = Compare {
+            precision_ns: S,
+            ..Default::default()
+        };
+        check(
+            &c,
+            &[
+                (Some(e(1, 10 * S + 5)), None, Action::Copy),
+                (None, Some(e(1, 0)), Action::Extra),
+                (Some(e(1, 10 * S + 5)), Some(e(1, 10 * S)), Action::Skip), // same second
+                (Some(e(1, 11 * S)), Some(e(1, 10 * S)), Action::Update),
+                (Some(e(2, 10 * S)), Some(e(1, 10 * S)), Action::Update),
+            ],
+        );
+        let fine = Compare {
+            precision_ns: 1,
+            ..Default::default()
+        };
+        check(
+            &fine,
+            &[(Some(e(1, 10 * S + 5)), Some(e(1, 10 * S)), Action::Update)],
+        );
     }
 
     #[test]
     fn object_store_destinations_compare_against_upload_time() {
-        let c = Compare { precision_ns: S, dst_upload_time: true, ..Default::default() };
-        check(&c, &[
-            (Some(e(1, 10 * S)), Some(e(1, 20 * S)), Action::Skip),   // uploaded after the change
-            (Some(e(1, 30 * S)), Some(e(1, 20 * S)), Action::Update), // changed after the upload
-        ]);
+        let c = Compare {
+            precision_ns: S,
+            dst_upload_time: true,
+            ..Default::default()
+        };
+        check(
+            &c,
+            &[
+                (Some(e(1, 10 * S)), Some(e(1, 20 * S)), Action::Skip), // uploaded after the change
+                (Some(e(1, 30 * S)), Some(e(1, 20 * S)), Action::Update), // changed after the upload
+            ],
+        );
     }
 
     #[test]
     fn flags() {
-        let base = Compare { precision_ns: 1, ..Default::default() };
+        let base = Compare {
+            precision_ns: 1,
+            ..Default::default()
+        };
         let same = (Some(e(1, 5)), Some(e(1, 5)));
         let newer = (Some(e(1, 9)), Some(e(2, 5)));
         let older = (Some(e(1, 1)), Some(e(2, 5)));
-        let c = Compare { ignore_existing: true, ..base.clone() };
-        check(&c, &[(newer.0.clone(), newer.1.clone(), Action::Skip), (Some(e(1, 1)), None, Action::Copy)]);
-        let c = Compare { existing: true, ..base.clone() };
-        check(&c, &[(Some(e(1, 1)), None, Action::Skip), (newer.0.clone(), newer.1.clone(), Action::Update)]);
-        let c = Compare { force_update: true, ..base.clone() };
+        let c = Compare {
+            ignore_existing: true,
+            ..base.clone()
+        };
+        check(
+            &c,
+            &[
+                (newer.0.clone(), newer.1.clone(), Action::Skip),
+                (Some(e(1, 1)), None, Action::Copy),
+            ],
+        );
+        let c = Compare {
+            existing: true,
+            ..base.clone()
+        };
+        check(
+            &c,
+            &[
+                (Some(e(1, 1)), None, Action::Skip),
+                (newer.0.clone(), newer.1.clone(), Action::Update),
+            ],
+        );
+        let c = Compare {
+            force_update: true,
+            ..base.clone()
+        };
         check(&c, &[(same.0.clone(), same.1.clone(), Action::Update)]);
-        let c = Compare { update: true, ..base.clone() };
-        check(&c, &[(newer.0.clone(), newer.1.clone(), Action::Update), (older.0, older.1, Action::Skip)]);
-        let c = Compare { checksum: true, ..base };
-        check(&c, &[(same.0, same.1, Action::Compare), (newer.0, newer.1, Action::Update)]);
+        let c = Compare {
+            update: true,
+            ..base.clone()
+        };
+        check(
+            &c,
+            &[
+                (newer.0.clone(), newer.1.clone(), Action::Update),
+                (older.0, older.1, Action::Skip),
+            ],
+        );
+        let c = Compare {
+            checksum: true,
+            ..base
+        };
+        check(
+            &c,
+            &[
+                (same.0, same.1, Action::Compare),
+                (newer.0, newer.1, Action::Update),
+            ],
+        );
     }
 }

@@ -31,13 +31,20 @@ fn stamp(size: u64, mtime_ns: i64) -> Vec<u8> {
 
 impl State {
     pub fn open(path: &Path) -> Result<Self> {
-        std::fs::create_dir_all(path).with_context(|| format!("creating the state dir {}", path.display()))?;
+        std::fs::create_dir_all(path)
+            .with_context(|| format!("creating the state dir {}", path.display()))?;
         let mut o = Options::default();
         o.create_if_missing(true);
         let db = DB::open(&o, path).with_context(|| {
-            format!("opening the state in {} (is another jfs-sync running the same job?)", path.display())
+            format!(
+                "opening the state in {} (is another jfs-sync running the same job?)",
+                path.display()
+            )
         })?;
-        Ok(State { db, path: path.to_path_buf() })
+        Ok(State {
+            db,
+            path: path.to_path_buf(),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -45,7 +52,10 @@ impl State {
     }
 
     pub fn cursor(&self) -> Result<Option<String>> {
-        Ok(self.db.get(CURSOR)?.map(|v| String::from_utf8_lossy(&v).into_owned()))
+        Ok(self
+            .db
+            .get(CURSOR)?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
     pub fn set_cursor(&self, key: &str) -> Result<()> {
@@ -58,11 +68,16 @@ impl State {
 
     /// Was this exact source version already copied by an earlier (interrupted) run?
     pub fn is_done(&self, key: &str, size: u64, mtime_ns: i64) -> Result<bool> {
-        Ok(self.db.get(k(DONE, key))?.is_some_and(|v| v == stamp(size, mtime_ns)))
+        Ok(self
+            .db
+            .get(k(DONE, key))?
+            .is_some_and(|v| v == stamp(size, mtime_ns)))
     }
 
     pub fn add_delete(&self, key: &str, is_dir: bool) -> Result<()> {
-        Ok(self.db.put(k(DELETE, key), if is_dir { "d" } else { "f" })?)
+        Ok(self
+            .db
+            .put(k(DELETE, key), if is_dir { "d" } else { "f" })?)
     }
 
     /// Keys to delete, deepest first (descending key order puts `a/x` before `a/`).
@@ -73,14 +88,20 @@ impl State {
             if !key.starts_with(DELETE) {
                 break;
             }
-            out.push((String::from_utf8_lossy(&key[DELETE.len()..]).into_owned(), &*v == b"d"));
+            out.push((
+                String::from_utf8_lossy(&key[DELETE.len()..]).into_owned(),
+                &*v == b"d",
+            ));
         }
         out.reverse();
         Ok(out)
     }
 
     pub fn journal_seq(&self) -> Result<Option<u64>> {
-        Ok(self.db.get(JOURNAL_SEQ)?.and_then(|v| String::from_utf8_lossy(&v).parse().ok()))
+        Ok(self
+            .db
+            .get(JOURNAL_SEQ)?
+            .and_then(|v| String::from_utf8_lossy(&v).parse().ok()))
     }
 
     pub fn set_journal_seq(&self, seq: u64) -> Result<()> {
@@ -110,7 +131,10 @@ impl State {
 
 /// The default state dir of a job: a hash of what defines it.
 pub fn default_dir(src: &str, dst: &str, options: &str) -> PathBuf {
-    let h = crc32c::crc32c_append(crc32c::crc32c(format!("{src}\0{dst}").as_bytes()), options.as_bytes());
+    let h = crc32c::crc32c_append(
+        crc32c::crc32c(format!("{src}\0{dst}").as_bytes()),
+        options.as_bytes(),
+    );
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))

@@ -60,8 +60,16 @@ impl Stats {
         let mut out = String::new();
         for (name, c, help) in [
             ("listed", &self.listed, "source objects listed"),
-            ("copied", &self.copied, "objects copied (new on the destination)"),
-            ("updated", &self.updated, "objects copied over a different version"),
+            (
+                "copied",
+                &self.copied,
+                "objects copied (new on the destination)",
+            ),
+            (
+                "updated",
+                &self.updated,
+                "objects copied over a different version",
+            ),
             ("skipped", &self.skipped, "objects already the same"),
             ("excluded", &self.excluded, "objects left out by filters"),
             ("failed", &self.failed, "objects that failed after retries"),
@@ -70,7 +78,10 @@ impl Stats {
             ("copied_bytes", &self.bytes, "bytes copied"),
             ("pending", &self.pending, "objects queued or in flight"),
         ] {
-            out.push_str(&format!("# HELP jfs_sync_{name} {help}\n# TYPE jfs_sync_{name} gauge\njfs_sync_{name} {}\n", c.load(Relaxed)));
+            out.push_str(&format!(
+                "# HELP jfs_sync_{name} {help}\n# TYPE jfs_sync_{name} gauge\njfs_sync_{name} {}\n",
+                c.load(Relaxed)
+            ));
         }
         out
     }

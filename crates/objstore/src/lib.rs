@@ -176,6 +176,10 @@ pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
                     .with_min_delay(Duration::from_millis(50))
                     .with_max_delay(Duration::from_secs(5)),
             );
+        // Concurrent multipart uploads and chunked reads run their parts on tokio.
+        op.update_executor(|_| {
+            opendal::Executor::with(opendal::executors::TokioExecutor::default())
+        });
         Ok(op)
     }
 }

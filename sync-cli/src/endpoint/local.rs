@@ -8,8 +8,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 use cap_std::fs::Dir;
-use std::io::Write;
 use cap_std::fs::MetadataExt;
+use std::io::Write;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,7 +43,9 @@ fn rel(key: &str) -> &Path {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| anyhow!("I/O task failed: {e}"))?
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| anyhow!("I/O task failed: {e}"))?
 }
 
 impl LocalDir {
@@ -54,11 +56,15 @@ impl LocalDir {
         }
         let root = PathBuf::from(path);
         if create {
-            std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+            std::fs::create_dir_all(&root)
+                .with_context(|| format!("creating {}", root.display()))?;
         }
         let dir = Dir::open_ambient_dir(&root, cap_std::ambient_authority())
             .with_context(|| format!("opening directory {}", root.display()))?;
-        Ok(LocalDir { root, dir: Arc::new(dir) })
+        Ok(LocalDir {
+            root,
+            dir: Arc::new(dir),
+        })
     }
 
     pub fn open(path: &str) -> Result<Self> {
@@ -73,7 +79,8 @@ impl LocalDir {
     fn walk(dir: &Dir, after: Option<&str>, dirs: bool, tx: &mpsc::Sender<Page>) -> Result<()> {
         let mut page = Vec::with_capacity(1000);
         // Stack of (directory key prefix, its sorted children, next index).
-        let mut stack: Vec<(String, Vec<(String, cap_std::fs::Metadata)>, usize)> = vec![(String::new(), Self::children(dir, "")?, 0)];
+        let mut stack: Vec<(String, Vec<(String, cap_std::fs::Metadata)>, usize)> =
+            vec![(String::new(), Self::children(dir, "")?, 0)];
         while let Some((prefix, kids, i)) = stack.last_mut() {
             if *i >= kids.len() {
                 stack.pop();
@@ -117,13 +124,27 @@ impl LocalDir {
 
     /// Children of directory `key`, sorted by key order: directories as `name/`.
     fn children(dir: &Dir, key: &str) -> Result<Vec<(String, cap_std::fs::Metadata)>> {
-        let rd = if key.is_empty() { dir.entries()? } else { dir.read_dir(rel(key))? };
+        let rd = if key.is_empty() {
+            dir.entries()?
+        } else {
+            dir.read_dir(rel(key))?
+        };
         let mut out = Vec::new();
         for e in rd {
             let e = e?;
-            let name = e.file_name().into_string().map_err(|n| anyhow!("{key}{n:?}: file name is not UTF-8"))?;
+            let name = e
+                .file_name()
+                .into_string()
+                .map_err(|n| anyhow!("{key}{n:?}: file name is not UTF-8"))?;
             let meta = e.metadata()?;
-            out.push((if meta.is_dir() { format!("{name}/") } else { name }, meta));
+            out.push((
+                if meta.is_dir() {
+                    format!("{name}/")
+                } else {
+                    name
+                },
+                meta,
+            ));
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
@@ -131,30 +152,45 @@ impl LocalDir {
 
     /// Copy a file from another local directory with copy_file_range (the kernel copies; no
     /// bytes pass through user space), in pieces so a rate limit can pace it.
-    pub async fn copy_from_local(&self, src: &LocalDir, key: &str, mut pace: impl FnMut(u64) -> futures::future::BoxFuture<'static, ()>) -> Result<Box<dyn Sink>> {
+    pub async fn copy_from_local(
+        &self,
+        src: &LocalDir,
+        key: &str,
+        size: u64,
+        limits: &crate::limits::Limits,
+    ) -> Result<Box<dyn Sink>> {
         check_key(key)?;
         let (sd, k) = (src.dir.clone(), key.to_string());
         let from = blocking(move || Ok(sd.open(rel(&k))?.into_std())).await?;
         let sink = LocalSink::create(self.dir.clone(), key).await?;
-        let len = from.metadata()?.len();
         let mut done = 0u64;
         const PIECE: u64 = 64 << 20;
-        while done < len {
-            let n = PIECE.min(len - done);
-            pace(n).await;
-            let (mut f, mut t) = (from.try_clone()?, sink.file.try_clone()?);
-            let copied = blocking(move || {
-                use std::io::{Read, Seek, SeekFrom};
-                f.seek(SeekFrom::Start(done))?;
-                Ok(std::io::copy(&mut (&mut f).take(n), &mut t)?)
-            })
-            .await?;
-            if copied != n {
-                bail!("{key} changed while being copied (short read at {done})");
+        let res: Result<()> = async {
+            while done < size {
+                let n = PIECE.min(size - done);
+                limits.bytes(n).await;
+                let (mut f, mut t) = (from.try_clone()?, sink.file.try_clone()?);
+                let copied = blocking(move || {
+                    use std::io::{Read, Seek, SeekFrom};
+                    f.seek(SeekFrom::Start(done))?;
+                    Ok(std::io::copy(&mut (&mut f).take(n), &mut t)?)
+                })
+                .await?;
+                if copied != n {
+                    bail!("{key} changed while being copied (short read at {done})");
+                }
+                done += n;
             }
-            done += n;
+            Ok(())
         }
-        Ok(Box::new(sink))
+        .await;
+        match res {
+            Ok(()) => Ok(Box::new(sink)),
+            Err(e) => {
+                Box::new(sink).abort().await;
+                Err(e)
+            }
+        }
     }
 }
 
@@ -170,16 +206,28 @@ impl LocalSink {
         let key = key.to_string();
         blocking(move || {
             let path = rel(&key);
-            let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow!("{key}: no file name"))?;
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .ok_or_else(|| anyhow!("{key}: no file name"))?;
             let tmp = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 Some(p) => {
-                    dir.create_dir_all(p).with_context(|| format!("creating the directory of {key}"))?;
+                    dir.create_dir_all(p)
+                        .with_context(|| format!("creating the directory of {key}"))?;
                     format!("{}/.{name}.jfs-sync-tmp", p.display())
                 }
                 None => format!(".{name}.jfs-sync-tmp"),
             };
-            let file = dir.create(&tmp).with_context(|| format!("creating {tmp}"))?.into_std();
-            Ok(LocalSink { dir, tmp, key, file })
+            let file = dir
+                .create(&tmp)
+                .with_context(|| format!("creating {tmp}"))?
+                .into_std();
+            Ok(LocalSink {
+                dir,
+                tmp,
+                key,
+                file,
+            })
         })
         .await
     }
@@ -197,12 +245,15 @@ impl Sink for LocalSink {
         blocking(move || {
             let s = *self;
             let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime.max(0) as u64);
-            s.file.set_times(std::fs::FileTimes::new().set_modified(t))?;
+            s.file
+                .set_times(std::fs::FileTimes::new().set_modified(t))?;
             if let (true, Some(m)) = (perms, mode) {
                 s.file.set_permissions(std::fs::Permissions::from_mode(m))?;
             }
             s.file.sync_data()?;
-            s.dir.rename(&s.tmp, &s.dir, rel(&s.key)).with_context(|| format!("renaming into place: {}", s.key))?;
+            s.dir
+                .rename(&s.tmp, &s.dir, rel(&s.key))
+                .with_context(|| format!("renaming into place: {}", s.key))?;
             Ok(())
         })
         .await
@@ -242,8 +293,20 @@ impl Endpoint for LocalDir {
         let (dir, k) = (self.dir.clone(), key.to_string());
         blocking(move || match dir.symlink_metadata(rel(&k)) {
             Ok(m) => {
-                let target = if m.is_symlink() { Some(dir.read_link_contents(rel(&k))?.to_string_lossy().into_owned()) } else { None };
-                let key = if m.is_dir() && !k.ends_with('/') { format!("{k}/") } else { k };
+                let target = if m.is_symlink() {
+                    Some(
+                        dir.read_link_contents(rel(&k))?
+                            .to_string_lossy()
+                            .into_owned(),
+                    )
+                } else {
+                    None
+                };
+                let key = if m.is_dir() && !k.ends_with('/') {
+                    format!("{k}/")
+                } else {
+                    k
+                };
                 Ok(Some(entry_from(key, &m, target)))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -256,9 +319,13 @@ impl Endpoint for LocalDir {
         check_key(key)?;
         let (dir, k) = (self.dir.clone(), key.to_string());
         blocking(move || {
-            let f = dir.open(rel(&k)).with_context(|| format!("opening {k}"))?.into_std();
+            let f = dir
+                .open(rel(&k))
+                .with_context(|| format!("opening {k}"))?
+                .into_std();
             let mut buf = vec![0u8; len as usize];
-            f.read_exact_at(&mut buf, offset).with_context(|| format!("reading {k} at {offset}"))?;
+            f.read_exact_at(&mut buf, offset)
+                .with_context(|| format!("reading {k} at {offset}"))?;
             Ok(Bytes::from(buf))
         })
         .await
@@ -273,9 +340,13 @@ impl Endpoint for LocalDir {
         check_key(key)?;
         let (dir, k, mode) = (self.dir.clone(), key.to_string(), src.mode);
         blocking(move || {
-            dir.create_dir_all(rel(&k)).with_context(|| format!("creating directory {k}"))?;
+            dir.create_dir_all(rel(&k))
+                .with_context(|| format!("creating directory {k}"))?;
             if let (true, Some(m)) = (perms, mode) {
-                dir.set_permissions(rel(&k), cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(m)))?;
+                dir.set_permissions(
+                    rel(&k),
+                    cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(m)),
+                )?;
             }
             Ok(())
         })
@@ -295,19 +366,30 @@ impl Endpoint for LocalDir {
                 Ok(_) => dir.remove_file(p)?,
                 Err(_) => {}
             }
-            dir.symlink_contents(&t, p).with_context(|| format!("creating symlink {k}"))?;
+            dir.symlink_contents(&t, p)
+                .with_context(|| format!("creating symlink {k}"))?;
             Ok(())
         })
         .await
+    }
+
+    fn as_local(&self) -> Option<&LocalDir> {
+        Some(self)
     }
 
     async fn delete(&self, key: &str, kind: Kind) -> Result<()> {
         check_key(key)?;
         let (dir, k) = (self.dir.clone(), key.to_string());
         blocking(move || {
-            let r = if kind == Kind::Dir { dir.remove_dir(rel(&k)) } else { dir.remove_file(rel(&k)) };
+            let r = if kind == Kind::Dir {
+                dir.remove_dir(rel(&k))
+            } else {
+                dir.remove_file(rel(&k))
+            };
             match r {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| format!("deleting {k}")),
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("deleting {k}"))
+                }
                 _ => Ok(()),
             }
         })

@@ -11,7 +11,7 @@ pub use local::LocalDir;
 pub use object::ObjectStore;
 pub use volume::VolumeEndpoint;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -74,6 +74,28 @@ pub trait Endpoint: Send + Sync {
     fn as_object_store(&self) -> Option<&ObjectStore> {
         None
     }
+    fn as_local(&self) -> Option<&LocalDir> {
+        None
+    }
+    fn as_volume(&self) -> Option<&VolumeEndpoint> {
+        None
+    }
+}
+
+/// An error that retrying cannot fix (a hostile key, an unsupported object kind).
+#[derive(Debug)]
+pub struct Permanent(pub String);
+
+impl std::fmt::Display for Permanent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Permanent {}
+
+pub fn permanent(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Permanent(msg.into()))
 }
 
 /// Object keys are untrusted. A key is refused when it could name something outside the
@@ -81,7 +103,8 @@ pub trait Endpoint: Send + Sync {
 /// absolute path, NUL or other control characters, backslashes, a drive letter, a component
 /// over 255 bytes or a key over 4096.
 pub fn check_key(key: &str) -> Result<()> {
-    let bad = |why: &str| -> Result<()> { bail!("refusing object key {key:?}: {why}") };
+    let bad =
+        |why: &str| -> Result<()> { Err(permanent(format!("refusing object key {key:?}: {why}"))) };
     if key.is_empty() {
         return bad("empty");
     }
@@ -112,19 +135,24 @@ pub fn check_key(key: &str) -> Result<()> {
     Ok(())
 }
 
-/// Open an endpoint from its command-line form.
-pub async fn open(spec: &str, endpoint: Option<&str>, dirs_hint: bool) -> Result<Arc<dyn Endpoint>> {
-    let _ = dirs_hint;
+/// Open an endpoint from its command-line form: a local path (or `file://`), `s3://`,
+/// `memory://`, or `jfs://NAME/path`. `create` makes a missing local destination directory.
+pub async fn open(spec: &str, endpoint: Option<&str>, create: bool) -> Result<Arc<dyn Endpoint>> {
     if let Some(rest) = spec.strip_prefix("jfs://") {
         return Ok(Arc::new(VolumeEndpoint::open(rest).await?));
     }
     if let Some((scheme, _)) = spec.split_once("://") {
         if scheme == "file" {
-            return Ok(Arc::new(LocalDir::open(&spec["file://".len()..])?));
+            return Ok(Arc::new(LocalDir::open_with(
+                &spec["file://".len()..],
+                create,
+            )?));
         }
-        return Ok(Arc::new(ObjectStore::open(spec, endpoint).with_context(|| format!("opening {spec}"))?));
+        return Ok(Arc::new(
+            ObjectStore::open(spec, endpoint).with_context(|| format!("opening {spec}"))?,
+        ));
     }
-    Ok(Arc::new(LocalDir::open(spec)?))
+    Ok(Arc::new(LocalDir::open_with(spec, create)?))
 }
 
 #[cfg(test)]
@@ -135,8 +163,19 @@ mod tests {
     #[test]
     fn hostile_keys_are_refused() {
         for k in [
-            "", "/etc/passwd", "../x", "a/../../x", "a/./b", "a//b", "a\\..\\b", "C:/x", "c:x", "a\0b", "a\nb",
-            &"x".repeat(256), &format!("a/{}", "y".repeat(300)),
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a/./b",
+            "a//b",
+            "a\\..\\b",
+            "C:/x",
+            "c:x",
+            "a\0b",
+            "a\nb",
+            &"x".repeat(256),
+            &format!("a/{}", "y".repeat(300)),
         ] {
             assert!(check_key(k).is_err(), "{k:?} was accepted");
         }

@@ -34,7 +34,10 @@ fn ns(t: Option<opendal::raw::Timestamp>) -> i64 {
 
 impl ObjectStore {
     pub fn open(spec: &str, endpoint: Option<&str>) -> Result<Self> {
-        let opts = objstore::StoreOptions { endpoint: endpoint.map(str::to_string), region: None };
+        let opts = objstore::StoreOptions {
+            endpoint: endpoint.map(str::to_string),
+            region: None,
+        };
         let op = objstore::operator(spec, &opts)?;
         let (scheme, rest) = spec.split_once("://").unwrap_or(("", spec));
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -44,7 +47,11 @@ impl ObjectStore {
             op,
             spec: spec.to_string(),
             bucket_url: format!("{scheme}://{bucket}?{query}"),
-            prefix: if prefix.is_empty() { String::new() } else { format!("{prefix}/") },
+            prefix: if prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{prefix}/")
+            },
             endpoint: endpoint.map(str::to_string),
         })
     }
@@ -90,7 +97,11 @@ impl Endpoint for ObjectStore {
             Ok(l) => l,
             Err(e) if e.kind() == opendal::ErrorKind::NotFound => return Ok(()),
             Err(e) => {
-                let _ = tx.send(Err(anyhow::Error::from(e).context(format!("listing {}", self.spec)))).await;
+                let _ = tx
+                    .send(Err(
+                        anyhow::Error::from(e).context(format!("listing {}", self.spec))
+                    ))
+                    .await;
                 return Ok(());
             }
         };
@@ -101,7 +112,11 @@ impl Endpoint for ObjectStore {
                 Ok(Some(i)) => i,
                 Ok(None) => break,
                 Err(e) => {
-                    let _ = tx.send(Err(anyhow::Error::from(e).context(format!("listing {}", self.spec)))).await;
+                    let _ = tx
+                        .send(Err(
+                            anyhow::Error::from(e).context(format!("listing {}", self.spec))
+                        ))
+                        .await;
                     return Ok(());
                 }
             };
@@ -152,9 +167,18 @@ impl Endpoint for ObjectStore {
     }
 
     async fn read(&self, key: &str, offset: u64, len: u64) -> Result<Bytes> {
-        let b = self.op.read_with(key).range(offset..offset + len).await.with_context(|| format!("reading {key}"))?.to_bytes();
+        let b = self
+            .op
+            .read_with(key)
+            .range(offset..offset + len)
+            .await
+            .with_context(|| format!("reading {key}"))?
+            .to_bytes();
         if b.len() as u64 != len {
-            bail!("{key}: got {} bytes at {offset}, expected {len} (object changed during the copy?)", b.len());
+            bail!(
+                "{key}: got {} bytes at {offset}, expected {len} (object changed during the copy?)",
+                b.len()
+            );
         }
         Ok(b)
     }
@@ -165,35 +189,64 @@ impl Endpoint for ObjectStore {
         if size > PART as u64 {
             w = w.chunk(PART).concurrent(PARTS_IN_FLIGHT);
         }
-        Ok(Box::new(ObjectSink { w: w.await.with_context(|| format!("starting the upload of {key}"))? }))
+        Ok(Box::new(ObjectSink {
+            w: w.await
+                .with_context(|| format!("starting the upload of {key}"))?,
+        }))
     }
 
     async fn mkdir(&self, key: &str, _src: &Entry, _perms: bool) -> Result<()> {
         check_key(key)?;
-        let k = if key.ends_with('/') { key.to_string() } else { format!("{key}/") };
-        self.op.create_dir(&k).await.with_context(|| format!("creating {k}"))?;
+        let k = if key.ends_with('/') {
+            key.to_string()
+        } else {
+            format!("{key}/")
+        };
+        self.op
+            .create_dir(&k)
+            .await
+            .with_context(|| format!("creating {k}"))?;
         Ok(())
     }
 
     async fn symlink(&self, key: &str, _target: &str) -> Result<()> {
-        bail!("{key}: object stores cannot hold symlinks (drop --links or exclude it)")
+        Err(super::permanent(format!(
+            "{key}: object stores cannot hold symlinks (drop --links or exclude it)"
+        )))
     }
 
     async fn delete(&self, key: &str, _kind: Kind) -> Result<()> {
-        self.op.delete(key).await.with_context(|| format!("deleting {key}"))?;
+        self.op
+            .delete(key)
+            .await
+            .with_context(|| format!("deleting {key}"))?;
         Ok(())
     }
 
     async fn server_side_copy(&self, from: &dyn Endpoint, key: &str) -> Result<bool> {
-        let Some(src) = from.as_object_store() else { return Ok(false) };
-        if src.bucket_url != self.bucket_url || src.endpoint != self.endpoint || !self.bucket_url.starts_with("s3://") {
+        let Some(src) = from.as_object_store() else {
+            return Ok(false);
+        };
+        if src.bucket_url != self.bucket_url
+            || src.endpoint != self.endpoint
+            || !self.bucket_url.starts_with("s3://")
+        {
             return Ok(false);
         }
         // One operator at the bucket root sees both prefixes: CopyObject, no bytes through us.
-        let root = objstore::operator(&self.bucket_url, &objstore::StoreOptions { endpoint: self.endpoint.clone(), region: None })?;
-        root.copy(&format!("{}{key}", src.prefix), &format!("{}{key}", self.prefix))
-            .await
-            .with_context(|| format!("server-side copy of {key}"))?;
+        let root = objstore::operator(
+            &self.bucket_url,
+            &objstore::StoreOptions {
+                endpoint: self.endpoint.clone(),
+                region: None,
+            },
+        )?;
+        root.copy(
+            &format!("{}{key}", src.prefix),
+            &format!("{}{key}", self.prefix),
+        )
+        .await
+        .with_context(|| format!("server-side copy of {key}"))?;
         Ok(true)
     }
 

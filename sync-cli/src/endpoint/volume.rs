@@ -23,18 +23,36 @@ fn entry(key: String, a: &Attr, target: Option<String>) -> Entry {
         FileKind::Symlink => Kind::Symlink,
         FileKind::File => Kind::File,
     };
-    Entry { key, kind, size: if kind == Kind::File { a.length } else { 0 }, mtime_ns: a.mtime, mode: Some(a.mode), target }
+    Entry {
+        key,
+        kind,
+        size: if kind == Kind::File { a.length } else { 0 },
+        mtime_ns: a.mtime,
+        mode: Some(a.mode),
+        target,
+    }
 }
 
 impl VolumeEndpoint {
     pub async fn open(rest: &str) -> Result<Self> {
         let (name, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let url = std::env::var(name).map_err(|_| anyhow!("jfs://{name}/: set the environment variable {name} to the volume's META_URL"))?;
-        let engine = meta::open(&url, &meta::OpenOptions::default()).await.with_context(|| format!("opening volume {name}"))?;
+        let url = std::env::var(name).map_err(|_| {
+            anyhow!("jfs://{name}/: set the environment variable {name} to the volume's META_URL")
+        })?;
+        let engine = meta::open(&url, &meta::OpenOptions::default())
+            .await
+            .with_context(|| format!("opening volume {name}"))?;
         let settings = Fs::load_settings(&*engine).await?;
-        let store: Arc<dyn fs_core::BlockStore> = Arc::new(objstore::OpendalStore::open(&settings.storage, &Default::default())?);
+        let store: Arc<dyn fs_core::BlockStore> = Arc::new(objstore::OpendalStore::open(
+            &settings.storage,
+            &Default::default(),
+        )?);
         let fs = Fs::open(engine, store).await?;
-        Ok(VolumeEndpoint { fs: Arc::new(fs), name: name.to_string(), base: path.trim_matches('/').to_string() })
+        Ok(VolumeEndpoint {
+            fs: Arc::new(fs),
+            name: name.to_string(),
+            base: path.trim_matches('/').to_string(),
+        })
     }
 
     pub fn fs(&self) -> &Arc<Fs> {
@@ -57,20 +75,30 @@ impl VolumeEndpoint {
         if self.base.is_empty() {
             return Some(p.to_string());
         }
-        p.strip_prefix(&self.base).and_then(|r| r.strip_prefix('/')).map(str::to_string)
+        p.strip_prefix(&self.base)
+            .and_then(|r| r.strip_prefix('/'))
+            .map(str::to_string)
     }
 
     async fn parent_dir(&self, key: &str, create: bool) -> Result<(Ino, String)> {
         let path = self.path_of(key);
-        let (dir, name) = path.rsplit_once('/').ok_or_else(|| anyhow!("bad key {key}"))?;
+        let (dir, name) = path
+            .rsplit_once('/')
+            .ok_or_else(|| anyhow!("bad key {key}"))?;
         let mut cur = fs_core::ROOT_INO;
         for c in dir.split('/').filter(|c| !c.is_empty()) {
             cur = match self.fs.lookup(cur, c.as_bytes()).await {
                 Ok((ino, a)) if a.kind == FileKind::Dir => ino,
                 Ok(_) => bail!("{dir}: {c} is not a directory"),
-                Err(e) if e.kind() == ErrorKind::NotFound && create => match self.fs.mkdir(cur, c.as_bytes(), 0o755, Owner::default()).await {
+                Err(e) if e.kind() == ErrorKind::NotFound && create => match self
+                    .fs
+                    .mkdir(cur, c.as_bytes(), 0o755, Owner::default())
+                    .await
+                {
                     Ok((ino, _)) => ino,
-                    Err(e) if e.kind() == ErrorKind::AlreadyExists => self.fs.lookup(cur, c.as_bytes()).await?.0,
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                        self.fs.lookup(cur, c.as_bytes()).await?.0
+                    }
                     Err(e) => return Err(e.into()),
                 },
                 Err(e) => return Err(e.into()),
@@ -82,9 +110,14 @@ impl VolumeEndpoint {
     async fn children(&self, ino: Ino, prefix: &str) -> Result<Vec<(String, Ino, Attr)>> {
         let mut out = Vec::new();
         for e in self.fs.readdir_all(ino).await? {
-            let name = String::from_utf8(e.name).map_err(|_| anyhow!("a name under {prefix:?} is not UTF-8"))?;
+            let name = String::from_utf8(e.name)
+                .map_err(|_| anyhow!("a name under {prefix:?} is not UTF-8"))?;
             let a = self.fs.getattr(e.ino).await?;
-            let key = if a.kind == FileKind::Dir { format!("{prefix}{name}/") } else { format!("{prefix}{name}") };
+            let key = if a.kind == FileKind::Dir {
+                format!("{prefix}{name}/")
+            } else {
+                format!("{prefix}{name}")
+            };
             out.push((key, e.ino, a));
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -109,9 +142,21 @@ impl Sink for VolumeSink {
         Ok(())
     }
     async fn finish(self: Box<Self>, src: &Entry, perms: bool) -> Result<()> {
-        let set = SetAttr { mtime: Some(src.mtime_ns), mode: if perms { src.mode } else { None }, ..Default::default() };
+        let set = SetAttr {
+            mtime: Some(src.mtime_ns),
+            mode: if perms { src.mode } else { None },
+            ..Default::default()
+        };
         self.fs.setattr(self.ino, &set).await?;
-        self.fs.rename(self.parent, self.tmp.as_bytes(), self.parent, self.name.as_bytes(), false).await?;
+        self.fs
+            .rename(
+                self.parent,
+                self.tmp.as_bytes(),
+                self.parent,
+                self.name.as_bytes(),
+                false,
+            )
+            .await?;
         Ok(())
     }
     async fn abort(self: Box<Self>) {
@@ -148,7 +193,10 @@ impl Endpoint for VolumeEndpoint {
             let (key, ino, a) = kids[*i].clone();
             *i += 1;
             if a.kind == FileKind::Dir {
-                if after.as_deref().is_some_and(|x| x > key.as_str() && !x.starts_with(&key)) {
+                if after
+                    .as_deref()
+                    .is_some_and(|x| x > key.as_str() && !x.starts_with(&key))
+                {
                     continue;
                 }
                 if dirs && after.as_deref().is_none_or(|x| key.as_str() > x) {
@@ -159,7 +207,11 @@ impl Endpoint for VolumeEndpoint {
                 if after.as_deref().is_some_and(|x| key.as_str() <= x) {
                     continue;
                 }
-                let target = if a.kind == FileKind::Symlink { Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned()) } else { None };
+                let target = if a.kind == FileKind::Symlink {
+                    Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned())
+                } else {
+                    None
+                };
                 page.push(entry(key, &a, target));
             }
             if page.len() >= 1000 && tx.send(Ok(std::mem::take(&mut page))).await.is_err() {
@@ -175,8 +227,16 @@ impl Endpoint for VolumeEndpoint {
     async fn stat(&self, key: &str) -> Result<Option<Entry>> {
         match self.fs.resolve(&self.path_of(key)).await {
             Ok((ino, a)) => {
-                let target = if a.kind == FileKind::Symlink { Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned()) } else { None };
-                let k = if a.kind == FileKind::Dir && !key.ends_with('/') { format!("{key}/") } else { key.to_string() };
+                let target = if a.kind == FileKind::Symlink {
+                    Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned())
+                } else {
+                    None
+                };
+                let k = if a.kind == FileKind::Dir && !key.ends_with('/') {
+                    format!("{key}/")
+                } else {
+                    key.to_string()
+                };
                 Ok(Some(entry(k, &a, target)))
             }
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
@@ -188,7 +248,10 @@ impl Endpoint for VolumeEndpoint {
         let (ino, _) = self.fs.resolve(&self.path_of(key)).await?;
         let b = self.fs.read(ino, offset, len as usize).await?;
         if b.len() as u64 != len {
-            bail!("{key}: got {} bytes at {offset}, expected {len} (file changed during the copy?)", b.len());
+            bail!(
+                "{key}: got {} bytes at {offset}, expected {len} (file changed during the copy?)",
+                b.len()
+            );
         }
         Ok(Bytes::from(b))
     }
@@ -197,20 +260,49 @@ impl Endpoint for VolumeEndpoint {
         check_key(key)?;
         let (parent, name) = self.parent_dir(key, true).await?;
         let tmp = format!(".{name}.jfs-sync-tmp-{:08x}", rand_u32());
-        let (ino, _) = self.fs.create(parent, tmp.as_bytes(), 0o644, Owner::default()).await?;
-        Ok(Box::new(VolumeSink { fs: self.fs.clone(), parent, tmp, name, ino, off: 0 }))
+        let (ino, _) = self
+            .fs
+            .create(parent, tmp.as_bytes(), 0o644, Owner::default())
+            .await?;
+        Ok(Box::new(VolumeSink {
+            fs: self.fs.clone(),
+            parent,
+            tmp,
+            name,
+            ino,
+            off: 0,
+        }))
     }
 
     async fn mkdir(&self, key: &str, src: &Entry, perms: bool) -> Result<()> {
         check_key(key)?;
         let (parent, name) = self.parent_dir(key, true).await?;
-        let ino = match self.fs.mkdir(parent, name.as_bytes(), src.mode.unwrap_or(0o755), Owner::default()).await {
+        let ino = match self
+            .fs
+            .mkdir(
+                parent,
+                name.as_bytes(),
+                src.mode.unwrap_or(0o755),
+                Owner::default(),
+            )
+            .await
+        {
             Ok((ino, _)) => ino,
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => self.fs.lookup(parent, name.as_bytes()).await?.0,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                self.fs.lookup(parent, name.as_bytes()).await?.0
+            }
             Err(e) => return Err(e.into()),
         };
         if perms {
-            self.fs.setattr(ino, &SetAttr { mode: src.mode, ..Default::default() }).await?;
+            self.fs
+                .setattr(
+                    ino,
+                    &SetAttr {
+                        mode: src.mode,
+                        ..Default::default()
+                    },
+                )
+                .await?;
         }
         Ok(())
     }
@@ -221,8 +313,14 @@ impl Endpoint for VolumeEndpoint {
         if self.fs.lookup(parent, name.as_bytes()).await.is_ok() {
             self.fs.unlink(parent, name.as_bytes()).await?;
         }
-        self.fs.symlink(parent, name.as_bytes(), target.as_bytes(), Owner::default()).await?;
+        self.fs
+            .symlink(parent, name.as_bytes(), target.as_bytes(), Owner::default())
+            .await?;
         Ok(())
+    }
+
+    fn as_volume(&self) -> Option<&VolumeEndpoint> {
+        Some(self)
     }
 
     async fn delete(&self, key: &str, kind: Kind) -> Result<()> {
@@ -230,7 +328,11 @@ impl Endpoint for VolumeEndpoint {
             Ok(p) => p,
             Err(_) => return Ok(()),
         };
-        let r = if kind == Kind::Dir { self.fs.rmdir(parent, name.as_bytes()).await } else { self.fs.unlink(parent, name.as_bytes()).await };
+        let r = if kind == Kind::Dir {
+            self.fs.rmdir(parent, name.as_bytes()).await
+        } else {
+            self.fs.unlink(parent, name.as_bytes()).await
+        };
         match r {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
@@ -241,6 +343,11 @@ impl Endpoint for VolumeEndpoint {
 fn rand_u32() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
     h.finish() as u32
 }

@@ -1,0 +1,111 @@
+//! `jfs-sync check SRC DST`: which keys are missing at DST, which differ, which are extra.
+
+use crate::copy::checksum;
+use crate::endpoint::{Endpoint, Entry, Kind};
+use crate::limits::Limits;
+use anyhow::Result;
+use futures::StreamExt;
+use serde::Serialize;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+#[derive(Serialize, Debug, Default, Clone, PartialEq, Eq)]
+pub struct CheckReport {
+    pub same: u64,
+    pub missing: u64,
+    pub differing: u64,
+    pub extra: u64,
+    pub checked_bytes: u64,
+    #[serde(skip)]
+    pub keys: Vec<(String, &'static str)>,
+}
+
+async fn next(
+    rx: &mut mpsc::Receiver<crate::endpoint::Page>,
+    buf: &mut std::collections::VecDeque<Entry>,
+) -> Result<Option<Entry>> {
+    while buf.is_empty() {
+        match rx.recv().await {
+            Some(p) => buf.extend(p?.into_iter().filter(|e| e.kind == Kind::File)),
+            None => return Ok(None),
+        }
+    }
+    Ok(buf.pop_front())
+}
+
+pub async fn check(
+    src: Arc<dyn Endpoint>,
+    dst: Arc<dyn Endpoint>,
+    download: bool,
+    threads: usize,
+) -> Result<CheckReport> {
+    let (stx, mut srx) = mpsc::channel(4);
+    let (dtx, mut drx) = mpsc::channel(4);
+    let (s2, d2) = (src.clone(), dst.clone());
+    tokio::spawn(async move { s2.list(None, false, stx).await });
+    tokio::spawn(async move { d2.list(None, false, dtx).await });
+    let (mut sb, mut db) = (Default::default(), Default::default());
+    let mut r = CheckReport::default();
+    let mut same_size: Vec<Entry> = Vec::new();
+    let (mut s, mut d) = (
+        next(&mut srx, &mut sb).await?,
+        next(&mut drx, &mut db).await?,
+    );
+    loop {
+        match (&s, &d) {
+            (None, None) => break,
+            (Some(a), Some(b)) if a.key == b.key => {
+                if a.size != b.size {
+                    r.differing += 1;
+                    r.keys.push((a.key.clone(), "differs"));
+                } else if download {
+                    same_size.push(a.clone());
+                } else {
+                    r.same += 1;
+                }
+                s = next(&mut srx, &mut sb).await?;
+                d = next(&mut drx, &mut db).await?;
+            }
+            (Some(a), Some(b)) if a.key < b.key => {
+                r.missing += 1;
+                r.keys.push((a.key.clone(), "missing"));
+                s = next(&mut srx, &mut sb).await?;
+            }
+            (Some(a), None) => {
+                r.missing += 1;
+                r.keys.push((a.key.clone(), "missing"));
+                s = next(&mut srx, &mut sb).await?;
+            }
+            (_, Some(b)) => {
+                r.extra += 1;
+                r.keys.push((b.key.clone(), "extra"));
+                d = next(&mut drx, &mut db).await?;
+            }
+        }
+    }
+    let limits = Limits::new(None, None)?;
+    let results: Vec<Result<(Entry, bool)>> =
+        futures::stream::iter(same_size.into_iter().map(|e| {
+            let (src, dst, limits) = (&src, &dst, &limits);
+            async move {
+                let a = checksum(&**src, &e.key, e.size, limits).await?;
+                let b = checksum(&**dst, &e.key, e.size, limits).await?;
+                Ok((e, a == b))
+            }
+        }))
+        .buffer_unordered(threads.max(1))
+        .collect()
+        .await;
+    for res in results {
+        let (e, equal) = res?;
+        r.checked_bytes += 2 * e.size;
+        if equal {
+            r.same += 1;
+        } else {
+            r.differing += 1;
+            r.keys.push((e.key, "differs"));
+        }
+    }
+    r.keys.sort();
+    Ok(r)
+}

@@ -1,0 +1,131 @@
+//! Moving one object: server-side when both sides are the same S3 store, copy_file_range for
+//! local to local, otherwise ranged reads (several in flight) into the destination's sink in
+//! order. Paced by the rate limits, checksummed (CRC32C) when asked, retried with backoff.
+
+use crate::endpoint::{Endpoint, Entry, Sink};
+use crate::limits::Limits;
+use anyhow::{bail, Result};
+use futures::{StreamExt, TryStreamExt};
+use std::time::Duration;
+
+/// Bytes per ranged read; 4 reads in flight per object.
+pub const PIECE: u64 = 8 << 20;
+const READS_IN_FLIGHT: usize = 4;
+
+pub struct Copier<'a> {
+    pub src: &'a dyn Endpoint,
+    pub dst: &'a dyn Endpoint,
+    pub limits: &'a Limits,
+    pub perms: bool,
+    pub check_new: bool,
+}
+
+/// CRC32C of an object, read in pieces.
+pub async fn checksum(ep: &dyn Endpoint, key: &str, size: u64, limits: &Limits) -> Result<u32> {
+    let mut crc = 0u32;
+    let mut pieces = futures::stream::iter((0..size.div_ceil(PIECE)).map(|i| async move {
+        let off = i * PIECE;
+        let n = PIECE.min(size - off);
+        limits.request().await;
+        limits.bytes(n).await;
+        ep.read(key, off, n).await
+    }))
+    .buffered(READS_IN_FLIGHT);
+    while let Some(b) = pieces.try_next().await? {
+        crc = crc32c::crc32c_append(crc, &b);
+    }
+    Ok(crc)
+}
+
+impl Copier<'_> {
+    /// Copy `e` (a file). Returns the bytes moved through this process.
+    pub async fn copy_file(&self, e: &Entry) -> Result<u64> {
+        self.limits.request().await;
+        if self.dst.server_side_copy(self.src, &e.key).await? {
+            return Ok(0);
+        }
+        let (sink, crc) = match (self.src.as_local(), self.dst.as_local()) {
+            (Some(s), Some(d)) => {
+                let limits = self.limits;
+                let sink = d.copy_from_local(s, &e.key, e.size, limits).await?;
+                (sink, None)
+            }
+            _ => self.stream(e).await?,
+        };
+        sink.finish(e, self.perms).await?;
+        if self.check_new {
+            let want = match crc {
+                Some(c) => c,
+                None => checksum(self.src, &e.key, e.size, self.limits).await?,
+            };
+            let got = checksum(self.dst, &e.key, e.size, self.limits).await?;
+            if got != want {
+                bail!(
+                    "{}: verification failed: destination CRC32C {got:08x}, source {want:08x}",
+                    e.key
+                );
+            }
+        }
+        Ok(e.size)
+    }
+
+    async fn stream(&self, e: &Entry) -> Result<(Box<dyn Sink>, Option<u32>)> {
+        let mut sink = self.dst.sink(&e.key, e.size).await?;
+        let mut crc = 0u32;
+        let res: Result<()> = async {
+            let mut pieces =
+                futures::stream::iter((0..e.size.div_ceil(PIECE)).map(|i| async move {
+                    let off = i * PIECE;
+                    let n = PIECE.min(e.size - off);
+                    self.limits.request().await;
+                    self.limits.bytes(n).await;
+                    self.src.read(&e.key, off, n).await
+                }))
+                .buffered(READS_IN_FLIGHT);
+            while let Some(b) = pieces.try_next().await? {
+                if self.check_new {
+                    crc = crc32c::crc32c_append(crc, &b);
+                }
+                sink.write(b).await?;
+            }
+            Ok(())
+        }
+        .await;
+        match res {
+            Ok(()) => Ok((sink, self.check_new.then_some(crc))),
+            Err(err) => {
+                sink.abort().await;
+                Err(err)
+            }
+        }
+    }
+}
+
+/// Run `f` up to `1 + retries` times, sleeping 1 s, 2 s, 4 s... (capped at 30 s) in between.
+/// Permanent errors (hostile keys, unsupported kinds) fail at once: retrying cannot help.
+pub async fn with_retries<T, F, Fut>(retries: u32, key: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e)
+                if attempt >= retries
+                    || e.chain().any(|c| c.is::<crate::endpoint::Permanent>()) =>
+            {
+                return Err(e.context(format!("{key}: failed after {} attempt(s)", attempt + 1)))
+            }
+            Err(e) => {
+                attempt += 1;
+                tracing::warn!(key, attempt, error = %format!("{e:#}"), "retrying");
+                tokio::time::sleep(
+                    Duration::from_secs(1 << (attempt - 1).min(5)).min(Duration::from_secs(30)),
+                )
+                .await;
+            }
+        }
+    }
+}
