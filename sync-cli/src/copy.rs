@@ -116,7 +116,7 @@ where
                 if attempt >= retries
                     || e.chain().any(|c| c.is::<crate::endpoint::Permanent>()) =>
             {
-                return Err(e.context(format!("{key}: failed after {} attempt(s)", attempt + 1)))
+                return Err(e.context(format!("{key:?}: failed after {} attempt(s)", attempt + 1)))
             }
             Err(e) => {
                 attempt += 1;

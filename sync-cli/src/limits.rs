@@ -116,9 +116,11 @@ impl Limits {
     pub fn new(bw: Option<BwSchedule>, tps: Option<u32>) -> Result<Self> {
         let requests = match tps {
             Some(0) | None => None,
-            Some(n) => Some(RateLimiter::direct(Quota::per_second(
-                NonZeroU32::new(n).expect(">0"),
-            ))),
+            // Burst 1: requests are spread evenly, not let through n at a time.
+            Some(n) => Some(RateLimiter::direct(
+                Quota::per_second(NonZeroU32::new(n).expect(">0"))
+                    .allow_burst(NonZeroU32::new(1).expect(">0")),
+            )),
         };
         let l = Limits {
             bytes: RwLock::new(None),

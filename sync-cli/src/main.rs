@@ -270,6 +270,18 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
         limits,
     };
     let stats = Arc::new(Stats::default());
+    // Hostile keys named by --files-from fail one by one; the rest of the run goes on.
+    if let Some(keys) = &mut opts.keys {
+        keys.retain(|k| match endpoint::check_key(k) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("jfs-sync: failed: {e}");
+                Stats::add(&stats.listed, 1);
+                Stats::add(&stats.failed, 1);
+                false
+            }
+        });
+    }
     if let Some(addr) = &a.metrics {
         serve_metrics(addr, stats.clone()).await?;
     }

@@ -354,6 +354,7 @@ pub async fn sync(
             }
             if de.is_some() {
                 dside.buf.pop_front();
+                Stats::add(&stats.dst_listed, 1);
             }
             let key = se
                 .as_ref()
@@ -417,7 +418,12 @@ pub async fn sync(
             }
             let permit = tokio::select! {
                 p = pool.clone().acquire_owned() => p.expect("semaphore open"),
-                _ = stop.changed() => break,
+                _ = stop.changed() => {
+                    // This key was not handed out: the cursor must not pass it.
+                    ctx.window.lock().unwrap_or_else(|p| p.into_inner()).merged_to = prev;
+                    stats.listed.fetch_sub(1, Ordering::Relaxed);
+                    break;
+                }
             };
             let id = ctx
                 .window
@@ -467,22 +473,30 @@ pub async fn sync(
                 pending_deletes
             }
         };
-        let extra = stats
-            .extra
+        // The percentage is of the destination objects this run saw (a resumed run saw fewer,
+        // which only makes the limit stricter).
+        let listed_dst = stats
+            .dst_listed
             .load(Ordering::Relaxed)
             .max(deletes.len() as u64);
-        let listed_dst = extra + stats.listed.load(Ordering::Relaxed);
         let refuse = match o.max_delete {
             Some(MaxDelete::Count(n)) => deletes.len() as u64 > n,
             Some(MaxDelete::Percent(p)) => deletes.len() as f64 > p / 100.0 * listed_dst as f64,
             None => false,
         };
         if refuse {
+            let limit = match o.max_delete.expect("set") {
+                MaxDelete::Count(n) => n.to_string(),
+                MaxDelete::Percent(p) => format!("{p}%"),
+            };
             fatal = Some(format!(
-                "refusing to delete {} objects: over --max-delete {:?}; nothing was deleted",
-                deletes.len(),
-                o.max_delete.expect("set")
+                "refusing to delete {} of {listed_dst} destination objects: over --max-delete {limit}; nothing was deleted",
+                deletes.len()
             ));
+            // The copies are done; the next run starts from a fresh listing and counts again.
+            if let Some(st) = &state {
+                st.finish()?;
+            }
         } else {
             for (key, is_dir) in deletes {
                 let kind = if is_dir { Kind::Dir } else { Kind::File };

@@ -1,0 +1,687 @@
+//! `jfs-sync` as a user runs it: separate processes, local directories and a real S3 server.
+
+use integration::{bin, data, store_url};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Job {
+    state: tempfile::TempDir,
+}
+
+impl Job {
+    fn new() -> Self {
+        Job {
+            state: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin("jfs-sync"));
+        c.args(args)
+            .env("XDG_CACHE_HOME", self.state.path())
+            .stdin(Stdio::null());
+        c
+    }
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+    /// Run with --json; the summary from the last stdout line, checked to add up.
+    fn sync(&self, args: &[&str], code: i32) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let o = self.run(&a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "jfs-sync {args:?}: {err}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let v: Value = serde_json::from_str(out.lines().last().unwrap_or(""))
+            .unwrap_or_else(|_| panic!("no JSON summary: {out}\n{err}"));
+        let n = |k: &str| v[k].as_u64().unwrap();
+        assert_eq!(
+            n("listed"),
+            n("copied") + n("updated") + n("skipped") + n("excluded") + n("failed"),
+            "summary adds up: {v}"
+        );
+        v
+    }
+}
+
+fn n(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap()
+}
+
+/// Every file under `root`: relative path -> (bytes, mode).
+fn tree(root: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.is_file() {
+                out.insert(
+                    p.strip_prefix(root).unwrap().to_string_lossy().into_owned(),
+                    (std::fs::read(&p).unwrap(), m.mode() & 0o777),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn bytes_only(t: &BTreeMap<String, (Vec<u8>, u32)>) -> BTreeMap<String, Vec<u8>> {
+    t.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect()
+}
+
+fn make_tree(root: &Path, files: usize, big: usize) {
+    for i in 0..files {
+        let p = root.join(format!("d{}/sub{}/f{i:05}.dat", i % 7, i % 3));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data(i as u64, 100 + (i * 131) % 20_000)).unwrap();
+    }
+    if big > 0 {
+        std::fs::write(root.join("big.bin"), data(99, big)).unwrap();
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn full_then_no_change_then_incremental_dir_to_dir() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    make_tree(&src, 300, 20 << 20);
+    let job = Job::new();
+    let v = job.sync(&[s(&src), s(&dst)], 0);
+    assert_eq!((n(&v, "listed"), n(&v, "copied")), (301, 301));
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
+    // A trailing slash means the same; nothing to do the second time.
+    let v = job.sync(&[&format!("{}/", s(&src)), &format!("{}/", s(&dst))], 0);
+    assert_eq!(
+        (n(&v, "skipped"), n(&v, "copied"), n(&v, "bytes")),
+        (301, 0, 0)
+    );
+    // Change one file's content (new mtime), add one, remove one, add an extra at dst.
+    std::fs::write(src.join("d0/sub0/f00000.dat"), b"changed").unwrap();
+    std::fs::write(src.join("new.txt"), b"new").unwrap();
+    std::fs::remove_file(src.join("d1/sub1/f00001.dat")).unwrap();
+    std::fs::write(dst.join("only-at-dst"), b"x").unwrap();
+    let v = job.sync(&[s(&src), s(&dst), "--delete-dst"], 0);
+    assert_eq!(
+        (
+            n(&v, "copied"),
+            n(&v, "updated"),
+            n(&v, "deleted"),
+            n(&v, "extra")
+        ),
+        (1, 1, 2, 2),
+        "{v}"
+    );
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
+}
+
+#[test]
+fn dir_to_s3_to_dir_with_check_and_server_side_copy() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_tree(&src, 120, 20 << 20); // the big file goes up as a multipart upload
+    let (s3, _) = store_url("s3");
+    let job = Job::new();
+    let v = job.sync(&[s(&src), &s3], 0);
+    assert_eq!(n(&v, "copied"), 121);
+    let v = job.sync(&[s(&src), &s3], 0);
+    assert_eq!(
+        n(&v, "skipped"),
+        121,
+        "uploaded after the source changed: same"
+    );
+    // S3 -> S3 in the same bucket: server-side copy, no bytes through the client.
+    let (s3b, _) = store_url("s3");
+    let v = job.sync(&[&s3, &s3b], 0);
+    assert_eq!((n(&v, "copied"), n(&v, "bytes")), (121, 0));
+    let back = t.path().join("back");
+    job.sync(&[&s3b, s(&back)], 0);
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&back)));
+    // check: same, then one missing, one differing, one extra
+    let o = job.run(&["check", s(&src), &s3b, "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+    std::fs::write(src.join("d0/sub0/f00000.dat"), b"different length").unwrap();
+    std::fs::write(src.join("added"), b"a").unwrap();
+    std::fs::remove_file(src.join("d1/sub1/f00001.dat")).unwrap();
+    let o = job.run(&["check", s(&src), &s3b, "--json", "--list"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let r: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (n(&r, "missing"), n(&r, "differing"), n(&r, "extra")),
+        (1, 1, 1),
+        "{out}"
+    );
+    assert!(
+        out.contains("missing added")
+            && out.contains("differs d0/sub0/f00000.dat")
+            && out.contains("extra d1/sub1/f00001.dat")
+    );
+}
+
+#[test]
+fn checksum_catches_same_size_same_mtime_edits_and_download_check_too() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), b"aaaa").unwrap();
+    let job = Job::new();
+    job.sync(&[s(&src), s(&dst)], 0);
+    // Same size, mtime put back: size+mtime sees no change, --checksum does.
+    let m = std::fs::metadata(src.join("a"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    std::fs::write(dst.join("a"), b"bbbb").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(dst.join("a"))
+        .unwrap()
+        .set_modified(m)
+        .unwrap();
+    assert_eq!(n(&job.sync(&[s(&src), s(&dst)], 0), "skipped"), 1);
+    let o = job.run(&["check", s(&src), s(&dst), "--download", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "--download compares bytes");
+    let v = job.sync(&[s(&src), s(&dst), "--checksum"], 0);
+    assert_eq!((n(&v, "updated"), n(&v, "checked")), (1, 1));
+    assert_eq!(std::fs::read(dst.join("a")).unwrap(), b"aaaa");
+    let v = job.sync(&[s(&src), s(&dst), "--check-new", "--force-update"], 0);
+    assert_eq!(n(&v, "updated"), 1);
+}
+
+#[test]
+fn update_existing_ignore_existing_force() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    std::fs::write(dst.join("old"), b"dst version, longer").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(src.join("old"), b"src newer").unwrap();
+    std::fs::write(src.join("new"), b"n").unwrap();
+    let job = Job::new();
+    let v = job.sync(&[s(&src), s(&dst), "--existing"], 0);
+    assert_eq!(
+        (n(&v, "updated"), n(&v, "copied"), n(&v, "skipped")),
+        (1, 0, 1)
+    );
+    assert!(!dst.join("new").exists());
+    std::fs::write(dst.join("old"), b"dst edited later").unwrap();
+    let v = job.sync(&[s(&src), s(&dst), "--update"], 0);
+    assert_eq!(
+        (n(&v, "updated"), n(&v, "copied")),
+        (0, 1),
+        "dst is newer: --update leaves it"
+    );
+    let v = job.sync(&[s(&src), s(&dst), "--ignore-existing"], 0);
+    assert_eq!(n(&v, "skipped"), 2);
+    let v = job.sync(&[s(&src), s(&dst), "--force-update"], 0);
+    assert_eq!(n(&v, "updated"), 2);
+    assert_eq!(std::fs::read(dst.join("old")).unwrap(), b"src newer");
+}
+
+#[test]
+fn filters_select_what_the_docs_say() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    for (p, size) in [
+        ("a.txt", 10),
+        ("a.bin", 10),
+        ("logs/x.gz", 10),
+        ("logs/deep/y.gz", 10),
+        ("cache/z.txt", 10),
+        ("big.txt", 5000),
+        ("m/keep.txt", 10),
+    ] {
+        std::fs::create_dir_all(src.join(p).parent().unwrap()).unwrap();
+        std::fs::write(src.join(p), data(1, size)).unwrap();
+    }
+    let run = |args: &[&str]| -> Vec<String> {
+        let dst = tempfile::tempdir().unwrap();
+        let d = dst.path().join("d");
+        let mut a = vec![s(&src), s(&d)];
+        a.extend_from_slice(args);
+        Job::new().sync(&a, 0);
+        tree(&d).into_keys().collect()
+    };
+    assert_eq!(
+        run(&["--exclude", "*.bin", "--exclude", "cache/"]),
+        [
+            "a.txt",
+            "big.txt",
+            "logs/deep/y.gz",
+            "logs/x.gz",
+            "m/keep.txt"
+        ]
+    );
+    assert_eq!(
+        run(&["--exclude", "logs/*.gz"])
+            .iter()
+            .filter(|k| k.starts_with("logs"))
+            .collect::<Vec<_>>(),
+        ["logs/deep/y.gz"]
+    );
+    // rsync layers: include directories and *.txt, exclude everything else
+    assert_eq!(
+        run(&["--include", "*/", "--include", "*.txt", "--exclude", "*"]),
+        ["a.txt", "big.txt", "cache/z.txt", "m/keep.txt"]
+    );
+    assert_eq!(run(&["--max-size", "100"]).len(), 6);
+    assert_eq!(run(&["--min-size", "100"]), ["big.txt"]);
+    assert_eq!(
+        run(&["--start", "b", "--end", "logs/x.gz"]),
+        ["big.txt", "cache/z.txt", "logs/deep/y.gz", "logs/x.gz"]
+    );
+    assert_eq!(
+        run(&["--min-age", "1h"]),
+        Vec::<String>::new(),
+        "everything is younger than an hour"
+    );
+    assert_eq!(run(&["--max-age", "1h"]).len(), 7);
+    let list = t.path().join("list");
+    std::fs::write(&list, "m/keep.txt\na.bin\n# comment\nmissing\n").unwrap();
+    assert_eq!(run(&["--files-from", s(&list)]), ["a.bin", "m/keep.txt"]);
+}
+
+#[test]
+fn dry_run_changes_nothing_and_max_delete_refuses() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    make_tree(&src, 20, 0);
+    make_tree(&dst, 40, 0);
+    std::fs::write(dst.join("d0/sub0/f00000.dat"), b"stale").unwrap();
+    let before = tree(&dst);
+    let job = Job::new();
+    let o = job.run(&[s(&src), s(&dst), "--delete-dst", "--dry-run"]);
+    assert_eq!(o.status.code(), Some(0));
+    let plan = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        plan.lines().filter(|l| l.starts_with("delete ")).count(),
+        20,
+        "{plan}"
+    );
+    assert!(plan.contains("update d0/sub0/f00000.dat"));
+    assert_eq!(tree(&dst), before, "dry run changed nothing");
+    assert!(
+        !job.state.path().join("jfs-sync").exists(),
+        "dry run keeps no state"
+    );
+    // 20 of 40 destination objects would go: 10 or 40% is too many.
+    let v = job.sync(&[s(&src), s(&dst), "--delete-dst", "--max-delete", "10"], 2);
+    assert_eq!(n(&v, "deleted"), 0);
+    let v = job.sync(
+        &[s(&src), s(&dst), "--delete-dst", "--max-delete", "40%"],
+        2,
+    );
+    assert_eq!(n(&v, "deleted"), 0);
+    assert_eq!(tree(&dst).len(), 40, "nothing deleted");
+    let v = job.sync(
+        &[s(&src), s(&dst), "--delete-dst", "--max-delete", "60%"],
+        0,
+    );
+    assert_eq!(n(&v, "deleted"), 20);
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
+}
+
+#[test]
+fn hostile_keys_and_planted_symlinks_never_write_outside() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst, outside) = (
+        t.path().join("src"),
+        t.path().join("dst"),
+        t.path().join("outside"),
+    );
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(src.join("sub/victim"), b"payload").unwrap();
+    std::fs::write(src.join("ok"), b"fine").unwrap();
+    std::fs::write(src.join("back\\slash"), b"x").unwrap();
+    std::fs::write(src.join("ctl\u{7}bell"), b"x").unwrap();
+    // The destination holds a planted symlink pointing outside it.
+    std::os::unix::fs::symlink(&outside, dst.join("sub")).unwrap();
+    let job = Job::new();
+    let o = job.run(&[s(&src), s(&dst), "--json", "--retries", "0", "--delete-dst"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("\"back\\\\slash\"") && err.contains("backslash"),
+        "{err}"
+    );
+    assert!(err.contains("control character"), "{err}");
+    assert!(
+        err.contains("sub/victim"),
+        "the planted symlink makes that key fail: {err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "nothing written outside the destination"
+    );
+    assert_eq!(
+        std::fs::read(dst.join("ok")).unwrap(),
+        b"fine",
+        "the rest of the run went on"
+    );
+    assert!(
+        dst.join("sub")
+            .symlink_metadata()
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "no deletion after errors"
+    );
+    // Keys named in --files-from are checked the same way.
+    let list = t.path().join("list");
+    std::fs::write(&list, "../escape\n/etc/passwd\nok\n").unwrap();
+    let v = job.sync(&[s(&src), s(&dst), "--files-from", s(&list)], 1);
+    assert_eq!((n(&v, "failed"), n(&v, "skipped")), (2, 1));
+    assert!(!t.path().join("escape").exists());
+}
+
+#[test]
+fn symlinks_dirs_and_perms() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(src.join("empty")).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    std::fs::set_permissions(src.join("f"), std::fs::Permissions::from_mode(0o751)).unwrap();
+    std::os::unix::fs::symlink("f", src.join("ln")).unwrap();
+    let job = Job::new();
+    let v = job.sync(&[s(&src), s(&dst)], 0);
+    assert_eq!(
+        n(&v, "skipped"),
+        1,
+        "symlinks are not followed without --links"
+    );
+    assert!(!dst.join("ln").exists() && !dst.join("empty").exists());
+    job.sync(
+        &[
+            s(&src),
+            s(&dst),
+            "--links",
+            "--dirs",
+            "--perms",
+            "--force-update",
+        ],
+        0,
+    );
+    assert_eq!(
+        std::fs::read_link(dst.join("ln")).unwrap(),
+        PathBuf::from("f")
+    );
+    assert!(dst.join("empty").is_dir());
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(dst.join("f")).unwrap().mode() & 0o777,
+        0o751
+    );
+}
+
+#[test]
+fn delete_src_moves() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    make_tree(&src, 30, 0);
+    let want = bytes_only(&tree(&src));
+    let v = Job::new().sync(&[s(&src), s(&dst), "--delete-src", "--check-new"], 0);
+    assert_eq!(n(&v, "copied"), 30);
+    assert!(
+        tree(&src).is_empty(),
+        "sources deleted after a verified copy"
+    );
+    assert_eq!(bytes_only(&tree(&dst)), want);
+}
+
+/// kill -9 at 12 random points; each restart with the same command continues; files that were
+/// complete before a kill are never copied again (same inode); the final tree is identical.
+#[test]
+fn kill_9_at_random_points_resumes_without_recopying() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    // ~50 MB at 20 MB/s: about 2.5 s of copying, cut into many short runs.
+    make_tree(&src, 3000, 4 << 20);
+    let job = Job::new();
+    let args = [s(&src), s(&dst), "--bwlimit", "20M", "--threads", "8"];
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut kills = 0;
+    let mut rng = 0x2545F4914F6CDD1Du64;
+    for round in 0..60 {
+        let mut child = job
+            .cmd(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // Longer and longer: every object must fit in one run (a part-done upload restarts).
+        let wait = Duration::from_millis(50 + rng % 250 + round * 5);
+        let t0 = Instant::now();
+        let mut finished = None;
+        while t0.elapsed() < wait {
+            if let Some(st) = child.try_wait().unwrap() {
+                finished = Some(st);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match finished {
+            Some(st) => {
+                assert!(st.success(), "round {round} exited {st:?}");
+                break;
+            }
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+        // Every complete (non-temporary) file keeps its inode from now on.
+        for (k, _) in tree(&dst) {
+            if k.contains(".jfs-sync-tmp") {
+                continue;
+            }
+            let ino = std::fs::metadata(dst.join(&k)).unwrap().ino();
+            if let Some(old) = seen.insert(k.clone(), ino) {
+                assert_eq!(old, ino, "{k} was copied again after a restart");
+            }
+        }
+        assert!(round < 59, "did not finish");
+    }
+    eprintln!("resumed after {kills} kills");
+    assert!(kills >= 10, "only {kills} kills: make the workload bigger");
+    let v = job.sync(&args, 0);
+    assert_eq!(
+        n(&v, "copied") + n(&v, "updated"),
+        0,
+        "a final run has nothing left to do: {v}"
+    );
+    let (a, b) = (tree(&src), tree(&dst));
+    assert!(
+        b.keys().all(|k| !k.contains("jfs-sync-tmp")),
+        "no temporary files left"
+    );
+    assert_eq!(
+        bytes_only(&a),
+        bytes_only(&b),
+        "the destination equals the source"
+    );
+}
+
+#[test]
+fn sigterm_checkpoints_and_the_next_run_finishes() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    make_tree(&src, 400, 0);
+    let job = Job::new();
+    let args = [s(&src), s(&dst), "--tps", "200", "--threads", "4"];
+    let child = job
+        .cmd(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("progress saved"));
+    let left = tree(&dst);
+    assert!(
+        left.keys().all(|k| !k.contains("jfs-sync-tmp")),
+        "copies in flight finished before the exit: {:?}",
+        left.keys()
+            .filter(|k| k.contains("tmp"))
+            .collect::<Vec<_>>()
+    );
+    let done_before = left.len();
+    assert!(done_before > 0 && done_before < 400, "{done_before}");
+    let v = job.sync(&[s(&src), s(&dst)], 0);
+    assert_eq!(
+        n(&v, "copied") as usize,
+        400 - done_before,
+        "only the rest was copied: {v}"
+    );
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
+}
+
+#[test]
+fn bandwidth_and_request_limits_hold_within_5_percent() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), data(5, 80 << 20)).unwrap();
+    let v = Job::new().sync(&[s(&src), s(&dst), "--bwlimit", "20M"], 0);
+    let rate = n(&v, "bytes") as f64 / v["seconds"].as_f64().unwrap();
+    let want = (20 << 20) as f64;
+    assert!(
+        (rate - want).abs() / want < 0.05,
+        "bwlimit 20M gave {:.2} MiB/s",
+        rate / (1 << 20) as f64
+    );
+    // Requests: one per small file here; 150 files at 50/s take 3 s.
+    let src2 = t.path().join("src2");
+    make_tree(&src2, 150, 0);
+    let v = Job::new().sync(&[s(&src2), s(&t.path().join("dst2")), "--tps", "50"], 0);
+    let tps = 150.0 / v["seconds"].as_f64().unwrap();
+    assert!((tps - 50.0).abs() / 50.0 < 0.05, "--tps 50 gave {tps:.1}/s");
+}
+
+#[test]
+fn metrics_endpoint_reports_progress() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    make_tree(&src, 200, 0);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let job = Job::new();
+    let mut child = job
+        .cmd(&[s(&src), s(&dst), "--tps", "100", "--metrics", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut body = String::new();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        use std::io::{Read, Write};
+        if let Ok(mut c) = std::net::TcpStream::connect(&addr) {
+            c.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                .unwrap();
+            body.clear();
+            c.read_to_string(&mut body).unwrap();
+            if body.contains("jfs_sync_copied ") && !body.contains("jfs_sync_copied 0\n") {
+                break;
+            }
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(body.contains("# TYPE jfs_sync_copied gauge"), "{body}");
+    let copied: u64 = body
+        .lines()
+        .find(|l| l.starts_with("jfs_sync_copied "))
+        .unwrap()[16..]
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(copied > 0 && copied < 200, "{copied}");
+}
+
+#[test]
+fn bad_arguments_fail_clearly() {
+    let job = Job::new();
+    let t = tempfile::tempdir().unwrap();
+    for (args, needle) in [
+        (
+            vec!["/no/such/dir", s(t.path())],
+            "opening directory /no/such/dir",
+        ),
+        (vec![s(t.path()), "ftp://x/y"], "unsupported scheme"),
+        (
+            vec![s(t.path()), s(t.path()), "--bwlimit", "lots"],
+            "--bwlimit",
+        ),
+        (
+            vec![s(t.path()), s(t.path()), "--max-delete", "many"],
+            "--max-delete",
+        ),
+        (
+            vec![s(t.path()), s(t.path()), "--update", "--force-update"],
+            "contradict",
+        ),
+        (
+            vec!["jfs://NOPE/x", s(t.path())],
+            "set the environment variable NOPE",
+        ),
+    ] {
+        let o = job.run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let help = String::from_utf8_lossy(&job.run(&["--help"]).stdout).into_owned();
+    for flag in [
+        "--delete-dst",
+        "--max-delete",
+        "--bwlimit",
+        "--tps",
+        "--files-from",
+        "--from-journal",
+        "layer by layer",
+        "Exit codes",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+}
