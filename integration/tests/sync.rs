@@ -685,3 +685,116 @@ fn bad_arguments_fail_clearly() {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
 }
+
+/// A volume source with --from-journal: the second run reads only the journal (creates,
+/// overwrites, renames of files and directories, deletes), and gives the same tree as a full
+/// listing would; once the journal is trimmed past the recorded point it falls back, loudly.
+#[test]
+fn from_journal_copies_exactly_what_changed() {
+    let t = tempfile::tempdir().unwrap();
+    let meta = format!("rocksdb://{}/meta", t.path().display());
+    let jfs = |args: &[&str]| {
+        let o = Command::new(bin("jfs")).args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "jfs {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    jfs(&[
+        "format",
+        &meta,
+        "v",
+        "--storage",
+        &format!("file://{}/blocks", t.path().display()),
+    ]);
+    let src = t.path().join("src");
+    make_tree(&src, 200, 0);
+    jfs(&["put", &meta, s(&src), "/data"]);
+    let dst = t.path().join("dst");
+    let job = Job::new();
+    let run = |extra: &[&str], code| {
+        let mut c = job.cmd(&[
+            "jfs://VOL/data",
+            s(&dst),
+            "--from-journal",
+            "--delete-dst",
+            "--json",
+        ]);
+        c.args(extra).env("VOL", &meta);
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(code), "{err}");
+        let v: Value =
+            serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap())
+                .unwrap();
+        (v, err)
+    };
+    let (v, err) = run(&[], 0);
+    assert_eq!(n(&v, "copied"), 200);
+    assert!(err.contains("full listing this time"), "{err}");
+    // Change the volume: overwrite, add, delete, rename a file, rename a directory.
+    std::fs::write(t.path().join("new"), b"brand new").unwrap();
+    jfs(&["put", &meta, s(&t.path().join("new")), "/data/d0/new"]);
+    std::fs::write(t.path().join("over"), b"overwritten").unwrap();
+    jfs(&[
+        "put",
+        &meta,
+        s(&t.path().join("over")),
+        "/data/d1/sub1/f00001.dat",
+    ]);
+    jfs(&["rm", &meta, "/data/d2/sub2/f00002.dat"]);
+    jfs(&[
+        "mv",
+        &meta,
+        "/data/d3/sub0/f00003.dat",
+        "/data/d3/sub0/renamed.dat",
+    ]);
+    jfs(&["mv", &meta, "/data/d4", "/data/d4-moved"]);
+    let (v, err) = run(&[], 0);
+    let d4 = (0..200).filter(|i| i % 7 == 4).count(); // files under d4
+    assert!(err.contains("touch"), "{err}");
+    assert!(
+        n(&v, "listed") < 80,
+        "only changed keys were looked at, not all 200: {v}"
+    );
+    assert_eq!(
+        n(&v, "copied"),
+        2 + d4 as u64,
+        "new + renamed file + the moved directory: {v}"
+    );
+    assert_eq!(n(&v, "updated"), 1, "{v}");
+    assert_eq!(
+        n(&v, "deleted"),
+        2 + d4 as u64,
+        "removed + old name + old directory: {v}"
+    );
+    let out = t.path().join("out");
+    jfs(&["get", &meta, "/data", s(&out)]);
+    assert_eq!(
+        bytes_only(&tree(&out)),
+        bytes_only(&tree(&dst)),
+        "same as the volume"
+    );
+    // Nothing changed: nothing to do.
+    let (v, _) = run(&[], 0);
+    assert_eq!(n(&v, "listed"), 0);
+    // Trim the journal past the recorded point: a full listing, said loudly.
+    jfs(&["mkdir", &meta, "/data/late"]);
+    let engine_trim = Command::new(bin("jfs"))
+        .args(["gc", &meta, "--delete"])
+        .output()
+        .unwrap();
+    assert!(engine_trim.status.success());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let e = meta::open(&meta, &meta::OpenOptions::default())
+            .await
+            .unwrap();
+        let last = e.journal_bounds().await.unwrap().last;
+        e.journal_trim(last).await.unwrap();
+    });
+    let (v, err) = run(&[], 0);
+    assert!(err.contains("FULL LISTING"), "{err}");
+    assert_eq!(n(&v, "listed") as usize, tree(&out).len());
+}
