@@ -4,7 +4,7 @@
 set -euo pipefail
 what=${1:-test}
 build_pkgs=(librocksdb-dev libsnappy-dev liblz4-dev libzstd-dev libbz2-dev zlib1g-dev libclang-dev clang pkg-config)
-test_pkgs=(redis-server postgresql ceph-mon ceph-osd radosgw uuid-runtime curl python3 fuse3 rclone rsync)
+test_pkgs=(redis-server postgresql ceph-mon ceph-osd radosgw uuid-runtime curl python3 fuse3 rclone rsync time)
 pkgs=("${build_pkgs[@]}")
 [ "$what" = test ] && pkgs+=("${test_pkgs[@]}")
 missing=()
