@@ -798,3 +798,49 @@ fn from_journal_copies_exactly_what_changed() {
     assert!(err.contains("FULL LISTING"), "{err}");
     assert_eq!(n(&v, "listed") as usize, tree(&out).len());
 }
+
+/// Listing in parallel by prefix gives exactly the stream a single listing gives: the dry-run
+/// plan (printed in merge order) is identical and sorted, for a local and an S3 source.
+#[test]
+fn parallel_listing_keeps_key_order() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_tree(&src, 500, 0);
+    std::fs::write(src.join("a-top-file"), b"x").unwrap();
+    std::fs::write(
+        src.join("d3.txt"),
+        b"sorts between d3/ and d4/? no: '.' < '/'",
+    )
+    .unwrap();
+    let (s3, _) = store_url("s3");
+    let job = Job::new();
+    job.sync(&[s(&src), &s3], 0);
+    for source in [s(&src).to_string(), s3.clone()] {
+        let plan = |extra: &[&str]| -> Vec<String> {
+            let nowhere = t.path().join("nowhere");
+            let mut a = vec![source.as_str(), s(&nowhere), "--dry-run"];
+            a.extend_from_slice(extra);
+            let o = job.run(&a);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+        let one = plan(&["--list-threads", "1"]);
+        assert_eq!(one.len(), 502);
+        let mut sorted = one.clone();
+        sorted.sort();
+        assert_eq!(one, sorted, "{source}: plan in key order");
+        assert_eq!(
+            plan(&["--list-threads", "8", "--list-depth", "1"]),
+            one,
+            "{source}"
+        );
+        assert_eq!(
+            plan(&["--list-threads", "8", "--list-depth", "3"]),
+            one,
+            "{source}"
+        );
+    }
+}

@@ -39,11 +39,8 @@ pub async fn check(
     download: bool,
     threads: usize,
 ) -> Result<CheckReport> {
-    let (stx, mut srx) = mpsc::channel(4);
-    let (dtx, mut drx) = mpsc::channel(4);
-    let (s2, d2) = (src.clone(), dst.clone());
-    tokio::spawn(async move { s2.list(None, false, stx).await });
-    tokio::spawn(async move { d2.list(None, false, dtx).await });
+    let mut srx = crate::listing::spawn(src.clone(), None, false, threads.min(8), 1);
+    let mut drx = crate::listing::spawn(dst.clone(), None, false, threads.min(8), 1);
     let (mut sb, mut db) = (Default::default(), Default::default());
     let mut r = CheckReport::default();
     let mut same_size: Vec<Entry> = Vec::new();

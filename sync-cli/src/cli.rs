@@ -94,6 +94,12 @@ pub struct SyncArgs {
     /// Destination, same forms.
     #[arg(required = true)]
     pub dst: Option<String>,
+    /// Subtrees listed in parallel on each side (the merged stream stays in key order).
+    #[arg(long, default_value_t = 4)]
+    pub list_threads: usize,
+    /// Directory levels split into separately listed subtrees (with --list-threads > 1).
+    #[arg(long, default_value_t = 1)]
+    pub list_depth: usize,
     /// Delete destination objects that are not in the source (after a clean run only).
     #[arg(long)]
     pub delete_dst: bool,

@@ -109,7 +109,7 @@ impl Paths<'_> {
 /// Keys under `prefix` (a directory key ending in '/') on one side.
 async fn keys_under(ep: &dyn Endpoint, prefix: &str, out: &mut BTreeSet<String>) -> Result<()> {
     let (tx, mut rx) = mpsc::channel(4);
-    let lister = ep.list(Some(prefix.to_string()), false, tx);
+    let lister = ep.list(prefix, None, false, tx);
     let collect = async {
         while let Some(page) = rx.recv().await {
             for e in page? {

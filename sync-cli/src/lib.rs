@@ -8,6 +8,7 @@ pub mod endpoint;
 pub mod filter;
 pub mod journal;
 pub mod limits;
+pub mod listing;
 pub mod plan;
 pub mod run;
 pub mod state;

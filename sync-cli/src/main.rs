@@ -212,9 +212,15 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
     let src = endpoint::open(&src_spec, c.endpoint.as_deref(), false)
         .await
         .with_context(|| format!("source {src_spec}"))?;
-    let dst = endpoint::open(&dst_spec, c.endpoint.as_deref(), !a.dry_run)
-        .await
-        .with_context(|| format!("destination {dst_spec}"))?;
+    let local_dst = dst_spec.strip_prefix("file://").unwrap_or(&dst_spec);
+    let dst: Arc<dyn endpoint::Endpoint> =
+        if a.dry_run && !dst_spec.contains("://") && !std::path::Path::new(local_dst).exists() {
+            Arc::new(endpoint::Missing(dst_spec.clone()))
+        } else {
+            endpoint::open(&dst_spec, c.endpoint.as_deref(), !a.dry_run)
+                .await
+                .with_context(|| format!("destination {dst_spec}"))?
+        };
     let compare = Compare {
         checksum: a.checksum,
         update: a.update,
@@ -254,6 +260,8 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
     };
     let mut opts = Options {
         threads: c.threads,
+        list_threads: a.list_threads.max(1),
+        list_depth: a.list_depth,
         compare,
         filter,
         delete_dst: a.delete_dst,

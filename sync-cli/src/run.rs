@@ -23,6 +23,10 @@ pub enum MaxDelete {
 
 pub struct Options {
     pub threads: usize,
+    /// Subtrees listed at once (1: one sequential listing per side).
+    pub list_threads: usize,
+    /// How many levels are expanded into separately listed subtrees.
+    pub list_depth: usize,
     pub compare: Compare,
     pub filter: Filter,
     pub delete_dst: bool,
@@ -122,13 +126,16 @@ struct Ctx {
 fn spawn_lister(
     ep: Arc<dyn Endpoint>,
     after: Option<String>,
-    dirs: bool,
+    o: &Options,
     keys: Option<Vec<String>>,
 ) -> mpsc::Receiver<Page> {
+    if keys.is_none() {
+        return crate::listing::spawn(ep, after, o.dirs, o.list_threads, o.list_depth);
+    }
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         let r = match keys {
-            None => ep.list(after, dirs, tx.clone()).await,
+            None => Ok(()),
             Some(keys) => {
                 // --files-from: look each key up instead of listing.
                 let mut page = Vec::new();
@@ -290,11 +297,11 @@ pub async fn sync(
         None
     };
     let mut sside = Side {
-        rx: spawn_lister(src.clone(), cursor.clone(), o.dirs, o.keys.clone()),
+        rx: spawn_lister(src.clone(), cursor.clone(), &o, o.keys.clone()),
         buf: VecDeque::new(),
     };
     let mut dside = Side {
-        rx: spawn_lister(dst.clone(), cursor.clone(), o.dirs, dst_keys),
+        rx: spawn_lister(dst.clone(), cursor.clone(), &o, dst_keys),
         buf: VecDeque::new(),
     };
     let ctx = Arc::new(Ctx {

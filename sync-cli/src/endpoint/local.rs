@@ -76,11 +76,17 @@ impl LocalDir {
     }
 
     /// Walk in ascending key order (a directory sorts as `name/`), sending pages.
-    fn walk(dir: &Dir, after: Option<&str>, dirs: bool, tx: &mpsc::Sender<Page>) -> Result<()> {
+    fn walk(
+        dir: &Dir,
+        prefix: &str,
+        after: Option<&str>,
+        dirs: bool,
+        tx: &mpsc::Sender<Page>,
+    ) -> Result<()> {
         let mut page = Vec::with_capacity(1000);
         // Stack of (directory key prefix, its sorted children, next index).
         let mut stack: Vec<(String, Vec<(String, cap_std::fs::Metadata)>, usize)> =
-            vec![(String::new(), Self::children(dir, "")?, 0)];
+            vec![(prefix.to_string(), Self::children(dir, prefix)?, 0)];
         while let Some((prefix, kids, i)) = stack.last_mut() {
             if *i >= kids.len() {
                 stack.pop();
@@ -276,14 +282,39 @@ impl Endpoint for LocalDir {
         false
     }
 
-    async fn list(&self, after: Option<String>, dirs: bool, tx: mpsc::Sender<Page>) -> Result<()> {
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<String>,
+        dirs: bool,
+        tx: mpsc::Sender<Page>,
+    ) -> Result<()> {
         let dir = self.dir.clone();
         let root = self.root.clone();
+        let prefix = prefix.to_string();
         blocking(move || {
-            if let Err(e) = Self::walk(&dir, after.as_deref(), dirs, &tx) {
+            if let Err(e) = Self::walk(&dir, &prefix, after.as_deref(), dirs, &tx) {
                 let _ = tx.blocking_send(Err(e.context(format!("listing {}", root.display()))));
             }
             Ok(())
+        })
+        .await
+    }
+
+    async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {
+        let (dir, p) = (self.dir.clone(), prefix.to_string());
+        blocking(move || {
+            let mut out = Vec::new();
+            for (name, meta) in Self::children(&dir, &p)? {
+                let key = format!("{p}{name}");
+                let target = if meta.is_symlink() {
+                    Some(dir.read_link_contents(&key)?.to_string_lossy().into_owned())
+                } else {
+                    None
+                };
+                out.push(entry_from(key, &meta, target));
+            }
+            Ok(out)
         })
         .await
     }

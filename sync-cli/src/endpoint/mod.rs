@@ -58,9 +58,18 @@ pub trait Endpoint: Send + Sync {
     /// Does a listed mtime mean "when it was uploaded" (object stores) rather than the
     /// source's mtime carried over?
     fn mtime_is_upload(&self) -> bool;
-    /// Send every entry with key > `after` (None: from the start), in ascending order, in pages.
-    /// `dirs` asks for directory entries too. Ends with Ok(()) once all were sent.
-    async fn list(&self, after: Option<String>, dirs: bool, tx: mpsc::Sender<Page>) -> Result<()>;
+    /// Send every entry under `prefix` ("" or a directory key ending in '/') with key > `after`
+    /// (None: from the start), in ascending order, in pages. `dirs` asks for directory entries
+    /// too. Ends with Ok(()) once all were sent.
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<String>,
+        dirs: bool,
+        tx: mpsc::Sender<Page>,
+    ) -> Result<()>;
+    /// The entries one level under `prefix`, directories as `name/`, sorted.
+    async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>>;
     async fn stat(&self, key: &str) -> Result<Option<Entry>>;
     async fn read(&self, key: &str, offset: u64, len: u64) -> Result<Bytes>;
     async fn sink(&self, key: &str, size: u64) -> Result<Box<dyn Sink>>;
@@ -202,5 +211,52 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// A destination that does not exist yet, for `--dry-run`: it lists nothing and refuses
+/// writes (a dry run makes none).
+pub struct Missing(pub String);
+
+#[async_trait]
+impl Endpoint for Missing {
+    fn describe(&self) -> String {
+        format!("{} (does not exist yet)", self.0)
+    }
+    fn mtime_precision_ns(&self) -> i64 {
+        1
+    }
+    fn mtime_is_upload(&self) -> bool {
+        false
+    }
+    async fn list(
+        &self,
+        _prefix: &str,
+        _after: Option<String>,
+        _dirs: bool,
+        _tx: mpsc::Sender<Page>,
+    ) -> Result<()> {
+        Ok(())
+    }
+    async fn list_level(&self, _prefix: &str) -> Result<Vec<Entry>> {
+        Ok(Vec::new())
+    }
+    async fn stat(&self, _key: &str) -> Result<Option<Entry>> {
+        Ok(None)
+    }
+    async fn read(&self, key: &str, _offset: u64, _len: u64) -> Result<Bytes> {
+        anyhow::bail!("{key}: {} does not exist", self.0)
+    }
+    async fn sink(&self, key: &str, _size: u64) -> Result<Box<dyn Sink>> {
+        anyhow::bail!("{key}: {} does not exist (dry run)", self.0)
+    }
+    async fn mkdir(&self, key: &str, _src: &Entry, _perms: bool) -> Result<()> {
+        anyhow::bail!("{key}: {} does not exist (dry run)", self.0)
+    }
+    async fn symlink(&self, key: &str, _target: &str) -> Result<()> {
+        anyhow::bail!("{key}: {} does not exist (dry run)", self.0)
+    }
+    async fn delete(&self, _key: &str, _kind: Kind) -> Result<()> {
+        Ok(())
     }
 }

@@ -88,8 +88,14 @@ impl Endpoint for ObjectStore {
         true
     }
 
-    async fn list(&self, after: Option<String>, dirs: bool, tx: mpsc::Sender<Page>) -> Result<()> {
-        let mut l = self.op.lister_with("").recursive(true);
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<String>,
+        dirs: bool,
+        tx: mpsc::Sender<Page>,
+    ) -> Result<()> {
+        let mut l = self.op.lister_with(prefix).recursive(true);
         if let Some(a) = &after {
             l = l.start_after(a);
         }
@@ -121,7 +127,7 @@ impl Endpoint for ObjectStore {
                 }
             };
             let (path, meta) = item.into_parts();
-            if path.is_empty() || path == "/" {
+            if path.is_empty() || path == "/" || path == prefix {
                 continue;
             }
             let is_dir = meta.is_dir() || path.ends_with('/');
@@ -149,6 +155,35 @@ impl Endpoint for ObjectStore {
             let _ = tx.send(Ok(page)).await;
         }
         Ok(())
+    }
+
+    async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {
+        let mut out: Vec<Entry> = match self.op.list_with(prefix).await {
+            Ok(v) => v,
+            Err(e) if e.kind() == opendal::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                return Err(
+                    anyhow::Error::from(e).context(format!("listing {prefix} in {}", self.spec))
+                )
+            }
+        }
+        .into_iter()
+        .filter(|e| e.path() != prefix && !e.path().is_empty())
+        .map(|e| {
+            let (path, meta) = e.into_parts();
+            let is_dir = meta.is_dir() || path.ends_with('/');
+            Entry {
+                key: path,
+                kind: if is_dir { Kind::Dir } else { Kind::File },
+                size: meta.content_length(),
+                mtime_ns: ns(meta.last_modified()),
+                mode: None,
+                target: None,
+            }
+        })
+        .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
     }
 
     async fn stat(&self, key: &str) -> Result<Option<Entry>> {

@@ -176,15 +176,21 @@ impl Endpoint for VolumeEndpoint {
         false
     }
 
-    async fn list(&self, after: Option<String>, dirs: bool, tx: mpsc::Sender<Page>) -> Result<()> {
-        let root = match self.fs.resolve(&self.path_of("")).await {
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<String>,
+        dirs: bool,
+        tx: mpsc::Sender<Page>,
+    ) -> Result<()> {
+        let root = match self.fs.resolve(&self.path_of(prefix)).await {
             Ok((ino, a)) if a.kind == FileKind::Dir => ino,
             Ok(_) => bail!("{} is not a directory", self.describe()),
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e.into()),
         };
         let mut page = Vec::with_capacity(1000);
-        let mut stack = vec![(self.children(root, "").await?, 0usize)];
+        let mut stack = vec![(self.children(root, prefix).await?, 0usize)];
         while let Some((kids, i)) = stack.last_mut() {
             if *i >= kids.len() {
                 stack.pop();
@@ -222,6 +228,25 @@ impl Endpoint for VolumeEndpoint {
             let _ = tx.send(Ok(page)).await;
         }
         Ok(())
+    }
+
+    async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {
+        let ino = match self.fs.resolve(&self.path_of(prefix)).await {
+            Ok((ino, a)) if a.kind == FileKind::Dir => ino,
+            Ok(_) => return Ok(Vec::new()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for (key, ino, a) in self.children(ino, prefix).await? {
+            let target = if a.kind == FileKind::Symlink {
+                Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned())
+            } else {
+                None
+            };
+            out.push(entry(key, &a, target));
+        }
+        Ok(out)
     }
 
     async fn stat(&self, key: &str) -> Result<Option<Entry>> {
