@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SMALL=${1:-20000}; NOCHANGE=${2:-100000}; RSSN=${3:-1000000}
+ONLY=${ONLY:-a,b,c,d}   # which sections to run, e.g. ONLY=a,c
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
 bash integration/install-deps.sh test
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
 cargo build --release --locked -p sync-cli >/dev/null
@@ -33,6 +35,7 @@ for i in range(n):
 PY
 }
 
+if want a; then
 echo "### (a) $SMALL files of 16 KiB, directory -> S3 (Ceph RGW on loopback)"
 echo
 mk_small "$W/small" "$SMALL"
@@ -52,7 +55,9 @@ r2=$(secs rcl copy "$W/small" ceph:bench-r/x --transfers 32 --checkers 32)
 echo "No-change re-run of the same $SMALL objects to S3: jfs-sync ${j2}s, rclone ${r2}s: jfs-sync takes **$(ratio "$j2" "$r2")x** rclone's time."
 echo
 rm -rf "$W/small"
+fi
 
+if want b; then
 echo "### (b) 4 files of 1 GiB, directory -> directory"
 echo
 mkdir -p "$W/big"
@@ -70,7 +75,9 @@ echo
 echo "jfs-sync throughput vs cp -r: **$(ratio "$t_cp" "$t_j")x** (target >= 0.9x); vs rclone: **$(ratio "$t_r" "$t_j")x** (target >= 1x)"
 echo
 rm -rf "$W/big"
+fi
 
+if want c; then
 echo "### (c) no-change re-run over $NOCHANGE objects, directory -> directory"
 echo
 mk_small "$W/nc" "$NOCHANGE"
@@ -86,7 +93,9 @@ echo
 echo "jfs-sync takes **$(ratio "$j" "$r")x** rclone's time (target <= 0.5x)"
 echo
 rm -rf "$W/nc" "$W/nc-j" "$W/nc-r"
+fi
 
+if want d; then
 echo "### (d) peak RSS syncing $RSSN small objects, directory -> directory"
 echo
 python3 - "$W/m" "$RSSN" <<'PY'
@@ -108,3 +117,4 @@ echo "| jfs-sync | $((kb_j / 1024)) MiB | $s_j |"
 echo "| rclone copy | $((kb_r / 1024)) MiB | $s_r |"
 echo
 echo "jfs-sync peak RSS $((kb_j / 1024)) MiB (target <= 200 MiB)"
+fi

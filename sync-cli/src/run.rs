@@ -400,7 +400,10 @@ pub async fn sync(
             }
             let action = o.compare.decide(Some(&s), de.as_ref());
             if action == Action::Skip
+                // A copy an interrupted run finished counts only if the destination still
+                // holds an object of that size (a lost or torn file is copied again).
                 || (action != Action::Compare
+                    && de.as_ref().is_some_and(|d| d.size == s.size)
                     && state
                         .as_ref()
                         .map(|st| st.is_done(&s.key, s.size, s.mtime_ns))
