@@ -844,3 +844,59 @@ fn parallel_listing_keeps_key_order() {
         );
     }
 }
+
+/// A directory wider than the spill limit is sorted on disk: the same ordered plan and the
+/// same copy as the in-memory sort (with parallel listing falling back to one listing).
+#[test]
+fn huge_flat_directories_are_sorted_on_disk() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("flat")).unwrap();
+    for i in 0..3000u64 {
+        // names whose order differs from creation order, and a '.' vs '/' pair
+        std::fs::write(
+            src.join(format!("flat/{:x}", i.wrapping_mul(2654435761) % 100_000)),
+            data(i, 10),
+        )
+        .unwrap();
+    }
+    std::fs::create_dir_all(src.join("flat.d")).unwrap();
+    std::fs::write(src.join("flat.d/x"), b"x").unwrap();
+    std::fs::write(src.join("flat.txt"), b"y").unwrap();
+    let job = Job::new();
+    let plan = |spill: &str, threads: &str| -> Vec<String> {
+        let nowhere = t.path().join("nowhere");
+        let o = job
+            .cmd(&[s(&src), s(&nowhere), "--dry-run", "--list-threads", threads])
+            .env("JFS_SYNC_SPILL_AT", spill)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let in_memory = plan("1000000", "1");
+    let mut sorted = in_memory.clone();
+    sorted.sort();
+    assert_eq!(in_memory, sorted);
+    assert_eq!(
+        plan("500", "1"),
+        in_memory,
+        "spilled runs merge into the same order"
+    );
+    assert_eq!(
+        plan("500", "4"),
+        in_memory,
+        "a too-wide level falls back to one listing"
+    );
+    let dst = t.path().join("dst");
+    let o = job
+        .cmd(&[s(&src), s(&dst), "--json"])
+        .env("JFS_SYNC_SPILL_AT", "500")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
+}

@@ -44,7 +44,16 @@ async fn expand(
     after: Option<&str>,
     out: &mut Vec<Unit>,
 ) -> Result<()> {
-    for e in ep.list_level(prefix).await? {
+    let level = match ep.list_level(prefix).await {
+        Ok(l) => l,
+        // Too wide to hold: the whole subtree becomes one (spilling) listing.
+        Err(e) if e.is::<crate::endpoint::TooWide>() => {
+            out.push(Unit::Tree(prefix.to_string()));
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    for e in level {
         if e.kind == Kind::Dir {
             if after.is_some_and(|a| a > e.key.as_str() && !a.starts_with(&e.key)) {
                 continue; // wholly before the resume point

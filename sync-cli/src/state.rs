@@ -35,6 +35,9 @@ impl State {
             .with_context(|| format!("creating the state dir {}", path.display()))?;
         let mut o = Options::default();
         o.create_if_missing(true);
+        // Small memtables: a million done-keys should not cost 64 MiB buffers of RAM.
+        o.set_write_buffer_size(8 << 20);
+        o.set_max_write_buffer_number(2);
         let db = DB::open(&o, path).with_context(|| {
             format!(
                 "opening the state in {} (is another jfs-sync running the same job?)",

@@ -84,16 +84,13 @@ impl LocalDir {
         tx: &mpsc::Sender<Page>,
     ) -> Result<()> {
         let mut page = Vec::with_capacity(1000);
-        // Stack of (directory key prefix, its sorted children, next index).
-        let mut stack: Vec<(String, Vec<(String, cap_std::fs::Metadata)>, usize)> =
-            vec![(prefix.to_string(), Self::children(dir, prefix)?, 0)];
-        while let Some((prefix, kids, i)) = stack.last_mut() {
-            if *i >= kids.len() {
+        // Stack of (directory key prefix, its children in key order).
+        let mut stack: Vec<(String, Kids)> = vec![(prefix.to_string(), Self::kids(dir, prefix)?)];
+        while let Some((prefix, kids)) = stack.last_mut() {
+            let Some((name, meta)) = kids.next(dir, prefix)? else {
                 stack.pop();
                 continue;
-            }
-            let (name, meta) = kids[*i].clone();
-            *i += 1;
+            };
             let key = format!("{prefix}{name}");
             if meta.is_dir() {
                 // `key` ends with '/'. Skip a subtree wholly before `after`.
@@ -105,8 +102,8 @@ impl LocalDir {
                 if dirs && after.is_none_or(|a| key.as_str() > a) {
                     page.push(entry_from(key.clone(), &meta, None));
                 }
-                let kids = Self::children(dir, &key).with_context(|| format!("listing {key}"))?;
-                stack.push((key, kids, 0));
+                let kids = Self::kids(dir, &key).with_context(|| format!("listing {key}"))?;
+                stack.push((key, kids));
             } else {
                 if after.is_some_and(|a| key.as_str() <= a) {
                     continue;
@@ -126,6 +123,43 @@ impl LocalDir {
             let _ = tx.blocking_send(Ok(page));
         }
         Ok(())
+    }
+
+    /// Children of directory `key` in key order. A directory with more than `spill_at()`
+    /// entries is sorted on disk (runs of names in temp files, merged), so a flat directory of
+    /// millions of files costs a few MiB of memory, not gigabytes.
+    fn kids(dir: &Dir, key: &str) -> Result<Kids> {
+        let rd = if key.is_empty() {
+            dir.entries()?
+        } else {
+            dir.read_dir(rel(key))?
+        };
+        let limit = spill_at();
+        let mut names: Vec<String> = Vec::new();
+        let mut runs: Vec<std::fs::File> = Vec::new();
+        for e in rd {
+            let e = e?;
+            let name = e
+                .file_name()
+                .into_string()
+                .map_err(|n| anyhow!("{key}{n:?}: file name is not UTF-8"))?;
+            names.push(if e.file_type()?.is_dir() {
+                format!("{name}/")
+            } else {
+                name
+            });
+            if names.len() >= limit {
+                runs.push(spill::write_run(&mut names)?);
+            }
+        }
+        if runs.is_empty() {
+            names.sort();
+            return Ok(Kids::Mem(names.into_iter()));
+        }
+        if !names.is_empty() {
+            runs.push(spill::write_run(&mut names)?);
+        }
+        Ok(Kids::Spilled(spill::Merge::new(runs)?))
     }
 
     /// Children of directory `key`, sorted by key order: directories as `name/`.
@@ -196,6 +230,97 @@ impl LocalDir {
                 Box::new(sink).abort().await;
                 Err(e)
             }
+        }
+    }
+}
+
+/// Entries above which one directory's listing is sorted on disk (JFS_SYNC_SPILL_AT overrides).
+fn spill_at() -> usize {
+    std::env::var("JFS_SYNC_SPILL_AT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(100_000)
+}
+
+/// The children of one directory, in key order; metadata is read as they are taken.
+enum Kids {
+    Mem(std::vec::IntoIter<String>),
+    Spilled(spill::Merge),
+}
+
+impl Kids {
+    fn next(&mut self, dir: &Dir, prefix: &str) -> Result<Option<(String, cap_std::fs::Metadata)>> {
+        loop {
+            let name = match self {
+                Kids::Mem(it) => it.next(),
+                Kids::Spilled(m) => m.next()?,
+            };
+            let Some(name) = name else { return Ok(None) };
+            let path = format!("{prefix}{}", name.trim_end_matches('/'));
+            match dir.symlink_metadata(&path) {
+                Ok(m) => return Ok(Some((name, m))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // gone meanwhile
+                Err(e) => return Err(e).with_context(|| format!("stat {path}")),
+            }
+        }
+    }
+}
+
+mod spill {
+    //! External sort of directory entry names: sorted runs in anonymous temp files, merged.
+    use anyhow::Result;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::io::{BufRead, BufReader, BufWriter, Seek, Write};
+
+    pub fn write_run(names: &mut Vec<String>) -> Result<std::fs::File> {
+        names.sort();
+        let mut f = tempfile::tempfile()?;
+        {
+            let mut w = BufWriter::new(&mut f);
+            for n in names.drain(..) {
+                w.write_all(n.as_bytes())?;
+                w.write_all(&[0])?; // names never contain NUL
+            }
+            w.flush()?;
+        }
+        f.rewind()?;
+        Ok(f)
+    }
+
+    pub struct Merge {
+        readers: Vec<BufReader<std::fs::File>>,
+        heap: BinaryHeap<Reverse<(String, usize)>>,
+    }
+
+    impl Merge {
+        pub fn new(runs: Vec<std::fs::File>) -> Result<Self> {
+            let mut m = Merge {
+                readers: runs.into_iter().map(BufReader::new).collect(),
+                heap: BinaryHeap::new(),
+            };
+            for i in 0..m.readers.len() {
+                m.refill(i)?;
+            }
+            Ok(m)
+        }
+
+        fn refill(&mut self, i: usize) -> Result<()> {
+            let mut buf = Vec::new();
+            if self.readers[i].read_until(0, &mut buf)? > 0 {
+                buf.pop();
+                self.heap.push(Reverse((String::from_utf8(buf)?, i)));
+            }
+            Ok(())
+        }
+
+        pub fn next(&mut self) -> Result<Option<String>> {
+            let Some(Reverse((name, i))) = self.heap.pop() else {
+                return Ok(None);
+            };
+            self.refill(i)?;
+            Ok(Some(name))
         }
     }
 }
@@ -304,6 +429,14 @@ impl Endpoint for LocalDir {
     async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {
         let (dir, p) = (self.dir.clone(), prefix.to_string());
         blocking(move || {
+            let rd = if p.is_empty() {
+                dir.entries()?
+            } else {
+                dir.read_dir(rel(&p))?
+            };
+            if rd.count() > spill_at() {
+                return Err(anyhow::Error::new(super::TooWide));
+            }
             let mut out = Vec::new();
             for (name, meta) in Self::children(&dir, &p)? {
                 let key = format!("{p}{name}");

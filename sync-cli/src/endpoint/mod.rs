@@ -107,6 +107,18 @@ pub fn permanent(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Permanent(msg.into()))
 }
 
+/// `list_level` of a directory too wide to expand in memory: list it as one subtree instead.
+#[derive(Debug)]
+pub struct TooWide;
+
+impl std::fmt::Display for TooWide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("directory too wide to expand")
+    }
+}
+
+impl std::error::Error for TooWide {}
+
 /// Object keys are untrusted. A key is refused when it could name something outside the
 /// destination or something other than what it says: empty or `.`/`..` components, an
 /// absolute path, NUL or other control characters, backslashes, a drive letter, a component
