@@ -182,6 +182,34 @@ impl Settings {
     }
 }
 
+/// A size in binary units: "4M", "64K", "1GiB", "1.5K", "123" (bytes). Shared by the CLIs.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = t[i..].to_ascii_uppercase();
+            let m: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return Err(format!("unknown size unit in {s:?} (use K, M, G, T)")),
+            };
+            (&t[..i], m)
+        }
+        None => (t, 1),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 4M, 64K, 1G)"))?;
+    if !(n >= 0.0) {
+        return Err(format!("{s:?} is negative"));
+    }
+    Ok((n * mult as f64) as u64)
+}
+
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -208,6 +236,23 @@ pub struct DirEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        for (s, n) in [
+            ("4M", 4 << 20),
+            ("64K", 64 << 10),
+            ("1GiB", 1 << 30),
+            ("123", 123),
+            ("1.5K", 1536),
+            ("2mb", 2 << 20),
+        ] {
+            assert_eq!(parse_size(s).unwrap(), n, "{s}");
+        }
+        assert!(parse_size("4Q").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("big").is_err());
+    }
 
     #[test]
     fn slice_records_round_trip() {

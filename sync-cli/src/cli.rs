@@ -1,6 +1,7 @@
 //! Command-line flags (clap derive; `jfs-sync --help` is built from these doc comments).
 
 use clap::{Args, Parser, Subcommand};
+use fs_core::parse_size;
 use std::path::PathBuf;
 
 /// Sync the contents of SRC into DST: local directories, S3-compatible stores
@@ -194,33 +195,6 @@ pub struct SyncArgs {
     /// Seconds between progress lines when stderr is not a terminal.
     #[arg(long, default_value_t = 5)]
     pub progress_interval: u64,
-}
-
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let m: u64 = match t[i..]
-                .to_ascii_uppercase()
-                .trim_end_matches("IB")
-                .trim_end_matches('B')
-            {
-                "" => 1,
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
-                u => return Err(format!("unknown unit {u:?} in {s:?}")),
-            };
-            (&t[..i], m)
-        }
-        None => (t, 1),
-    };
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size"))?;
-    Ok((n * mult as f64) as u64)
 }
 
 #[cfg(test)]

@@ -18,25 +18,9 @@ fn parse_rate(s: &str) -> Result<Option<u64>> {
     if s.eq_ignore_ascii_case("off") || s == "0" {
         return Ok(None);
     }
-    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let m: u64 = match s[i..]
-                .to_ascii_uppercase()
-                .trim_end_matches("IB")
-                .trim_end_matches('B')
-            {
-                "" => 1,
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                u => bail!("unknown unit {u:?} in rate {s:?}"),
-            };
-            (&s[..i], m)
-        }
-        None => (s, 1),
-    };
-    let n: f64 = num.parse().with_context(|| format!("bad rate {s:?}"))?;
-    Ok(Some((n * mult as f64) as u64))
+    fs_core::parse_size(s)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("bad rate: {e}"))
 }
 
 impl BwSchedule {
