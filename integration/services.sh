@@ -125,12 +125,16 @@ CONF
     [ "$code" = 200 ] && break; sleep 1
   done
   [ "${code:-}" = 200 ] || { echo "services.sh: creating the S3 test bucket failed (HTTP $code)" >&2; return 1; }
+  code=$(curl -s -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" --user "$S3_AK:$S3_SK" \
+      -H 'x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855' -X PUT "http://127.0.0.1:$RGW_PORT/jfs-test2")
+  [ "$code" = 200 ] || { echo "services.sh: creating the second S3 test bucket failed (HTTP $code)" >&2; return 1; }
 
   cat > "$D/env" <<ENV
 export JFS_TEST_REDIS=redis://127.0.0.1:$RPORT/0
 export JFS_TEST_PG=postgres://postgres@127.0.0.1:$PPORT/jfs
 export JFS_TEST_S3='s3://jfs-test?endpoint=http://127.0.0.1:$RGW_PORT'
 export JFS_TEST_S3_ENDPOINT=http://127.0.0.1:$RGW_PORT
+export JFS_TEST_S3B='s3://jfs-test2?endpoint=http://127.0.0.1:$RGW_PORT'
 export JFS_META_PASSWORD='$PW'
 export AWS_ACCESS_KEY_ID='$S3_AK'
 export AWS_SECRET_ACCESS_KEY='$S3_SK'

@@ -900,3 +900,68 @@ fn huge_flat_directories_are_sorted_on_disk() {
     assert!(o.status.success());
     assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
 }
+
+fn second_bucket() -> String {
+    let base = std::env::var("JFS_TEST_S3B")
+        .expect("JFS_TEST_S3B is not set: start the services with integration/services.sh");
+    let (bucket, query) = base.split_once('?').unwrap_or((&base, ""));
+    format!("{bucket}/{}?{query}", integration::unique("b"))
+}
+
+/// kill -9 in the middle of a large upload to S3: the next run finds the upload id in its
+/// state, asks S3 which parts it has, and uploads only the others; the object is whole.
+#[test]
+fn a_killed_multipart_upload_resumes_from_its_parts() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let size = 96usize << 20; // 12 parts of 8 MiB
+    std::fs::write(src.join("model.bin"), data(31, size)).unwrap();
+    let (s3, _) = store_url("s3");
+    let job = Job::new();
+    let args = [s(&src), &s3, "--bwlimit", "32M"];
+    let mut child = job
+        .cmd(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1800));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the upload finished before the kill: make it bigger"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let v = job.sync(&args, 0);
+    let moved = n(&v, "bytes") as usize;
+    assert_eq!(n(&v, "copied"), 1);
+    assert!(
+        moved < size * 3 / 4 && moved > 0,
+        "the second run uploaded {moved} of {size} bytes"
+    );
+    assert_eq!(moved % (8 << 20), 0, "whole parts only");
+    let back = t.path().join("back");
+    job.sync(&[&s3, s(&back)], 0);
+    assert!(
+        std::fs::read(back.join("model.bin")).unwrap() == data(31, size),
+        "the object is whole and right"
+    );
+}
+
+/// Another bucket on the same endpoint: CopyObject, no bytes through jfs-sync.
+#[test]
+fn cross_bucket_copies_are_server_side() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_tree(&src, 40, 9 << 20);
+    let (a, _) = store_url("s3");
+    let b = second_bucket();
+    let job = Job::new();
+    job.sync(&[s(&src), &a], 0);
+    let v = job.sync(&[&a, &b], 0);
+    assert_eq!((n(&v, "copied"), n(&v, "bytes")), (41, 0), "{v}");
+    let back = t.path().join("back");
+    job.sync(&[&b, s(&back)], 0);
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&back)));
+}

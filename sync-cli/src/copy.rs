@@ -18,7 +18,12 @@ pub struct Copier<'a> {
     pub limits: &'a Limits,
     pub perms: bool,
     pub check_new: bool,
+    /// Resume state: where multipart upload ids are kept.
+    pub state: Option<&'a crate::state::State>,
 }
+
+/// Objects at least this large go to S3 as resumable multipart uploads.
+pub const RESUMABLE_MIN: u64 = 2 * crate::endpoint::PART as u64;
 
 /// CRC32C of an object, read in pieces.
 pub async fn checksum(ep: &dyn Endpoint, key: &str, size: u64, limits: &Limits) -> Result<u32> {
@@ -44,6 +49,22 @@ impl Copier<'_> {
         if self.dst.server_side_copy(self.src, &e.key).await? {
             return Ok(0);
         }
+        if let (Some(st), Some(native)) = (
+            self.state,
+            self.dst.as_object_store().and_then(|o| o.native()),
+        ) {
+            if e.size >= RESUMABLE_MIN {
+                let moved = self.multipart(native, st, e).await?;
+                if self.check_new {
+                    let want = checksum(self.src, &e.key, e.size, self.limits).await?;
+                    let got = checksum(self.dst, &e.key, e.size, self.limits).await?;
+                    if got != want {
+                        bail!("{}: verification failed: destination CRC32C {got:08x}, source {want:08x}", e.key);
+                    }
+                }
+                return Ok(moved);
+            }
+        }
         let (sink, crc) = match (self.src.as_local(), self.dst.as_local()) {
             (Some(s), Some(d)) => {
                 let limits = self.limits;
@@ -67,6 +88,72 @@ impl Copier<'_> {
             }
         }
         Ok(e.size)
+    }
+
+    /// A multipart upload that outlives the process: the upload id is recorded before the
+    /// first part; a later run lists the parts S3 already has and sends only the others.
+    /// Returns the bytes uploaded by this call.
+    async fn multipart(
+        &self,
+        s3: &crate::endpoint::s3native::S3Native,
+        st: &crate::state::State,
+        e: &Entry,
+    ) -> Result<u64> {
+        let part = crate::endpoint::PART as u64;
+        let version = format!("{} {}", e.size, e.mtime_ns);
+        let nparts = e.size.div_ceil(part);
+        let part_len = |n: u64| part.min(e.size - (n - 1) * part);
+        let mut have = std::collections::BTreeMap::new();
+        let mut upload = None;
+        if let Some((id, v)) = st.multipart(&e.key)? {
+            if v == version {
+                if let Some(parts) = s3.parts(&e.key, &id).await? {
+                    for (n, size, etag) in parts {
+                        if n >= 1 && (n as u64) <= nparts && size as u64 == part_len(n as u64) {
+                            have.insert(n, etag);
+                        }
+                    }
+                    upload = Some(id);
+                }
+            } else {
+                s3.abort(&e.key, &id).await; // the source changed since: start over
+            }
+        }
+        let id = match upload {
+            Some(id) => {
+                tracing::info!(key = %e.key, parts_done = have.len(), parts = nparts, "resuming multipart upload");
+                id
+            }
+            None => {
+                let id = s3.create(&e.key).await?;
+                st.set_multipart(&e.key, &id, &version)?;
+                id
+            }
+        };
+        let todo: Vec<u64> = (1..=nparts)
+            .filter(|n| !have.contains_key(&(*n as i32)))
+            .collect();
+        let uploaded: Vec<(i32, String, u64)> = futures::stream::iter(todo.into_iter().map(|n| {
+            let id = &id;
+            async move {
+                let (off, len) = ((n - 1) * part, part_len(n));
+                self.limits.request().await;
+                self.limits.bytes(len).await;
+                let data = self.src.read(&e.key, off, len).await?;
+                let etag = s3.upload_part(&e.key, id, n as i32, data).await?;
+                Ok::<_, anyhow::Error>((n as i32, etag, len))
+            }
+        }))
+        .buffer_unordered(READS_IN_FLIGHT)
+        .try_collect()
+        .await?;
+        let moved = uploaded.iter().map(|u| u.2).sum();
+        for (n, etag, _) in uploaded {
+            have.insert(n, etag);
+        }
+        s3.complete(&e.key, &id, have.into_iter().collect()).await?;
+        st.clear_multipart(&e.key)?;
+        Ok(moved)
     }
 
     async fn stream(&self, e: &Entry) -> Result<(Box<dyn Sink>, Option<u32>)> {

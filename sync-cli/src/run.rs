@@ -174,6 +174,7 @@ async fn work(ctx: Arc<Ctx>, action: Action, s: Entry) -> Result<Action> {
         limits: &o.limits,
         perms: o.perms,
         check_new: o.check_new,
+        state: ctx.state.as_deref(),
     };
     let mut action = action;
     if action == Action::Compare {

@@ -17,6 +17,7 @@ const CURSOR: &[u8] = b"cursor";
 const JOURNAL_SEQ: &[u8] = b"journal_seq";
 const DONE: &[u8] = b"done:";
 const DELETE: &[u8] = b"del:";
+const MULTIPART: &[u8] = b"mpu:";
 
 fn k(prefix: &[u8], key: &str) -> Vec<u8> {
     let mut v = prefix.to_vec();
@@ -75,6 +76,26 @@ impl State {
             .db
             .get(k(DONE, key))?
             .is_some_and(|v| v == stamp(size, mtime_ns)))
+    }
+
+    /// The multipart upload in progress for `key`: (upload id, "size mtime" of the source).
+    pub fn multipart(&self, key: &str) -> Result<Option<(String, String)>> {
+        Ok(self.db.get(k(MULTIPART, key))?.and_then(|v| {
+            let s = String::from_utf8_lossy(&v).into_owned();
+            s.split_once('\n')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+        }))
+    }
+
+    /// Record an upload id before any part goes up, synced: a restart must find it.
+    pub fn set_multipart(&self, key: &str, upload_id: &str, version: &str) -> Result<()> {
+        self.db
+            .put(k(MULTIPART, key), format!("{upload_id}\n{version}"))?;
+        Ok(self.db.flush_wal(true)?)
+    }
+
+    pub fn clear_multipart(&self, key: &str) -> Result<()> {
+        Ok(self.db.delete(k(MULTIPART, key))?)
     }
 
     pub fn add_delete(&self, key: &str, is_dir: bool) -> Result<()> {

@@ -5,10 +5,11 @@
 
 mod local;
 mod object;
+pub mod s3native;
 mod volume;
 
 pub use local::LocalDir;
-pub use object::ObjectStore;
+pub use object::{ObjectStore, PART};
 pub use volume::VolumeEndpoint;
 
 use anyhow::{Context, Result};

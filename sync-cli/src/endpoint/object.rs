@@ -19,6 +19,8 @@ const PARTS_IN_FLIGHT: usize = 4;
 
 pub struct ObjectStore {
     op: Operator,
+    /// aws-sdk-s3 on the same endpoint (s3:// only): resumable multipart, cross-bucket copy.
+    native: Option<super::s3native::S3Native>,
     spec: String,
     /// `scheme://bucket?query` and the prefix, to recognise "the same store".
     bucket_url: String,
@@ -43,8 +45,30 @@ impl ObjectStore {
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
         let prefix = prefix.trim_matches('/');
+        let params: std::collections::HashMap<&str, &str> = query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        let native_endpoint = endpoint
+            .map(str::to_string)
+            .or_else(|| params.get("endpoint").map(|v| v.to_string()))
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
+        let native = (scheme == "s3").then(|| {
+            let p = if prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{prefix}/")
+            };
+            super::s3native::S3Native::new(
+                bucket,
+                &p,
+                native_endpoint,
+                params.get("region").map(|v| v.to_string()),
+            )
+        });
         Ok(ObjectStore {
             op,
+            native: native.flatten(),
             spec: spec.to_string(),
             bucket_url: format!("{scheme}://{bucket}?{query}"),
             prefix: if prefix.is_empty() {
@@ -262,11 +286,26 @@ impl Endpoint for ObjectStore {
         let Some(src) = from.as_object_store() else {
             return Ok(false);
         };
-        if src.bucket_url != self.bucket_url
-            || src.endpoint != self.endpoint
-            || !self.bucket_url.starts_with("s3://")
-        {
+        if src.endpoint != self.endpoint || !self.bucket_url.starts_with("s3://") {
             return Ok(false);
+        }
+        if src.bucket_url != self.bucket_url {
+            // Another bucket on the same endpoint: CopyObject through aws-sdk-s3. An object the
+            // server refuses to copy (over its 5 GiB CopyObject limit) is streamed instead.
+            return match (&src.native, &self.native) {
+                (Some(a), Some(b)) if a.endpoint == b.endpoint => match b.copy_from(a, key).await {
+                    Ok(()) => Ok(true),
+                    Err(e)
+                        if format!("{e:?}").contains("EntityTooLarge")
+                            || format!("{e:?}").contains("InvalidRequest") =>
+                    {
+                        tracing::info!(key, error = %format!("{e:#}"), "server-side copy refused; streaming instead");
+                        Ok(false)
+                    }
+                    Err(e) => Err(e),
+                },
+                _ => Ok(false),
+            };
         }
         // One operator at the bucket root sees both prefixes: CopyObject, no bytes through us.
         let root = objstore::operator(
@@ -287,5 +326,11 @@ impl Endpoint for ObjectStore {
 
     fn as_object_store(&self) -> Option<&ObjectStore> {
         Some(self)
+    }
+}
+
+impl ObjectStore {
+    pub fn native(&self) -> Option<&super::s3native::S3Native> {
+        self.native.as_ref()
     }
 }
