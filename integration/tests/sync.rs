@@ -964,4 +964,14 @@ fn cross_bucket_copies_are_server_side() {
     let back = t.path().join("back");
     job.sync(&[&b, s(&back)], 0);
     assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&back)));
+    // Above the single-copy limit (lowered here from 5 GiB to 6 MiB), parts are copied
+    // server-side with UploadPartCopy.
+    let c = second_bucket();
+    let o = job.cmd(&[&a, &c, "--json", "--include", "big.bin", "--exclude", "*"]).env("JFS_SYNC_SINGLE_COPY_MAX", "6291456").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!((n(&v, "copied"), n(&v, "bytes")), (1, 0), "{v}");
+    let back2 = t.path().join("back2");
+    job.sync(&[&c, s(&back2)], 0);
+    assert!(std::fs::read(back2.join("big.bin")).unwrap() == std::fs::read(src.join("big.bin")).unwrap());
 }

@@ -46,7 +46,7 @@ impl Copier<'_> {
     /// Copy `e` (a file). Returns the bytes moved through this process.
     pub async fn copy_file(&self, e: &Entry) -> Result<u64> {
         self.limits.request().await;
-        if self.dst.server_side_copy(self.src, &e.key).await? {
+        if self.dst.server_side_copy(self.src, &e.key, e.size).await? {
             return Ok(0);
         }
         if let (Some(st), Some(native)) = (

@@ -78,7 +78,7 @@ pub trait Endpoint: Send + Sync {
     async fn symlink(&self, key: &str, target: &str) -> Result<()>;
     async fn delete(&self, key: &str, kind: Kind) -> Result<()>;
     /// Same store and endpoint: a server-side copy is possible (object stores).
-    async fn server_side_copy(&self, _from: &dyn Endpoint, _key: &str) -> Result<bool> {
+    async fn server_side_copy(&self, _from: &dyn Endpoint, _key: &str, _size: u64) -> Result<bool> {
         Ok(false)
     }
     fn as_object_store(&self) -> Option<&ObjectStore> {

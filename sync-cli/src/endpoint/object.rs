@@ -282,7 +282,7 @@ impl Endpoint for ObjectStore {
         Ok(())
     }
 
-    async fn server_side_copy(&self, from: &dyn Endpoint, key: &str) -> Result<bool> {
+    async fn server_side_copy(&self, from: &dyn Endpoint, key: &str, size: u64) -> Result<bool> {
         let Some(src) = from.as_object_store() else {
             return Ok(false);
         };
@@ -293,7 +293,7 @@ impl Endpoint for ObjectStore {
             // Another bucket on the same endpoint: CopyObject through aws-sdk-s3. An object the
             // server refuses to copy (over its 5 GiB CopyObject limit) is streamed instead.
             return match (&src.native, &self.native) {
-                (Some(a), Some(b)) if a.endpoint == b.endpoint => match b.copy_from(a, key).await {
+                (Some(a), Some(b)) if a.endpoint == b.endpoint => match b.copy_from(a, key, size).await {
                     Ok(()) => Ok(true),
                     Err(e)
                         if format!("{e:?}").contains("EntityTooLarge")

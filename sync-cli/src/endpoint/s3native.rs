@@ -7,6 +7,7 @@ use anyhow::{anyhow, Context, Result};
 use aws_sdk_s3::config::{
     BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
 };
+use aws_sdk_s3::error::DisplayErrorContext;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
@@ -80,7 +81,7 @@ impl S3Native {
             .key(self.full(key))
             .send()
             .await
-            .map_err(|e| anyhow!("starting the multipart upload of {key}: {e:?}"))?;
+            .map_err(|e| anyhow!("starting the multipart upload of {key}: {}", DisplayErrorContext(&e)))?;
         r.upload_id()
             .map(str::to_string)
             .ok_or_else(|| anyhow!("{key}: the store gave no upload id"))
@@ -106,8 +107,8 @@ impl S3Native {
             }
             let r = match req.send().await {
                 Ok(r) => r,
-                Err(e) if format!("{e:?}").contains("NoSuchUpload") => return Ok(None),
-                Err(e) => return Err(anyhow!("listing the parts of {key}: {e:?}")),
+                Err(e) if format!("{}", DisplayErrorContext(&e)).contains("NoSuchUpload") => return Ok(None),
+                Err(e) => return Err(anyhow!("listing the parts of {key}: {}", DisplayErrorContext(&e))),
             };
             for p in r.parts() {
                 if let (Some(n), Some(size), Some(etag)) = (p.part_number(), p.size(), p.e_tag()) {
@@ -143,7 +144,7 @@ impl S3Native {
             .body(ByteStream::from(data))
             .send()
             .await
-            .map_err(|e| anyhow!("uploading part {n} of {key}: {e:?}"))?;
+            .map_err(|e| anyhow!("uploading part {n} of {key}: {}", DisplayErrorContext(&e)))?;
         r.e_tag()
             .map(str::to_string)
             .ok_or_else(|| anyhow!("part {n} of {key}: no ETag"))
@@ -171,7 +172,7 @@ impl S3Native {
             )
             .send()
             .await
-            .map_err(|e| anyhow!("completing the upload of {key}: {e:?}"))?;
+            .map_err(|e| anyhow!("completing the upload of {key}: {}", DisplayErrorContext(&e)))?;
         Ok(())
     }
 
@@ -186,8 +187,57 @@ impl S3Native {
             .await;
     }
 
-    /// Server-side copy of `key` from `src` (another bucket on the same endpoint).
-    pub async fn copy_from(&self, src: &S3Native, key: &str) -> Result<()> {
+    /// Server-side copy of `key` (of `size` bytes) from `src`, another bucket on the same
+    /// endpoint: CopyObject up to the single-copy limit (5 GiB), UploadPartCopy in 512 MiB
+    /// ranges above it.
+    pub async fn copy_from(&self, src: &S3Native, key: &str, size: u64) -> Result<()> {
+        let single_max = std::env::var("JFS_SYNC_SINGLE_COPY_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(5u64 << 30);
+        if size > single_max {
+            return self.copy_parts(src, key, size, (512u64 << 20).min(single_max.max(5 << 20))).await;
+        }
+        self.copy_object(src, key).await
+    }
+
+    async fn copy_parts(&self, src: &S3Native, key: &str, size: u64, part: u64) -> Result<()> {
+        let source = format!("{}/{}", src.bucket, encode_path(&src.full(key)));
+        let id = self.create(key).await?;
+        let res: Result<Vec<(i32, String)>> = async {
+            let mut parts = Vec::new();
+            for (i, off) in (0..size).step_by(part as usize).enumerate() {
+                let end = (off + part).min(size) - 1;
+                let r = self
+                    .client
+                    .upload_part_copy()
+                    .bucket(&self.bucket)
+                    .key(self.full(key))
+                    .upload_id(&id)
+                    .part_number(i as i32 + 1)
+                    .copy_source(&source)
+                    .copy_source_range(format!("bytes={off}-{end}"))
+                    .customize()
+                    // Some servers (Ceph RGW) insist on Content-Length on this empty-body PUT.
+                    .mutate_request(|r| {
+                        r.headers_mut().insert("content-length", "0");
+                    })
+                    .send()
+                    .await
+                    .map_err(|e| anyhow!("server-side copy of part {} of {key}: {}", i + 1, DisplayErrorContext(&e)))?;
+                let etag = r.copy_part_result().and_then(|c| c.e_tag()).ok_or_else(|| anyhow!("{key}: part copy gave no ETag"))?;
+                parts.push((i as i32 + 1, etag.to_string()));
+            }
+            Ok(parts)
+        }
+        .await;
+        match res {
+            Ok(parts) => self.complete(key, &id, parts).await,
+            Err(e) => {
+                self.abort(key, &id).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn copy_object(&self, src: &S3Native, key: &str) -> Result<()> {
         let source = format!("{}/{}", src.bucket, encode_path(&src.full(key)));
         self.client
             .copy_object()
@@ -196,7 +246,7 @@ impl S3Native {
             .copy_source(source)
             .send()
             .await
-            .map_err(|e| anyhow!("server-side copy of {key}: {e:?}"))
+            .map_err(|e| anyhow!("server-side copy of {key}: {}", DisplayErrorContext(&e)))
             .context("CopyObject")?;
         Ok(())
     }
