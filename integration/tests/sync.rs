@@ -967,11 +967,55 @@ fn cross_bucket_copies_are_server_side() {
     // Above the single-copy limit (lowered here from 5 GiB to 6 MiB), parts are copied
     // server-side with UploadPartCopy.
     let c = second_bucket();
-    let o = job.cmd(&[&a, &c, "--json", "--include", "big.bin", "--exclude", "*"]).env("JFS_SYNC_SINGLE_COPY_MAX", "6291456").output().unwrap();
+    let o = job
+        .cmd(&[&a, &c, "--json", "--include", "big.bin", "--exclude", "*"])
+        .env("JFS_SYNC_SINGLE_COPY_MAX", "6291456")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+    let v: Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
     assert_eq!((n(&v, "copied"), n(&v, "bytes")), (1, 0), "{v}");
     let back2 = t.path().join("back2");
     job.sync(&[&c, s(&back2)], 0);
-    assert!(std::fs::read(back2.join("big.bin")).unwrap() == std::fs::read(src.join("big.bin")).unwrap());
+    assert!(
+        std::fs::read(back2.join("big.bin")).unwrap()
+            == std::fs::read(src.join("big.bin")).unwrap()
+    );
+}
+
+/// Any OpenDAL service through `opendal+SERVICE://?option=value` (here the fs service, whose
+/// listing is unordered and is walked level by level); option values `env:NAME` come from the
+/// environment.
+#[test]
+fn other_opendal_services_through_the_generic_form() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_tree(&src, 150, 0);
+    let root = t.path().join("via-opendal");
+    std::fs::create_dir_all(&root).unwrap();
+    let dst = "opendal+fs://?root=env:JFS_TEST_OPENDAL_ROOT".to_string();
+    let job = Job::new();
+    let run = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let o = job
+            .cmd(&a)
+            .env("JFS_TEST_OPENDAL_ROOT", &root)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_str::<Value>(String::from_utf8_lossy(&o.stdout).lines().last().unwrap())
+            .unwrap()
+    };
+    assert_eq!(n(&run(&[s(&src), &dst]), "copied"), 150);
+    assert_eq!(
+        n(&run(&[s(&src), &dst]), "skipped"),
+        150,
+        "the walked listing merges in order"
+    );
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&root)));
+    let o = job.run(&[s(&src), "opendal+fs://?root=env:JFS_TEST_UNSET_VAR"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("JFS_TEST_UNSET_VAR, which is not set"));
 }

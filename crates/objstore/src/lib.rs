@@ -89,7 +89,10 @@ pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
             "s3" => &["endpoint", "region", "path_style"],
             _ => &[],
         };
-        if let Some(k) = params.keys().find(|k| !known.contains(&k.as_str())) {
+        if let Some(k) = params
+            .keys()
+            .find(|k| !known.contains(&k.as_str()) && !scheme.starts_with("opendal+"))
+        {
             return Err(config_err(url, format!("unknown parameter {k:?}")));
         }
         let op = match scheme {
@@ -156,10 +159,28 @@ pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
                     .map_err(|e| map_err(e, "s3 store"))?
                     .finish()
             }
+            generic if generic.starts_with("opendal+") => {
+                // Any OpenDAL service built in (fs, memory, s3, webdav, azblob, gcs), with its
+                // options as query parameters; a value "env:NAME" is read from the environment
+                // so that keys never appear in arguments.
+                let service = &generic["opendal+".len()..];
+                let mut opts = Vec::new();
+                for (k, v) in &params {
+                    let v = match v.strip_prefix("env:") {
+                        Some(name) => std::env::var(name).map_err(|_| {
+                            config_err(url, format!("option {k} names the environment variable {name}, which is not set"))
+                        })?,
+                        None => v.clone(),
+                    };
+                    opts.push((k.clone(), v));
+                }
+                Operator::via_iter(service, opts)
+                    .map_err(|e| config_err(url, format!("OpenDAL service {service:?}: {e}")))?
+            }
             other => {
                 return Err(config_err(
                     url,
-                    format!("unsupported scheme {other:?}: use file://, s3:// or memory://"),
+                    format!("unsupported scheme {other:?}: use file://, s3://, memory:// or opendal+SERVICE://?option=value"),
                 ))
             }
         };

@@ -119,6 +119,9 @@ impl Endpoint for ObjectStore {
         dirs: bool,
         tx: mpsc::Sender<Page>,
     ) -> Result<()> {
+        if !self.ordered_listing() {
+            return self.walk(prefix, after, dirs, tx).await;
+        }
         let mut l = self.op.lister_with(prefix).recursive(true);
         if let Some(a) = &after {
             l = l.start_after(a);
@@ -182,7 +185,7 @@ impl Endpoint for ObjectStore {
     }
 
     async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {
-        let mut out: Vec<Entry> = match self.op.list_with(prefix).await {
+        let listed = match self.op.list_with(prefix).await {
             Ok(v) => v,
             Err(e) if e.kind() == opendal::ErrorKind::NotFound => Vec::new(),
             Err(e) => {
@@ -190,22 +193,34 @@ impl Endpoint for ObjectStore {
                     anyhow::Error::from(e).context(format!("listing {prefix} in {}", self.spec))
                 )
             }
-        }
-        .into_iter()
-        .filter(|e| e.path() != prefix && !e.path().is_empty())
-        .map(|e| {
+        };
+        let mut out = Vec::with_capacity(listed.len());
+        for e in listed {
             let (path, meta) = e.into_parts();
+            // Some services list the directory itself (as the prefix, or "/" at the root).
+            if path.is_empty() || path == "/" || path == prefix {
+                continue;
+            }
             let is_dir = meta.is_dir() || path.ends_with('/');
-            Entry {
+            // Some services (fs) list names only: ask for the size and time.
+            let meta = if !is_dir && meta.last_modified().is_none() {
+                match self.op.stat(&path).await {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == opendal::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(anyhow::Error::from(e).context(format!("stat {path}"))),
+                }
+            } else {
+                meta
+            };
+            out.push(Entry {
                 key: path,
                 kind: if is_dir { Kind::Dir } else { Kind::File },
                 size: meta.content_length(),
                 mtime_ns: ns(meta.last_modified()),
                 mode: None,
                 target: None,
-            }
-        })
-        .collect();
+            });
+        }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
     }
@@ -293,17 +308,19 @@ impl Endpoint for ObjectStore {
             // Another bucket on the same endpoint: CopyObject through aws-sdk-s3. An object the
             // server refuses to copy (over its 5 GiB CopyObject limit) is streamed instead.
             return match (&src.native, &self.native) {
-                (Some(a), Some(b)) if a.endpoint == b.endpoint => match b.copy_from(a, key, size).await {
-                    Ok(()) => Ok(true),
-                    Err(e)
-                        if format!("{e:?}").contains("EntityTooLarge")
-                            || format!("{e:?}").contains("InvalidRequest") =>
-                    {
-                        tracing::info!(key, error = %format!("{e:#}"), "server-side copy refused; streaming instead");
-                        Ok(false)
+                (Some(a), Some(b)) if a.endpoint == b.endpoint => {
+                    match b.copy_from(a, key, size).await {
+                        Ok(()) => Ok(true),
+                        Err(e)
+                            if format!("{e:?}").contains("EntityTooLarge")
+                                || format!("{e:?}").contains("InvalidRequest") =>
+                        {
+                            tracing::info!(key, error = %format!("{e:#}"), "server-side copy refused; streaming instead");
+                            Ok(false)
+                        }
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
-                },
+                }
                 _ => Ok(false),
             };
         }
@@ -330,6 +347,50 @@ impl Endpoint for ObjectStore {
 }
 
 impl ObjectStore {
+    /// S3 and the in-memory store list keys in order; other services are walked level by level.
+    fn ordered_listing(&self) -> bool {
+        self.bucket_url.starts_with("s3://") || self.bucket_url.starts_with("memory://")
+    }
+
+    /// A listing in key order built from one sorted level at a time.
+    async fn walk(
+        &self,
+        prefix: &str,
+        after: Option<String>,
+        dirs: bool,
+        tx: mpsc::Sender<Page>,
+    ) -> Result<()> {
+        let mut page = Vec::with_capacity(1000);
+        let mut stack = vec![self.list_level(prefix).await?.into_iter()];
+        while let Some(level) = stack.last_mut() {
+            let Some(e) = level.next() else {
+                stack.pop();
+                continue;
+            };
+            if e.kind == Kind::Dir {
+                if after
+                    .as_deref()
+                    .is_some_and(|a| a > e.key.as_str() && !a.starts_with(&e.key))
+                {
+                    continue;
+                }
+                if dirs && after.as_deref().is_none_or(|a| e.key.as_str() > a) {
+                    page.push(e.clone());
+                }
+                stack.push(self.list_level(&e.key).await?.into_iter());
+            } else if after.as_deref().is_none_or(|a| e.key.as_str() > a) {
+                page.push(e);
+            }
+            if page.len() >= 1000 && tx.send(Ok(std::mem::take(&mut page))).await.is_err() {
+                return Ok(());
+            }
+        }
+        if !page.is_empty() {
+            let _ = tx.send(Ok(page)).await;
+        }
+        Ok(())
+    }
+
     pub fn native(&self) -> Option<&super::s3native::S3Native> {
         self.native.as_ref()
     }

@@ -81,7 +81,12 @@ impl S3Native {
             .key(self.full(key))
             .send()
             .await
-            .map_err(|e| anyhow!("starting the multipart upload of {key}: {}", DisplayErrorContext(&e)))?;
+            .map_err(|e| {
+                anyhow!(
+                    "starting the multipart upload of {key}: {}",
+                    DisplayErrorContext(&e)
+                )
+            })?;
         r.upload_id()
             .map(str::to_string)
             .ok_or_else(|| anyhow!("{key}: the store gave no upload id"))
@@ -107,8 +112,15 @@ impl S3Native {
             }
             let r = match req.send().await {
                 Ok(r) => r,
-                Err(e) if format!("{}", DisplayErrorContext(&e)).contains("NoSuchUpload") => return Ok(None),
-                Err(e) => return Err(anyhow!("listing the parts of {key}: {}", DisplayErrorContext(&e))),
+                Err(e) if format!("{}", DisplayErrorContext(&e)).contains("NoSuchUpload") => {
+                    return Ok(None)
+                }
+                Err(e) => {
+                    return Err(anyhow!(
+                        "listing the parts of {key}: {}",
+                        DisplayErrorContext(&e)
+                    ))
+                }
             };
             for p in r.parts() {
                 if let (Some(n), Some(size), Some(etag)) = (p.part_number(), p.size(), p.e_tag()) {
@@ -172,7 +184,12 @@ impl S3Native {
             )
             .send()
             .await
-            .map_err(|e| anyhow!("completing the upload of {key}: {}", DisplayErrorContext(&e)))?;
+            .map_err(|e| {
+                anyhow!(
+                    "completing the upload of {key}: {}",
+                    DisplayErrorContext(&e)
+                )
+            })?;
         Ok(())
     }
 
@@ -191,9 +208,14 @@ impl S3Native {
     /// endpoint: CopyObject up to the single-copy limit (5 GiB), UploadPartCopy in 512 MiB
     /// ranges above it.
     pub async fn copy_from(&self, src: &S3Native, key: &str, size: u64) -> Result<()> {
-        let single_max = std::env::var("JFS_SYNC_SINGLE_COPY_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(5u64 << 30);
+        let single_max = std::env::var("JFS_SYNC_SINGLE_COPY_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5u64 << 30);
         if size > single_max {
-            return self.copy_parts(src, key, size, (512u64 << 20).min(single_max.max(5 << 20))).await;
+            return self
+                .copy_parts(src, key, size, (512u64 << 20).min(single_max.max(5 << 20)))
+                .await;
         }
         self.copy_object(src, key).await
     }
@@ -221,8 +243,17 @@ impl S3Native {
                     })
                     .send()
                     .await
-                    .map_err(|e| anyhow!("server-side copy of part {} of {key}: {}", i + 1, DisplayErrorContext(&e)))?;
-                let etag = r.copy_part_result().and_then(|c| c.e_tag()).ok_or_else(|| anyhow!("{key}: part copy gave no ETag"))?;
+                    .map_err(|e| {
+                        anyhow!(
+                            "server-side copy of part {} of {key}: {}",
+                            i + 1,
+                            DisplayErrorContext(&e)
+                        )
+                    })?;
+                let etag = r
+                    .copy_part_result()
+                    .and_then(|c| c.e_tag())
+                    .ok_or_else(|| anyhow!("{key}: part copy gave no ETag"))?;
                 parts.push((i as i32 + 1, etag.to_string()));
             }
             Ok(parts)
