@@ -50,6 +50,9 @@ fn main() {
             }
         }
     });
+    // Shut the runtime down first: every task is dropped and the state database closed before
+    // the process exits (exiting with RocksDB's background threads running can crash).
+    drop(rt);
     std::process::exit(code);
 }
 

@@ -344,7 +344,14 @@ pub async fn sync(
     let mut fatal = None;
     let mut pending_deletes: Vec<(String, bool)> = Vec::new();
     let result: Result<()> = async {
+        let mut handled: Option<String> = None;
         loop {
+            if let Some(k) = handled.take() {
+                ctx.window
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .merged_to = Some(k);
+            }
             if *stop.borrow() || ctx.abort.load(Ordering::SeqCst) {
                 break;
             }
@@ -369,10 +376,16 @@ pub async fn sync(
                 .or(de.as_ref())
                 .map(|e| e.key.clone())
                 .expect("one side");
-            let prev = {
-                let mut w = ctx.window.lock().unwrap_or_else(|p| p.into_inner());
-                std::mem::replace(&mut w.merged_to, Some(key.clone()))
-            };
+            // The merge position is published only once this key is handled (at the top of
+            // the next iteration): the cursor saver must never see it while the key still
+            // waits for a worker.
+            let prev = ctx
+                .window
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .merged_to
+                .clone();
+            handled = Some(key.clone());
             let Some(s) = se else {
                 let d = de.expect("dst side");
                 if !o.filter.in_range(&d.key) || !o.filter.key_included(&d.key) {
@@ -431,7 +444,7 @@ pub async fn sync(
                 p = pool.clone().acquire_owned() => p.expect("semaphore open"),
                 _ = stop.changed() => {
                     // This key was not handed out: the cursor must not pass it.
-                    ctx.window.lock().unwrap_or_else(|p| p.into_inner()).merged_to = prev;
+                    // Not handed out: breaking skips publishing it, so the cursor stays before it.
                     stats.listed.fetch_sub(1, Ordering::Relaxed);
                     break;
                 }
@@ -455,6 +468,7 @@ pub async fn sync(
         .await
         .expect("semaphore open");
     saver.abort();
+    let _ = saver.await; // its hold on the state is gone before we return
     let interrupted = *stop.borrow();
     if ctx.abort.load(Ordering::SeqCst) && fatal.is_none() {
         fatal = Some(format!(
