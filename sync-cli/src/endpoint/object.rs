@@ -126,32 +126,21 @@ impl Endpoint for ObjectStore {
         if let Some(a) = &after {
             l = l.start_after(a);
         }
+        // Errors are returned: the caller forwards them down the channel.
         let mut lister = match l.await {
             Ok(l) => l,
             Err(e) if e.kind() == opendal::ErrorKind::NotFound => return Ok(()),
-            Err(e) => {
-                let _ = tx
-                    .send(Err(
-                        anyhow::Error::from(e).context(format!("listing {}", self.spec))
-                    ))
-                    .await;
-                return Ok(());
-            }
+            Err(e) => return Err(anyhow::Error::from(e).context(format!("listing {}", self.spec))),
         };
         let mut page = Vec::with_capacity(1000);
         let mut last: Option<String> = after.clone();
         loop {
-            let item = match lister.try_next().await {
-                Ok(Some(i)) => i,
-                Ok(None) => break,
-                Err(e) => {
-                    let _ = tx
-                        .send(Err(
-                            anyhow::Error::from(e).context(format!("listing {}", self.spec))
-                        ))
-                        .await;
-                    return Ok(());
-                }
+            let Some(item) = lister
+                .try_next()
+                .await
+                .with_context(|| format!("listing {}", self.spec))?
+            else {
+                break;
             };
             let (path, meta) = item.into_parts();
             if path.is_empty() || path == "/" || path == prefix {
@@ -162,8 +151,10 @@ impl Endpoint for ObjectStore {
                 continue;
             }
             if last.as_deref().is_some_and(|l| path.as_str() <= l) {
-                let _ = tx.send(Err(anyhow::anyhow!("{} listed {path:?} after {last:?}: keys out of order, refusing to continue", self.spec))).await;
-                return Ok(());
+                anyhow::bail!(
+                    "{} listed {path:?} after {last:?}: keys out of order, refusing to continue",
+                    self.spec
+                );
             }
             last = Some(path.clone());
             page.push(Entry {
