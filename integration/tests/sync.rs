@@ -926,10 +926,11 @@ fn a_killed_multipart_upload_resumes_from_its_parts() {
     std::fs::write(src.join("model.bin"), data(31, size)).unwrap();
     let (s3, _) = store_url("s3");
     let job = Job::new();
-    // Warm the bucket up first: a fresh Ceph takes seconds over its first writes.
+    // Warm up first: a fresh Ceph takes seconds over its first writes and over its first
+    // multipart upload (it creates a pool for them), so warm up with a multipart-sized file.
     let warm = t.path().join("warm");
     std::fs::create_dir_all(&warm).unwrap();
-    std::fs::write(warm.join("w"), b"w").unwrap();
+    std::fs::write(warm.join("w"), data(7, 17 << 20)).unwrap();
     job.sync(&[s(&warm), &s3], 0);
     // 96 MiB at 16 MiB/s: about 6 s, killed at 3.5 s.
     let args = [s(&src), &s3, "--bwlimit", "16M"];
