@@ -98,6 +98,38 @@ pub trait Engine: Send + Sync + 'static {
     /// frames to this journal and advance the head, as one atomic write per call. The first
     /// entry must be `head + 1` (entries at or below head are skipped: replay is idempotent).
     async fn apply(&self, entries: &[Entry]) -> Result<u64>;
+
+    /// Small named records kept beside the volume but outside its key space and journal:
+    /// never replicated, never part of a dump (replication slots live here). Names are
+    /// `[A-Za-z0-9._-]+`. `None` deletes.
+    async fn aux_put(&self, name: &str, value: Option<&[u8]>) -> Result<()>;
+    /// Every aux record whose name starts with `prefix`, sorted by name.
+    async fn aux_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
+
+    /// Snapshot install at a mirror, step 1: remove every key, the journal and the head.
+    async fn install_reset(&self) -> Result<()>;
+    /// Step 2 (any number of times): write pairs as they are, without journal entries.
+    async fn install_put(&self, pairs: &[KvPair]) -> Result<()>;
+    /// Step 3: set the head to the snapshot's sequence number; the journal stays empty, so
+    /// the next `apply` must start at `head + 1`.
+    async fn install_head(&self, head: u64) -> Result<()>;
+}
+
+/// Check an aux record name (it becomes a file name with RocksDB).
+pub fn check_aux_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 200
+        || name.starts_with('.')
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Err(crate::Error::new(
+            crate::ErrorKind::InvalidArgument,
+            format!("aux record name {name:?}: use letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    Ok(())
 }
 
 /// Read every pair in `[start, end)` page by page, calling `f` for each page.

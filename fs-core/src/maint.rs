@@ -348,6 +348,10 @@ impl Fs {
     pub async fn gc(&self, opts: &GcOptions) -> Result<GcReport> {
         let mut rep = GcReport::default();
         let s = &self.settings;
+        // Registered mirrors hold both pending deletes and the journal (see `slots`).
+        let slots = crate::slots::list(&*self.engine).await?;
+        let safe_seq = opts.safe_seq.min(crate::slots::gc_safe_seq(&slots));
+        let journal_max = opts.safe_seq.min(crate::slots::retain_floor(&slots));
         // 1. Referenced slices (chunks) and pending deletes, from one metadata pass.
         let mut referenced: HashMap<u64, u32> = HashMap::new();
         let mut due: Vec<(u64, u32)> = Vec::new();
@@ -372,7 +376,7 @@ impl Fs {
                         if opts.now_ns - t < s.trash_secs as i64 * 1_000_000_000 {
                             continue;
                         }
-                        if seq > opts.safe_seq {
+                        if seq > safe_seq {
                             rep.pending_held_for_mirrors += 1;
                             continue;
                         }
@@ -458,7 +462,7 @@ impl Fs {
         rep.journal_trimmed = self
             .trim_journal(
                 opts.now_ns - s.journal_retention_secs as i64 * 1_000_000_000,
-                opts.safe_seq,
+                journal_max,
             )
             .await?;
         Ok(rep)

@@ -7,7 +7,7 @@ pub mod copy;
 pub mod endpoint;
 pub mod filter;
 pub mod journal;
-pub mod limits;
+pub use objstore::limits;
 pub mod listing;
 pub mod plan;
 pub mod run;

@@ -111,6 +111,7 @@ impl PgEngine {
              CREATE TABLE IF NOT EXISTS {schema}.jfs_kv (k bytea PRIMARY KEY, v bytea NOT NULL);
              CREATE TABLE IF NOT EXISTS {schema}.jfs_journal (seq bigint PRIMARY KEY, frame bytea NOT NULL);
              CREATE TABLE IF NOT EXISTS {schema}.jfs_head (id int PRIMARY KEY, seq bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS {schema}.jfs_aux (name text PRIMARY KEY, v bytea NOT NULL);
              INSERT INTO {schema}.jfs_head VALUES (1, 0) ON CONFLICT DO NOTHING;"
         );
         client
@@ -401,5 +402,71 @@ impl Engine for PgEngine {
         append(&tx, &self.channel, &seqs, &frames).await?;
         tx.commit().await.map_err(|e| map_err(e, "commit"))?;
         Ok(todo.last().expect("non-empty").seq)
+    }
+
+    async fn aux_put(&self, name: &str, value: Option<&[u8]>) -> Result<()> {
+        fs_core::engine::check_aux_name(name)?;
+        let c = self.client().await?;
+        let r = match value {
+            Some(v) => {
+                c.execute(
+                    "INSERT INTO jfs_aux (name, v) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET v = excluded.v",
+                    &[&name, &v],
+                )
+                .await
+            }
+            None => c.execute("DELETE FROM jfs_aux WHERE name = $1", &[&name]).await,
+        };
+        r.map_err(|e| map_err(e, "writing an aux record"))?;
+        Ok(())
+    }
+
+    async fn aux_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let c = self.client().await?;
+        let rows = c
+            .query("SELECT name, v FROM jfs_aux ORDER BY name", &[])
+            .await
+            .map_err(|e| map_err(e, "reading aux records"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, Vec<u8>>(1)))
+            .filter(|(n, _)| n.starts_with(prefix))
+            .collect())
+    }
+
+    async fn install_reset(&self) -> Result<()> {
+        let c = self.client().await?;
+        c.batch_execute(
+            "BEGIN; DELETE FROM jfs_kv; DELETE FROM jfs_journal; UPDATE jfs_head SET seq = 0 WHERE id = 1; COMMIT;",
+        )
+        .await
+        .map_err(|e| map_err(e, "resetting for a snapshot"))
+    }
+
+    async fn install_put(&self, pairs: &[KvPair]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let c = self.client().await?;
+        let ks: Vec<&[u8]> = pairs.iter().map(|(k, _)| k.as_slice()).collect();
+        let vs: Vec<&[u8]> = pairs.iter().map(|(_, v)| v.as_slice()).collect();
+        c.execute(
+            "INSERT INTO jfs_kv (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+            &[&ks, &vs],
+        )
+        .await
+        .map_err(|e| map_err(e, "installing snapshot keys"))?;
+        Ok(())
+    }
+
+    async fn install_head(&self, head: u64) -> Result<()> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE jfs_head SET seq = $1 WHERE id = 1",
+            &[&(head as i64)],
+        )
+        .await
+        .map_err(|e| map_err(e, "setting the head"))?;
+        Ok(())
     }
 }

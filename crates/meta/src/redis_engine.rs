@@ -164,6 +164,9 @@ impl RedisEngine {
     fn index_key(&self) -> Vec<u8> {
         self.k(b"_index")
     }
+    fn aux_key(&self) -> Vec<u8> {
+        self.k(b"_aux")
+    }
 
     async fn head(&self) -> Result<u64> {
         let mut c = self.conn.clone();
@@ -451,5 +454,88 @@ impl Engine for RedisEngine {
         }
         self.head_hint.store(last.seq, Ordering::SeqCst);
         Ok(last.seq)
+    }
+
+    async fn aux_put(&self, name: &str, value: Option<&[u8]>) -> Result<()> {
+        fs_core::engine::check_aux_name(name)?;
+        let mut c = self.conn.clone();
+        let r: redis::RedisResult<()> = match value {
+            Some(v) => c.hset(self.aux_key(), name, v).await,
+            None => c.hdel(self.aux_key(), name).await,
+        };
+        r.map_err(|e| map_err(e, "writing an aux record"))
+    }
+
+    async fn aux_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut c = self.conn.clone();
+        let all: Vec<(String, Vec<u8>)> = c
+            .hgetall(self.aux_key())
+            .await
+            .map_err(|e| map_err(e, "reading aux records"))?;
+        let mut out: Vec<_> = all
+            .into_iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    async fn install_reset(&self) -> Result<()> {
+        let mut c = self.conn.clone();
+        loop {
+            let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+                .arg(self.index_key())
+                .arg(0)
+                .arg(999)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| map_err(e, "listing keys to reset"))?;
+            if members.is_empty() {
+                break;
+            }
+            let mut p = redis::pipe();
+            p.atomic();
+            let keys: Vec<Vec<u8>> = members.iter().map(|m| self.k(m)).collect();
+            p.del(keys).ignore();
+            p.zrem(self.index_key(), &members).ignore();
+            let _: () = p
+                .query_async(&mut c)
+                .await
+                .map_err(|e| map_err(e, "resetting keys"))?;
+        }
+        let _: () = c
+            .del(&[self.journal_key(), self.head_key()])
+            .await
+            .map_err(|e| map_err(e, "resetting the journal"))?;
+        self.head_hint.store(0, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn install_put(&self, pairs: &[KvPair]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let mut p = redis::pipe();
+        p.atomic();
+        for (k, v) in pairs {
+            p.set(self.k(k), v).ignore();
+            p.zadd(self.index_key(), k, 0).ignore();
+        }
+        let mut c = self.conn.clone();
+        let _: () = p
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "installing snapshot keys"))?;
+        Ok(())
+    }
+
+    async fn install_head(&self, head: u64) -> Result<()> {
+        let mut c = self.conn.clone();
+        let _: () = c
+            .set(self.head_key(), head)
+            .await
+            .map_err(|e| map_err(e, "setting the head"))?;
+        self.head_hint.store(head, Ordering::SeqCst);
+        Ok(())
     }
 }

@@ -384,4 +384,117 @@ impl Engine for RocksEngine {
         .await
         .map_err(|e| Error::new(ErrorKind::Backend, format!("apply task failed: {e}")))?
     }
+
+    // Aux records are files in `<db>/jfs-aux/`, replaced atomically (write, fsync, rename):
+    // any process may write them, including a read-only one (the primary agent follows the
+    // writer as a secondary instance and still keeps the replication slots).
+    async fn aux_put(&self, name: &str, value: Option<&[u8]>) -> Result<()> {
+        fs_core::engine::check_aux_name(name)?;
+        let dir = self.inner.path.join("jfs-aux");
+        let name = name.to_string();
+        let value = value.map(|v| v.to_vec());
+        tokio::task::spawn_blocking(move || aux_write(&dir, &name, value.as_deref()))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Backend, format!("aux task failed: {e}")))?
+    }
+
+    async fn aux_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let dir = self.inner.path.join("jfs-aux");
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(e, &dir)),
+        };
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = ent.map_err(|e| io_err(e, &dir))?;
+            let Ok(name) = ent.file_name().into_string() else {
+                continue;
+            };
+            if !name.starts_with(prefix) || name.contains(".tmp") || name.starts_with('.') {
+                continue;
+            }
+            match std::fs::read(ent.path()) {
+                Ok(v) => out.push((name, v)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(e, &ent.path())),
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    async fn install_reset(&self) -> Result<()> {
+        self.read_only()?;
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let _guard = inner.commit.lock().unwrap_or_else(|p| p.into_inner());
+            let mut batch = WriteBatch::default();
+            batch.delete_range(&b""[..], &[0xffu8; 16][..]);
+            batch.delete_range_cf(
+                inner.cf(CF_JOURNAL),
+                0u64.to_be_bytes(),
+                u64::MAX.to_be_bytes(),
+            );
+            batch.delete_cf(inner.cf(CF_META), HEAD);
+            inner.write(batch)?;
+            inner.head.store(0, Ordering::SeqCst);
+            inner.sync_wal()
+        })
+        .await
+        .map_err(|e| Error::new(ErrorKind::Backend, format!("install task failed: {e}")))?
+    }
+
+    async fn install_put(&self, pairs: &[KvPair]) -> Result<()> {
+        self.read_only()?;
+        let mut batch = WriteBatch::default();
+        for (k, v) in pairs {
+            batch.put(k, v);
+        }
+        self.inner.write(batch)
+    }
+
+    async fn install_head(&self, head: u64) -> Result<()> {
+        self.read_only()?;
+        let _guard = self.inner.commit.lock().unwrap_or_else(|p| p.into_inner());
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.inner.cf(CF_META), HEAD, head.to_be_bytes());
+        self.inner.write(batch)?;
+        self.inner.head.store(head, Ordering::SeqCst);
+        self.inner
+            .db
+            .flush_wal(true)
+            .map_err(|e| err(e, "syncing the WAL"))?;
+        self.inner.tx.send_replace(head);
+        Ok(())
+    }
+}
+
+fn io_err(e: std::io::Error, path: &Path) -> Error {
+    let kind = if e.raw_os_error() == Some(28) {
+        "disk full: "
+    } else {
+        ""
+    };
+    Error::new(ErrorKind::Backend, format!("{}: {kind}{e}", path.display()))
+}
+
+fn aux_write(dir: &Path, name: &str, value: Option<&[u8]>) -> Result<()> {
+    use std::io::Write;
+    let path = dir.join(name);
+    let Some(value) = value else {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(e, &path)),
+            _ => Ok(()),
+        };
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io_err(e, dir))?;
+    let tmp = dir.join(format!("{name}.tmp.{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io_err(e, &tmp))?;
+    f.write_all(value).map_err(|e| io_err(e, &tmp))?;
+    f.sync_all().map_err(|e| io_err(e, &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io_err(e, &path))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err(e, dir))
 }

@@ -10,6 +10,8 @@
 //! Temporary failures are retried with jittered exponential backoff (OpenDAL's RetryLayer
 //! retries only errors it classifies as temporary); after the last try the error is returned.
 
+pub mod limits;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::error::{Error, ErrorKind, Result};

@@ -59,8 +59,8 @@ impl BwSchedule {
 
 pub struct Limits {
     bytes: RwLock<Option<(u64, Arc<DefaultDirectRateLimiter>)>>,
-    requests: Option<DefaultDirectRateLimiter>,
-    schedule: Option<BwSchedule>,
+    requests: RwLock<Option<(u32, Arc<DefaultDirectRateLimiter>)>>,
+    schedule: RwLock<Option<BwSchedule>>,
 }
 
 fn minute_now() -> u32 {
@@ -98,26 +98,58 @@ fn byte_limiter(rate: u64) -> Arc<DefaultDirectRateLimiter> {
 
 impl Limits {
     pub fn new(bw: Option<BwSchedule>, tps: Option<u32>) -> Result<Self> {
-        let requests = match tps {
-            Some(0) | None => None,
-            // Burst 1: requests are spread evenly, not let through n at a time.
-            Some(n) => Some(RateLimiter::direct(
-                Quota::per_second(NonZeroU32::new(n).expect(">0"))
-                    .allow_burst(NonZeroU32::new(1).expect(">0")),
-            )),
-        };
         let l = Limits {
             bytes: RwLock::new(None),
-            requests,
-            schedule: bw,
+            requests: RwLock::new(None),
+            schedule: RwLock::new(bw),
         };
+        l.set_tps(tps);
         l.refresh();
         Ok(l)
     }
 
+    /// Change the limits while running (`None`/0 = unlimited).
+    pub fn set(&self, bw: Option<BwSchedule>, tps: Option<u32>) {
+        *self.schedule.write().unwrap_or_else(|p| p.into_inner()) = bw;
+        self.set_tps(tps);
+        self.refresh();
+    }
+
+    fn set_tps(&self, tps: Option<u32>) {
+        // Burst 1: requests are spread evenly, not let through n at a time.
+        let want = tps.filter(|&n| n > 0).map(|n| {
+            let q = Quota::per_second(NonZeroU32::new(n).expect(">0"))
+                .allow_burst(NonZeroU32::new(1).expect(">0"));
+            (n, Arc::new(RateLimiter::direct(q)))
+        });
+        *self.requests.write().unwrap_or_else(|p| p.into_inner()) = want;
+    }
+
+    /// The limits in force: (bytes/s, requests/s).
+    pub fn current(&self) -> (Option<u64>, Option<u32>) {
+        let b = self
+            .bytes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| c.0);
+        let r = self
+            .requests
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| c.0);
+        (b, r)
+    }
+
     /// Re-read the timetable (called every minute by the runner).
     pub fn refresh(&self) {
-        let want = self.schedule.as_ref().and_then(|s| s.at(minute_now()));
+        let want = self
+            .schedule
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|s| s.at(minute_now()));
         let mut cur = self.bytes.write().unwrap_or_else(|p| p.into_inner());
         if cur.as_ref().map(|c| c.0) != want {
             *cur = want.map(|r| (r, byte_limiter(r)));
@@ -145,7 +177,13 @@ impl Limits {
 
     /// Wait for one request slot.
     pub async fn request(&self) {
-        if let Some(l) = &self.requests {
+        let lim = self
+            .requests
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| c.1.clone());
+        if let Some(l) = lim {
             l.until_ready().await;
         }
     }
