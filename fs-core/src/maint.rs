@@ -470,10 +470,18 @@ impl Fs {
 
     /// Drop journal entries committed before `cutoff_ns` (and at or below `max_seq`).
     pub async fn trim_journal(&self, cutoff_ns: i64, max_seq: u64) -> Result<u64> {
-        let b = self.engine.journal_bounds().await?;
+        trim_journal(&*self.engine, cutoff_ns, max_seq).await
+    }
+}
+
+/// Drop journal entries committed before `cutoff_ns` (and at or below `max_seq`); the head
+/// entry is always kept.
+pub async fn trim_journal(engine: &dyn Engine, cutoff_ns: i64, max_seq: u64) -> Result<u64> {
+    {
+        let b = engine.journal_bounds().await?;
         let mut before = b.first;
         'outer: while before < b.last && before <= max_seq {
-            let frames = self.engine.journal_read(before, 1000).await?;
+            let frames = engine.journal_read(before, 1000).await?;
             if frames.is_empty() {
                 break;
             }
@@ -487,7 +495,7 @@ impl Fs {
             }
         }
         if before > b.first {
-            self.engine.journal_trim(before).await
+            engine.journal_trim(before).await
         } else {
             Ok(0)
         }

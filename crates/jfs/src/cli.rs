@@ -44,6 +44,15 @@ pub struct Global {
     /// S3 endpoint for the volume's store (else from the storage URL or AWS_ENDPOINT_URL).
     #[arg(long, global = true, value_name = "URL")]
     pub endpoint: Option<String>,
+    /// Use this block store instead of the volume's own storage URL (e.g. at a mirror site,
+    /// whose blocks live in the mirror store).
+    #[arg(
+        long = "block-store",
+        global = true,
+        value_name = "URL",
+        env = "JFS_BLOCK_STORE"
+    )]
+    pub storage: Option<String>,
     /// Block transfers in flight per file.
     #[arg(long, global = true, default_value_t = 8)]
     pub io_parallel: usize,

@@ -213,7 +213,7 @@ pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> 
     let settings = Fs::load_settings(&*engine)
         .await
         .with_context(|| format!("reading volume settings from {}", meta::redact(meta_url)))?;
-    let store = open_store(g, &settings.storage)?;
+    let store = open_store(g, g.storage.as_deref().unwrap_or(&settings.storage))?;
     let mut fs = Fs::open(engine, store).await?;
     fs.io_parallel = g.io_parallel.max(1);
     Ok(fs)

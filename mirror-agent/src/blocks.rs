@@ -1,0 +1,253 @@
+//! Block replication at a mirror: which blocks an applied entry adds, cancels or purges, and
+//! the pool of workers that copies them from the origin store to the mirror store, limited in
+//! bytes/s and requests/s, retried with capped exponential backoff, verified by length.
+
+use crate::metrics::Metrics;
+use crate::state::{Changes, QItem, State};
+use fs_core::keys::{self, Key};
+use fs_core::{BlockStore, Entry, ErrorKind, Mutation, Settings, SliceRec};
+use objstore::limits::Limits;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// The block keys of every slice in a chunk value.
+fn chunk_blocks(s: &Settings, value: &[u8], out: &mut Vec<(String, u32)>) {
+    for r in SliceRec::decode_list(value).unwrap_or_default() {
+        if r.id != 0 {
+            slice_keys(s, r.id, r.size, |k, len| out.push((k, len)));
+        }
+    }
+}
+
+fn slice_keys(s: &Settings, id: u64, size: u32, mut f: impl FnMut(String, u32)) {
+    for (idx, len) in keys::slice_blocks(size, s.block_size) {
+        f(keys::block_key(&s.name, id, idx, len), len);
+    }
+}
+
+/// What applying these entries means for the block queue.
+pub fn changes_of_entries(s: &Settings, entries: &[Entry]) -> Changes {
+    let mut ch = Changes::default();
+    for e in entries {
+        for m in &e.writes {
+            match (m, keys::parse(m.key())) {
+                (Mutation::Put { value, .. }, Key::Chunk(..)) => {
+                    chunk_blocks(s, value, &mut ch.add)
+                }
+                (Mutation::Put { .. }, Key::Pending(id, size)) => {
+                    slice_keys(s, id, size, |k, _| ch.cancel.push(k))
+                }
+                (Mutation::Delete { .. }, Key::Pending(id, size)) => {
+                    slice_keys(s, id, size, |k, _| ch.purge.push(k))
+                }
+                _ => {}
+            }
+        }
+    }
+    // A block added then cancelled within the same batch stays cancelled (record() applies
+    // adds before cancels).
+    ch
+}
+
+/// What a page of snapshot pairs means for the block queue.
+pub fn changes_of_pairs(s: &Settings, pairs: &[(Vec<u8>, Vec<u8>)]) -> Changes {
+    let mut ch = Changes::default();
+    for (k, v) in pairs {
+        if let Key::Chunk(..) = keys::parse(k) {
+            chunk_blocks(s, v, &mut ch.add);
+        }
+    }
+    ch
+}
+
+pub struct Replicator {
+    pub state: Arc<State>,
+    pub origin: Arc<dyn BlockStore>,
+    pub dest: Arc<dyn BlockStore>,
+    pub limits: Arc<Limits>,
+    pub workers: usize,
+    pub notify: Notify,
+    pub metrics: Arc<Metrics>,
+    inflight: Mutex<HashSet<String>>,
+    pub last_error: Mutex<Option<String>>,
+}
+
+fn backoff(attempts: u32) -> Duration {
+    // 200 ms doubling, capped at 60 s, with up to 25% jitter.
+    let base = 200u64.saturating_mul(1 << attempts.min(9)).min(60_000);
+    let jitter = rand::random::<u64>() % (base / 4 + 1);
+    Duration::from_millis(base + jitter)
+}
+
+impl Replicator {
+    pub fn new(
+        state: Arc<State>,
+        origin: Arc<dyn BlockStore>,
+        dest: Arc<dyn BlockStore>,
+        limits: Arc<Limits>,
+        workers: usize,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new(Replicator {
+            state,
+            origin,
+            dest,
+            limits,
+            workers,
+            notify: Notify::new(),
+            metrics,
+            inflight: Mutex::new(HashSet::new()),
+            last_error: Mutex::new(None),
+        })
+    }
+
+    /// Run until `stop` is cancelled; copies in flight then finish (or stay queued).
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let sem = Arc::new(Semaphore::new(self.workers));
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut minute = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            if stop.is_cancelled() {
+                break;
+            }
+            self.refresh_pending();
+            if let Err(e) = self.purge_some().await {
+                tracing::warn!(error = %e, "deleting purged blocks at the mirror store");
+            }
+            let due = {
+                let inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+                self.state.due(fs_core::now_ns(), self.workers * 4, &|k| {
+                    inflight.contains(k)
+                })
+            };
+            let due = match due {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the block queue");
+                    Vec::new()
+                }
+            };
+            if due.is_empty() {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = self.notify.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = minute.tick() => self.limits.refresh(),
+                }
+                while tasks.try_join_next().is_some() {}
+                continue;
+            }
+            for (key, item) in due {
+                let permit = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    p = sem.clone().acquire_owned() => p.expect("semaphore open"),
+                };
+                self.inflight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone());
+                let me = self.clone();
+                tasks.spawn(async move {
+                    me.copy_one(&key, item).await;
+                    me.inflight
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&key);
+                    drop(permit);
+                });
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        // Drain: let copies in flight finish for a short while, then leave the rest queued.
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        self.refresh_pending();
+    }
+
+    pub fn refresh_pending(&self) {
+        if let Ok((n, bytes, failing)) = self.state.pending() {
+            self.metrics.blocks_pending.set(n as i64);
+            self.metrics.bytes_pending.set(bytes as i64);
+            self.metrics.blocks_failing.set(failing as i64);
+        }
+    }
+
+    async fn purge_some(&self) -> anyhow::Result<()> {
+        for key in self.state.purges(256)? {
+            match self.dest.delete(&key).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(anyhow::anyhow!("{key}: {e}")),
+            }
+            self.state.purged(&key)?;
+            self.metrics.blocks_deleted.inc();
+        }
+        Ok(())
+    }
+
+    async fn copy_one(&self, key: &str, item: QItem) {
+        match self.try_copy(key, item.len).await {
+            Ok(copied) => {
+                match self.state.done(key) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Cancelled or purged while copying: do not leave the copy behind.
+                        let _ = self.dest.delete(key).await;
+                    }
+                    Err(e) => tracing::error!(error = %e, key, "recording a finished copy"),
+                }
+                if copied {
+                    self.metrics.blocks_copied.inc();
+                    self.metrics.bytes_copied.inc_by(item.len as u64);
+                } else {
+                    self.metrics.blocks_skipped.inc();
+                }
+            }
+            Err(e) => {
+                self.metrics.copy_errors.inc();
+                let attempts = item.attempts.saturating_add(1);
+                let wait = backoff(attempts);
+                if attempts <= 3 || attempts % 10 == 0 {
+                    tracing::warn!(key, attempts, retry_in = ?wait, error = %e, "block copy failed; kept in the queue");
+                }
+                *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("{key}: {e}"));
+                let next = QItem {
+                    len: item.len,
+                    attempts,
+                    next_ns: fs_core::now_ns() + wait.as_nanos() as i64,
+                };
+                if let Err(e) = self.state.retry(key, next) {
+                    tracing::error!(error = %e, key, "recording a failed copy");
+                }
+            }
+        }
+    }
+
+    /// Ok(true) when copied, Ok(false) when the mirror already had it.
+    async fn try_copy(&self, key: &str, len: u32) -> anyhow::Result<bool> {
+        self.limits.request().await;
+        if let Some(m) = self.dest.head(key).await? {
+            if m.size == len as u64 {
+                return Ok(false);
+            }
+        }
+        self.limits.request().await;
+        self.limits.bytes(len as u64).await;
+        let data = self.origin.get(key).await?;
+        if data.len() != len as usize {
+            anyhow::bail!(
+                "origin returned {} bytes where the block key says {len}; not copied",
+                data.len()
+            );
+        }
+        self.limits.request().await;
+        self.dest.put(key, data).await?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,12 @@
+//! mirror-agent: one long-running process per region. On the primary it serves the volume's
+//! journal to registered mirrors and keeps their replication slots; at a mirror it applies
+//! the journal within a consistency window and replicates blocks. See ARCHITECTURE.md.
+
+pub mod admin;
+pub mod blocks;
+pub mod config;
+pub mod metrics;
+pub mod mirror;
+pub mod primary;
+pub mod proto;
+pub mod state;

@@ -1,0 +1,231 @@
+//! Prometheus metrics (prometheus-client) shared by both roles, and the `/status` document.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+pub type Labels = Vec<(String, String)>;
+type FGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Default)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    // mirror role
+    pub applied_seq: Gauge,
+    pub primary_head: Gauge,
+    pub lag_entries: Gauge,
+    pub lag_seconds: FGauge,
+    pub within_window: Gauge,
+    pub connected: Gauge,
+    pub needs_resync: Gauge,
+    pub bootstrapping: Gauge,
+    pub entries_applied: Counter,
+    pub apply_batches: Counter,
+    pub frame_errors: Counter,
+    pub reconnects: Counter,
+    pub blocks_pending: Gauge,
+    pub bytes_pending: Gauge,
+    pub blocks_failing: Gauge,
+    pub blocks_copied: Counter,
+    pub bytes_copied: Counter,
+    pub blocks_skipped: Counter,
+    pub blocks_deleted: Counter,
+    pub copy_errors: Counter,
+    // primary role
+    pub head_seq: Gauge,
+    pub journal_first: Gauge,
+    pub auth_failures: Counter,
+    pub entries_sent: Counter,
+    pub journal_trimmed: Counter,
+    pub slot_acked: Family<Labels, Gauge>,
+    pub slot_lag_entries: Family<Labels, Gauge>,
+    pub slot_needs_resync: Family<Labels, Gauge>,
+    pub slot_connected: Family<Labels, Gauge>,
+    /// The JSON served at `/status`, refreshed by the running role.
+    pub status: Mutex<serde_json::Value>,
+}
+
+impl Metrics {
+    pub fn new(primary: bool) -> Metrics {
+        let m = Metrics::default();
+        {
+            let mut r = m.registry.lock().expect("fresh");
+            let r = r.sub_registry_with_prefix("jfs_mirror");
+            if primary {
+                r.register(
+                    "head_seq",
+                    "Journal head (last committed sequence number)",
+                    m.head_seq.clone(),
+                );
+                r.register(
+                    "journal_first_seq",
+                    "First retained journal entry",
+                    m.journal_first.clone(),
+                );
+                r.register(
+                    "auth_failures",
+                    "Mirror connections refused for bad credentials",
+                    m.auth_failures.clone(),
+                );
+                r.register(
+                    "entries_sent",
+                    "Journal entries sent to mirrors",
+                    m.entries_sent.clone(),
+                );
+                r.register(
+                    "journal_trimmed",
+                    "Journal entries trimmed by the agent",
+                    m.journal_trimmed.clone(),
+                );
+                r.register(
+                    "slot_acked_seq",
+                    "Last sequence number a mirror acknowledged",
+                    m.slot_acked.clone(),
+                );
+                r.register(
+                    "slot_lag_entries",
+                    "Entries a mirror has not acknowledged",
+                    m.slot_lag_entries.clone(),
+                );
+                r.register(
+                    "slot_needs_resync",
+                    "1 when a mirror's slot was dropped (retention cap) and it must resync",
+                    m.slot_needs_resync.clone(),
+                );
+                r.register(
+                    "slot_connected",
+                    "1 while the mirror is connected",
+                    m.slot_connected.clone(),
+                );
+            } else {
+                r.register(
+                    "applied_seq",
+                    "Last sequence number applied at this mirror",
+                    m.applied_seq.clone(),
+                );
+                r.register(
+                    "primary_head_seq",
+                    "The primary's head as last heard",
+                    m.primary_head.clone(),
+                );
+                r.register(
+                    "lag_entries",
+                    "Entries committed at the primary and not yet applied here",
+                    m.lag_entries.clone(),
+                );
+                r.register(
+                    "lag_seconds",
+                    "Now minus the commit time of the oldest unapplied entry",
+                    m.lag_seconds.clone(),
+                );
+                r.register(
+                    "within_window",
+                    "1 while the mirror is within its consistency window",
+                    m.within_window.clone(),
+                );
+                r.register(
+                    "connected",
+                    "1 while connected to the primary",
+                    m.connected.clone(),
+                );
+                r.register(
+                    "needs_resync",
+                    "1 when the primary dropped this mirror's slot",
+                    m.needs_resync.clone(),
+                );
+                r.register(
+                    "bootstrapping",
+                    "1 while a snapshot is installed or caught up",
+                    m.bootstrapping.clone(),
+                );
+                r.register(
+                    "entries_applied",
+                    "Journal entries applied",
+                    m.entries_applied.clone(),
+                );
+                r.register(
+                    "apply_batches",
+                    "Engine transactions used to apply entries",
+                    m.apply_batches.clone(),
+                );
+                r.register(
+                    "frame_errors",
+                    "Corrupt or out-of-order frames detected (re-requested, never applied)",
+                    m.frame_errors.clone(),
+                );
+                r.register(
+                    "reconnects",
+                    "Connections to the primary after the first",
+                    m.reconnects.clone(),
+                );
+                r.register(
+                    "blocks_pending",
+                    "Block copies queued",
+                    m.blocks_pending.clone(),
+                );
+                r.register(
+                    "bytes_pending",
+                    "Bytes of block copies queued",
+                    m.bytes_pending.clone(),
+                );
+                r.register(
+                    "blocks_failing",
+                    "Queued blocks whose last copy attempt failed",
+                    m.blocks_failing.clone(),
+                );
+                r.register(
+                    "blocks_copied",
+                    "Blocks copied to the mirror store",
+                    m.blocks_copied.clone(),
+                );
+                r.register(
+                    "bytes_copied",
+                    "Bytes copied to the mirror store",
+                    m.bytes_copied.clone(),
+                );
+                r.register(
+                    "blocks_skipped",
+                    "Blocks already at the mirror store",
+                    m.blocks_skipped.clone(),
+                );
+                r.register(
+                    "blocks_deleted",
+                    "Mirror copies deleted after their slice was purged",
+                    m.blocks_deleted.clone(),
+                );
+                r.register(
+                    "copy_errors",
+                    "Failed block copy attempts (retried)",
+                    m.copy_errors.clone(),
+                );
+            }
+        }
+        m
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        encode(&mut s, &r).expect("writing to a String");
+        s
+    }
+
+    pub fn set_status(&self, v: serde_json::Value) {
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = v;
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+pub fn label(name: &str) -> Labels {
+    vec![("mirror".to_string(), name.to_string())]
+}

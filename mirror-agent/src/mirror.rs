@@ -1,0 +1,725 @@
+//! The mirror role: connects to the primary agent, bootstraps from a snapshot when it has
+//! nothing (or its slot was dropped), applies journal entries strictly in order, many per
+//! engine transaction (the engine stores the applied sequence number as its head in the same
+//! atomic write: exactly-once apply), acknowledges what is durable, and queues the blocks
+//! each applied entry references for the replicator.
+
+use crate::blocks::{self, Replicator};
+use crate::config::MirrorConfig;
+use crate::metrics::Metrics;
+use crate::proto::{self, ToMirror, ToPrimary, Want};
+use crate::state::{Bootstrap, Changes, State};
+use anyhow::{anyhow, bail, Context, Result};
+use fs_core::engine::Engine;
+use fs_core::{keys, BlockStore, Entry, Settings};
+use futures::StreamExt;
+use objstore::limits::Limits;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct Live {
+    connected: bool,
+    primary_head: u64,
+    last_contact: Option<Instant>,
+    /// Received, not yet applied: (seq, commit time).
+    received: VecDeque<(u64, i64)>,
+    /// Last instant the mirror was known to have applied everything the primary had.
+    caught_up_at: Option<Instant>,
+    needs_resync: bool,
+    last_error: Option<String>,
+    volume_uuid: Option<String>,
+}
+
+pub struct Mirror {
+    cfg: MirrorConfig,
+    token: String,
+    engine: Arc<dyn Engine>,
+    state: Arc<State>,
+    metrics: Arc<Metrics>,
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        tokio_rustls::rustls::pki_types::ServerName<'static>,
+    )>,
+    dest: Arc<dyn BlockStore>,
+    limits: Arc<Limits>,
+    settings: RwLock<Option<Settings>>,
+    repl: RwLock<Option<Arc<Replicator>>>,
+    live: Mutex<Live>,
+    stop_blocks: CancellationToken,
+}
+
+fn tls_connector(
+    ca: &std::path::Path,
+    server_name: &str,
+) -> Result<(
+    tokio_rustls::TlsConnector,
+    tokio_rustls::rustls::pki_types::ServerName<'static>,
+)> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca)
+        .with_context(|| format!("reading tls_ca {}", ca.display()))?
+    {
+        roots
+            .add(c.with_context(|| format!("tls_ca {} is not PEM certificates", ca.display()))?)
+            .with_context(|| format!("tls_ca {}", ca.display()))?;
+    }
+    if roots.is_empty() {
+        bail!("tls_ca {} holds no certificate", ca.display());
+    }
+    let cfg = tokio_rustls::rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from(server_name.to_string())
+        .map_err(|_| anyhow!("tls_server_name {server_name:?} is not a valid DNS name or IP"))?;
+    Ok((tokio_rustls::TlsConnector::from(Arc::new(cfg)), name))
+}
+
+enum End {
+    /// Reconnect after a short pause.
+    Retry(anyhow::Error),
+    /// The primary wants a snapshot-based resync.
+    Resync(String),
+    /// Clean stop (SIGTERM).
+    Stopped,
+}
+
+impl Mirror {
+    pub async fn new(
+        cfg: MirrorConfig,
+        engine: Arc<dyn Engine>,
+        state: Arc<State>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>> {
+        let token = cfg.secret.load("[mirror]")?;
+        let tls = match &cfg.tls_ca {
+            Some(ca) => {
+                let host = cfg.tls_server_name.clone().unwrap_or_else(|| {
+                    cfg.primary
+                        .rsplit_once(':')
+                        .map_or(cfg.primary.clone(), |(h, _)| {
+                            h.trim_matches(['[', ']']).to_string()
+                        })
+                });
+                Some(tls_connector(ca, &host)?)
+            }
+            None => None,
+        };
+        let dest: Arc<dyn BlockStore> = Arc::new(
+            objstore::OpendalStore::open(&cfg.store, &Default::default())
+                .map_err(|e| anyhow!("[mirror] store: {e}"))?,
+        );
+        dest.check()
+            .await
+            .map_err(|e| anyhow!("[mirror] store {}: {e}", cfg.store))?;
+        let bw = cfg
+            .bwlimit
+            .as_deref()
+            .map(objstore::limits::BwSchedule::parse)
+            .transpose()?;
+        let limits = Arc::new(Limits::new(bw, Some(cfg.tps))?);
+        let settings = match engine.get(keys::SETTING).await? {
+            Some(v) => Some(
+                serde_json::from_slice::<Settings>(&v)
+                    .context("the mirror's volume settings do not decode")?,
+            ),
+            None => None,
+        };
+        let m = Arc::new(Mirror {
+            cfg,
+            token,
+            engine,
+            state,
+            metrics,
+            tls,
+            dest,
+            limits,
+            settings: RwLock::new(None),
+            repl: RwLock::new(None),
+            live: Mutex::new(Live::default()),
+            stop_blocks: CancellationToken::new(),
+        });
+        if let Some(s) = settings {
+            m.set_settings(s)?;
+        }
+        Ok(m)
+    }
+
+    pub fn limits_arc(&self) -> Arc<Limits> {
+        self.limits.clone()
+    }
+
+    /// Known settings start the replicator (once).
+    fn set_settings(&self, s: Settings) -> Result<()> {
+        let mut repl = self.repl.write().unwrap_or_else(|p| p.into_inner());
+        if repl.is_none() {
+            let origin_url = self
+                .cfg
+                .origin_store
+                .clone()
+                .unwrap_or_else(|| s.storage.clone());
+            let origin: Arc<dyn BlockStore> = Arc::new(
+                objstore::OpendalStore::open(&origin_url, &Default::default())
+                    .map_err(|e| anyhow!("origin store {origin_url}: {e}"))?,
+            );
+            let r = Replicator::new(
+                self.state.clone(),
+                origin,
+                self.dest.clone(),
+                self.limits.clone(),
+                self.cfg.workers,
+                self.metrics.clone(),
+            );
+            tokio::spawn(r.clone().run(self.stop_blocks.clone()));
+            tracing::info!(origin = %origin_url, dest = %self.cfg.store, workers = self.cfg.workers, "block replication started");
+            *repl = Some(r);
+        }
+        let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        lv.volume_uuid = Some(s.uuid.clone());
+        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        Ok(())
+    }
+
+    fn settings(&self) -> Option<Settings> {
+        self.settings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn notify_blocks(&self) {
+        if let Some(r) = self.repl.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            r.notify.notify_one();
+        }
+    }
+
+    /// After a crash between an apply and its queue record: queue the blocks of applied
+    /// entries the queue has not seen, from the mirror's own journal.
+    async fn requeue(&self) -> Result<()> {
+        let Some(s) = self.settings() else {
+            return Ok(());
+        };
+        if matches!(self.state.bootstrap()?, Some(Bootstrap::Installing { .. })) {
+            return Ok(());
+        }
+        let head = self.engine.journal_bounds().await?.last;
+        let mut from = self.state.queued_through()? + 1;
+        while from <= head {
+            let frames = self.engine.journal_read(from, 1000).await?;
+            if frames.is_empty() {
+                break;
+            }
+            let entries: Vec<Entry> = frames
+                .iter()
+                .map(|(_, f)| Entry::decode(f))
+                .collect::<fs_core::Result<_>>()?;
+            let last = entries.last().expect("non-empty").seq;
+            let ch = blocks::changes_of_entries(&s, &entries);
+            self.state.record(&ch, Some(last), fs_core::now_ns())?;
+            from = last + 1;
+        }
+        Ok(())
+    }
+
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
+        self.requeue()
+            .await
+            .context("re-queuing blocks after a restart")?;
+        let status = tokio::spawn(self.clone().status_loop(stop.clone()));
+        let mut force_snapshot = false;
+        let mut backoff = Duration::from_millis(200);
+        let mut first = true;
+        loop {
+            if stop.is_cancelled() {
+                break;
+            }
+            if !first {
+                self.metrics.reconnects.inc();
+            }
+            first = false;
+            let end = self.session(force_snapshot, &stop).await;
+            {
+                let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                lv.connected = false;
+                lv.received.clear();
+            }
+            match end {
+                End::Stopped => break,
+                End::Resync(reason) => {
+                    self.live
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .needs_resync = true;
+                    if self.cfg.auto_resync {
+                        tracing::error!(%reason, "the primary requires a resync: bootstrapping again from a snapshot (auto_resync)");
+                        force_snapshot = true;
+                        backoff = Duration::from_millis(200);
+                    } else {
+                        tracing::error!(%reason, "the primary requires a resync and auto_resync is off: this mirror is stale until an operator resyncs it (runbooks/resync-mirror.md)");
+                        backoff = Duration::from_secs(30);
+                    }
+                }
+                End::Retry(e) => {
+                    let msg = format!("{e:#}");
+                    tracing::warn!(error = %msg, retry_in = ?backoff, "replication connection lost; reconnecting");
+                    self.live
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .last_error = Some(msg);
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            if self.metrics.connected.get() == 1 {
+                backoff = Duration::from_millis(200);
+            }
+        }
+        // Drain: stop the copy workers (copies in flight finish or stay queued).
+        self.stop_blocks.cancel();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = status.await;
+        if let Some(r) = self.repl.read().unwrap_or_else(|p| p.into_inner()).clone() {
+            // The replicator task finishes its drain on its own; wait for in-flight copies.
+            for _ in 0..100 {
+                if Arc::strong_count(&r) <= 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn connect(&self) -> Result<proto::Wire> {
+        let sock = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect(&self.cfg.primary),
+        )
+        .await
+        .map_err(|_| {
+            anyhow!(
+                "connecting to the primary at {}: timed out",
+                self.cfg.primary
+            )
+        })?
+        .with_context(|| format!("connecting to the primary at {}", self.cfg.primary))?;
+        let _ = sock.set_nodelay(true);
+        let io: Box<dyn proto::Io> = match &self.tls {
+            Some((c, name)) => Box::new(
+                tokio::time::timeout(CONNECT_TIMEOUT, c.connect(name.clone(), sock))
+                    .await
+                    .map_err(|_| anyhow!("TLS handshake with {} timed out", self.cfg.primary))?
+                    .with_context(|| format!("TLS handshake with {}", self.cfg.primary))?,
+            ),
+            None => Box::new(sock),
+        };
+        Ok(proto::wire(io))
+    }
+
+    async fn session(self: &Arc<Self>, force_snapshot: bool, stop: &CancellationToken) -> End {
+        match self.session_inner(force_snapshot, stop).await {
+            Ok(e) => e,
+            Err(e) => End::Retry(e),
+        }
+    }
+
+    async fn session_inner(
+        self: &Arc<Self>,
+        force_snapshot: bool,
+        stop: &CancellationToken,
+    ) -> Result<End> {
+        let boot = self.state.bootstrap()?;
+        let head = self.engine.journal_bounds().await?.last;
+        let has_volume = self.settings().is_some();
+        let want = if force_snapshot
+            || matches!(boot, Some(Bootstrap::Installing { .. }))
+            || !has_volume
+        {
+            Want::Snapshot
+        } else {
+            Want::From(head + 1)
+        };
+        let wire = tokio::select! {
+            _ = stop.cancelled() => return Ok(End::Stopped),
+            w = self.connect() => w?,
+        };
+        let (mut sink, mut stream) = wire.split();
+        let nonce_m = proto::nonce();
+        let uuid = if want == Want::Snapshot {
+            None
+        } else {
+            self.settings().map(|s| s.uuid)
+        };
+        proto::send(
+            &mut sink,
+            &ToPrimary::Hello {
+                proto: proto::PROTO_VERSION,
+                mirror: self.cfg.name.clone(),
+                volume_uuid: uuid,
+                nonce: nonce_m,
+                want,
+            },
+        )
+        .await?;
+        match recv_within(&mut stream, READ_TIMEOUT).await? {
+            ToMirror::Challenge { nonce, proof } => {
+                if !proto::verify(&self.token, "primary", &nonce_m, &nonce, &proof) {
+                    bail!("the primary at {} could not prove it holds this mirror's token: not trusting it", self.cfg.primary);
+                }
+                let mac = proto::mac(&self.token, "mirror", &nonce, &nonce_m);
+                proto::send(&mut sink, &ToPrimary::Auth { mac }).await?;
+            }
+            ToMirror::Refused { reason, .. } => bail!(
+                "the primary refused this mirror: {reason} (check [mirror] name and its token)"
+            ),
+            other => bail!("unexpected first message {}", msg_name(&other)),
+        }
+        let primary_head = match recv_within(&mut stream, READ_TIMEOUT).await? {
+            ToMirror::Welcome { head, .. } => head,
+            ToMirror::Refused {
+                reason,
+                resync: true,
+            } => return Ok(End::Resync(reason)),
+            ToMirror::Refused { reason, .. } => bail!("the primary refused this mirror: {reason}"),
+            other => bail!("unexpected message {}", msg_name(&other)),
+        };
+        {
+            let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            lv.connected = true;
+            lv.primary_head = lv.primary_head.max(primary_head);
+            lv.last_contact = Some(Instant::now());
+            lv.last_error = None;
+        }
+        tracing::info!(primary = %self.cfg.primary, ?want, primary_head, "connected to the primary");
+        if want == Want::Snapshot {
+            self.install_snapshot(&mut stream, stop).await?;
+            self.live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .needs_resync = false;
+        }
+        // Pipeline: this task reads and checks frames, an applier applies them in batches,
+        // and acknowledgements go back as they become durable.
+        let (tx, rx) = mpsc::channel::<Vec<Entry>>(16);
+        let (ack_tx, mut ack_rx) = watch::channel(0u64);
+        let applier = tokio::spawn(self.clone().apply_loop(rx, ack_tx));
+        let acker = async {
+            while ack_rx.changed().await.is_ok() {
+                let seq = *ack_rx.borrow_and_update();
+                proto::send(&mut sink, &ToPrimary::Ack { seq }).await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        };
+        let mut expected = self.engine.journal_bounds().await?.last + 1;
+        let reader = async {
+            loop {
+                let msg = recv_within(&mut stream, READ_TIMEOUT).await?;
+                self.live
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .last_contact = Some(Instant::now());
+                match msg {
+                    ToMirror::Entries { frames } => {
+                        let mut batch = Vec::with_capacity(frames.len());
+                        for (seq, f) in frames {
+                            let e = match Entry::decode(&f) {
+                                Ok(e) => e,
+                                Err(err) => {
+                                    self.metrics.frame_errors.inc();
+                                    tracing::error!(seq, error = %err, "corrupt journal frame: not applied; re-requesting from {expected}");
+                                    bail!("corrupt frame at seq {seq}");
+                                }
+                            };
+                            if e.seq != seq || seq != expected {
+                                self.metrics.frame_errors.inc();
+                                tracing::error!(
+                                    seq,
+                                    entry_seq = e.seq,
+                                    expected,
+                                    "out-of-order journal frame: not applied; re-requesting"
+                                );
+                                bail!("frame {seq} where {expected} was expected");
+                            }
+                            expected += 1;
+                            batch.push(e);
+                        }
+                        {
+                            let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                            for e in &batch {
+                                lv.received.push_back((e.seq, e.time_ns));
+                            }
+                            lv.primary_head = lv.primary_head.max(expected - 1);
+                        }
+                        if tx.send(batch).await.is_err() {
+                            bail!("the applier stopped");
+                        }
+                    }
+                    ToMirror::Heartbeat { head, .. } => {
+                        let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                        lv.primary_head = lv.primary_head.max(head);
+                    }
+                    ToMirror::Refused {
+                        reason,
+                        resync: true,
+                    } => return Ok(End::Resync(reason)),
+                    ToMirror::Refused { reason, .. } => {
+                        bail!("the primary ended the stream: {reason}")
+                    }
+                    other => bail!("unexpected message {}", msg_name(&other)),
+                }
+            }
+        };
+        let end = tokio::select! {
+            r = reader => r,
+            r = acker => r.and(Err(anyhow!("acknowledgements stopped"))),
+            _ = stop.cancelled() => Ok(End::Stopped),
+        };
+        // Entries already received are applied (drain), then the session ends.
+        drop(tx);
+        match tokio::time::timeout(Duration::from_secs(60), applier).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => return Err(e.context("applying entries")),
+            Ok(Err(e)) => bail!("the applier panicked: {e}"),
+            Err(_) => bail!("the applier did not finish within 60 s"),
+        }
+        end
+    }
+
+    async fn install_snapshot<R>(&self, stream: &mut R, stop: &CancellationToken) -> Result<()>
+    where
+        R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin,
+    {
+        let (s0, settings) = match recv_within(stream, Duration::from_secs(120)).await? {
+            ToMirror::SnapshotBegin { seq, settings } => (seq, settings),
+            other => bail!("expected a snapshot, got {}", msg_name(&other)),
+        };
+        let settings: Settings =
+            serde_json::from_slice(&settings).context("the snapshot's settings do not decode")?;
+        tracing::info!(seq = s0, "installing a snapshot");
+        self.metrics.bootstrapping.set(1);
+        self.state.begin_install(s0)?;
+        self.engine.install_reset().await?;
+        let mut n = 0u64;
+        loop {
+            if stop.is_cancelled() {
+                bail!("stopped during the snapshot (it starts over next time)");
+            }
+            match recv_within(stream, Duration::from_secs(120)).await? {
+                ToMirror::SnapshotPairs { pairs } => {
+                    n += pairs.len() as u64;
+                    self.engine.install_put(&pairs).await?;
+                    let ch = blocks::changes_of_pairs(&settings, &pairs);
+                    self.state.record(&ch, None, fs_core::now_ns())?;
+                }
+                ToMirror::SnapshotEnd { seq: s_end } => {
+                    self.engine.install_head(s0).await?;
+                    self.state
+                        .record(&Changes::default(), Some(s0), fs_core::now_ns())?;
+                    if s_end > s0 {
+                        self.state
+                            .set_bootstrap(Some(&Bootstrap::CatchingUp { s0, s_end }))?;
+                    } else {
+                        self.state.set_bootstrap(None)?;
+                        self.metrics.bootstrapping.set(0);
+                    }
+                    tracing::info!(keys = n, s0, s_end, "snapshot installed; catching up");
+                    break;
+                }
+                other => bail!(
+                    "unexpected message during the snapshot: {}",
+                    msg_name(&other)
+                ),
+            }
+        }
+        self.set_settings(settings)?;
+        self.notify_blocks();
+        Ok(())
+    }
+
+    async fn apply_loop(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<Vec<Entry>>,
+        ack: watch::Sender<u64>,
+    ) -> Result<()> {
+        let max = self.cfg.batch_entries;
+        while let Some(mut batch) = rx.recv().await {
+            while batch.len() < max {
+                match rx.try_recv() {
+                    Ok(more) => batch.extend(more),
+                    Err(_) => break,
+                }
+            }
+            let n = batch.len() as u64;
+            let head = self.engine.apply(&batch).await?;
+            self.metrics.entries_applied.inc_by(n);
+            self.metrics.apply_batches.inc();
+            self.metrics.applied_seq.set(head as i64);
+            if let Some(s) = self.settings() {
+                let ch = blocks::changes_of_entries(&s, &batch);
+                self.state.record(&ch, Some(head), fs_core::now_ns())?;
+                self.notify_blocks();
+            }
+            if let Some(Bootstrap::CatchingUp { s_end, .. }) = self.state.bootstrap()? {
+                if head >= s_end {
+                    self.state.set_bootstrap(None)?;
+                    self.metrics.bootstrapping.set(0);
+                    tracing::info!(seq = head, "the mirror is consistent (bootstrap complete)");
+                }
+            }
+            {
+                let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                while lv.received.front().is_some_and(|(s, _)| *s <= head) {
+                    lv.received.pop_front();
+                }
+                if head >= lv.primary_head {
+                    lv.caught_up_at = Some(Instant::now());
+                }
+            }
+            let _ = ack.send(head);
+        }
+        Ok(())
+    }
+
+    async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => { let _ = self.refresh().await; return; }
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.refresh().await {
+                tracing::debug!(error = %e, "refreshing status");
+            }
+        }
+    }
+
+    async fn refresh(&self) -> Result<()> {
+        let applied = self.engine.journal_bounds().await?.last;
+        let boot = self.state.bootstrap()?;
+        let w = self.cfg.window;
+        let now_ns = fs_core::now_ns();
+        let (lag_e, lag_s, within, connected, needs_resync, primary_head, last_error, uuid) = {
+            let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            let ph = lv.primary_head.max(applied);
+            let lag_e = ph - applied;
+            if lag_e == 0 {
+                lv.caught_up_at = Some(Instant::now());
+            }
+            let lag_s = if lag_e == 0 {
+                0.0
+            } else if let Some((_, t)) = lv.received.iter().find(|(s, _)| *s > applied) {
+                ((now_ns - t).max(0) as f64) / 1e9
+            } else {
+                lv.caught_up_at
+                    .map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64())
+            };
+            let fresh = lv.connected
+                && lv
+                    .last_contact
+                    .is_some_and(|t| t.elapsed() <= w.max(Duration::from_secs(2)));
+            let within = fresh && boot.is_none() && !lv.needs_resync && lag_s <= w.as_secs_f64();
+            (
+                lag_e,
+                lag_s,
+                within,
+                lv.connected,
+                lv.needs_resync,
+                ph,
+                lv.last_error.clone(),
+                lv.volume_uuid.clone(),
+            )
+        };
+        let m = &self.metrics;
+        m.applied_seq.set(applied as i64);
+        m.primary_head.set(primary_head as i64);
+        m.lag_entries.set(lag_e as i64);
+        m.lag_seconds
+            .set(if lag_s.is_finite() { lag_s } else { -1.0 });
+        m.within_window.set(within as i64);
+        m.connected.set(connected as i64);
+        m.needs_resync.set(needs_resync as i64);
+        m.bootstrapping.set(boot.is_some() as i64);
+        let repl_err = self
+            .repl
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|r| {
+                r.last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+            });
+        let (bw, tps) = self.limits.current();
+        m.set_status(serde_json::json!({
+            "role": "mirror",
+            "name": self.cfg.name,
+            "primary": self.cfg.primary,
+            "volume_uuid": uuid,
+            "meta": self.engine.display_url(),
+            "store": self.cfg.store,
+            "connected": connected,
+            "primary_head_seq": primary_head,
+            "applied_seq": applied,
+            "acked_seq": applied,
+            "lag_entries": lag_e,
+            "lag_seconds": if lag_s.is_finite() { serde_json::json!(lag_s) } else { serde_json::Value::Null },
+            "window_seconds": w.as_secs_f64(),
+            "within_window": within,
+            "bootstrap": boot,
+            "needs_resync": needs_resync,
+            "last_error": last_error,
+            "frame_errors": m.frame_errors.get(),
+            "reconnects": m.reconnects.get(),
+            "entries_applied": m.entries_applied.get(),
+            "blocks": {
+                "pending": m.blocks_pending.get(),
+                "pending_bytes": m.bytes_pending.get(),
+                "failing": m.blocks_failing.get(),
+                "copied": m.blocks_copied.get(),
+                "copied_bytes": m.bytes_copied.get(),
+                "skipped": m.blocks_skipped.get(),
+                "deleted": m.blocks_deleted.get(),
+                "copy_errors": m.copy_errors.get(),
+                "last_error": repl_err,
+            },
+            "limits": { "bytes_per_s": bw, "requests_per_s": tps },
+        }));
+        Ok(())
+    }
+}
+
+/// The next message within `t`; silence or a closed connection is an error.
+async fn recv_within<R>(s: &mut R, t: Duration) -> Result<ToMirror>
+where
+    R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin,
+{
+    tokio::time::timeout(t, proto::recv::<ToMirror, _>(s))
+        .await
+        .map_err(|_| anyhow!("nothing from the primary for {t:?}"))?
+        .and_then(|m| m.ok_or_else(|| anyhow!("the primary closed the connection")))
+}
+
+fn msg_name(m: &ToMirror) -> &'static str {
+    match m {
+        ToMirror::Challenge { .. } => "challenge",
+        ToMirror::Refused { .. } => "refused",
+        ToMirror::Welcome { .. } => "welcome",
+        ToMirror::Entries { .. } => "entries",
+        ToMirror::Heartbeat { .. } => "heartbeat",
+        ToMirror::SnapshotBegin { .. } => "snapshot-begin",
+        ToMirror::SnapshotPairs { .. } => "snapshot-pairs",
+        ToMirror::SnapshotEnd { .. } => "snapshot-end",
+    }
+}

@@ -1,0 +1,706 @@
+//! The primary role: registers a replication slot per configured mirror, authenticates
+//! mirrors, streams the journal to each from the sequence number it asks for (or a snapshot
+//! first), records their acknowledgements in the slots, enforces the retention cap and trims
+//! the journal behind the slowest active mirror.
+
+use crate::config::PrimaryConfig;
+use crate::metrics::{label, Metrics};
+use crate::proto::{self, ToMirror, ToPrimary, Want};
+use anyhow::{anyhow, bail, Context, Result};
+use fs_core::engine::Engine;
+use fs_core::slots::{self, Slot, SlotState};
+use fs_core::{keys, Entry, ErrorKind};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const BATCH: usize = 1024;
+const BATCH_BYTES: usize = 8 << 20;
+
+pub struct Primary {
+    cfg: PrimaryConfig,
+    engine: Arc<dyn Engine>,
+    tokens: HashMap<String, String>,
+    metrics: Arc<Metrics>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    uuid: String,
+    settings_raw: Vec<u8>,
+    /// One live connection per mirror: a newer one cancels the older.
+    conns: std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>,
+    next_conn: AtomicU64,
+    slot_lock: tokio::sync::Mutex<()>,
+}
+
+fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<tokio_rustls::TlsAcceptor> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("reading tls_cert {}", cert.display()))?
+        .collect::<std::result::Result<_, _>>()
+        .with_context(|| format!("tls_cert {} is not PEM certificates", cert.display()))?;
+    if certs.is_empty() {
+        bail!("tls_cert {} holds no certificate", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading tls_key {} (a PEM private key)", key.display()))?;
+    let cfg = tokio_rustls::rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("tls_cert and tls_key do not form a usable pair")?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+}
+
+impl Primary {
+    pub async fn new(
+        cfg: PrimaryConfig,
+        engine: Arc<dyn Engine>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>> {
+        let mut tokens = HashMap::new();
+        for m in &cfg.mirrors {
+            tokens.insert(
+                m.name.clone(),
+                m.secret.load(&format!("mirror {:?}", m.name))?,
+            );
+        }
+        let tls = match (&cfg.tls_cert, &cfg.tls_key) {
+            (Some(c), Some(k)) => Some(tls_acceptor(c, k)?),
+            _ => None,
+        };
+        let settings_raw = engine.get(keys::SETTING).await?.ok_or_else(|| {
+            anyhow!(
+                "{} holds no formatted volume: run `jfs format` first",
+                engine.display_url()
+            )
+        })?;
+        let settings: fs_core::Settings =
+            serde_json::from_slice(&settings_raw).context("the volume's settings do not decode")?;
+        Ok(Arc::new(Primary {
+            cfg,
+            engine,
+            tokens,
+            metrics,
+            tls,
+            uuid: settings.uuid,
+            settings_raw,
+            conns: Default::default(),
+            next_conn: AtomicU64::new(1),
+            slot_lock: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
+        self.register_slots().await?;
+        let listener = TcpListener::bind(self.cfg.listen)
+            .await
+            .with_context(|| format!("listening on {}", self.cfg.listen))?;
+        tracing::info!(listen = %self.cfg.listen, tls = self.tls.is_some(), mirrors = self.tokens.len(), "primary agent serving the journal");
+        let maint = tokio::spawn(self.clone().maintain(stop.clone()));
+        loop {
+            let (sock, peer) = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let me = self.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                if let Err(e) = me.serve(sock, stop).await {
+                    tracing::info!(%peer, error = %format!("{e:#}"), "mirror connection ended");
+                }
+            });
+        }
+        // Stop every connection, then persist the acknowledgements they hold.
+        for (_, (_, t)) in self.conns.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            t.cancel();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = maint.await;
+        Ok(())
+    }
+
+    async fn register_slots(&self) -> Result<()> {
+        let existing = slots::list(&*self.engine).await?;
+        let head = self.engine.journal_bounds().await?.last;
+        for name in self.tokens.keys() {
+            if !existing.iter().any(|s| &s.name == name) {
+                let now = fs_core::now_ns();
+                slots::put(
+                    &*self.engine,
+                    &Slot {
+                        name: name.clone(),
+                        acked: head,
+                        acked_ns: now,
+                        state: SlotState::Active,
+                        reason: None,
+                        registered_ns: now,
+                    },
+                )
+                .await?;
+                tracing::info!(mirror = %name, from = head, "registered a replication slot");
+            }
+        }
+        for s in &existing {
+            if !self.tokens.contains_key(&s.name) {
+                tracing::warn!(mirror = %s.name, acked = s.acked, "a replication slot exists for a mirror that is not in the config; it still holds gc (drop it with `mirror-agent slot drop`)");
+            }
+        }
+        Ok(())
+    }
+
+    /// Read-modify-write of one slot; None when the slot is gone (dropped by an operator).
+    async fn update_slot(&self, name: &str, f: impl FnOnce(&mut Slot)) -> Result<Option<Slot>> {
+        let _g = self.slot_lock.lock().await;
+        let Some(mut s) = slots::get(&*self.engine, name).await? else {
+            return Ok(None);
+        };
+        let before = s.clone();
+        f(&mut s);
+        if s != before {
+            slots::put(&*self.engine, &s).await?;
+        }
+        Ok(Some(s))
+    }
+
+    async fn maintain(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut last_trim = tokio::time::Instant::now() - self.cfg.trim_interval;
+        let mut trim_unsupported = false;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.refresh_status().await {
+                tracing::warn!(error = %format!("{e:#}"), "refreshing status");
+            }
+            if last_trim.elapsed() < self.cfg.trim_interval {
+                continue;
+            }
+            last_trim = tokio::time::Instant::now();
+            if let Err(e) = self.enforce_caps().await {
+                tracing::warn!(error = %format!("{e:#}"), "checking replication slots");
+            }
+            if trim_unsupported {
+                continue;
+            }
+            match self.trim().await {
+                Ok(n) if n > 0 => {
+                    self.metrics.journal_trimmed.inc_by(n);
+                    tracing::info!(entries = n, "journal trimmed behind the slowest mirror");
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::ReadOnly => {
+                    trim_unsupported = true;
+                    tracing::info!("the volume is open read-only here (RocksDB has one writer): journal trimming is left to `jfs gc`, which honours the slots");
+                }
+                Err(e) => tracing::warn!(error = %e, "trimming the journal"),
+            }
+        }
+    }
+
+    async fn trim(&self) -> fs_core::Result<u64> {
+        let slots = slots::list(&*self.engine).await?;
+        let floor = slots::retain_floor(&slots);
+        let settings: fs_core::Settings = serde_json::from_slice(&self.settings_raw)
+            .map_err(|e| fs_core::error::corrupt(format!("settings: {e}")))?;
+        let cutoff = fs_core::now_ns() - settings.journal_retention_secs as i64 * 1_000_000_000;
+        fs_core::maint::trim_journal(&*self.engine, cutoff, floor).await
+    }
+
+    /// Mark slots past the retention cap as needing resync: loudly, never silently.
+    async fn enforce_caps(&self) -> Result<()> {
+        let head = self.engine.journal_bounds().await?.last;
+        for s in slots::list(&*self.engine).await? {
+            if s.state != SlotState::Active || s.acked >= head {
+                continue;
+            }
+            let behind = head - s.acked;
+            let mut reason = None;
+            if behind > self.cfg.retain_max_entries {
+                reason = Some(format!(
+                    "{behind} entries behind, over retain_max_entries = {}",
+                    self.cfg.retain_max_entries
+                ));
+            } else if let Some((_, f)) = self
+                .engine
+                .journal_read(s.acked + 1, 1)
+                .await
+                .ok()
+                .and_then(|v| v.into_iter().next())
+            {
+                let e = Entry::decode(&f)?;
+                let age = Duration::from_nanos((fs_core::now_ns() - e.time_ns).max(0) as u64);
+                if age > self.cfg.retain_max_age {
+                    reason = Some(format!(
+                        "oldest unacknowledged entry is {} old, over retain_max_age = {}",
+                        humantime::format_duration(Duration::from_secs(age.as_secs())),
+                        humantime::format_duration(self.cfg.retain_max_age)
+                    ));
+                }
+            }
+            if let Some(reason) = reason {
+                tracing::error!(mirror = %s.name, acked = s.acked, head, %reason, "replication slot dropped: the journal is no longer held for this mirror; it must resync from a snapshot");
+                self.update_slot(&s.name, |s| {
+                    s.state = SlotState::NeedsResync;
+                    s.reason = Some(reason.clone());
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn refresh_status(&self) -> Result<()> {
+        let b = self.engine.journal_bounds().await?;
+        self.metrics.head_seq.set(b.last as i64);
+        self.metrics.journal_first.set(b.first as i64);
+        let slots = slots::list(&*self.engine).await?;
+        let connected: Vec<String> = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        let mut list = Vec::new();
+        for s in &slots {
+            let l = label(&s.name);
+            let lag = b.last.saturating_sub(s.acked);
+            self.metrics
+                .slot_acked
+                .get_or_create(&l)
+                .set(s.acked as i64);
+            self.metrics
+                .slot_lag_entries
+                .get_or_create(&l)
+                .set(lag as i64);
+            self.metrics
+                .slot_needs_resync
+                .get_or_create(&l)
+                .set((s.state == SlotState::NeedsResync) as i64);
+            let conn = connected.contains(&s.name);
+            self.metrics
+                .slot_connected
+                .get_or_create(&l)
+                .set(conn as i64);
+            list.push(serde_json::json!({
+                "name": s.name, "acked_seq": s.acked, "lag_entries": lag,
+                "state": s.state, "reason": s.reason, "connected": conn,
+            }));
+        }
+        self.metrics.set_status(serde_json::json!({
+            "role": "primary",
+            "volume_uuid": self.uuid,
+            "meta": self.engine.display_url(),
+            "listen": self.cfg.listen.to_string(),
+            "tls": self.tls.is_some(),
+            "head_seq": b.last,
+            "journal_first_seq": b.first,
+            "mirrors": list,
+            "auth_failures": self.metrics.auth_failures.get(),
+            "entries_sent": self.metrics.entries_sent.get(),
+        }));
+        Ok(())
+    }
+
+    async fn serve(self: Arc<Self>, sock: TcpStream, stop: CancellationToken) -> Result<()> {
+        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        let _ = sock.set_nodelay(true);
+        let io: Box<dyn proto::Io> = match &self.tls {
+            Some(acc) => Box::new(
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, acc.accept(sock))
+                    .await
+                    .map_err(|_| anyhow!("TLS handshake timed out"))?
+                    .context("TLS handshake")?,
+            ),
+            None => Box::new(sock),
+        };
+        let (mut sink, mut stream) = proto::wire(io).split();
+        let hello =
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, proto::recv::<ToPrimary, _>(&mut stream))
+                .await
+                .map_err(|_| anyhow!("no hello within {HANDSHAKE_TIMEOUT:?}"))??
+                .ok_or_else(|| anyhow!("closed before hello"))?;
+        let ToPrimary::Hello {
+            proto: pv,
+            mirror,
+            volume_uuid,
+            nonce: nonce_m,
+            want,
+        } = hello
+        else {
+            bail!("expected a hello");
+        };
+        let refuse = |reason: String, resync: bool| ToMirror::Refused { reason, resync };
+        if pv != proto::PROTO_VERSION {
+            let r = format!(
+                "protocol version {pv} is not supported (this primary speaks {})",
+                proto::PROTO_VERSION
+            );
+            proto::send(&mut sink, &refuse(r.clone(), false)).await?;
+            bail!(r);
+        }
+        let nonce_p = proto::nonce();
+        let Some(token) = self.tokens.get(&mirror) else {
+            // Same shape and delay as a bad proof: do not reveal which names exist.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.metrics.auth_failures.inc();
+            tracing::warn!(%peer, mirror = %mirror, "refused: not a registered mirror");
+            proto::send(&mut sink, &refuse("authentication failed".into(), false)).await?;
+            bail!("unknown mirror {mirror:?}");
+        };
+        let proof = proto::mac(token, "primary", &nonce_m, &nonce_p);
+        proto::send(
+            &mut sink,
+            &ToMirror::Challenge {
+                nonce: nonce_p,
+                proof,
+            },
+        )
+        .await?;
+        let auth =
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, proto::recv::<ToPrimary, _>(&mut stream))
+                .await
+                .map_err(|_| anyhow!("no auth within {HANDSHAKE_TIMEOUT:?}"))??
+                .ok_or_else(|| anyhow!("closed before auth"))?;
+        let ok = matches!(&auth, ToPrimary::Auth { mac } if proto::verify(token, "mirror", &nonce_p, &nonce_m, mac));
+        if !ok {
+            self.metrics.auth_failures.inc();
+            tracing::warn!(%peer, mirror = %mirror, "refused: wrong token");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            proto::send(&mut sink, &refuse("authentication failed".into(), false)).await?;
+            bail!("mirror {mirror:?} failed authentication");
+        }
+        if let Some(u) = &volume_uuid {
+            if u != &self.uuid {
+                let r = format!("the mirror holds volume {u}, this primary serves {}; refusing to mix them (resync the mirror into an empty metadata store)", self.uuid);
+                proto::send(&mut sink, &refuse(r.clone(), false)).await?;
+                bail!(r);
+            }
+        }
+        // Replace an older connection of the same mirror.
+        let my_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let conn_stop = stop.child_token();
+        if let Some((_, old)) = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(mirror.clone(), (my_id, conn_stop.clone()))
+        {
+            old.cancel();
+        }
+        let res = self
+            .stream(&mirror, want, &mut sink, &mut stream, &conn_stop)
+            .await;
+        {
+            let mut c = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            if c.get(&mirror).is_some_and(|(id, _)| *id == my_id) {
+                c.remove(&mirror);
+            }
+        }
+        if let Err(e) = &res {
+            tracing::info!(mirror = %mirror, error = %format!("{e:#}"), "stream ended");
+        }
+        res
+    }
+
+    async fn stream<S, R>(
+        &self,
+        mirror: &str,
+        want: Want,
+        sink: &mut S,
+        stream: &mut R,
+        stop: &CancellationToken,
+    ) -> Result<()>
+    where
+        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+        R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin + Send,
+    {
+        let refuse = |reason: String, resync: bool| ToMirror::Refused { reason, resync };
+        let Some(slot) = slots::get(&*self.engine, mirror).await? else {
+            // Dropped by an operator: start a fresh slot; the mirror must bootstrap.
+            self.register_slots().await?;
+            if want != Want::Snapshot {
+                let r =
+                    "this mirror's replication slot was dropped: it must resync from a snapshot"
+                        .to_string();
+                proto::send(sink, &refuse(r.clone(), true)).await?;
+                bail!(r);
+            }
+            return Box::pin(self.stream_inner(mirror, want, sink, stream, stop)).await;
+        };
+        if let Want::From(from) = want {
+            let b = self.engine.journal_bounds().await?;
+            let reason = if slot.state == SlotState::NeedsResync {
+                Some(format!(
+                    "the replication slot was dropped ({}): resync from a snapshot",
+                    slot.reason.clone().unwrap_or_default()
+                ))
+            } else if from < b.first {
+                Some(format!("entry {from} is no longer retained (first retained is {}): resync from a snapshot", b.first))
+            } else {
+                None
+            };
+            if let Some(r) = reason {
+                proto::send(sink, &refuse(r.clone(), true)).await?;
+                bail!(r);
+            }
+            if from > b.last + 1 {
+                let r = format!("the mirror has applied up to {} but the primary's head is {}: a different history (was the primary restored from a backup?); resync the mirror by hand (runbooks/resync-mirror.md)", from - 1, b.last);
+                proto::send(sink, &refuse(r.clone(), false)).await?;
+                bail!(r);
+            }
+        }
+        self.stream_inner(mirror, want, sink, stream, stop).await
+    }
+
+    async fn stream_inner<S, R>(
+        &self,
+        mirror: &str,
+        want: Want,
+        sink: &mut S,
+        stream: &mut R,
+        stop: &CancellationToken,
+    ) -> Result<()>
+    where
+        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+        R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin + Send,
+    {
+        let head = self.engine.journal_bounds().await?.last;
+        proto::send(
+            sink,
+            &ToMirror::Welcome {
+                volume_uuid: self.uuid.clone(),
+                head,
+            },
+        )
+        .await?;
+        let mut cursor = match want {
+            Want::From(f) => f.max(1),
+            Want::Snapshot => self.send_snapshot(mirror, sink).await? + 1,
+        };
+        tracing::info!(mirror, from = cursor, "streaming the journal");
+        // Acknowledgements arrive on the other half; the slot is written at most every 500 ms.
+        let acked = Arc::new(AtomicU64::new(cursor - 1));
+        let reader = {
+            let acked = acked.clone();
+            async move {
+                loop {
+                    match proto::recv::<ToPrimary, _>(stream).await? {
+                        Some(ToPrimary::Ack { seq }) => {
+                            acked.fetch_max(seq, Ordering::SeqCst);
+                        }
+                        Some(other) => bail!("unexpected message {other:?}"),
+                        None => return Ok::<(), anyhow::Error>(()),
+                    }
+                }
+            }
+        };
+        tokio::pin!(reader);
+        let mut persisted = 0u64;
+        let mut persist_tick = tokio::time::interval(Duration::from_millis(500));
+        let mut last_send = tokio::time::Instant::now();
+        let res: Result<()> = loop {
+            // Persist acknowledgements.
+            let a = acked.load(Ordering::SeqCst);
+            if a > persisted && persist_tick_ready(&mut persist_tick) {
+                match self
+                    .update_slot(mirror, |s| {
+                        if s.state == SlotState::Active && a > s.acked {
+                            s.acked = a;
+                            s.acked_ns = fs_core::now_ns();
+                        }
+                    })
+                    .await?
+                {
+                    None => {
+                        let r = "this mirror's replication slot was dropped by an operator: resync from a snapshot".to_string();
+                        let _ = proto::send(
+                            sink,
+                            &ToMirror::Refused {
+                                reason: r.clone(),
+                                resync: true,
+                            },
+                        )
+                        .await;
+                        break Err(anyhow!(r));
+                    }
+                    Some(s) if s.state == SlotState::NeedsResync => {
+                        let r = format!(
+                            "the replication slot was dropped ({}): resync from a snapshot",
+                            s.reason.unwrap_or_default()
+                        );
+                        let _ = proto::send(
+                            sink,
+                            &ToMirror::Refused {
+                                reason: r.clone(),
+                                resync: true,
+                            },
+                        )
+                        .await;
+                        break Err(anyhow!(r));
+                    }
+                    Some(_) => persisted = a,
+                }
+            }
+            let frames = match self.read_batch(cursor).await {
+                Ok(f) => f,
+                Err(e) if e.kind() == ErrorKind::SeqNotRetained => {
+                    let r = format!("{e}: resync from a snapshot");
+                    let _ = proto::send(
+                        sink,
+                        &ToMirror::Refused {
+                            reason: r.clone(),
+                            resync: true,
+                        },
+                    )
+                    .await;
+                    break Err(anyhow!(r));
+                }
+                Err(e) => break Err(e.into()),
+            };
+            if !frames.is_empty() {
+                let n = frames.len() as u64;
+                cursor = frames.last().expect("non-empty").0 + 1;
+                let msg = ToMirror::Entries { frames };
+                tokio::select! {
+                    r = proto::send(sink, &msg) => r?,
+                    r = &mut reader => break r.and(Err(anyhow!("the mirror closed the connection"))),
+                    _ = stop.cancelled() => break Ok(()),
+                }
+                self.metrics.entries_sent.inc_by(n);
+                last_send = tokio::time::Instant::now();
+                continue;
+            }
+            if last_send.elapsed() >= Duration::from_millis(500) {
+                let (head, t) = self.head_time().await?;
+                proto::send(
+                    sink,
+                    &ToMirror::Heartbeat {
+                        head,
+                        head_time_ns: t,
+                    },
+                )
+                .await?;
+                last_send = tokio::time::Instant::now();
+            }
+            tokio::select! {
+                r = self.engine.journal_wait(cursor - 1, Duration::from_millis(500)) => { r?; }
+                r = &mut reader => break r.and(Err(anyhow!("the mirror closed the connection"))),
+                _ = stop.cancelled() => break Ok(()),
+            }
+        };
+        // Keep what was acknowledged.
+        let a = acked.load(Ordering::SeqCst);
+        if a > persisted {
+            let _ = self
+                .update_slot(mirror, |s| {
+                    if s.state == SlotState::Active && a > s.acked {
+                        s.acked = a;
+                        s.acked_ns = fs_core::now_ns();
+                    }
+                })
+                .await;
+        }
+        res
+    }
+
+    async fn read_batch(&self, cursor: u64) -> fs_core::Result<Vec<(u64, Vec<u8>)>> {
+        let mut frames = self.engine.journal_read(cursor, BATCH).await?;
+        let mut bytes = 0;
+        if let Some(cut) = frames.iter().position(|(_, f)| {
+            bytes += f.len();
+            bytes > BATCH_BYTES
+        }) {
+            frames.truncate(cut.max(1));
+        }
+        Ok(frames)
+    }
+
+    async fn head_time(&self) -> Result<(u64, i64)> {
+        let head = self.engine.journal_bounds().await?.last;
+        let t = match self.engine.journal_read(head, 1).await {
+            Ok(v) => match v.first() {
+                Some((_, f)) => Entry::decode(f)?.time_ns,
+                None => 0,
+            },
+            Err(_) => 0,
+        };
+        Ok((head, t))
+    }
+
+    /// Send a snapshot and return its starting sequence number. The slot is pinned at the
+    /// start first, so the journal after it is retained while the pairs are read.
+    async fn send_snapshot<S>(&self, mirror: &str, sink: &mut S) -> Result<u64>
+    where
+        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+    {
+        let s0 = loop {
+            let s0 = self.engine.journal_bounds().await?.last;
+            self.update_slot(mirror, |s| {
+                s.acked = s0;
+                s.acked_ns = fs_core::now_ns();
+                s.state = SlotState::Active;
+                s.reason = None;
+            })
+            .await?;
+            // A trim that raced the pin would show as a first entry past s0 + 1.
+            let b = self.engine.journal_bounds().await?;
+            if b.first <= s0 + 1 {
+                break s0;
+            }
+        };
+        tracing::info!(mirror, seq = s0, "sending a snapshot");
+        proto::send(
+            sink,
+            &ToMirror::SnapshotBegin {
+                seq: s0,
+                settings: self.settings_raw.clone(),
+            },
+        )
+        .await?;
+        let mut n = 0u64;
+        let mut from = Vec::new();
+        loop {
+            let page = self.engine.scan(&from, &[0xff], 1000).await?;
+            let len = page.len();
+            n += len as u64;
+            if let Some((k, _)) = page.last() {
+                from = k.clone();
+                from.push(0);
+            }
+            if len > 0 {
+                proto::send(sink, &ToMirror::SnapshotPairs { pairs: page }).await?;
+            }
+            if len < 1000 {
+                break;
+            }
+        }
+        let s_end = self.engine.journal_bounds().await?.last;
+        proto::send(sink, &ToMirror::SnapshotEnd { seq: s_end }).await?;
+        tracing::info!(mirror, keys = n, s0, s_end, "snapshot sent");
+        Ok(s0)
+    }
+}
+
+fn persist_tick_ready(t: &mut tokio::time::Interval) -> bool {
+    use std::task::{Context as Cx, Poll};
+    let waker = futures::task::noop_waker();
+    let mut cx = Cx::from_waker(&waker);
+    matches!(t.poll_tick(&mut cx), Poll::Ready(_))
+}
