@@ -4,6 +4,8 @@
 //!
 //! A backend whose URL variable is missing is a test failure with instructions, never a skip.
 
+pub mod mirror;
+
 use fs_core::{BlockStore, Engine, Fs, Settings};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

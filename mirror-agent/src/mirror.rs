@@ -53,6 +53,8 @@ pub struct Mirror {
     repl: RwLock<Option<Arc<Replicator>>>,
     live: Mutex<Live>,
     stop_blocks: CancellationToken,
+    /// Set when the primary asked for a resync; cleared once a snapshot is installed.
+    force_snapshot: std::sync::atomic::AtomicBool,
 }
 
 fn tls_connector(
@@ -146,6 +148,7 @@ impl Mirror {
             repl: RwLock::new(None),
             live: Mutex::new(Live::default()),
             stop_blocks: CancellationToken::new(),
+            force_snapshot: Default::default(),
         });
         if let Some(s) = settings {
             m.set_settings(s)?;
@@ -234,7 +237,6 @@ impl Mirror {
             .await
             .context("re-queuing blocks after a restart")?;
         let status = tokio::spawn(self.clone().status_loop(stop.clone()));
-        let mut force_snapshot = false;
         let mut backoff = Duration::from_millis(200);
         let mut first = true;
         loop {
@@ -245,7 +247,11 @@ impl Mirror {
                 self.metrics.reconnects.inc();
             }
             first = false;
-            let end = self.session(force_snapshot, &stop).await;
+            let started = Instant::now();
+            let end = self.session(&stop).await;
+            if started.elapsed() > Duration::from_secs(3) {
+                backoff = Duration::from_millis(200); // it was working: retry soon
+            }
             {
                 let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
                 lv.connected = false;
@@ -260,7 +266,8 @@ impl Mirror {
                         .needs_resync = true;
                     if self.cfg.auto_resync {
                         tracing::error!(%reason, "the primary requires a resync: bootstrapping again from a snapshot (auto_resync)");
-                        force_snapshot = true;
+                        self.force_snapshot
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
                         backoff = Duration::from_millis(200);
                     } else {
                         tracing::error!(%reason, "the primary requires a resync and auto_resync is off: this mirror is stale until an operator resyncs it (runbooks/resync-mirror.md)");
@@ -268,6 +275,12 @@ impl Mirror {
                     }
                 }
                 End::Retry(e) => {
+                    if e.chain()
+                        .any(|c| c.downcast_ref::<proto::Corrupt>().is_some())
+                    {
+                        self.metrics.frame_errors.inc();
+                        tracing::error!(error = %format!("{e:#}"), "damaged message from the primary: nothing of it applied; re-requesting");
+                    }
                     let msg = format!("{e:#}");
                     tracing::warn!(error = %msg, retry_in = ?backoff, "replication connection lost; reconnecting");
                     self.live
@@ -281,9 +294,6 @@ impl Mirror {
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
-            if self.metrics.connected.get() == 1 {
-                backoff = Duration::from_millis(200);
-            }
         }
         // Drain: stop the copy workers (copies in flight finish or stay queued).
         self.stop_blocks.cancel();
@@ -327,8 +337,11 @@ impl Mirror {
         Ok(proto::wire(io))
     }
 
-    async fn session(self: &Arc<Self>, force_snapshot: bool, stop: &CancellationToken) -> End {
-        match self.session_inner(force_snapshot, stop).await {
+    async fn session(self: &Arc<Self>, stop: &CancellationToken) -> End {
+        let force = self
+            .force_snapshot
+            .load(std::sync::atomic::Ordering::SeqCst);
+        match self.session_inner(force, stop).await {
             Ok(e) => e,
             Err(e) => End::Retry(e),
         }
@@ -404,6 +417,8 @@ impl Mirror {
         tracing::info!(primary = %self.cfg.primary, ?want, primary_head, "connected to the primary");
         if want == Want::Snapshot {
             self.install_snapshot(&mut stream, stop).await?;
+            self.force_snapshot
+                .store(false, std::sync::atomic::Ordering::SeqCst);
             self.live
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

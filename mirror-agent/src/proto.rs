@@ -11,7 +11,7 @@
 //! 3. mirror checks the proof, -> `Auth { mac = mac(token, "mirror", nonce_p, nonce_m) }`
 //! 4. primary -> `Welcome` then entries (or a snapshot first), or `Refused`.
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use hmac::{Hmac, Mac};
@@ -132,16 +132,27 @@ pub fn encode<T: Serialize>(msg: &T) -> Bytes {
     b.freeze()
 }
 
+/// A message that arrived damaged (bad checksum, bad length, undecodable).
+#[derive(Debug)]
+pub struct Corrupt(pub String);
+
+impl std::fmt::Display for Corrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "corrupt message: {}", self.0)
+    }
+}
+impl std::error::Error for Corrupt {}
+
 pub fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T> {
     if frame.len() < 4 {
-        bail!("message of {} bytes is too short", frame.len());
+        return Err(Corrupt(format!("{} bytes is too short", frame.len())).into());
     }
     let (crc, body) = frame.split_at(4);
     let want = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
     if crc32c::crc32c(body) != want {
-        bail!("message checksum mismatch (corrupted in transit)");
+        return Err(Corrupt("checksum mismatch (damaged in transit)".into()).into());
     }
-    postcard::from_bytes(body).map_err(|e| anyhow!("undecodable message: {e}"))
+    postcard::from_bytes(body).map_err(|e| Corrupt(format!("undecodable: {e}")).into())
 }
 
 pub async fn send<T: Serialize, S>(sink: &mut S, msg: &T) -> Result<()>
@@ -160,6 +171,10 @@ where
 {
     match stream.next().await {
         None => Ok(None),
+        // The codec rejects a length over MAX_MESSAGE: a damaged length prefix.
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Err(Corrupt(format!("bad frame length: {e}")).into())
+        }
         Some(Err(e)) => Err(anyhow!("receiving: {e}")),
         Some(Ok(f)) => decode(&f).map(Some),
     }
