@@ -140,3 +140,466 @@ async fn converges_redis_to_rocksdb() {
 async fn converges_postgres_to_redis() {
     converge_pair("postgres", "redis").await;
 }
+
+/// Kill one agent with SIGKILL at 20 random points while a workload runs, restart it each
+/// time; afterwards: the mirror's journal is the primary's frame for frame (0 lost,
+/// 0 duplicated, 0 out of order), dumps are equal, every file reads back identical.
+async fn killed_20_times(which: &str) {
+    use rand::Rng;
+    let mut s = setup("rocksdb", "rocksdb", "", "").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let fs2 = s.vol.client().await;
+    let st = stop.clone();
+    let w = tokio::spawn(async move { workload(&fs2, 1_000_000, 11, Some(&st)).await });
+    let mut rng = rand::rng();
+    let mut applied_at_kill = Vec::new();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(150..700))).await;
+        let agent = if which == "mirror" {
+            &mut s.mirror
+        } else {
+            &mut s.primary
+        };
+        agent.kill9();
+        if which == "mirror" {
+            applied_at_kill.push(
+                open_ro(&s.m_meta)
+                    .await
+                    .journal_bounds()
+                    .await
+                    .unwrap()
+                    .last,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+        let agent = if which == "mirror" {
+            &mut s.mirror
+        } else {
+            &mut s.primary
+        };
+        agent.restart();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let committed = w.await.unwrap();
+    let st = wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(180)).await;
+    let files = assert_same(&s.vol.fs, &s.m_meta, &s.m_store).await;
+    let (first, last) = assert_same_journal(&**s.vol.fs.engine(), &*open_ro(&s.m_meta).await).await;
+    // The mirror made progress between kills, and never went backwards.
+    assert!(
+        applied_at_kill.windows(2).all(|w| w[0] <= w[1]),
+        "applied seq went backwards: {applied_at_kill:?}"
+    );
+    assert!(
+        committed > 500 && last - first + 1 >= committed,
+        "{committed} committed, {first}..={last} replicated"
+    );
+    // One bootstrap only: a restart resumes from the applied seq, it never re-snapshots.
+    let snapshots = s.mirror.log_text().matches("snapshot installed").count();
+    assert_eq!(snapshots, 1, "the mirror bootstrapped {snapshots} times");
+    eprintln!(
+        "{which} killed 20 times: {committed} operations, entries {first}..={last} identical, {files} files identical, {} blocks copied after the last restart, kills at applied seq {applied_at_kill:?}",
+        n(&st, "blocks.copied")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mirror_agent_killed_20_times_loses_and_duplicates_nothing() {
+    killed_20_times("mirror").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn primary_agent_killed_20_times_loses_and_duplicates_nothing() {
+    killed_20_times("primary").await;
+}
+
+/// Sample the mirror's metadata at random instants while it replicates (a secondary RocksDB
+/// instance: each sample is head + every key, read between two catch-ups), then replay the
+/// primary's journal and check each sample equals the primary's state at the sample's head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consistent_prefix_at_random_instants() {
+    use rand::Rng;
+    use std::collections::BTreeMap;
+    let s = setup("rocksdb", "rocksdb", "", "batch_entries = 64").await;
+    // Sampling starts once the bootstrap is complete (a bootstrapping mirror says so).
+    let t0 = Instant::now();
+    while !s.mirror.status()["bootstrap"].is_null() || n(&s.mirror.status(), "applied_seq") == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "bootstrap did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let fs2 = s.vol.client().await;
+    let st = stop.clone();
+    let w = tokio::spawn(async move { workload(&fs2, 12_000, 21, Some(&st)).await });
+    let reader = open_ro(&s.m_meta).await;
+    let mut samples: Vec<(u64, BTreeMap<Vec<u8>, Vec<u8>>)> = Vec::new();
+    let mut rng = rand::rng();
+    while !w.is_finished() {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(10..120))).await;
+        let head = reader.journal_bounds().await.unwrap().last; // catches up
+        let mut map = BTreeMap::new();
+        fs_core::engine::scan_all(&*reader, b"", &[0xff], 1000, |p| {
+            map.extend(p);
+            Ok(())
+        })
+        .await
+        .unwrap();
+        samples.push((head, map));
+    }
+    let committed = w.await.unwrap();
+    wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(120)).await;
+    let distinct: std::collections::BTreeSet<u64> = samples.iter().map(|s| s.0).collect();
+    assert!(
+        samples.len() >= 20 && distinct.len() >= 10,
+        "{} samples at {} distinct heads",
+        samples.len(),
+        distinct.len()
+    );
+    // Replay the primary's journal from the start into a map; compare at each sample's head.
+    samples.sort_by_key(|s| s.0);
+    let mut state: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut i = 0;
+    for e in integration::journal(&**s.vol.fs.engine()).await {
+        for m in &e.writes {
+            match m {
+                fs_core::Mutation::Put { key, value } => {
+                    state.insert(key.clone(), value.clone());
+                }
+                fs_core::Mutation::Delete { key } => {
+                    state.remove(key);
+                }
+                _ => unreachable!(),
+            }
+        }
+        while i < samples.len() && samples[i].0 == e.seq {
+            assert!(
+                samples[i].1 == state,
+                "the mirror sample at seq {} is not the primary's state at that seq",
+                e.seq
+            );
+            i += 1;
+        }
+    }
+    assert_eq!(i, samples.len(), "some samples were never matched");
+    eprintln!("consistent prefix: {} samples at {} distinct sequence numbers, all equal to a primary state ({committed} operations)", samples.len(), distinct.len());
+}
+
+/// A mirror held behind (stopped) must keep the primary's gc from deleting blocks it still
+/// references; once it catches up, gc purges them and the mirror deletes its copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gc_never_deletes_blocks_a_lagging_mirror_needs() {
+    use fs_core::{Owner, ROOT_INO};
+    let o = Owner { uid: 0, gid: 0 };
+    let mut s = setup_with("redis", "rocksdb", "", "", |st| st.trash_secs = 0, None).await;
+    let fs = &s.vol.fs;
+    let mut inos = Vec::new();
+    for i in 0..20u64 {
+        let (ino, _) = fs
+            .create(ROOT_INO, format!("g{i}").as_bytes(), 0o644, o)
+            .await
+            .unwrap();
+        fs.write(ino, 0, &integration::data(i, 300_000 + i as usize * 1000))
+            .await
+            .unwrap();
+        inos.push(ino);
+    }
+    wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
+    assert_eq!(s.mirror.term(), 0);
+    // Held behind: overwrite 10 files, delete 10.
+    for (i, &ino) in inos.iter().enumerate().take(10) {
+        let zero = fs_core::SetAttr {
+            length: Some(0),
+            ..Default::default()
+        };
+        fs.setattr(ino, &zero).await.unwrap();
+        fs.write(ino, 0, &integration::data(100 + i as u64, 300_000))
+            .await
+            .unwrap();
+    }
+    for i in 10..20 {
+        fs.unlink(ROOT_INO, format!("g{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+    let gc = |delete: bool| {
+        let mut c = Command::new(bin("jfs"));
+        c.arg("gc").arg(&s.vol.meta_url).arg("--json");
+        if delete {
+            c.arg("--delete");
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "jfs gc: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let r = gc(true);
+    assert_eq!(n(&r, "pending_held_for_mirrors"), 20, "{r}");
+    assert_eq!(n(&r, "pending_purged"), 0, "{r}");
+    // Every block the mirror's metadata references is still at the origin.
+    let needed = referenced_blocks(&s.m_meta).await;
+    assert!(
+        needed.len() >= 20,
+        "{} blocks referenced at the mirror",
+        needed.len()
+    );
+    let origin = integration::open_store(&s.vol.store_url);
+    let mut missing = 0;
+    for (k, len) in &needed {
+        match origin.head(k).await.unwrap() {
+            Some(m) if m.size == *len as u64 => {}
+            _ => missing += 1,
+        }
+    }
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} blocks the mirror needs were deleted at the origin",
+        needed.len()
+    );
+    // The mirror catches up; now gc purges; the mirror applies the purge and drops its copies.
+    s.mirror.restart();
+    wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // the slot ack is written every 500 ms
+    let r = gc(true);
+    assert_eq!(n(&r, "pending_held_for_mirrors"), 0, "{r}");
+    assert_eq!(n(&r, "pending_purged"), 20, "{r}");
+    let t0 = Instant::now();
+    loop {
+        let st = wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
+        if n(&st, "blocks.deleted") >= 20 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "mirror copies not deleted: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let files = assert_same(fs, &s.m_meta, &s.m_store).await;
+    assert_eq!(files, 10);
+    let _ = &s.dir;
+}
+
+async fn referenced_blocks(meta: &str) -> Vec<(String, u32)> {
+    let e = open_ro(meta).await;
+    let settings: fs_core::Settings =
+        serde_json::from_slice(&e.get(fs_core::keys::SETTING).await.unwrap().unwrap()).unwrap();
+    let mut out = Vec::new();
+    fs_core::engine::scan_all(&*e, b"", &[0xff], 1000, |p| {
+        for (k, v) in p {
+            if let fs_core::keys::Key::Chunk(..) = fs_core::keys::parse(&k) {
+                for r in fs_core::SliceRec::decode_list(&v).unwrap() {
+                    if r.id != 0 {
+                        for (idx, len) in fs_core::keys::slice_blocks(r.size, settings.block_size) {
+                            out.push((
+                                fs_core::keys::block_key(&settings.name, r.id, idx, len),
+                                len,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    out
+}
+
+/// Wrong or missing credentials are refused, nothing is applied, and the token never shows in
+/// logs, status, metrics or process arguments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_credentials_are_refused_and_secrets_stay_hidden() {
+    let s = setup("rocksdb", "rocksdb", "", "").await;
+    workload(&s.vol.fs, 300, 3, None).await;
+    wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
+    let bad_token = "wrong-token-77f3e1c0b9a8";
+    let cases = [("m1", bad_token), ("m9", TOKEN)]; // wrong token; unregistered name
+    for (i, (name, tok)) in cases.iter().enumerate() {
+        let (meta, _d) = meta_url("rocksdb");
+        let admin = format!("127.0.0.1:{}", free_port());
+        let a = Agent::start(
+            s.dir.path(),
+            &format!("bad{i}"),
+            &mirror_toml(
+                &meta,
+                &s.dir.path().join(format!("bad{i}")),
+                &admin,
+                name,
+                &s.listen,
+                &s.m_store,
+                "",
+            ),
+            &[("MIRROR_TOKEN", tok)],
+        );
+        let t0 = Instant::now();
+        let st = loop {
+            let st = a.status();
+            if st["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("authentication failed"))
+            {
+                break st;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no refusal seen: {st}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(st["connected"], false);
+        assert_eq!(
+            n(&st, "applied_seq"),
+            0,
+            "a refused mirror applied something"
+        );
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", a.pid())).unwrap();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(tok));
+        for text in [a.log_text(), st.to_string(), a.metrics()] {
+            assert!(!text.contains(tok), "the token leaked: {text}");
+        }
+    }
+    let ps = s.primary.status();
+    assert!(n(&ps, "auth_failures") >= 2, "{ps}");
+    for text in [
+        s.primary.log_text(),
+        s.mirror.log_text(),
+        ps.to_string(),
+        s.mirror.status().to_string(),
+        s.primary.metrics(),
+        s.mirror.metrics(),
+    ] {
+        assert!(
+            !text.contains(TOKEN) && !text.contains(bad_token),
+            "a token leaked: {text}"
+        );
+    }
+    for pid in [s.primary.pid(), s.mirror.pid()] {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(TOKEN));
+    }
+    // A missing variable, a short token, and an inline token: each a one-line error, exit 2.
+    let cfg = s.dir.path().join("mirror.toml");
+    let run = |env: &[(&str, &str)], cfg: &std::path::Path| {
+        let mut c = Command::new(bin("mirror-agent"));
+        c.arg("check-config")
+            .arg("--config")
+            .arg(cfg)
+            .env_remove("MIRROR_TOKEN");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[], &cfg);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("MIRROR_TOKEN") && err.contains("not set"),
+        "{err}"
+    );
+    let (code, err) = run(&[("MIRROR_TOKEN", "short")], &cfg);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("shorter than 16") && !err.contains("short\""),
+        "{err}"
+    );
+    let inline = s.dir.path().join("inline.toml");
+    std::fs::write(
+        &inline,
+        std::fs::read_to_string(&cfg).unwrap().replace(
+            "token_env = \"MIRROR_TOKEN\"",
+            &format!("token = \"{TOKEN}\""),
+        ),
+    )
+    .unwrap();
+    let (code, err) = run(&[], &inline);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("literal `token` is not accepted") && !err.contains(TOKEN),
+        "{err}"
+    );
+    // The shipped examples parse (with their token variables set).
+    for f in ["primary.toml", "mirror.toml"] {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../configs")
+            .join(f);
+        let tokdir = tempfile::tempdir().unwrap();
+        let text = std::fs::read_to_string(&p).unwrap().replace(
+            "/etc/mirror-agent/us-east.token",
+            &tokdir.path().join("t").display().to_string(),
+        );
+        std::fs::write(tokdir.path().join("t"), format!("{TOKEN}\n")).unwrap();
+        let cp = tokdir.path().join(f);
+        std::fs::write(&cp, text).unwrap();
+        let (code, err) = run(&[("MIRROR_EU_WEST_TOKEN", TOKEN)], &cp);
+        assert_eq!(code, Some(0), "configs/{f}: {err}");
+    }
+}
+
+/// Bytes flipped in transit (by the harness proxy) are detected, never applied, and the
+/// mirror re-requests from its applied seq.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn corrupted_frames_are_detected_and_rerequested() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let env = [("MIRROR_TOKEN", TOKEN)];
+    let _p = Agent::start(
+        dir.path(),
+        "primary",
+        &primary_toml(
+            &vol.meta_url,
+            &dir.path().join("ps"),
+            &format!("127.0.0.1:{}", free_port()),
+            &listen,
+            &["m1"],
+            "",
+        ),
+        &env,
+    );
+    let proxy = Proxy::start(listen.clone(), Duration::ZERO, 0).await;
+    let (m_meta, _d1) = meta_url("rocksdb");
+    let (m_store, _d2) = store_url("file");
+    let m = Agent::start(
+        dir.path(),
+        "mirror",
+        &mirror_toml(
+            &m_meta,
+            &dir.path().join("ms"),
+            &format!("127.0.0.1:{}", free_port()),
+            "m1",
+            &proxy.addr,
+            &m_store,
+            "",
+        ),
+        &env,
+    );
+    wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(30)).await;
+    proxy.corrupt.store(6, Ordering::SeqCst);
+    workload(&vol.fs, 3_000, 5, None).await;
+    let st = wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(120)).await;
+    assert_eq!(
+        proxy.corrupt.load(Ordering::SeqCst),
+        0,
+        "the proxy did not corrupt anything"
+    );
+    assert!(n(&st, "frame_errors") >= 1, "no corruption detected: {st}");
+    assert!(n(&st, "reconnects") >= 1, "{st}");
+    assert_same(&vol.fs, &m_meta, &m_store).await;
+    assert_same_journal(&**vol.fs.engine(), &*open_ro(&m_meta).await).await;
+    eprintln!(
+        "corruption: {} damaged messages detected, {} reconnects, converged",
+        n(&st, "frame_errors"),
+        n(&st, "reconnects")
+    );
+}

@@ -387,11 +387,15 @@ impl Mirror {
         .await?;
         match recv_within(&mut stream, READ_TIMEOUT).await? {
             ToMirror::Challenge { nonce, proof } => {
-                if !proto::verify(&self.token, "primary", &nonce_m, &nonce, &proof) {
-                    bail!("the primary at {} could not prove it holds this mirror's token: not trusting it", self.cfg.primary);
-                }
+                // The answer is sent either way (an HMAC reveals nothing of the token), so the
+                // primary also sees and counts a mismatch.
                 let mac = proto::mac(&self.token, "mirror", &nonce, &nonce_m);
                 proto::send(&mut sink, &ToPrimary::Auth { mac }).await?;
+                if !proto::verify(&self.token, "primary", &nonce_m, &nonce, &proof) {
+                    let _ = futures::SinkExt::flush(&mut sink).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    bail!("authentication failed: the primary at {} did not prove it holds this mirror's token (the tokens differ, or this is not the primary)", self.cfg.primary);
+                }
             }
             ToMirror::Refused { reason, .. } => bail!(
                 "the primary refused this mirror: {reason} (check [mirror] name and its token)"
