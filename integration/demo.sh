@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# README command 1: the main job on embedded defaults (RocksDB metadata, a local directory as
-# the object store). A primary volume is written; a second site gets its metadata (a dump
-# loaded into its own RocksDB: until the mirror agent lands, the copy is made by hand) and
-# reads every file back, byte for byte, from the shared block store.
+# README command 1: the main job on embedded defaults (RocksDB metadata, local directories
+# as object stores). A primary volume and a mirror site, each with its own mirror-agent
+# process: files written at the primary appear at the mirror (metadata applied from the
+# journal, blocks copied to the mirror's own store) and read back byte-identical there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash integration/install-deps.sh build
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
-cargo build --release --locked -p jfs
-JFS=$CARGO_TARGET_DIR/release/jfs
+cargo build --release --locked -p jfs -p mirror-agent
+BIN=$CARGO_TARGET_DIR/release
+JFS=$BIN/jfs
+AGENT=$BIN/mirror-agent
 D=${DEMO_DIR:-$(mktemp -d /tmp/jfs-demo.XXXXXX)}
 mkdir -p "$D"
-PRIMARY=rocksdb://$D/primary-meta
-MIRROR=rocksdb://$D/mirror-meta
+PRIMARY=rocksdb://$D/primary/meta
+MIRROR=rocksdb://$D/mirror/meta
 say() { printf '\n== %s\n' "$*"; }
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+# The mirror's token: from the environment, never on a command line or in a config file.
+MIRROR_DEMO_TOKEN=$(openssl rand -hex 24)
+export MIRROR_DEMO_TOKEN
+BASE=$(shuf -i 20000-60000 -n 1)
+LISTEN=127.0.0.1:$BASE; PADMIN=127.0.0.1:$((BASE + 1)); MADMIN=127.0.0.1:$((BASE + 2))
 
 say "a sample tree: a 64 MiB 'model', 200 small files, a symlink"
 mkdir -p "$D/src/shards"
@@ -21,23 +31,63 @@ head -c $((64 << 20)) /dev/urandom > "$D/src/model.bin"
 for i in $(seq 1 200); do head -c $((RANDOM % 8000 + 1)) /dev/urandom > "$D/src/shards/part-$i"; done
 ln -sf model.bin "$D/src/latest"
 
-say "format a volume: metadata in RocksDB, blocks in a local directory"
-$JFS format "$PRIMARY" demo --storage "file://$D/blocks"
-say "write it (jfs put) at the primary"
+say "format the primary volume: metadata in RocksDB, blocks in $D/primary/blocks"
+$JFS format "$PRIMARY" demo --storage "file://$D/primary/blocks"
+
+say "start the primary agent (serves the journal) and the mirror agent (applies it, copies blocks)"
+cat > "$D/primary.toml" <<TOML
+role = "primary"
+meta = "$PRIMARY"
+state_dir = "$D/primary/agent"
+admin = "$PADMIN"
+[primary]
+listen = "$LISTEN"
+[[primary.mirrors]]
+name = "site-b"
+token_env = "MIRROR_DEMO_TOKEN"
+TOML
+cat > "$D/mirror.toml" <<TOML
+role = "mirror"
+meta = "$MIRROR"
+state_dir = "$D/mirror/agent"
+admin = "$MADMIN"
+[mirror]
+name = "site-b"
+primary = "$LISTEN"
+token_env = "MIRROR_DEMO_TOKEN"
+store = "file://$D/mirror/blocks"
+window = "1s"
+workers = 8
+TOML
+$AGENT run --config "$D/primary.toml" > "$D/primary-agent.log" 2>&1 & PIDS+=($!)
+$AGENT run --config "$D/mirror.toml" > "$D/mirror-agent.log" 2>&1 & PIDS+=($!)
+for _ in $(seq 100); do $AGENT status --admin "$MADMIN" >/dev/null 2>&1 && break; sleep 0.1; done
+
+say "write at the primary (jfs put) while the agents run"
 $JFS put "$PRIMARY" "$D/src" /models
 $JFS ls -l "$PRIMARY" /models | head -5
-say "the change journal (last entries)"
-$JFS journal "$PRIMARY" | tail -4
-say "second site: copy the metadata (dump, then load into its own RocksDB)"
-$JFS dump "$PRIMARY" "$D/meta.json"
-$JFS load "$MIRROR" "$D/meta.json"
-say "read everything back at the second site and compare"
+HEAD=$($JFS status "$PRIMARY" --json | grep -o '"last": *[0-9]*' | grep -o '[0-9]*$')
+
+say "wait until the mirror has applied seq $HEAD and copied every block"
+$AGENT status --admin "$MADMIN" --wait-applied "$HEAD" --timeout 120s
+
+say "read everything back at the mirror (its metadata, its own block store) and compare"
 rm -rf "$D/readback"
-$JFS get "$MIRROR" /models "$D/readback"
+$JFS --block-store "file://$D/mirror/blocks" get "$MIRROR" /models "$D/readback"
 diff -r "$D/src" "$D/readback"
-echo "byte-identical: $(find "$D/readback" -type f | wc -l) files"
-say "fsck and status"
-$JFS fsck "$MIRROR"
-$JFS status "$PRIMARY"
+echo "byte-identical at the mirror: $(find "$D/readback" -type f | wc -l) files"
+
+say "one more change at the primary: it shows up at the mirror within the window"
+echo "v2 of the notes" > "$D/notes.txt"
+$JFS put "$PRIMARY" "$D/notes.txt" /models/notes.txt
+for _ in $(seq 50); do
+  $JFS --block-store "file://$D/mirror/blocks" cat "$MIRROR" /models/notes.txt 2>/dev/null | grep -q v2 && break; sleep 0.1
+done
+$JFS --block-store "file://$D/mirror/blocks" cat "$MIRROR" /models/notes.txt
+$AGENT status --admin "$MADMIN" | grep -E "applied|lag|window"
+sleep 1 # the primary records acknowledgements every 500 ms
+
+say "the primary's view: replication slot, acknowledged seq"
+$AGENT status --admin "$PADMIN"
 echo
-echo "demo done; everything is under $D"
+echo "demo done; everything is under $D (agent logs: $D/*-agent.log)"

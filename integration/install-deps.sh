@@ -3,8 +3,8 @@
 # packages. Idempotent and quiet when everything is present; fails loudly when it cannot.
 set -euo pipefail
 what=${1:-test}
-build_pkgs=(librocksdb-dev libsnappy-dev liblz4-dev libzstd-dev libbz2-dev zlib1g-dev libclang-dev clang pkg-config)
-test_pkgs=(redis-server postgresql ceph-mon ceph-osd radosgw uuid-runtime curl python3 fuse3 rclone rsync time)
+build_pkgs=(librocksdb-dev openssl libsnappy-dev liblz4-dev libzstd-dev libbz2-dev zlib1g-dev libclang-dev clang pkg-config)
+test_pkgs=(redis-server postgresql iproute2 iptables ceph-mon ceph-osd radosgw uuid-runtime curl python3 fuse3 rclone rsync time)
 pkgs=("${build_pkgs[@]}")
 [ "$what" = test ] && pkgs+=("${test_pkgs[@]}")
 missing=()
@@ -18,8 +18,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # Prove the tools are really there (a package can install without the binary we need).
-need=(cargo)
-[ "$what" = test ] && need+=(redis-server redis-cli psql /usr/lib/postgresql/15/bin/initdb ceph-mon ceph-osd radosgw radosgw-admin uuidgen curl rclone)
+need=(cargo openssl)
+[ "$what" = test ] && need+=(ip redis-server redis-cli psql /usr/lib/postgresql/15/bin/initdb ceph-mon ceph-osd radosgw radosgw-admin uuidgen curl rclone)
 for c in "${need[@]}"; do
   command -v "$c" >/dev/null 2>&1 || [ -x "$c" ] || { echo "install-deps: $c is still missing after installing packages" >&2; exit 1; }
 done

@@ -50,6 +50,12 @@ enum Cmd {
         admin: SocketAddr,
         #[arg(long)]
         json: bool,
+        /// Mirror: first wait until it has applied this seq with no block copy pending.
+        #[arg(long, value_name = "SEQ")]
+        wait_applied: Option<u64>,
+        /// How long --wait-applied may wait.
+        #[arg(long, default_value = "120s")]
+        timeout: humantime::Duration,
     },
     /// Change a running mirror's block copy limits.
     Limits {
@@ -176,7 +182,17 @@ fn init_logging(f: LogFormat, v: u8) {
 async fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Run(a) => run_agent(a).await,
-        Cmd::Status { admin, json } => status(admin, json).await,
+        Cmd::Status {
+            admin,
+            json,
+            wait_applied,
+            timeout,
+        } => {
+            if let Some(seq) = wait_applied {
+                wait_applied_seq(admin, seq, timeout.into()).await?;
+            }
+            status(admin, json).await
+        }
         Cmd::Limits {
             admin,
             bwlimit,
@@ -275,6 +291,37 @@ async fn slot(cmd: SlotCmd) -> Result<()> {
             Ok(())
         }
     }
+}
+
+async fn wait_applied_seq(admin: SocketAddr, seq: u64, limit: std::time::Duration) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Ok(v) = fetch_status(admin).await {
+            let applied = v["applied_seq"].as_u64().unwrap_or(0);
+            let pending = v["blocks"]["pending"].as_u64().unwrap_or(u64::MAX);
+            if applied >= seq && pending == 0 && v["bootstrap"].is_null() {
+                return Ok(());
+            }
+            if t0.elapsed() > limit {
+                bail!("the mirror has applied {applied} (waiting for {seq}) with {pending} block copies pending after {}", humantime::format_duration(limit));
+            }
+        } else if t0.elapsed() > limit {
+            bail!("no agent answers at {admin}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+async fn fetch_status(admin: SocketAddr) -> Result<serde_json::Value> {
+    reqwest::Client::new()
+        .get(format!("http://{admin}/status"))
+        .timeout(std::time::Duration::from_secs(5))
+        .send()
+        .await
+        .with_context(|| format!("no agent answers at {admin} (is it running? see --admin)"))?
+        .json()
+        .await
+        .context("the status document does not decode")
 }
 
 async fn status(admin: SocketAddr, json: bool) -> Result<()> {
