@@ -74,18 +74,14 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let agent = crate::bin("mirror-agent");
-        let mut cmd = if self.prefix.is_empty() {
-            Command::new(&agent)
-        } else {
-            let mut c = Command::new(&self.prefix[0]);
-            c.args(&self.prefix[1..]).arg(&agent);
-            c
-        };
+        let mut cmd = self.beside(crate::bin("mirror-agent").as_os_str());
         cmd.arg("run")
             .arg("--config")
             .arg(&self.cfg)
-            .env("JFS_LOG", "info")
+            .env(
+                "JFS_LOG",
+                std::env::var("AGENT_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup"))
             .stderr(log);
@@ -147,8 +143,20 @@ impl Agent {
         }
     }
 
+    /// A command run beside the agent (inside its network namespace, if any).
+    fn beside(&self, program: &std::ffi::OsStr) -> Command {
+        if self.prefix.is_empty() {
+            Command::new(program)
+        } else {
+            let mut c = Command::new(&self.prefix[0]);
+            c.args(&self.prefix[1..]).arg(program);
+            c
+        }
+    }
+
     pub fn try_status(&self) -> Option<Value> {
-        let out = Command::new(crate::bin("mirror-agent"))
+        let out = self
+            .beside(crate::bin("mirror-agent").as_os_str())
             .args(["status", "--json", "--admin", &self.admin])
             .output()
             .ok()?;
@@ -166,7 +174,8 @@ impl Agent {
     }
 
     pub fn metrics(&self) -> String {
-        let out = Command::new("curl")
+        let out = self
+            .beside(std::ffi::OsStr::new("curl"))
             .args(["-sf", &format!("http://{}/metrics", self.admin)])
             .output()
             .expect("curl");
@@ -608,5 +617,117 @@ async fn pipe(
 async fn wait_cut(cut: &AtomicBool) {
     while !cut.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two network namespaces joined by a veth pair (10.77.N.1 in `a`, 10.77.N.2 in `b`),
+/// deleted on drop, also when a test fails.
+pub struct NetPair {
+    pub a: String,
+    pub b: String,
+    pub ip_a: String,
+    pub ip_b: String,
+    veth_a: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip (apt: iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl NetPair {
+    /// `tag` keeps pairs of tests running at once apart (0..=9).
+    pub fn new(tag: u32) -> NetPair {
+        let id = (std::process::id() % 20) * 10 + tag + 20;
+        let (a, b) = (format!("jfsA{id}"), format!("jfsB{id}"));
+        let (va, vb) = (format!("jva{id}"), format!("jvb{id}"));
+        let _ = Command::new("ip").args(["netns", "del", &a]).output();
+        let _ = Command::new("ip").args(["netns", "del", &b]).output();
+        ip(&["netns", "add", &a]);
+        let pair = NetPair {
+            a: a.clone(),
+            b: b.clone(),
+            ip_a: format!("10.77.{id}.1"),
+            ip_b: format!("10.77.{id}.2"),
+            veth_a: va.clone(),
+        };
+        ip(&["netns", "add", &b]);
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        ip(&["link", "set", &va, "netns", &a]);
+        ip(&["link", "set", &vb, "netns", &b]);
+        ip(&[
+            "-n",
+            &a,
+            "addr",
+            "add",
+            &format!("{}/24", pair.ip_a),
+            "dev",
+            &va,
+        ]);
+        ip(&[
+            "-n",
+            &b,
+            "addr",
+            "add",
+            &format!("{}/24", pair.ip_b),
+            "dev",
+            &vb,
+        ]);
+        for (ns, dev) in [(&a, &va), (&b, &vb)] {
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        pair
+    }
+
+    /// `ip netns exec NS` as a command prefix.
+    pub fn exec(ns: &str) -> Vec<&str> {
+        vec!["ip", "netns", "exec", ns]
+    }
+
+    /// Cut (down) or restore (up) the link.
+    pub fn link(&self, up: bool) {
+        ip(&[
+            "-n",
+            &self.a,
+            "link",
+            "set",
+            &self.veth_a,
+            if up { "up" } else { "down" },
+        ]);
+    }
+
+    /// Run a command inside namespace `a` (e.g. `tc qdisc ...`).
+    pub fn in_a(&self, args: &[&str]) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.a])
+            .args(args)
+            .output()
+            .expect("ip netns exec");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn veth_a(&self) -> &str {
+        &self.veth_a
+    }
+}
+
+impl Drop for NetPair {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.a]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.b]).output();
     }
 }

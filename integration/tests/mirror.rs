@@ -603,3 +603,383 @@ async fn corrupted_frames_are_detected_and_rerequested() {
         n(&st, "reconnects")
     );
 }
+
+fn openssl(args: &[&str], dir: &std::path::Path) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a server certificate for "primary.test" signed by it.
+fn make_certs(dir: &std::path::Path) {
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+        ],
+        dir,
+    );
+    openssl(
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=primary.test",
+        ],
+        dir,
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:primary.test\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+        dir,
+    );
+    // Another CA, which did not sign the server certificate.
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "other.key",
+            "-out",
+            "other.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=other-ca",
+        ],
+        dir,
+    );
+}
+
+/// With TLS configured the mirror replicates over it; a mirror trusting another CA, or
+/// speaking plaintext, gets nothing (no fallback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_channel_replicates_and_refuses_untrusted_or_plaintext() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let c = |f: &str| certs.path().join(f).display().to_string();
+    let s = setup(
+        "rocksdb",
+        "rocksdb",
+        &format!(
+            "tls_cert = \"{}\"\ntls_key = \"{}\"",
+            c("server.crt"),
+            c("server.key")
+        ),
+        &format!(
+            "tls_ca = \"{}\"\ntls_server_name = \"primary.test\"",
+            c("ca.crt")
+        ),
+    )
+    .await;
+    workload(&s.vol.fs, 1_000, 9, None).await;
+    wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
+    let files = assert_same(&s.vol.fs, &s.m_meta, &s.m_store).await;
+    assert!(files > 5);
+    assert_eq!(s.primary.status()["tls"], true);
+    for (i, extra) in [
+        format!(
+            "tls_ca = \"{}\"\ntls_server_name = \"primary.test\"",
+            c("other.crt")
+        ),
+        String::new(),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (meta, _d) = meta_url("rocksdb");
+        let admin = format!("127.0.0.1:{}", free_port());
+        let a = Agent::start(
+            s.dir.path(),
+            &format!("untrusted{i}"),
+            &mirror_toml(
+                &meta,
+                &s.dir.path().join(format!("u{i}")),
+                &admin,
+                "m1",
+                &s.listen,
+                &s.m_store,
+                extra,
+            ),
+            &[("MIRROR_TOKEN", TOKEN)],
+        );
+        let t0 = Instant::now();
+        let st = loop {
+            let st = a.status();
+            if n(&st, "reconnects") >= 2 {
+                break st;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "{st}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(st["connected"], false, "{st}");
+        assert_eq!(
+            n(&st, "applied_seq"),
+            0,
+            "an untrusted channel delivered entries: {st}"
+        );
+        if i == 0 {
+            assert!(
+                st["last_error"].as_str().unwrap_or("").contains("TLS"),
+                "{st}"
+            );
+        }
+    }
+}
+
+/// Past the retention cap the primary drops the slot loudly and trims; the mirror, restarted,
+/// is told to resync, bootstraps from a snapshot while writes go on, and converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_cap_drops_the_slot_loudly_and_the_mirror_resyncs() {
+    let mut s = setup_with(
+        "redis",
+        "rocksdb",
+        "retain_max_entries = 300",
+        "",
+        |st| st.journal_retention_secs = 0,
+        None,
+    )
+    .await;
+    workload(&s.vol.fs, 200, 1, None).await;
+    wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
+    assert_eq!(s.mirror.term(), 0);
+    workload(&s.vol.fs, 1_500, 2, None).await;
+    let t0 = Instant::now();
+    let ps = loop {
+        let ps = s.primary.status();
+        if ps["mirrors"][0]["state"] == "needs_resync"
+            && n(&ps, "journal_first_seq") > n(&ps["mirrors"][0], "acked_seq") + 1
+        {
+            break ps;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "slot not dropped/trimmed: {ps}\n{}",
+            tail(&s.primary.log_text(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        s.primary.log_text().contains("replication slot dropped"),
+        "not loud in the log"
+    );
+    assert!(
+        s.primary
+            .metrics()
+            .contains("jfs_mirror_slot_needs_resync{mirror=\"m1\"} 1"),
+        "not in the metrics"
+    );
+    let slots = Command::new(bin("mirror-agent"))
+        .args(["slot", "list", "--meta", &s.vol.meta_url])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&slots.stdout).contains("needs_resync"),
+        "slot list: {}",
+        String::from_utf8_lossy(&slots.stdout)
+    );
+    // Restart the mirror while a workload runs: it is told to resync and bootstraps.
+    let stop = Arc::new(AtomicBool::new(false));
+    let fs2 = s.vol.client().await;
+    let st2 = stop.clone();
+    let w = tokio::spawn(async move { workload(&fs2, 3_000, 3, Some(&st2)).await });
+    s.mirror.restart();
+    let _ = w.await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    let st = wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(120)).await;
+    assert!(
+        s.mirror.log_text().contains("requires a resync"),
+        "{}",
+        tail(&s.mirror.log_text(), 20)
+    );
+    assert_eq!(st["needs_resync"], false);
+    assert_same(&s.vol.fs, &s.m_meta, &s.m_store).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ps2 = s.primary.status();
+    assert_eq!(ps2["mirrors"][0]["state"], "active", "{ps2}");
+    eprintln!("retention: slot dropped at {ps}; resynced and converged");
+}
+
+/// Primary and mirror in two network namespaces; the link is cut for 30 s during
+/// replication: the mirror reports itself out of its window, then resumes by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partition_of_30s_is_reported_and_healed() {
+    let net = NetPair::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let listen = format!("{}:{}", net.ip_a, 19_566);
+    let env = [("MIRROR_TOKEN", TOKEN)];
+    let _p = Agent::start_with(
+        dir.path(),
+        "primary",
+        &primary_toml(
+            &vol.meta_url,
+            &dir.path().join("ps"),
+            "127.0.0.1:19567",
+            &listen,
+            &["m1"],
+            "",
+        ),
+        &env,
+        &NetPair::exec(&net.a),
+    );
+    let (m_meta, _d1) = meta_url("rocksdb");
+    let (m_store, _d2) = store_url("file");
+    let m = Agent::start_with(
+        dir.path(),
+        "mirror",
+        &mirror_toml(
+            &m_meta,
+            &dir.path().join("ms"),
+            "127.0.0.1:19568",
+            "m1",
+            &listen,
+            &m_store,
+            "window = \"1s\"",
+        ),
+        &env,
+        &NetPair::exec(&net.b),
+    );
+    workload(&vol.fs, 500, 1, None).await;
+    wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let fs2 = vol.client().await;
+    let st2 = stop.clone();
+    let w = tokio::spawn(async move { workload(&fs2, 20_000, 2, Some(&st2)).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    net.link(false);
+    let cut = Instant::now();
+    let mut saw_out = None;
+    while cut.elapsed() < Duration::from_secs(30) {
+        let st = m.status();
+        if st["within_window"] == false && saw_out.is_none() {
+            saw_out = Some(cut.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let during = m.status();
+    net.link(true);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let committed = w.await.unwrap();
+    let healed = Instant::now();
+    let st = wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    let took = healed.elapsed();
+    let out_after =
+        saw_out.expect("the mirror never reported being out of its window during the cut");
+    assert!(
+        out_after < Duration::from_secs(5),
+        "out of window only reported after {out_after:?}"
+    );
+    assert_eq!(during["connected"], false, "{during}");
+    assert!(
+        during["lag_seconds"].as_f64().unwrap_or(f64::INFINITY) > 10.0,
+        "lag must grow during a cut: {during}"
+    );
+    assert!(n(&st, "reconnects") >= 1);
+    assert_eq!(st["within_window"], true, "{st}");
+    assert_same(&vol.fs, &m_meta, &m_store).await;
+    assert_same_journal(&**vol.fs.engine(), &*open_ro(&m_meta).await).await;
+    eprintln!("partition: out of window after {out_after:?}; {committed} operations; converged {took:?} after the link came back; lag at the end of the cut: {} s", during["lag_seconds"]);
+}
+
+/// Through the harness proxy adding 50 ms each way and a 200 ms stall on 1% of chunks (what a
+/// lost segment costs TCP), replication keeps up and converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wan_delay_and_loss_converge() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let env = [("MIRROR_TOKEN", TOKEN)];
+    let _p = Agent::start(
+        dir.path(),
+        "primary",
+        &primary_toml(
+            &vol.meta_url,
+            &dir.path().join("ps"),
+            &format!("127.0.0.1:{}", free_port()),
+            &listen,
+            &["m1"],
+            "",
+        ),
+        &env,
+    );
+    let proxy = Proxy::start(listen.clone(), Duration::from_millis(50), 10).await;
+    let (m_meta, _d1) = meta_url("rocksdb");
+    let (m_store, _d2) = store_url("file");
+    let m = Agent::start(
+        dir.path(),
+        "mirror",
+        &mirror_toml(
+            &m_meta,
+            &dir.path().join("ms"),
+            &format!("127.0.0.1:{}", free_port()),
+            "m1",
+            &proxy.addr,
+            &m_store,
+            "",
+        ),
+        &env,
+    );
+    let t0 = Instant::now();
+    let committed = workload(&vol.fs, 4_000, 4, None).await;
+    let st = wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(120)).await;
+    assert_same(&vol.fs, &m_meta, &m_store).await;
+    assert_same_journal(&**vol.fs.engine(), &*open_ro(&m_meta).await).await;
+    assert_eq!(st["within_window"], true, "{st}");
+    eprintln!("wan: {committed} operations through 50 ms each way + 1% stalls, converged {:?} after start", t0.elapsed());
+}

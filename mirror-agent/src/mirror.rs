@@ -632,10 +632,16 @@ impl Mirror {
             let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
             let ph = lv.primary_head.max(applied);
             let lag_e = ph - applied;
-            if lag_e == 0 {
+            // Only a live connection vouches for the primary's head: while cut off, the lag
+            // in seconds keeps growing from the last moment the mirror knew it was caught up.
+            let fresh = lv.connected
+                && lv
+                    .last_contact
+                    .is_some_and(|t| t.elapsed() <= w.max(Duration::from_secs(2)));
+            if fresh && lag_e == 0 {
                 lv.caught_up_at = Some(Instant::now());
             }
-            let lag_s = if lag_e == 0 {
+            let lag_s = if fresh && lag_e == 0 {
                 0.0
             } else if let Some((_, t)) = lv.received.iter().find(|(s, _)| *s > applied) {
                 ((now_ns - t).max(0) as f64) / 1e9
@@ -643,10 +649,6 @@ impl Mirror {
                 lv.caught_up_at
                     .map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64())
             };
-            let fresh = lv.connected
-                && lv
-                    .last_contact
-                    .is_some_and(|t| t.elapsed() <= w.max(Duration::from_secs(2)));
             let within = fresh && boot.is_none() && !lv.needs_resync && lag_s <= w.as_secs_f64();
             (
                 lag_e,

@@ -219,7 +219,9 @@ impl Primary {
         let settings: fs_core::Settings = serde_json::from_slice(&self.settings_raw)
             .map_err(|e| fs_core::error::corrupt(format!("settings: {e}")))?;
         let cutoff = fs_core::now_ns() - settings.journal_retention_secs as i64 * 1_000_000_000;
-        fs_core::maint::trim_journal(&*self.engine, cutoff, floor).await
+        let r = fs_core::maint::trim_journal(&*self.engine, cutoff, floor).await;
+        tracing::debug!(floor, retention_secs = settings.journal_retention_secs, result = ?r, "journal trim");
+        r
     }
 
     /// Mark slots past the retention cap as needing resync: loudly, never silently.
