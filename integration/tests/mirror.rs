@@ -465,7 +465,14 @@ async fn bad_credentials_are_refused_and_secrets_stay_hidden() {
             assert!(!text.contains(tok), "the token leaked: {text}");
         }
     }
-    let ps = s.primary.status();
+    let t0 = Instant::now();
+    let ps = loop {
+        let ps = s.primary.status(); // refreshed every 500 ms
+        if n(&ps, "auth_failures") >= 2 || t0.elapsed() > Duration::from_secs(10) {
+            break ps;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert!(n(&ps, "auth_failures") >= 2, "{ps}");
     for text in [
         s.primary.log_text(),
