@@ -145,7 +145,11 @@ pub async fn volume_with(
 /// Path of one of this workspace's binaries (built by `cargo build --workspace --bins`).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    // Tests run from target/<profile>/deps, binaries (benches) from target/<profile>.
+    let mut dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target dir");
+    }
     let p = dir.join(name);
     assert!(
         p.exists(),

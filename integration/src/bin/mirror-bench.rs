@@ -1,0 +1,255 @@
+//! mirror-bench: the mirror-agent figures in BENCHMARKS.md (run on demand, never in CI):
+//!
+//! - `apply`: entries/s applied per mirror engine, in batches (the agent) and one entry per
+//!   transaction (a serial, JuiceFS-style replayer), from a real workload's journal;
+//! - `lag`: metadata lag p50/p99 at 1,000 commits/s, on loopback and through the harness's
+//!   delay proxy (50 ms each way);
+//! - `blocks`: block replication through a 100 Mbit/s `tc tbf` link between two network
+//!   namespaces (origin store served over HTTP in the primary's namespace), against curl
+//!   over the same link; and the accuracy of `bwlimit` on loopback.
+//!
+//! Usage: `source <services env>; mirror-bench [apply|lag|blocks]...` (see integration/bench-mirror.sh).
+
+use fs_core::{SetAttr, ROOT_INO};
+use integration::mirror::*;
+use integration::{meta_url, open_engine, store_url, volume_with};
+#[allow(unused_imports)]
+use fs_core::Engine as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let all = args.is_empty();
+    let want = |s: &str| all || args.iter().any(|a| a == s);
+    if want("apply") {
+        apply().await;
+    }
+    if want("lag") {
+        lag().await;
+    }
+    if want("blocks") {
+        blocks().await;
+    }
+}
+
+async fn apply() {
+    // A real journal: the mixed workload on an embedded volume with a memory store.
+    let vol = volume_with("rocksdb", "memory", |_| {}).await;
+    workload(&vol.fs, 40_000, 99, None).await;
+    let entries = integration::journal(&**vol.fs.engine()).await;
+    println!("## apply rate ({} entries from the mixed workload)\n", entries.len());
+    println!("| mirror engine | batched (4096/txn), entries/s | serial (1/txn), entries/s | ratio |");
+    println!("|---|---|---|---|");
+    for engine in integration::ENGINES {
+        let mut rates = Vec::new();
+        for batch in [4096usize, 1] {
+            let (url, _d) = meta_url(engine);
+            let e = open_engine(&url).await;
+            // The serial replayer gets a slice of the journal (it is slow); same mix.
+            let n = if batch == 1 { entries.len().min(5_000) } else { entries.len() };
+            let t0 = Instant::now();
+            for chunk in entries[..n].chunks(batch) {
+                e.apply(chunk).await.expect("apply");
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            assert_eq!(e.journal_bounds().await.unwrap().last, entries[n - 1].seq);
+            rates.push(n as f64 / secs);
+        }
+        println!("| {engine} | {:.0} | {:.0} | {:.0}x |", rates[0], rates[1], rates[0] / rates[1]);
+    }
+    println!();
+}
+
+/// Commit at `rate`/s for `secs` at the primary; the lag of each entry is the time from its
+/// commit to the moment the mirror's engine (Redis: readers are woken at once) holds it.
+async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64, f64, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let env = [("MIRROR_TOKEN", TOKEN)];
+    let _p = Agent::start(dir.path(), "primary", &primary_toml(&vol.meta_url, &dir.path().join("ps"), &format!("127.0.0.1:{}", free_port()), &listen, &["m1"], ""), &env);
+    let proxy = match via_proxy {
+        Some(d) => Some(Proxy::start(listen.clone(), d, 0).await),
+        None => None,
+    };
+    let target = proxy.as_ref().map_or(listen.clone(), |p| p.addr.clone());
+    let (m_meta, _d1) = meta_url("redis");
+    let (m_store, _d2) = store_url("file");
+    let m = Agent::start(dir.path(), "mirror", &mirror_toml(&m_meta, &dir.path().join("ms"), &format!("127.0.0.1:{}", free_port()), "m1", &target, &m_store, ""), &env);
+    let (ino, _) = vol.fs.create(ROOT_INO, b"lag", 0o644, fs_core::Owner { uid: 0, gid: 0 }).await.unwrap();
+    wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(30)).await;
+    let mirror = open_engine(&m_meta).await;
+    let commits = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<u64, Instant>::new()));
+    let c2 = commits.clone();
+    let start_head = mirror.journal_bounds().await.unwrap().last;
+    let watcher = tokio::spawn(async move {
+        let mut seen = start_head;
+        let mut lags = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(secs + 30);
+        while Instant::now() < deadline {
+            mirror.journal_wait(seen, Duration::from_millis(500)).await.unwrap();
+            let now = Instant::now();
+            let head = mirror.journal_bounds().await.unwrap().last;
+            let c = c2.lock().unwrap();
+            for s in seen + 1..=head {
+                if let Some(t) = c.get(&s) {
+                    lags.push(now.duration_since(*t).as_secs_f64() * 1000.0);
+                }
+            }
+            seen = head;
+            if lags.len() >= (rate as u64 * secs) as usize {
+                break;
+            }
+        }
+        lags
+    });
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+    for i in 0..rate as u64 * secs {
+        tick.tick().await;
+        let set = SetAttr { mtime: Some(i as i64), ..Default::default() };
+        vol.fs.setattr(ino, &set).await.unwrap();
+        let head = vol.fs.engine().journal_bounds().await.unwrap().last;
+        commits.lock().unwrap().insert(head, Instant::now());
+    }
+    let mut lags = watcher.await.unwrap();
+    lags.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let p = |q: f64| lags[((lags.len() as f64 * q) as usize).min(lags.len() - 1)];
+    (p(0.5), p(0.99), p(1.0), lags.len())
+}
+
+async fn lag() {
+    println!("## metadata lag at 1,000 commits/s for 10 s (primary RocksDB -> mirror Redis)\n");
+    println!("| path | entries | p50 ms | p99 ms | max ms |");
+    println!("|---|---|---|---|---|");
+    let (a, b, c, n) = lag_run(None, 1000, 10).await;
+    println!("| loopback | {n} | {a:.1} | {b:.1} | {c:.1} |");
+    let (a, b, c, n) = lag_run(Some(Duration::from_millis(50)), 1000, 10).await;
+    println!("| delay proxy, 50 ms each way (RTT 100 ms) | {n} | {a:.1} | {b:.1} | {c:.1} |");
+    println!();
+}
+
+fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().expect(args[0]);
+    assert!(out.status.success(), "{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Copy `mib` MiB of blocks: (seconds from the write's start to the last block copied,
+/// steady rate in bytes/s between 10% and 90% copied).
+async fn copy_run(mirror: &Agent, vol: &integration::TestVol, mib: usize) -> (f64, f64) {
+    let before = n(&mirror.status(), "blocks.copied_bytes");
+    let total = (mib << 20) as u64;
+    let t0 = Instant::now();
+    let (ino, _) = vol.fs.create(ROOT_INO, format!("big{before}").as_bytes(), 0o644, fs_core::Owner { uid: 0, gid: 0 }).await.unwrap();
+    vol.fs.write(ino, 0, &integration::data(before, mib << 20)).await.unwrap();
+    let (mut p10, mut p90) = (None, None);
+    loop {
+        let done = n(&mirror.status(), "blocks.copied_bytes") - before;
+        let now = Instant::now();
+        if p10.is_none() && done >= total / 10 {
+            p10 = Some((now, done));
+        }
+        if p90.is_none() && done >= total * 9 / 10 {
+            p90 = Some((now, done));
+        }
+        if done >= total {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(600), "copy did not finish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let ((t1, b1), (t2, b2)) = (p10.unwrap(), p90.unwrap());
+    (secs, (b2 - b1) as f64 / t2.duration_since(t1).as_secs_f64())
+}
+
+async fn blocks() {
+    println!("## block replication\n");
+    // 1. Through a 100 Mbit/s tbf link: the origin store is served over HTTP inside the
+    //    primary's namespace, the mirror agent runs in the other namespace.
+    let net = NetPair::new(5);
+    net.in_a(&["tc", "qdisc", "add", "dev", net.veth_a(), "root", "tbf", "rate", "100mbit", "burst", "256kb", "latency", "100ms"]);
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let http = std::process::Command::new("ip")
+        .args(["netns", "exec", &net.a, "python3", "-m", "http.server", "8080", "--bind", &net.ip_a, "--directory"])
+        .arg(vol.store_url.trim_start_matches("file://"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 http.server");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _http = Kill(http);
+    let listen = format!("{}:19666", net.ip_a);
+    let env = [("MIRROR_TOKEN", TOKEN)];
+    let _p = Agent::start_with(dir.path(), "primary", &primary_toml(&vol.meta_url, &dir.path().join("ps"), "127.0.0.1:19667", &listen, &["m1"], ""), &env, &NetPair::exec(&net.a));
+    let (m_meta, _d1) = meta_url("rocksdb");
+    let (m_store, _d2) = store_url("file");
+    let origin = format!("opendal+http://?endpoint=http://{}:8080", net.ip_a);
+    let m = Agent::start_with(
+        dir.path(),
+        "mirror",
+        &mirror_toml(&m_meta, &dir.path().join("ms"), "127.0.0.1:19668", "m1", &listen, &m_store, &format!("origin_store = \"{origin}\"\nworkers = 8")),
+        &env,
+        &NetPair::exec(&net.b),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mib = 256;
+    let (secs, steady) = copy_run(&m, &vol, mib).await;
+    let agent_mbit = steady * 8.0 / 1e6;
+    // Peer: curl fetching the same amount over the same link (one stream).
+    let keys: Vec<String> = walk(vol.store_url.trim_start_matches("file://"));
+    let t0 = Instant::now();
+    let mut bytes = 0u64;
+    for k in keys.iter().take(64) {
+        let out = sh(&["ip", "netns", "exec", &net.b, "curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", &format!("http://{}:8080/{k}", net.ip_a)]);
+        bytes += out.trim().parse::<u64>().unwrap_or(0);
+    }
+    let curl_mbit = bytes as f64 * 8.0 / t0.elapsed().as_secs_f64() / 1e6;
+    println!("| what | result |\n|---|---|");
+    println!("| mirror-agent, {mib} MiB of 4 MiB blocks over a 100 Mbit/s tbf link, 8 workers | {secs:.1} s in all; steady {agent_mbit:.1} Mbit/s = {:.0}% of the link |", agent_mbit);
+    println!("| curl, {:.0} MiB over the same link, one stream | {curl_mbit:.1} Mbit/s (agent/curl = {:.2}) |", bytes as f64 / 1048576.0, agent_mbit / curl_mbit);
+    drop(m);
+    drop(_p);
+    drop(net);
+    // 2. bwlimit accuracy on loopback.
+    for limit in ["8M", "32M"] {
+        let dir = tempfile::tempdir().unwrap();
+        let vol = volume_with("rocksdb", "file", |_| {}).await;
+        let listen = format!("127.0.0.1:{}", free_port());
+        let _p = Agent::start(dir.path(), "primary", &primary_toml(&vol.meta_url, &dir.path().join("ps"), &format!("127.0.0.1:{}", free_port()), &listen, &["m1"], ""), &env);
+        let (m_meta, _d1) = meta_url("rocksdb");
+        let (m_store, _d2) = store_url("file");
+        let m = Agent::start(dir.path(), "mirror", &mirror_toml(&m_meta, &dir.path().join("ms"), &format!("127.0.0.1:{}", free_port()), "m1", &listen, &m_store, &format!("bwlimit = \"{limit}\"")), &env);
+        wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(30)).await;
+        let want = fs_core::parse_size(limit).unwrap() as f64;
+        let mib = (want as usize >> 20) * 12;
+        let (_, got) = copy_run(&m, &vol, mib).await;
+        println!("| bwlimit {limit}/s on loopback, {mib} MiB | {:.2} MiB/s = {:+.1}% of the limit |", got / 1048576.0, (got / want - 1.0) * 100.0);
+    }
+    println!();
+}
+
+fn walk(root: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![std::path::PathBuf::from(root)];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if e.metadata().map(|m| m.len() == 4 << 20).unwrap_or(false) {
+                out.push(p.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    out
+}
