@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# mirror-agent benchmarks (BENCHMARKS.md): apply rate per engine, metadata lag on loopback and
+# through the delay proxy, block replication over a 100 Mbit/s tbf link, bwlimit accuracy.
+# Needs root (network namespaces, tc). Usage: bash integration/bench-mirror.sh [apply|lag|blocks]...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash integration/install-deps.sh test
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
+cargo build --release --locked -p mirror-agent -p integration --bins
+SVC=$(mktemp -d /tmp/jfs-svc.XXXXXX)
+cleanup() { bash integration/services.sh down "$SVC" || true; rm -rf "$SVC"; }
+trap cleanup EXIT
+bash integration/services.sh up "$SVC"
+# shellcheck disable=SC1091
+source "$SVC/env"
+"$CARGO_TARGET_DIR/release/mirror-bench" "$@"
