@@ -113,6 +113,28 @@ async fn converge_pair(p: &'static str, m: &'static str) {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let ps = s.primary.status();
     assert_eq!(n(&ps["mirrors"][0], "acked_seq"), last, "{ps}");
+    // Copy limits change while running.
+    let out = Command::new(bin("mirror-agent"))
+        .args([
+            "limits",
+            "--admin",
+            &s.mirror.admin,
+            "--bwlimit",
+            "50M",
+            "--tps",
+            "200",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let st = s.mirror.status();
+    assert_eq!(n(&st, "limits.bytes_per_s"), 50 << 20, "{st}");
+    assert_eq!(n(&st, "limits.requests_per_s"), 200, "{st}");
     // SIGTERM: both drain and exit 0.
     assert_eq!(
         s.mirror.term(),

@@ -612,6 +612,7 @@ impl Mirror {
 
     async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut last_trim = Instant::now();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => { let _ = self.refresh().await; return; }
@@ -620,7 +621,31 @@ impl Mirror {
             if let Err(e) = self.refresh().await {
                 tracing::debug!(error = %e, "refreshing status");
             }
+            if last_trim.elapsed() >= Duration::from_secs(60) {
+                last_trim = Instant::now();
+                match self.trim_own_journal().await {
+                    Ok(n) if n > 0 => {
+                        tracing::info!(entries = n, "trimmed the mirror's own journal")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "trimming the mirror's own journal")
+                    }
+                }
+            }
         }
+    }
+
+    /// The mirror keeps the entries it applied (same frames, same numbers) for the volume's
+    /// journal retention, but never those whose blocks are not queued yet (a restart re-reads
+    /// them). The mirror runs no gc of blocks: purges come from the primary's journal.
+    async fn trim_own_journal(&self) -> Result<u64> {
+        let Some(s) = self.settings() else {
+            return Ok(0);
+        };
+        let cutoff = fs_core::now_ns() - s.journal_retention_secs as i64 * 1_000_000_000;
+        let through = self.state.queued_through()?;
+        Ok(fs_core::maint::trim_journal(&*self.engine, cutoff, through).await?)
     }
 
     async fn refresh(&self) -> Result<()> {

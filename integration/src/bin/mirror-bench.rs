@@ -10,11 +10,11 @@
 //!
 //! Usage: `source <services env>; mirror-bench [apply|lag|blocks]...` (see integration/bench-mirror.sh).
 
+#[allow(unused_imports)]
+use fs_core::Engine as _;
 use fs_core::{SetAttr, ROOT_INO};
 use integration::mirror::*;
 use integration::{meta_url, open_engine, store_url, volume_with};
-#[allow(unused_imports)]
-use fs_core::Engine as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -39,8 +39,13 @@ async fn apply() {
     let vol = volume_with("rocksdb", "memory", |_| {}).await;
     workload(&vol.fs, 40_000, 99, None).await;
     let entries = integration::journal(&**vol.fs.engine()).await;
-    println!("## apply rate ({} entries from the mixed workload)\n", entries.len());
-    println!("| mirror engine | batched (4096/txn), entries/s | serial (1/txn), entries/s | ratio |");
+    println!(
+        "## apply rate ({} entries from the mixed workload)\n",
+        entries.len()
+    );
+    println!(
+        "| mirror engine | batched (4096/txn), entries/s | serial (1/txn), entries/s | ratio |"
+    );
     println!("|---|---|---|---|");
     for engine in integration::ENGINES {
         let mut rates = Vec::new();
@@ -48,7 +53,11 @@ async fn apply() {
             let (url, _d) = meta_url(engine);
             let e = open_engine(&url).await;
             // The serial replayer gets a slice of the journal (it is slow); same mix.
-            let n = if batch == 1 { entries.len().min(5_000) } else { entries.len() };
+            let n = if batch == 1 {
+                entries.len().min(5_000)
+            } else {
+                entries.len()
+            };
             let t0 = Instant::now();
             for chunk in entries[..n].chunks(batch) {
                 e.apply(chunk).await.expect("apply");
@@ -57,7 +66,12 @@ async fn apply() {
             assert_eq!(e.journal_bounds().await.unwrap().last, entries[n - 1].seq);
             rates.push(n as f64 / secs);
         }
-        println!("| {engine} | {:.0} | {:.0} | {:.0}x |", rates[0], rates[1], rates[0] / rates[1]);
+        println!(
+            "| {engine} | {:.0} | {:.0} | {:.0}x |",
+            rates[0],
+            rates[1],
+            rates[0] / rates[1]
+        );
     }
     println!();
 }
@@ -69,7 +83,19 @@ async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64
     let vol = volume_with("rocksdb", "file", |_| {}).await;
     let listen = format!("127.0.0.1:{}", free_port());
     let env = [("MIRROR_TOKEN", TOKEN)];
-    let _p = Agent::start(dir.path(), "primary", &primary_toml(&vol.meta_url, &dir.path().join("ps"), &format!("127.0.0.1:{}", free_port()), &listen, &["m1"], ""), &env);
+    let _p = Agent::start(
+        dir.path(),
+        "primary",
+        &primary_toml(
+            &vol.meta_url,
+            &dir.path().join("ps"),
+            &format!("127.0.0.1:{}", free_port()),
+            &listen,
+            &["m1"],
+            "",
+        ),
+        &env,
+    );
     let proxy = match via_proxy {
         Some(d) => Some(Proxy::start(listen.clone(), d, 0).await),
         None => None,
@@ -77,11 +103,31 @@ async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64
     let target = proxy.as_ref().map_or(listen.clone(), |p| p.addr.clone());
     let (m_meta, _d1) = meta_url("redis");
     let (m_store, _d2) = store_url("file");
-    let m = Agent::start(dir.path(), "mirror", &mirror_toml(&m_meta, &dir.path().join("ms"), &format!("127.0.0.1:{}", free_port()), "m1", &target, &m_store, ""), &env);
-    let (ino, _) = vol.fs.create(ROOT_INO, b"lag", 0o644, fs_core::Owner { uid: 0, gid: 0 }).await.unwrap();
+    let m = Agent::start(
+        dir.path(),
+        "mirror",
+        &mirror_toml(
+            &m_meta,
+            &dir.path().join("ms"),
+            &format!("127.0.0.1:{}", free_port()),
+            "m1",
+            &target,
+            &m_store,
+            "",
+        ),
+        &env,
+    );
+    let (ino, _) = vol
+        .fs
+        .create(ROOT_INO, b"lag", 0o644, fs_core::Owner { uid: 0, gid: 0 })
+        .await
+        .unwrap();
     wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(30)).await;
     let mirror = open_engine(&m_meta).await;
-    let commits = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<u64, Instant>::new()));
+    let commits = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        u64,
+        Instant,
+    >::new()));
     let c2 = commits.clone();
     let start_head = mirror.journal_bounds().await.unwrap().last;
     let watcher = tokio::spawn(async move {
@@ -89,7 +135,10 @@ async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64
         let mut lags = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(secs + 30);
         while Instant::now() < deadline {
-            mirror.journal_wait(seen, Duration::from_millis(500)).await.unwrap();
+            mirror
+                .journal_wait(seen, Duration::from_millis(500))
+                .await
+                .unwrap();
             let now = Instant::now();
             let head = mirror.journal_bounds().await.unwrap().last;
             let c = c2.lock().unwrap();
@@ -108,7 +157,10 @@ async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64
     let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
     for i in 0..rate as u64 * secs {
         tick.tick().await;
-        let set = SetAttr { mtime: Some(i as i64), ..Default::default() };
+        let set = SetAttr {
+            mtime: Some(i as i64),
+            ..Default::default()
+        };
         vol.fs.setattr(ino, &set).await.unwrap();
         let head = vol.fs.engine().journal_bounds().await.unwrap().last;
         commits.lock().unwrap().insert(head, Instant::now());
@@ -131,8 +183,16 @@ async fn lag() {
 }
 
 fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect(args[0]);
-    assert!(out.status.success(), "{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect(args[0]);
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -142,8 +202,20 @@ async fn copy_run(mirror: &Agent, vol: &integration::TestVol, mib: usize) -> (f6
     let before = n(&mirror.status(), "blocks.copied_bytes");
     let total = (mib << 20) as u64;
     let t0 = Instant::now();
-    let (ino, _) = vol.fs.create(ROOT_INO, format!("big{before}").as_bytes(), 0o644, fs_core::Owner { uid: 0, gid: 0 }).await.unwrap();
-    vol.fs.write(ino, 0, &integration::data(before, mib << 20)).await.unwrap();
+    let (ino, _) = vol
+        .fs
+        .create(
+            ROOT_INO,
+            format!("big{before}").as_bytes(),
+            0o644,
+            fs_core::Owner { uid: 0, gid: 0 },
+        )
+        .await
+        .unwrap();
+    vol.fs
+        .write(ino, 0, &integration::data(before, mib << 20))
+        .await
+        .unwrap();
     let (mut p10, mut p90) = (None, None);
     loop {
         let done = n(&mirror.status(), "blocks.copied_bytes") - before;
@@ -157,7 +229,10 @@ async fn copy_run(mirror: &Agent, vol: &integration::TestVol, mib: usize) -> (f6
         if done >= total {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(600), "copy did not finish");
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "copy did not finish"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let secs = t0.elapsed().as_secs_f64();
@@ -170,11 +245,36 @@ async fn blocks() {
     // 1. Through a 100 Mbit/s tbf link: the origin store is served over HTTP inside the
     //    primary's namespace, the mirror agent runs in the other namespace.
     let net = NetPair::new(5);
-    net.in_a(&["tc", "qdisc", "add", "dev", net.veth_a(), "root", "tbf", "rate", "100mbit", "burst", "256kb", "latency", "100ms"]);
+    net.in_a(&[
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        net.veth_a(),
+        "root",
+        "tbf",
+        "rate",
+        "100mbit",
+        "burst",
+        "256kb",
+        "latency",
+        "100ms",
+    ]);
     let dir = tempfile::tempdir().unwrap();
     let vol = volume_with("rocksdb", "file", |_| {}).await;
     let http = std::process::Command::new("ip")
-        .args(["netns", "exec", &net.a, "python3", "-m", "http.server", "8080", "--bind", &net.ip_a, "--directory"])
+        .args([
+            "netns",
+            "exec",
+            &net.a,
+            "python3",
+            "-m",
+            "http.server",
+            "8080",
+            "--bind",
+            &net.ip_a,
+            "--directory",
+        ])
         .arg(vol.store_url.trim_start_matches("file://"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -190,14 +290,35 @@ async fn blocks() {
     let _http = Kill(http);
     let listen = format!("{}:19666", net.ip_a);
     let env = [("MIRROR_TOKEN", TOKEN)];
-    let _p = Agent::start_with(dir.path(), "primary", &primary_toml(&vol.meta_url, &dir.path().join("ps"), "127.0.0.1:19667", &listen, &["m1"], ""), &env, &NetPair::exec(&net.a));
+    let _p = Agent::start_with(
+        dir.path(),
+        "primary",
+        &primary_toml(
+            &vol.meta_url,
+            &dir.path().join("ps"),
+            "127.0.0.1:19667",
+            &listen,
+            &["m1"],
+            "",
+        ),
+        &env,
+        &NetPair::exec(&net.a),
+    );
     let (m_meta, _d1) = meta_url("rocksdb");
     let (m_store, _d2) = store_url("file");
     let origin = format!("opendal+http://?endpoint=http://{}:8080", net.ip_a);
     let m = Agent::start_with(
         dir.path(),
         "mirror",
-        &mirror_toml(&m_meta, &dir.path().join("ms"), "127.0.0.1:19668", "m1", &listen, &m_store, &format!("origin_store = \"{origin}\"\nworkers = 8")),
+        &mirror_toml(
+            &m_meta,
+            &dir.path().join("ms"),
+            "127.0.0.1:19668",
+            "m1",
+            &listen,
+            &m_store,
+            &format!("origin_store = \"{origin}\"\nworkers = 8"),
+        ),
         &env,
         &NetPair::exec(&net.b),
     );
@@ -210,7 +331,19 @@ async fn blocks() {
     let t0 = Instant::now();
     let mut bytes = 0u64;
     for k in keys.iter().take(64) {
-        let out = sh(&["ip", "netns", "exec", &net.b, "curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", &format!("http://{}:8080/{k}", net.ip_a)]);
+        let out = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &net.b,
+            "curl",
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{size_download}",
+            &format!("http://{}:8080/{k}", net.ip_a),
+        ]);
         bytes += out.trim().parse::<u64>().unwrap_or(0);
     }
     let curl_mbit = bytes as f64 * 8.0 / t0.elapsed().as_secs_f64() / 1e6;
@@ -227,16 +360,45 @@ async fn blocks() {
         let dir = tempfile::tempdir().unwrap();
         let vol = volume_with("rocksdb", "file", |_| {}).await;
         let listen = format!("127.0.0.1:{}", free_port());
-        let _p = Agent::start(dir.path(), "primary", &primary_toml(&vol.meta_url, &dir.path().join("ps"), &format!("127.0.0.1:{}", free_port()), &listen, &["m1"], ""), &env);
+        let _p = Agent::start(
+            dir.path(),
+            "primary",
+            &primary_toml(
+                &vol.meta_url,
+                &dir.path().join("ps"),
+                &format!("127.0.0.1:{}", free_port()),
+                &listen,
+                &["m1"],
+                "",
+            ),
+            &env,
+        );
         let (m_meta, _d1) = meta_url("rocksdb");
         let (m_store, _d2) = store_url("file");
-        let m = Agent::start(dir.path(), "mirror", &mirror_toml(&m_meta, &dir.path().join("ms"), &format!("127.0.0.1:{}", free_port()), "m1", &listen, &m_store, &format!("bwlimit = \"{limit}\"")), &env);
+        let m = Agent::start(
+            dir.path(),
+            "mirror",
+            &mirror_toml(
+                &m_meta,
+                &dir.path().join("ms"),
+                &format!("127.0.0.1:{}", free_port()),
+                "m1",
+                &listen,
+                &m_store,
+                &format!("bwlimit = \"{limit}\""),
+            ),
+            &env,
+        );
         wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(30)).await;
         let want = fs_core::parse_size(limit).unwrap() as f64;
         let mib = (want as usize >> 20) * 25;
         let (secs, _) = copy_run(&m, &vol, mib).await;
         let got = (mib << 20) as f64 / secs;
-        println!("| bwlimit {limit}/s on loopback, {mib} MiB | {:.2} MiB/s = {:+.1}% of the limit |", got / 1048576.0, (got / want - 1.0) * 100.0);
+        println!(
+            "| bwlimit {limit}/s on loopback, {mib} MiB | {:.2} MiB/s = {:+.1}% of the limit |",
+            got / 1048576.0,
+            (got / want - 1.0) * 100.0
+        );
     }
     println!();
 }
