@@ -1033,3 +1033,50 @@ fn other_opendal_services_through_the_generic_form() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("JFS_TEST_UNSET_VAR, which is not set"));
 }
+
+/// On a terminal (a pseudo-terminal from `script`), the progress is a bar over the entries
+/// counted ahead, with a percentage and an ETA, ending at total/total.
+#[test]
+fn terminal_progress_is_a_bar_with_total_and_eta() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..600u64 {
+        std::fs::write(src.join(format!("f{i:04}")), data(i, 50_000)).unwrap();
+    }
+    let job = Job::new();
+    let cmd = format!(
+        "{} {}/ {}/ --bwlimit 10M",
+        bin("jfs-sync").display(),
+        src.display(),
+        d.path().join("dst").display()
+    );
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+        .env("XDG_CACHE_HOME", job.state.path())
+        .output()
+        .expect("script (bsdutils)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Frames of the bar, with the total known (600) before the end and an ETA.
+    let frames: Vec<&str> = text
+        .split(['\r', '\n'])
+        .filter(|l| l.contains("/600 ("))
+        .collect();
+    assert!(frames.len() >= 5, "too few bar frames:\n{text}");
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.contains("ETA ") && !f.contains("(100%)")),
+        "no ETA mid-run:\n{text}"
+    );
+    assert!(text.contains("listed 600, copied 600"), "{text}");
+    assert_eq!(
+        std::fs::read_dir(d.path().join("dst")).unwrap().count(),
+        600
+    );
+}

@@ -17,6 +17,10 @@ pub struct Stats {
     pub checked: AtomicU64,
     pub pending: AtomicU64,
     pub dst_listed: AtomicU64,
+    /// Source entries this run will list, counted ahead by a second listing for the
+    /// progress bar (terminal only); `total_known` once that count is complete.
+    pub total: AtomicU64,
+    pub total_known: std::sync::atomic::AtomicBool,
 }
 
 /// Final numbers: listed = copied + updated + skipped + excluded + failed.
