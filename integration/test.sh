@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 t0=$(date +%s)
 bash integration/install-deps.sh test
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
+# Incremental compilation only helps edit-build loops; here it costs gigabytes of disk.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check || { echo "test.sh: code is not formatted: run cargo fmt --all" >&2; exit 1; }
 cargo build --workspace --all-targets --locked

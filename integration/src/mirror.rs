@@ -731,3 +731,67 @@ impl Drop for NetPair {
         let _ = Command::new("ip").args(["netns", "del", &self.b]).output();
     }
 }
+
+/// A primary agent on a volume and a mirror agent (its own metadata on `m_engine`, its own
+/// file store) on loopback, the mirror connecting through a harness [`Proxy`] when asked.
+pub struct Pair {
+    pub primary: Agent,
+    pub mirror: Agent,
+    pub proxy: Option<Proxy>,
+    pub listen: String,
+    pub m_meta: String,
+    pub m_store: String,
+    _keep: Vec<tempfile::TempDir>,
+}
+
+impl Pair {
+    /// `proxy`: (delay each way, stalls per mille). `mirror_extra`: TOML lines for `[mirror]`.
+    pub async fn start(
+        dir: &Path,
+        meta: &str,
+        m_engine: &str,
+        proxy: Option<(Duration, u32)>,
+        primary_extra: &str,
+        mirror_extra: &str,
+    ) -> Pair {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let env = [("MIRROR_TOKEN", TOKEN)];
+        let p_admin = format!("127.0.0.1:{}", free_port());
+        let ptoml = primary_toml(
+            meta,
+            &dir.join("pstate"),
+            &p_admin,
+            &listen,
+            &["m1"],
+            primary_extra,
+        );
+        let primary = Agent::start(dir, "primary", &ptoml, &env);
+        let proxy = match proxy {
+            Some((d, stalls)) => Some(Proxy::start(listen.clone(), d, stalls).await),
+            None => None,
+        };
+        let target = proxy.as_ref().map_or(listen.clone(), |p| p.addr.clone());
+        let (m_meta, d1) = crate::meta_url(m_engine);
+        let (m_store, d2) = crate::store_url("file");
+        let m_admin = format!("127.0.0.1:{}", free_port());
+        let mtoml = mirror_toml(
+            &m_meta,
+            &dir.join("mstate"),
+            &m_admin,
+            "m1",
+            &target,
+            &m_store,
+            mirror_extra,
+        );
+        let mirror = Agent::start(dir, "mirror", &mtoml, &env);
+        Pair {
+            primary,
+            mirror,
+            proxy,
+            listen,
+            m_meta,
+            m_store,
+            _keep: d1.into_iter().chain(d2).collect(),
+        }
+    }
+}

@@ -12,12 +12,20 @@ use std::time::{Duration, Instant};
 struct Site {
     dir: tempfile::TempDir,
     vol: TestVol,
-    primary: Agent,
-    mirror: Agent,
-    m_meta: String,
-    m_store: String,
-    listen: String,
-    _keep: Vec<tempfile::TempDir>,
+    pair: Pair,
+}
+
+impl std::ops::Deref for Site {
+    type Target = Pair;
+    fn deref(&self) -> &Pair {
+        &self.pair
+    }
+}
+
+impl std::ops::DerefMut for Site {
+    fn deref_mut(&mut self) -> &mut Pair {
+        &mut self.pair
+    }
 }
 
 async fn setup(
@@ -43,54 +51,20 @@ async fn setup_with(
     primary_extra: &str,
     mirror_extra: &str,
     settings: impl FnOnce(&mut fs_core::Settings),
-    via: Option<&str>,
+    via: Option<(Duration, u32)>,
 ) -> Site {
     let dir = tempfile::tempdir().unwrap();
     let vol = volume_with(p_engine, "file", settings).await;
-    let (m_meta, d1) = meta_url(m_engine);
-    let (m_store, d2) = store_url("file");
-    let listen = format!("127.0.0.1:{}", free_port());
-    let env = [("MIRROR_TOKEN", TOKEN)];
-    let p_admin = format!("127.0.0.1:{}", free_port());
-    let primary = Agent::start(
+    let pair = Pair::start(
         dir.path(),
-        "primary",
-        &primary_toml(
-            &vol.meta_url,
-            &dir.path().join("pstate"),
-            &p_admin,
-            &listen,
-            &["m1"],
-            primary_extra,
-        ),
-        &env,
-    );
-    let m_admin = format!("127.0.0.1:{}", free_port());
-    let target = via.unwrap_or(&listen).to_string();
-    let mirror = Agent::start(
-        dir.path(),
-        "mirror",
-        &mirror_toml(
-            &m_meta,
-            &dir.path().join("mstate"),
-            &m_admin,
-            "m1",
-            &target,
-            &m_store,
-            mirror_extra,
-        ),
-        &env,
-    );
-    Site {
-        dir,
-        vol,
-        primary,
-        mirror,
-        m_meta,
-        m_store,
-        listen,
-        _keep: d1.into_iter().chain(d2).collect(),
-    }
+        &vol.meta_url,
+        m_engine,
+        via,
+        primary_extra,
+        mirror_extra,
+    )
+    .await;
+    Site { dir, vol, pair }
 }
 
 async fn converge_pair(p: &'static str, m: &'static str) {
@@ -328,7 +302,7 @@ async fn gc_never_deletes_blocks_a_lagging_mirror_needs() {
         inos.push(ino);
     }
     wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
-    assert_eq!(s.mirror.term(), 0);
+    assert_eq!(s.pair.mirror.term(), 0);
     // Held behind: overwrite 10 files, delete 10.
     for (i, &ino) in inos.iter().enumerate().take(10) {
         let zero = fs_core::SetAttr {
@@ -384,7 +358,7 @@ async fn gc_never_deletes_blocks_a_lagging_mirror_needs() {
         needed.len()
     );
     // The mirror catches up; now gc purges; the mirror applies the purge and drops its copies.
-    s.mirror.restart();
+    s.pair.mirror.restart();
     wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(1200)).await; // the slot ack is written every 500 ms
     let r = gc(true);
@@ -579,44 +553,21 @@ async fn bad_credentials_are_refused_and_secrets_stay_hidden() {
 /// mirror re-requests from its applied seq.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn corrupted_frames_are_detected_and_rerequested() {
-    let dir = tempfile::tempdir().unwrap();
-    let vol = volume_with("rocksdb", "file", |_| {}).await;
-    let listen = format!("127.0.0.1:{}", free_port());
-    let env = [("MIRROR_TOKEN", TOKEN)];
-    let _p = Agent::start(
-        dir.path(),
-        "primary",
-        &primary_toml(
-            &vol.meta_url,
-            &dir.path().join("ps"),
-            &format!("127.0.0.1:{}", free_port()),
-            &listen,
-            &["m1"],
-            "",
-        ),
-        &env,
-    );
-    let proxy = Proxy::start(listen.clone(), Duration::ZERO, 0).await;
-    let (m_meta, _d1) = meta_url("rocksdb");
-    let (m_store, _d2) = store_url("file");
-    let m = Agent::start(
-        dir.path(),
-        "mirror",
-        &mirror_toml(
-            &m_meta,
-            &dir.path().join("ms"),
-            &format!("127.0.0.1:{}", free_port()),
-            "m1",
-            &proxy.addr,
-            &m_store,
-            "",
-        ),
-        &env,
-    );
-    wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(30)).await;
+    let s = setup_with(
+        "rocksdb",
+        "rocksdb",
+        "",
+        "",
+        |_| {},
+        Some((Duration::ZERO, 0)),
+    )
+    .await;
+    let (vol, m) = (&s.vol, &s.mirror);
+    let proxy = s.proxy.as_ref().expect("proxy");
+    wait_converged(m, &**vol.fs.engine(), Duration::from_secs(30)).await;
     proxy.corrupt.store(6, Ordering::SeqCst);
     workload(&vol.fs, 3_000, 5, None).await;
-    let st = wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(120)).await;
+    let st = wait_converged(m, &**vol.fs.engine(), Duration::from_secs(120)).await;
     assert_eq!(
         proxy.corrupt.load(Ordering::SeqCst),
         0,
@@ -624,8 +575,8 @@ async fn corrupted_frames_are_detected_and_rerequested() {
     );
     assert!(n(&st, "frame_errors") >= 1, "no corruption detected: {st}");
     assert!(n(&st, "reconnects") >= 1, "{st}");
-    assert_same(&vol.fs, &m_meta, &m_store).await;
-    assert_same_journal(&**vol.fs.engine(), &*open_ro(&m_meta).await).await;
+    assert_same(&vol.fs, &s.m_meta, &s.m_store).await;
+    assert_same_journal(&**vol.fs.engine(), &*open_ro(&s.m_meta).await).await;
     eprintln!(
         "corruption: {} damaged messages detected, {} reconnects, converged",
         n(&st, "frame_errors"),
@@ -970,45 +921,20 @@ async fn partition_of_30s_is_reported_and_healed() {
 /// lost segment costs TCP), replication keeps up and converges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wan_delay_and_loss_converge() {
-    let dir = tempfile::tempdir().unwrap();
-    let vol = volume_with("rocksdb", "file", |_| {}).await;
-    let listen = format!("127.0.0.1:{}", free_port());
-    let env = [("MIRROR_TOKEN", TOKEN)];
-    let _p = Agent::start(
-        dir.path(),
-        "primary",
-        &primary_toml(
-            &vol.meta_url,
-            &dir.path().join("ps"),
-            &format!("127.0.0.1:{}", free_port()),
-            &listen,
-            &["m1"],
-            "",
-        ),
-        &env,
-    );
-    let proxy = Proxy::start(listen.clone(), Duration::from_millis(50), 10).await;
-    let (m_meta, _d1) = meta_url("rocksdb");
-    let (m_store, _d2) = store_url("file");
-    let m = Agent::start(
-        dir.path(),
-        "mirror",
-        &mirror_toml(
-            &m_meta,
-            &dir.path().join("ms"),
-            &format!("127.0.0.1:{}", free_port()),
-            "m1",
-            &proxy.addr,
-            &m_store,
-            "",
-        ),
-        &env,
-    );
+    let s = setup_with(
+        "rocksdb",
+        "rocksdb",
+        "",
+        "",
+        |_| {},
+        Some((Duration::from_millis(50), 10)),
+    )
+    .await;
     let t0 = Instant::now();
-    let committed = workload(&vol.fs, 4_000, 4, None).await;
-    let st = wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(120)).await;
-    assert_same(&vol.fs, &m_meta, &m_store).await;
-    assert_same_journal(&**vol.fs.engine(), &*open_ro(&m_meta).await).await;
+    let committed = workload(&s.vol.fs, 4_000, 4, None).await;
+    let st = wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(120)).await;
+    assert_same(&s.vol.fs, &s.m_meta, &s.m_store).await;
+    assert_same_journal(&**s.vol.fs.engine(), &*open_ro(&s.m_meta).await).await;
     assert_eq!(st["within_window"], true, "{st}");
     eprintln!("wan: {committed} operations through 50 ms each way + 1% stalls, converged {:?} after start", t0.elapsed());
 }

@@ -81,49 +81,23 @@ async fn apply() {
 async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64, f64, usize) {
     let dir = tempfile::tempdir().unwrap();
     let vol = volume_with("rocksdb", "file", |_| {}).await;
-    let listen = format!("127.0.0.1:{}", free_port());
-    let env = [("MIRROR_TOKEN", TOKEN)];
-    let _p = Agent::start(
+    let pair = Pair::start(
         dir.path(),
-        "primary",
-        &primary_toml(
-            &vol.meta_url,
-            &dir.path().join("ps"),
-            &format!("127.0.0.1:{}", free_port()),
-            &listen,
-            &["m1"],
-            "",
-        ),
-        &env,
-    );
-    let proxy = match via_proxy {
-        Some(d) => Some(Proxy::start(listen.clone(), d, 0).await),
-        None => None,
-    };
-    let target = proxy.as_ref().map_or(listen.clone(), |p| p.addr.clone());
-    let (m_meta, _d1) = meta_url("redis");
-    let (m_store, _d2) = store_url("file");
-    let m = Agent::start(
-        dir.path(),
-        "mirror",
-        &mirror_toml(
-            &m_meta,
-            &dir.path().join("ms"),
-            &format!("127.0.0.1:{}", free_port()),
-            "m1",
-            &target,
-            &m_store,
-            "",
-        ),
-        &env,
-    );
+        &vol.meta_url,
+        "redis",
+        via_proxy.map(|d| (d, 0)),
+        "",
+        "",
+    )
+    .await;
+    let (m, m_meta) = (&pair.mirror, &pair.m_meta);
     let (ino, _) = vol
         .fs
         .create(ROOT_INO, b"lag", 0o644, fs_core::Owner { uid: 0, gid: 0 })
         .await
         .unwrap();
-    wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(30)).await;
-    let mirror = open_engine(&m_meta).await;
+    wait_converged(m, &**vol.fs.engine(), Duration::from_secs(30)).await;
+    let mirror = open_engine(m_meta).await;
     let commits = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
         u64,
         Instant,
@@ -359,40 +333,13 @@ async fn blocks() {
     for limit in ["8M", "16M"] {
         let dir = tempfile::tempdir().unwrap();
         let vol = volume_with("rocksdb", "file", |_| {}).await;
-        let listen = format!("127.0.0.1:{}", free_port());
-        let _p = Agent::start(
-            dir.path(),
-            "primary",
-            &primary_toml(
-                &vol.meta_url,
-                &dir.path().join("ps"),
-                &format!("127.0.0.1:{}", free_port()),
-                &listen,
-                &["m1"],
-                "",
-            ),
-            &env,
-        );
-        let (m_meta, _d1) = meta_url("rocksdb");
-        let (m_store, _d2) = store_url("file");
-        let m = Agent::start(
-            dir.path(),
-            "mirror",
-            &mirror_toml(
-                &m_meta,
-                &dir.path().join("ms"),
-                &format!("127.0.0.1:{}", free_port()),
-                "m1",
-                &listen,
-                &m_store,
-                &format!("bwlimit = \"{limit}\""),
-            ),
-            &env,
-        );
-        wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(30)).await;
+        let extra = format!("bwlimit = \"{limit}\"");
+        let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", &extra).await;
+        let m = &pair.mirror;
+        wait_converged(m, &**vol.fs.engine(), Duration::from_secs(30)).await;
         let want = fs_core::parse_size(limit).unwrap() as f64;
         let mib = (want as usize >> 20) * 25;
-        let (secs, _) = copy_run(&m, &vol, mib).await;
+        let (secs, _) = copy_run(m, &vol, mib).await;
         let got = (mib << 20) as f64 / secs;
         println!(
             "| bwlimit {limit}/s on loopback, {mib} MiB | {:.2} MiB/s = {:+.1}% of the limit |",
