@@ -938,3 +938,107 @@ async fn wan_delay_and_loss_converge() {
     assert_eq!(st["within_window"], true, "{st}");
     eprintln!("wan: {committed} operations through 50 ms each way + 1% stalls, converged {:?} after start", t0.elapsed());
 }
+
+/// Two mirrors follow one primary. One stops; past `retain_max_age` its slot alone is
+/// dropped, the other keeps replicating; the stopped one comes back, resyncs, and both end
+/// equal to the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_mirrors_and_the_age_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("postgres", "file", |s| s.journal_retention_secs = 0).await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let env = [("MIRROR_TOKEN", TOKEN)];
+    let p_admin = format!("127.0.0.1:{}", free_port());
+    let ptoml = primary_toml(
+        &vol.meta_url,
+        &dir.path().join("ps"),
+        &p_admin,
+        &listen,
+        &["east", "west"],
+        "retain_max_age = \"3s\"",
+    );
+    let primary = Agent::start(dir.path(), "primary", &ptoml, &env);
+    let mut mirrors = Vec::new();
+    for (name, engine) in [("east", "rocksdb"), ("west", "redis")] {
+        let (meta, d1) = meta_url(engine);
+        let (store, d2) = store_url("file");
+        let admin = format!("127.0.0.1:{}", free_port());
+        let t = mirror_toml(
+            &meta,
+            &dir.path().join(name),
+            &admin,
+            name,
+            &listen,
+            &store,
+            "",
+        );
+        mirrors.push((
+            Agent::start(dir.path(), name, &t, &env),
+            meta,
+            store,
+            d1,
+            d2,
+        ));
+    }
+    workload(&vol.fs, 500, 1, None).await;
+    for (m, meta, store, ..) in &mirrors {
+        wait_converged(m, &**vol.fs.engine(), Duration::from_secs(60)).await;
+        assert_same(&vol.fs, meta, store).await;
+    }
+    assert_eq!(mirrors[1].0.term(), 0);
+    // Writes go on; west's oldest unacknowledged entry ages past 3 s.
+    let t0 = Instant::now();
+    let mut i = 0;
+    let ps = loop {
+        workload(&vol.fs, 50, 100 + i, None).await;
+        i += 1;
+        let ps = primary.status();
+        let state = |name: &str| {
+            ps["mirrors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == name)
+                .unwrap()["state"]
+                .clone()
+        };
+        if state("west") == "needs_resync" {
+            assert_eq!(state("east"), "active", "{ps}");
+            break ps;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "west's slot was not dropped by age: {ps}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let west = ps["mirrors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "west")
+        .unwrap()
+        .clone();
+    assert!(
+        west["reason"].as_str().unwrap().contains("retain_max_age"),
+        "{west}"
+    );
+    // East kept up all along.
+    wait_converged(&mirrors[0].0, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    mirrors[1].0.restart();
+    workload(&vol.fs, 300, 999, None).await;
+    for (m, meta, store, ..) in &mirrors {
+        wait_converged(m, &**vol.fs.engine(), Duration::from_secs(120)).await;
+        assert_same(&vol.fs, meta, store).await;
+    }
+    assert!(mirrors[1].0.log_text().contains("requires a resync"));
+    assert_eq!(
+        mirrors[0]
+            .0
+            .log_text()
+            .matches("snapshot installed")
+            .count(),
+        1,
+        "east never resynced"
+    );
+}
