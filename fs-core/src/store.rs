@@ -10,6 +10,25 @@ pub struct ObjectMeta {
     pub size: u64,
     /// Last-modified time in ns since the epoch, when the store reports one.
     pub modified_ns: Option<i64>,
+    /// The store's entity tag, when it reports one (an S3 single-part upload's is the MD5 of
+    /// the content; a multipart or SSE-KMS one is not: see `md5_etag`).
+    pub etag: Option<String>,
+}
+
+impl ObjectMeta {
+    /// The MD5 an entity tag stands for, when it has the shape of one (32 hex digits, no
+    /// multipart suffix); None otherwise.
+    pub fn md5_etag(&self) -> Option<[u8; 16]> {
+        let t = self.etag.as_deref()?.trim_matches('"');
+        if t.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(t.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(out)
+    }
 }
 
 #[async_trait]
@@ -32,4 +51,31 @@ pub trait BlockStore: Send + Sync + 'static {
         prefix: &str,
         f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
     ) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ObjectMeta;
+
+    #[test]
+    fn only_md5_shaped_etags_count_as_checksums() {
+        let m = |e: &str| ObjectMeta {
+            key: "k".into(),
+            size: 0,
+            modified_ns: None,
+            etag: Some(e.into()),
+        };
+        // MD5 of the empty string, as S3 quotes it.
+        let e = m("\"d41d8cd98f00b204e9800998ecf8427e\"")
+            .md5_etag()
+            .unwrap();
+        assert_eq!(e[0], 0xd4);
+        assert_eq!(e[15], 0x7e);
+        assert!(
+            m("d41d8cd98f00b204e9800998ecf8427e-3").md5_etag().is_none(),
+            "multipart"
+        );
+        assert!(m("W/\"abc\"").md5_etag().is_none());
+        assert!(m("zz1d8cd98f00b204e9800998ecf8427e").md5_etag().is_none());
+    }
 }

@@ -501,6 +501,8 @@ pub struct Proxy {
     pub addr: String,
     pub cut: Arc<AtomicBool>,
     pub corrupt: Arc<AtomicU64>,
+    /// Only chunks at least this long are damaged (default 64; raise it to hit bodies only).
+    pub corrupt_min: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -513,8 +515,14 @@ impl Proxy {
         let addr = l.local_addr().expect("addr").to_string();
         let cut = Arc::new(AtomicBool::new(false));
         let corrupt = Arc::new(AtomicU64::new(0));
+        let corrupt_min = Arc::new(AtomicU64::new(64));
         let stop = Arc::new(AtomicBool::new(false));
-        let (c2, k2, s2) = (cut.clone(), corrupt.clone(), stop.clone());
+        let (c2, k2, s2, m2) = (
+            cut.clone(),
+            corrupt.clone(),
+            stop.clone(),
+            corrupt_min.clone(),
+        );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((down, _)) = l.accept().await else {
@@ -539,7 +547,7 @@ impl Proxy {
                     delay,
                     stall_per_mille,
                     c2.clone(),
-                    Some(k2.clone()),
+                    Some((k2.clone(), m2.clone())),
                 ));
             }
         });
@@ -547,6 +555,7 @@ impl Proxy {
             addr,
             cut,
             corrupt,
+            corrupt_min,
             stop,
             task: Some(task),
         }
@@ -568,7 +577,7 @@ async fn pipe(
     delay: Duration,
     stall_per_mille: u32,
     cut: Arc<AtomicBool>,
-    corrupt: Option<Arc<AtomicU64>>,
+    corrupt: Option<(Arc<AtomicU64>, Arc<AtomicU64>)>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // Chunks go through a queue with their due time, so delay adds latency, not a throughput cap.
@@ -592,8 +601,8 @@ async fn pipe(
             _ = wait_cut(&cut) => break,
         };
         let mut chunk = buf[..n].to_vec();
-        if let Some(c) = &corrupt {
-            if c.load(Ordering::Relaxed) > 0 && n > 64 {
+        if let Some((c, min)) = &corrupt {
+            if c.load(Ordering::Relaxed) > 0 && n as u64 >= min.load(Ordering::Relaxed) {
                 c.fetch_sub(1, Ordering::Relaxed);
                 let i = n / 2;
                 chunk[i] ^= 0x5a;

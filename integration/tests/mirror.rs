@@ -1042,3 +1042,55 @@ async fn two_mirrors_and_the_age_cap() {
         "east never resynced"
     );
 }
+
+/// Blocks come from an S3 origin (Ceph RGW) through the harness proxy, which flips bytes in
+/// some responses: the MD5 ETag check (or the HTTP layer) rejects the damaged reads, the
+/// copies are retried from the queue, and every block at the mirror is the origin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn damaged_block_reads_from_an_s3_origin_are_rejected_and_retried() {
+    let endpoint = std::env::var("JFS_TEST_S3_ENDPOINT")
+        .expect("JFS_TEST_S3_ENDPOINT (run integration/test.sh)");
+    let rgw = endpoint.trim_start_matches("http://").to_string();
+    let proxy = Proxy::start(rgw, Duration::ZERO, 0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "s3", |_| {}).await;
+    let origin = vol
+        .store_url
+        .replace(&endpoint, &format!("http://{}", proxy.addr));
+    assert_ne!(origin, vol.store_url);
+    let extra = format!("origin_store = \"{origin}\"\nworkers = 4");
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", &extra).await;
+    wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    proxy.corrupt_min.store(16 << 10, Ordering::SeqCst); // response bodies, not headers
+    proxy.corrupt.store(8, Ordering::SeqCst);
+    let o = fs_core::Owner { uid: 0, gid: 0 };
+    for i in 0..6u64 {
+        let (ino, _) = vol
+            .fs
+            .create(fs_core::ROOT_INO, format!("b{i}").as_bytes(), 0o644, o)
+            .await
+            .unwrap();
+        vol.fs
+            .write(ino, 0, &integration::data(i, 3 << 20))
+            .await
+            .unwrap();
+    }
+    let st = wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(120)).await;
+    assert!(
+        proxy.corrupt.load(Ordering::SeqCst) < 8,
+        "the proxy damaged nothing"
+    );
+    assert!(
+        n(&st, "blocks.copy_errors") >= 1,
+        "no damaged read was rejected: {st}"
+    );
+    assert!(n(&st, "blocks.checksummed") >= 6, "no MD5 checks: {st}");
+    let files = assert_same(&vol.fs, &pair.m_meta, &pair.m_store).await;
+    assert_eq!(files, 6);
+    eprintln!(
+        "damaged origin reads: {} rejected, {} checksummed, mismatch logged: {}",
+        n(&st, "blocks.copy_errors"),
+        n(&st, "blocks.checksummed"),
+        pair.mirror.log_text().contains("checksum mismatch")
+    );
+}

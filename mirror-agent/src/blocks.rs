@@ -237,6 +237,10 @@ impl Replicator {
                 return Ok(false);
             }
         }
+        // The origin's entity tag, when it is an MD5 (S3 single-part uploads, which blocks
+        // are), is checked against the bytes read: damage at rest or in transit is caught.
+        self.limits.request().await;
+        let want_md5 = self.origin.head(key).await?.and_then(|m| m.md5_etag());
         self.limits.request().await;
         self.limits.bytes(len as u64).await;
         let data = self.origin.get(key).await?;
@@ -245,6 +249,14 @@ impl Replicator {
                 "origin returned {} bytes where the block key says {len}; not copied",
                 data.len()
             );
+        }
+        if let Some(want) = want_md5 {
+            use md5::Digest;
+            let got: [u8; 16] = md5::Md5::digest(&data).into();
+            if got != want {
+                anyhow::bail!("checksum mismatch: the bytes read do not hash to the origin's MD5 ETag; not copied");
+            }
+            self.metrics.blocks_checksummed.inc();
         }
         self.limits.request().await;
         self.dest.put(key, data).await?;

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub blocks_copied: Counter,
     pub bytes_copied: Counter,
     pub blocks_skipped: Counter,
+    pub blocks_checksummed: Counter,
     pub blocks_deleted: Counter,
     pub copy_errors: Counter,
     // primary role
@@ -191,6 +192,11 @@ impl Metrics {
                     "blocks_skipped",
                     "Blocks already at the mirror store",
                     m.blocks_skipped.clone(),
+                );
+                r.register(
+                    "blocks_checksummed",
+                    "Copied blocks whose bytes matched the origin's MD5 ETag",
+                    m.blocks_checksummed.clone(),
                 );
                 r.register(
                     "blocks_deleted",

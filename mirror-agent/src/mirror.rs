@@ -736,6 +736,7 @@ impl Mirror {
                 "copied": m.blocks_copied.get(),
                 "copied_bytes": m.bytes_copied.get(),
                 "skipped": m.blocks_skipped.get(),
+                "checksummed": m.blocks_checksummed.get(),
                 "deleted": m.blocks_deleted.get(),
                 "copy_errors": m.copy_errors.get(),
                 "last_error": repl_err,

@@ -245,6 +245,7 @@ impl BlockStore for OpendalStore {
                 key: key.to_string(),
                 size: m.content_length(),
                 modified_ns: ns(m.last_modified()),
+                etag: m.etag().map(str::to_string),
             })),
             Err(e) if e.kind() == opendal::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(map_err(e, &format!("checking {key}"))),
@@ -289,6 +290,7 @@ impl BlockStore for OpendalStore {
                 key: path,
                 size: meta.content_length(),
                 modified_ns: ns(meta.last_modified()),
+                etag: meta.etag().map(str::to_string),
             });
             if page.len() >= 1000 {
                 f(std::mem::take(&mut page))?;
