@@ -102,3 +102,17 @@ mod tests {
         assert_eq!(retain_floor(&s), 50);
     }
 }
+
+/// Set (an aux record at a *mirror's* metadata) while a snapshot is being installed or caught
+/// up: the tree is then incomplete and readers must not take it for a volume state.
+pub const MIRROR_INCOMPLETE: &str = "mirror.incomplete";
+
+/// The seq range `(s0, s_end)` of a bootstrap in progress at this (mirror) metadata, if any.
+pub async fn incomplete(engine: &dyn Engine) -> Result<Option<String>> {
+    Ok(engine
+        .aux_list(MIRROR_INCOMPLETE)
+        .await?
+        .into_iter()
+        .find(|(n, _)| n == MIRROR_INCOMPLETE)
+        .map(|(_, v)| String::from_utf8_lossy(&v).into_owned()))
+}

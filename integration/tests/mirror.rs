@@ -87,6 +87,16 @@ async fn converge_pair(p: &'static str, m: &'static str) {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let ps = s.primary.status();
     assert_eq!(n(&ps["mirrors"][0], "acked_seq"), last, "{ps}");
+    // The bootstrap fence is lifted: jfs reads the mirror, through the mirror's own store.
+    let out = Command::new(bin("jfs"))
+        .args(["--block-store", &s.m_store, "ls", &s.m_meta, "/"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "jfs ls at the mirror: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Copy limits change while running.
     let out = Command::new(bin("mirror-agent"))
         .args([
@@ -1093,4 +1103,39 @@ async fn damaged_block_reads_from_an_s3_origin_are_rejected_and_retried() {
         n(&st, "blocks.checksummed"),
         pair.mirror.log_text().contains("checksum mismatch")
     );
+}
+
+/// While a mirror bootstraps its tree is incomplete: `jfs` refuses to read it, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_are_fenced_off_a_bootstrapping_mirror() {
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    workload(&vol.fs, 50, 1, None).await;
+    let e = vol.fs.engine();
+    // What the agent writes at the mirror's metadata for the time of a snapshot install.
+    e.aux_put(
+        fs_core::slots::MIRROR_INCOMPLETE,
+        Some(b"snapshot at seq 7 being installed"),
+    )
+    .await
+    .unwrap();
+    let ls = || {
+        Command::new(bin("jfs"))
+            .args(["ls", &vol.meta_url, "/"])
+            .output()
+            .unwrap()
+    };
+    let out = ls();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("bootstrapping") && err.contains("seq 7") && err.lines().count() == 1,
+        "{err}"
+    );
+    e.aux_put(fs_core::slots::MIRROR_INCOMPLETE, None)
+        .await
+        .unwrap();
+    assert!(ls().status.success());
+    // Aux records are not part of the volume: a dump does not carry them.
+    let d = serde_json::to_string(&fs_core::maint::dump(&**e).await.unwrap()).unwrap();
+    assert!(!d.contains("being installed"));
 }

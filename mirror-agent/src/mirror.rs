@@ -528,6 +528,13 @@ impl Mirror {
         tracing::info!(seq = s0, "installing a snapshot");
         self.metrics.bootstrapping.set(1);
         self.state.begin_install(s0)?;
+        // Readers are fenced off until the mirror is consistent again.
+        self.engine
+            .aux_put(
+                fs_core::slots::MIRROR_INCOMPLETE,
+                Some(format!("snapshot at seq {s0} being installed").as_bytes()),
+            )
+            .await?;
         self.engine.install_reset().await?;
         let mut n = 0u64;
         loop {
@@ -549,8 +556,7 @@ impl Mirror {
                         self.state
                             .set_bootstrap(Some(&Bootstrap::CatchingUp { s0, s_end }))?;
                     } else {
-                        self.state.set_bootstrap(None)?;
-                        self.metrics.bootstrapping.set(0);
+                        self.complete_bootstrap().await?;
                     }
                     tracing::info!(keys = n, s0, s_end, "snapshot installed; catching up");
                     break;
@@ -563,6 +569,15 @@ impl Mirror {
         }
         self.set_settings(settings)?;
         self.notify_blocks();
+        Ok(())
+    }
+
+    async fn complete_bootstrap(&self) -> Result<()> {
+        self.state.set_bootstrap(None)?;
+        self.engine
+            .aux_put(fs_core::slots::MIRROR_INCOMPLETE, None)
+            .await?;
+        self.metrics.bootstrapping.set(0);
         Ok(())
     }
 
@@ -591,8 +606,7 @@ impl Mirror {
             }
             if let Some(Bootstrap::CatchingUp { s_end, .. }) = self.state.bootstrap()? {
                 if head >= s_end {
-                    self.state.set_bootstrap(None)?;
-                    self.metrics.bootstrapping.set(0);
+                    self.complete_bootstrap().await?;
                     tracing::info!(seq = head, "the mirror is consistent (bootstrap complete)");
                 }
             }

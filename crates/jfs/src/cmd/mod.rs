@@ -210,6 +210,12 @@ pub fn open_store(g: &Global, url: &str) -> Result<Arc<dyn fs_core::BlockStore>>
 
 pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> {
     let engine = open_engine(g, meta_url, read_only).await?;
+    if let Some(what) = fs_core::slots::incomplete(&*engine).await? {
+        anyhow::bail!(
+            "{} is a mirror that is bootstrapping ({what}): its tree is incomplete until it has caught up; wait for it (`mirror-agent status --wait-applied SEQ`) or read at the primary",
+            meta::redact(meta_url)
+        );
+    }
     let settings = Fs::load_settings(&*engine)
         .await
         .with_context(|| format!("reading volume settings from {}", meta::redact(meta_url)))?;
