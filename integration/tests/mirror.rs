@@ -1139,3 +1139,77 @@ async fn readers_are_fenced_off_a_bootstrapping_mirror() {
     let d = serde_json::to_string(&fs_core::maint::dump(&**e).await.unwrap()).unwrap();
     assert!(!d.contains("being installed"));
 }
+
+/// Something other than the agent writes to a mirror's metadata (a Redis mirror is reachable
+/// by anyone with its password): the histories part at that entry. The primary notices on
+/// reconnect (the mirror's frame at its head differs), says so, and the mirror resyncs
+/// instead of silently skipping the primary's entry with the same number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_foreign_write_at_the_mirror_is_caught_and_resynced() {
+    let mut s = setup("rocksdb", "redis", "", "").await;
+    workload(&s.vol.fs, 200, 1, None).await;
+    wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
+    assert_eq!(s.pair.mirror.term(), 0);
+    // A foreign commit at the mirror, and one at the primary: both at the same next seq.
+    let mfs = fs_core::Fs::open(
+        integration::open_engine(&s.m_meta).await,
+        integration::open_store(&s.m_store),
+    )
+    .await
+    .unwrap();
+    let o = fs_core::Owner { uid: 0, gid: 0 };
+    mfs.mkdir(fs_core::ROOT_INO, b"foreign", 0o755, o)
+        .await
+        .unwrap();
+    s.vol
+        .fs
+        .mkdir(fs_core::ROOT_INO, b"primary-side", 0o755, o)
+        .await
+        .unwrap();
+    // Bring both heads to the same seq (an id-batch allocation may add an entry on one side).
+    let touch = fs_core::SetAttr {
+        mtime: Some(1),
+        ..Default::default()
+    };
+    loop {
+        let mh = mfs.engine().journal_bounds().await.unwrap().last;
+        let ph = s.vol.fs.engine().journal_bounds().await.unwrap().last;
+        match mh.cmp(&ph) {
+            std::cmp::Ordering::Equal => break,
+            std::cmp::Ordering::Less => mfs
+                .setattr(fs_core::ROOT_INO, &touch)
+                .await
+                .map(|_| ())
+                .unwrap(),
+            std::cmp::Ordering::Greater => s
+                .vol
+                .fs
+                .setattr(fs_core::ROOT_INO, &touch)
+                .await
+                .map(|_| ())
+                .unwrap(),
+        }
+    }
+    drop(mfs);
+    s.pair.mirror.restart();
+    let t0 = Instant::now();
+    while s.mirror.log_text().matches("snapshot installed").count() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no resync: {}",
+            tail(&s.mirror.log_text(), 10)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let st = wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
+    assert!(
+        s.primary.log_text().contains("a mirror's history differs"),
+        "{}",
+        tail(&s.primary.log_text(), 10)
+    );
+    assert!(s.mirror.log_text().contains("requires a resync"));
+    tokio::time::sleep(Duration::from_millis(300)).await; // status is refreshed every 100 ms
+    let st = s.mirror.status();
+    assert_eq!(st["needs_resync"], false);
+    assert_same(&s.vol.fs, &s.m_meta, &s.m_store).await;
+}

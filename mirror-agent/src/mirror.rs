@@ -369,6 +369,18 @@ impl Mirror {
         };
         let (mut sink, mut stream) = wire.split();
         let nonce_m = proto::nonce();
+        // The frame at our head lets the primary check that our histories agree.
+        let prev_crc = match want {
+            Want::From(s) if s > 1 => self
+                .engine
+                .journal_read(s - 1, 1)
+                .await
+                .ok()
+                .and_then(|v| v.into_iter().next())
+                .filter(|(seq, _)| *seq == s - 1)
+                .map(|(_, f)| crc32c::crc32c(&f)),
+            _ => None,
+        };
         let uuid = if want == Want::Snapshot {
             None
         } else {
@@ -382,6 +394,7 @@ impl Mirror {
                 volume_uuid: uuid,
                 nonce: nonce_m,
                 want,
+                prev_crc,
             },
         )
         .await?;

@@ -344,6 +344,7 @@ impl Primary {
             volume_uuid,
             nonce: nonce_m,
             want,
+            prev_crc,
         } = hello
         else {
             bail!("expected a hello");
@@ -407,7 +408,7 @@ impl Primary {
             old.cancel();
         }
         let res = self
-            .stream(&mirror, want, &mut sink, &mut stream, &conn_stop)
+            .stream(&mirror, want, prev_crc, &mut sink, &mut stream, &conn_stop)
             .await;
         {
             let mut c = self.conns.lock().unwrap_or_else(|p| p.into_inner());
@@ -425,6 +426,7 @@ impl Primary {
         &self,
         mirror: &str,
         want: Want,
+        prev_crc: Option<u32>,
         sink: &mut S,
         stream: &mut R,
         stop: &CancellationToken,
@@ -461,6 +463,27 @@ impl Primary {
             if let Some(r) = reason {
                 proto::send(sink, &refuse(r.clone(), true)).await?;
                 bail!(r);
+            }
+            if let (Some(c), true) = (prev_crc, from > b.first) {
+                let ours = self
+                    .engine
+                    .journal_read(from - 1, 1)
+                    .await?
+                    .into_iter()
+                    .next()
+                    .filter(|(seq, _)| *seq == from - 1);
+                if let Some((_, f)) = ours {
+                    if crc32c::crc32c(&f) != c {
+                        let r = format!("the mirror's entry {} differs from the primary's: its metadata was changed by something other than its agent, or the primary's history changed; resync from a snapshot", from - 1);
+                        tracing::error!(
+                            mirror,
+                            seq = from - 1,
+                            "a mirror's history differs from the primary's"
+                        );
+                        proto::send(sink, &refuse(r.clone(), true)).await?;
+                        bail!(r);
+                    }
+                }
             }
             if from > b.last + 1 {
                 let r = format!("the mirror has applied up to {} but the primary's head is {}: a different history (was the primary restored from a backup?); resync the mirror by hand (runbooks/resync-mirror.md)", from - 1, b.last);

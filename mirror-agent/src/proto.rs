@@ -40,6 +40,9 @@ pub enum ToPrimary {
         volume_uuid: Option<String>,
         nonce: [u8; 32],
         want: Want,
+        /// With `Want::From(s)`: CRC32C of the mirror's own journal frame at `s - 1`, so the
+        /// primary can tell that both histories agree up to there.
+        prev_crc: Option<u32>,
     },
     Auth {
         mac: Vec<u8>,
