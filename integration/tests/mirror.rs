@@ -608,28 +608,30 @@ fn openssl(args: &[&str], dir: &std::path::Path) {
     );
 }
 
-/// A CA and a server certificate for "primary.test" signed by it.
-fn make_certs(dir: &std::path::Path) {
-    openssl(
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test-ca",
-        ],
-        dir,
+/// A self-signed CA `<name>.crt`/`<name>.key`.
+fn make_ca(dir: &std::path::Path, name: &str) {
+    let (key, crt, subj) = (
+        format!("{name}.key"),
+        format!("{name}.crt"),
+        format!("/CN={name}"),
     );
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut args = vec!["req", "-x509"];
+    args.extend(ec);
+    args.extend(["-keyout", &key, "-out", &crt, "-days", "2", "-subj", &subj]);
+    openssl(&args, dir);
+}
+
+/// A CA, a server certificate for "primary.test" signed by it, and another CA.
+fn make_certs(dir: &std::path::Path) {
+    make_ca(dir, "ca");
+    make_ca(dir, "other");
     openssl(
         &[
             "req",
@@ -669,27 +671,6 @@ fn make_certs(dir: &std::path::Path) {
             "2",
             "-extfile",
             "ext.cnf",
-        ],
-        dir,
-    );
-    // Another CA, which did not sign the server certificate.
-    openssl(
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "other.key",
-            "-out",
-            "other.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=other-ca",
         ],
         dir,
     );
@@ -1201,7 +1182,7 @@ async fn a_foreign_write_at_the_mirror_is_caught_and_resynced() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let st = wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
+    wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
     assert!(
         s.primary.log_text().contains("a mirror's history differs"),
         "{}",

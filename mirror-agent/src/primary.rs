@@ -541,44 +541,20 @@ impl Primary {
         let mut persist_tick = tokio::time::interval(Duration::from_millis(500));
         let mut last_send = tokio::time::Instant::now();
         let res: Result<()> = loop {
-            // Persist acknowledgements.
+            // Persist acknowledgements; a slot dropped meanwhile ends the stream.
             let a = acked.load(Ordering::SeqCst);
             if a > persisted && persist_tick_ready(&mut persist_tick) {
-                match self
-                    .update_slot(mirror, |s| {
-                        if s.state == SlotState::Active && a > s.acked {
-                            s.acked = a;
-                            s.acked_ns = fs_core::now_ns();
-                        }
-                    })
-                    .await?
-                {
+                match self.persist_ack(mirror, a).await? {
                     None => {
-                        let r = "this mirror's replication slot was dropped by an operator: resync from a snapshot".to_string();
-                        let _ = proto::send(
-                            sink,
-                            &ToMirror::Refused {
-                                reason: r.clone(),
-                                resync: true,
-                            },
-                        )
-                        .await;
-                        break Err(anyhow!(r));
+                        let r = "this mirror's replication slot was dropped by an operator";
+                        break Err(refuse_resync(sink, r.to_string()).await);
                     }
                     Some(s) if s.state == SlotState::NeedsResync => {
                         let r = format!(
-                            "the replication slot was dropped ({}): resync from a snapshot",
+                            "the replication slot was dropped ({})",
                             s.reason.unwrap_or_default()
                         );
-                        let _ = proto::send(
-                            sink,
-                            &ToMirror::Refused {
-                                reason: r.clone(),
-                                resync: true,
-                            },
-                        )
-                        .await;
-                        break Err(anyhow!(r));
+                        break Err(refuse_resync(sink, r).await);
                     }
                     Some(_) => persisted = a,
                 }
@@ -586,16 +562,7 @@ impl Primary {
             let frames = match self.read_batch(cursor).await {
                 Ok(f) => f,
                 Err(e) if e.kind() == ErrorKind::SeqNotRetained => {
-                    let r = format!("{e}: resync from a snapshot");
-                    let _ = proto::send(
-                        sink,
-                        &ToMirror::Refused {
-                            reason: r.clone(),
-                            resync: true,
-                        },
-                    )
-                    .await;
-                    break Err(anyhow!(r));
+                    break Err(refuse_resync(sink, e.to_string()).await);
                 }
                 Err(e) => break Err(e.into()),
             };
@@ -633,16 +600,20 @@ impl Primary {
         // Keep what was acknowledged.
         let a = acked.load(Ordering::SeqCst);
         if a > persisted {
-            let _ = self
-                .update_slot(mirror, |s| {
-                    if s.state == SlotState::Active && a > s.acked {
-                        s.acked = a;
-                        s.acked_ns = fs_core::now_ns();
-                    }
-                })
-                .await;
+            let _ = self.persist_ack(mirror, a).await;
         }
         res
+    }
+
+    /// Record an acknowledgement in an active slot; the slot as it now is (None: dropped).
+    async fn persist_ack(&self, mirror: &str, acked: u64) -> Result<Option<Slot>> {
+        self.update_slot(mirror, |s| {
+            if s.state == SlotState::Active && acked > s.acked {
+                s.acked = acked;
+                s.acked_ns = fs_core::now_ns();
+            }
+        })
+        .await
     }
 
     async fn read_batch(&self, cursor: u64) -> fs_core::Result<Vec<(u64, Vec<u8>)>> {
@@ -721,6 +692,23 @@ impl Primary {
         tracing::info!(mirror, keys = n, s0, s_end, "snapshot sent");
         Ok(s0)
     }
+}
+
+/// Tell the mirror it must resync from a snapshot; the error that ends the stream.
+async fn refuse_resync<S>(sink: &mut S, why: String) -> anyhow::Error
+where
+    S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+{
+    let reason = format!("{why}: resync from a snapshot");
+    let _ = proto::send(
+        sink,
+        &ToMirror::Refused {
+            reason: reason.clone(),
+            resync: true,
+        },
+    )
+    .await;
+    anyhow!(reason)
 }
 
 fn persist_tick_ready(t: &mut tokio::time::Interval) -> bool {
