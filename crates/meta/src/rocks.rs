@@ -82,8 +82,9 @@ impl RocksEngine {
                         format!("no RocksDB volume at {}: run `jfs format` first", path.display()),
                     ));
                 }
+                remove_stale_secondaries();
                 let dir = tempfile::Builder::new()
-                    .prefix("jfs-rocks-secondary")
+                    .prefix(&format!("{SECONDARY_PREFIX}{}-", std::process::id()))
                     .tempdir()
                     .map_err(|e| Error::new(ErrorKind::Backend, format!("creating a secondary dir: {e}")))?;
                 let mut so = Options::default();
@@ -150,6 +151,30 @@ impl RocksEngine {
             ));
         }
         Ok(())
+    }
+}
+
+const SECONDARY_PREFIX: &str = "jfs-rocks-secondary-";
+
+/// A secondary instance keeps its own small directory (its LOG) in the temp dir, removed when
+/// the engine is dropped. A process killed with SIGKILL cannot remove it: the next secondary
+/// opened on this machine removes those whose process is gone.
+fn remove_stale_secondaries() {
+    let tmp = std::env::temp_dir();
+    let Ok(rd) = std::fs::read_dir(&tmp) else {
+        return;
+    };
+    for ent in rd.flatten() {
+        let name = ent.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SECONDARY_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(ent.path());
+        }
     }
 }
 
@@ -498,4 +523,26 @@ fn aux_write(dir: &Path, name: &str, value: Option<&[u8]>) -> Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_err(e, dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secondaries_of_dead_processes_are_cleaned_up() {
+        let db = tempfile::tempdir().unwrap();
+        drop(RocksEngine::open(&db.path().join("v"), RocksMode::ReadWrite, true, false).unwrap());
+        // pid_max is at most 2^22: this process cannot exist.
+        let stale = std::env::temp_dir().join(format!("{SECONDARY_PREFIX}4194305-test"));
+        std::fs::create_dir_all(&stale).unwrap();
+        let mine =
+            std::env::temp_dir().join(format!("{SECONDARY_PREFIX}{}-test", std::process::id()));
+        std::fs::create_dir_all(&mine).unwrap();
+        let e = RocksEngine::open(&db.path().join("v"), RocksMode::ReadOnly, false, false).unwrap();
+        assert!(e.is_secondary());
+        assert!(!stale.exists(), "a dead process's secondary dir was left");
+        assert!(mine.exists(), "a live process's secondary dir was removed");
+        std::fs::remove_dir_all(&mine).unwrap();
+    }
 }
