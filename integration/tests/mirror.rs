@@ -218,14 +218,111 @@ async fn primary_agent_killed_20_times_loses_and_duplicates_nothing() {
     killed_20_times("primary").await;
 }
 
-/// Sample the mirror's metadata at random instants while it replicates (a secondary RocksDB
-/// instance: each sample is head + every key, read between two catch-ups), then replay the
-/// primary's journal and check each sample equals the primary's state at the sample's head.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn consistent_prefix_at_random_instants() {
+type Sample = (u64, std::collections::BTreeMap<Vec<u8>, Vec<u8>>);
+
+/// One atomic read of a mirror's metadata: its head and every key, as of one instant.
+/// RocksDB: a secondary instance, read between two catch-ups. Redis: one Lua script (atomic
+/// on the server). PostgreSQL: one REPEATABLE READ transaction.
+enum Sampler {
+    Rocks(Arc<dyn fs_core::Engine>),
+    Redis(redis::aio::MultiplexedConnection, String),
+    Pg(tokio_postgres::Client, String),
+}
+
+impl Sampler {
+    async fn new(engine: &str, url: &str) -> Sampler {
+        let pw = || std::env::var("JFS_META_PASSWORD").unwrap();
+        match engine {
+            "rocksdb" => Sampler::Rocks(open_ro(url).await),
+            "redis" => {
+                let (base, prefix) = url.split_once("?prefix=").unwrap();
+                let c =
+                    redis::Client::open(base.replace("redis://", &format!("redis://:{}@", pw())))
+                        .unwrap();
+                Sampler::Redis(
+                    c.get_multiplexed_async_connection().await.unwrap(),
+                    prefix.to_string(),
+                )
+            }
+            _ => {
+                let (base, schema) = url.split_once("?schema=").unwrap();
+                let mut cfg: tokio_postgres::Config = base.parse().unwrap();
+                cfg.password(pw());
+                let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(conn);
+                Sampler::Pg(client, schema.to_string())
+            }
+        }
+    }
+
+    async fn sample(&mut self) -> Sample {
+        let mut map = std::collections::BTreeMap::new();
+        match self {
+            Sampler::Rocks(e) => {
+                let head = e.journal_bounds().await.unwrap().last; // catches up
+                fs_core::engine::scan_all(&**e, b"", &[0xff], 1000, |p| {
+                    map.extend(p);
+                    Ok(())
+                })
+                .await
+                .unwrap();
+                (head, map)
+            }
+            Sampler::Redis(c, prefix) => {
+                const ALL: &str = "local m = redis.call('ZRANGE', KEYS[2], 0, -1) \
+                    local out = {redis.call('GET', KEYS[1]) or '0'} \
+                    for i = 1, #m do out[#out + 1] = m[i]; out[#out + 1] = redis.call('GET', ARGV[1] .. m[i]) end \
+                    return out";
+                let v: Vec<Vec<u8>> = redis::Script::new(ALL)
+                    .key(format!("{prefix}_head"))
+                    .key(format!("{prefix}_index"))
+                    .arg(prefix.as_str())
+                    .invoke_async(c)
+                    .await
+                    .unwrap();
+                let head = String::from_utf8_lossy(&v[0]).parse().unwrap();
+                for kv in v[1..].chunks(2) {
+                    map.insert(kv[0].clone(), kv[1].clone());
+                }
+                (head, map)
+            }
+            Sampler::Pg(c, schema) => {
+                let tx = c
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .start()
+                    .await
+                    .unwrap();
+                let head: i64 = tx
+                    .query_one(
+                        &format!("SELECT seq FROM {schema}.jfs_head WHERE id = 1"),
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                for r in tx
+                    .query(&format!("SELECT k, v FROM {schema}.jfs_kv"), &[])
+                    .await
+                    .unwrap()
+                {
+                    map.insert(r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1));
+                }
+                tx.commit().await.unwrap();
+                (head as u64, map)
+            }
+        }
+    }
+}
+
+/// Sample the mirror's metadata at random instants while it replicates (each sample one
+/// atomic read, see `Sampler`), then replay the primary's journal and check each sample equals
+/// the primary's state at the sample's head: no reader sees half a transaction, whatever the
+/// mirror's engine.
+async fn consistent_prefix(m_engine: &'static str) {
     use rand::Rng;
     use std::collections::BTreeMap;
-    let s = setup("rocksdb", "rocksdb", "", "batch_entries = 64").await;
+    let s = setup("rocksdb", m_engine, "", "batch_entries = 64").await;
     // Sampling starts once the bootstrap is complete (a bootstrapping mirror says so).
     let t0 = Instant::now();
     while !s.mirror.status()["bootstrap"].is_null() || n(&s.mirror.status(), "applied_seq") == 0 {
@@ -239,20 +336,12 @@ async fn consistent_prefix_at_random_instants() {
     let fs2 = s.vol.client().await;
     let st = stop.clone();
     let w = tokio::spawn(async move { workload(&fs2, 12_000, 21, Some(&st)).await });
-    let reader = open_ro(&s.m_meta).await;
-    let mut samples: Vec<(u64, BTreeMap<Vec<u8>, Vec<u8>>)> = Vec::new();
+    let mut sampler = Sampler::new(m_engine, &s.m_meta).await;
+    let mut samples: Vec<Sample> = Vec::new();
     let mut rng = rand::rng();
     while !w.is_finished() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(10..120))).await;
-        let head = reader.journal_bounds().await.unwrap().last; // catches up
-        let mut map = BTreeMap::new();
-        fs_core::engine::scan_all(&*reader, b"", &[0xff], 1000, |p| {
-            map.extend(p);
-            Ok(())
-        })
-        .await
-        .unwrap();
-        samples.push((head, map));
+        samples.push(sampler.sample().await);
     }
     let committed = w.await.unwrap();
     wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(120)).await;
@@ -289,7 +378,22 @@ async fn consistent_prefix_at_random_instants() {
         }
     }
     assert_eq!(i, samples.len(), "some samples were never matched");
-    eprintln!("consistent prefix: {} samples at {} distinct sequence numbers, all equal to a primary state ({committed} operations)", samples.len(), distinct.len());
+    eprintln!("consistent prefix ({m_engine} mirror): {} samples at {} distinct sequence numbers, all equal to a primary state ({committed} operations)", samples.len(), distinct.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consistent_prefix_at_random_instants_rocksdb() {
+    consistent_prefix("rocksdb").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consistent_prefix_at_random_instants_redis() {
+    consistent_prefix("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consistent_prefix_at_random_instants_postgres() {
+    consistent_prefix("postgres").await;
 }
 
 /// A mirror held behind (stopped) must keep the primary's gc from deleting blocks it still
