@@ -119,6 +119,19 @@ async fn converge_pair(p: &'static str, m: &'static str) {
     let st = s.mirror.status();
     assert_eq!(n(&st, "limits.bytes_per_s"), 50 << 20, "{st}");
     assert_eq!(n(&st, "limits.requests_per_s"), 200, "{st}");
+    // The engines' password (from the environment) shows nowhere.
+    let pw = std::env::var("JFS_META_PASSWORD").unwrap_or_default();
+    if pw.len() >= 8 {
+        for text in [
+            s.primary.log_text(),
+            s.mirror.log_text(),
+            s.primary.status().to_string(),
+            s.mirror.status().to_string(),
+            s.mirror.metrics(),
+        ] {
+            assert!(!text.contains(&pw), "the metadata password leaked: {text}");
+        }
+    }
     // SIGTERM: both drain and exit 0.
     assert_eq!(
         s.mirror.term(),
