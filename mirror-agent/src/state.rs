@@ -33,8 +33,26 @@ pub enum Bootstrap {
 
 pub struct State {
     db: DB,
-    /// Serializes read-modify-write of queue items (enqueue/cancel vs. worker results).
-    lock: Mutex<()>,
+    /// Serializes read-modify-write of queue items (enqueue/cancel vs. worker results), and
+    /// holds the queue's counts, kept up to date by every change (one scan at open), so
+    /// status costs nothing however long the queue is.
+    lock: Mutex<Counts>,
+}
+
+/// (pending blocks, pending bytes, failing blocks).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    n: i64,
+    bytes: i64,
+    failing: i64,
+}
+
+impl Counts {
+    fn add(&mut self, q: &QItem, sign: i64) {
+        self.n += sign;
+        self.bytes += sign * q.len as i64;
+        self.failing += sign * (q.attempts > 0) as i64;
+    }
 }
 
 /// Queue changes produced by applying entries.
@@ -70,10 +88,13 @@ impl State {
                 anyhow::anyhow!("opening the agent state in {}: {m}", dir.display())
             }
         })?;
-        Ok(State {
+        let st = State {
             db,
-            lock: Mutex::new(()),
-        })
+            lock: Mutex::new(Counts::default()),
+        };
+        let c = st.scan_counts()?;
+        *st.lock.lock().unwrap_or_else(|p| p.into_inner()) = c;
+        Ok(st)
     }
 
     fn write(&self, b: WriteBatch) -> Result<()> {
@@ -118,7 +139,7 @@ impl State {
     /// Start of a snapshot install: forget pending copies (the snapshot re-queues what it
     /// references); verified copies stay known.
     pub fn begin_install(&self, s0: u64) -> Result<()> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut wb = WriteBatch::default();
         wb.delete_range(&b"q/"[..], &b"q0"[..]);
         wb.put(QUEUED, 0u64.to_be_bytes());
@@ -126,20 +147,33 @@ impl State {
             BOOT,
             serde_json::to_vec(&Bootstrap::Installing { s0 }).expect("serializes"),
         );
-        self.write(wb)
+        self.write(wb)?;
+        *g = Counts::default();
+        Ok(())
+    }
+
+    fn item(&self, key: &str) -> Result<Option<QItem>> {
+        self.get(&k("q/", key))?
+            .map(|v| postcard::from_bytes(&v).context("a queue item does not decode"))
+            .transpose()
     }
 
     /// Record queue changes and, with them, how far entries have been looked at.
     pub fn record(&self, ch: &Changes, through: Option<u64>, now_ns: i64) -> Result<u64> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut wb = WriteBatch::default();
+        let mut delta = Counts::default();
+        // The queue item of each key as this batch leaves it (None: not queued).
+        let mut now: std::collections::HashMap<&str, Option<QItem>> = Default::default();
         let mut added = 0u64;
-        let mut seen = std::collections::HashSet::new();
         for (key, len) in &ch.add {
-            if !seen.insert(key.as_str()) || self.get(&k("d/", key))?.is_some() {
+            if now.contains_key(key.as_str()) || self.get(&k("d/", key))?.is_some() {
                 continue;
             }
-            if self.get(&k("q/", key))?.is_none() {
+            let old = self.item(key)?;
+            if let Some(o) = &old {
+                delta.add(o, -1);
+            } else {
                 added += 1;
             }
             let it = QItem {
@@ -147,23 +181,40 @@ impl State {
                 attempts: 0,
                 next_ns: now_ns,
             };
+            delta.add(&it, 1);
             wb.put(
                 k("q/", key),
                 postcard::to_allocvec(&it).expect("serializes"),
             );
+            now.insert(key, Some(it));
         }
-        for key in &ch.cancel {
+        for (key, purge) in ch
+            .cancel
+            .iter()
+            .map(|k| (k, false))
+            .chain(ch.purge.iter().map(|k| (k, true)))
+        {
+            let cur = match now.get(key.as_str()) {
+                Some(c) => *c,
+                None => self.item(key)?,
+            };
+            if let Some(c) = &cur {
+                delta.add(c, -1);
+            }
+            now.insert(key, None);
             wb.delete(k("q/", key));
-        }
-        for key in &ch.purge {
-            wb.delete(k("q/", key));
-            wb.delete(k("d/", key));
-            wb.put(k("x/", key), b"");
+            if purge {
+                wb.delete(k("d/", key));
+                wb.put(k("x/", key), b"");
+            }
         }
         if let Some(t) = through {
             wb.put(QUEUED, t.to_be_bytes());
         }
         self.write(wb)?;
+        g.n += delta.n;
+        g.bytes += delta.bytes;
+        g.failing += delta.failing;
         Ok(added)
     }
 
@@ -219,34 +270,48 @@ impl State {
     /// A verified copy is at the mirror. Returns false when the item was cancelled or purged
     /// meanwhile (the caller then removes the copy it just made).
     pub fn done(&self, key: &str) -> Result<bool> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if self.get(&k("q/", key))?.is_none() {
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(old) = self.item(key)? else {
             return Ok(false);
-        }
+        };
         let mut wb = WriteBatch::default();
         wb.delete(k("q/", key));
         wb.put(k("d/", key), b"");
         self.write(wb)?;
+        g.add(&old, -1);
         Ok(true)
     }
 
     /// A failed attempt: try again at `next_ns` (unless the item is gone meanwhile).
     pub fn retry(&self, key: &str, item: QItem) -> Result<()> {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if self.get(&k("q/", key))?.is_none() {
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(old) = self.item(key)? else {
             return Ok(());
-        }
+        };
         let mut wb = WriteBatch::default();
         wb.put(
             k("q/", key),
             postcard::to_allocvec(&item).expect("serializes"),
         );
-        self.write(wb)
+        self.write(wb)?;
+        g.add(&old, -1);
+        g.add(&item, 1);
+        Ok(())
     }
 
-    /// (pending blocks, pending bytes, failing blocks) by a scan of the queue.
+    /// (pending blocks, pending bytes, failing blocks).
     pub fn pending(&self) -> Result<(u64, u64, u64)> {
-        let (mut n, mut bytes, mut failing) = (0, 0, 0);
+        let c = *self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        Ok((
+            c.n.max(0) as u64,
+            c.bytes.max(0) as u64,
+            c.failing.max(0) as u64,
+        ))
+    }
+
+    /// The counts by a scan of the whole queue (at open, and in tests).
+    fn scan_counts(&self) -> Result<Counts> {
+        let mut c = Counts::default();
         for item in self
             .db
             .iterator(IteratorMode::From(b"q/", rocksdb::Direction::Forward))
@@ -257,13 +322,9 @@ impl State {
                 break;
             }
             let q: QItem = postcard::from_bytes(&v).context("a queue item does not decode")?;
-            n += 1;
-            bytes += q.len as u64;
-            if q.attempts > 0 {
-                failing += 1;
-            }
+            c.add(&q, 1);
         }
-        Ok((n, bytes, failing))
+        Ok(c)
     }
 }
 
@@ -294,6 +355,7 @@ mod tests {
         }
         let s = State::open(dir.path()).unwrap();
         assert_eq!(s.queued_through().unwrap(), 6);
+        assert_eq!(s.scan_counts().unwrap(), *s.lock.lock().unwrap());
         assert_eq!(s.pending().unwrap(), (0, 0, 0));
         // A block already copied is not queued again.
         let again = Changes {
@@ -307,5 +369,46 @@ mod tests {
         };
         s.record(&purge, None, 0).unwrap();
         assert_eq!(s.purges(10).unwrap(), vec!["v/a".to_string()]);
+    }
+
+    #[test]
+    fn running_counts_match_a_scan_after_any_mix_of_changes() {
+        use rand::Rng;
+        let dir = tempfile::tempdir().unwrap();
+        let s = State::open(dir.path()).unwrap();
+        let mut rng = rand::rng();
+        for round in 0..300 {
+            let key = |r: &mut rand::rngs::ThreadRng| format!("v/{}", r.random_range(0..40));
+            match rng.random_range(0..5) {
+                0 | 1 => {
+                    let ch = Changes {
+                        add: (0..rng.random_range(1..5))
+                            .map(|_| (key(&mut rng), rng.random_range(1..100)))
+                            .collect(),
+                        cancel: (0..rng.random_range(0..2)).map(|_| key(&mut rng)).collect(),
+                        purge: (0..rng.random_range(0..2)).map(|_| key(&mut rng)).collect(),
+                    };
+                    s.record(&ch, Some(round), 0).unwrap();
+                }
+                2 => {
+                    let _ = s.done(&key(&mut rng)).unwrap();
+                }
+                _ => {
+                    let k = key(&mut rng);
+                    if let Some(q) = s.item(&k).unwrap() {
+                        let next = QItem {
+                            attempts: q.attempts + 1,
+                            ..q
+                        };
+                        s.retry(&k, next).unwrap();
+                    }
+                }
+            }
+            assert_eq!(
+                s.scan_counts().unwrap(),
+                *s.lock.lock().unwrap(),
+                "after round {round}"
+            );
+        }
     }
 }
