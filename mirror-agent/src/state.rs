@@ -5,6 +5,8 @@
 //! | `m/queued_through`  | u64: blocks of entries up to here are queued (or done)     |
 //! | `m/bootstrap`       | JSON `Bootstrap` while a snapshot is installed/caught up   |
 //! | `q/<block key>`     | `QItem`: a copy still to do (length, attempts, next try)   |
+//! | `t/<next:8><key>`   | index of `q/` by next try time, so finding due copies costs |
+//! |                     | what is due, not the queue's length                         |
 //! | `d/<block key>`     | the block is at the mirror store, verified                 |
 //! | `x/<block key>`     | the mirror copy must be deleted (its slice was purged)     |
 //!
@@ -73,6 +75,33 @@ fn k(prefix: &str, key: &str) -> Vec<u8> {
     format!("{prefix}{key}").into_bytes()
 }
 
+fn tkey(next_ns: i64, key: &str) -> Vec<u8> {
+    let mut v = b"t/".to_vec();
+    v.extend_from_slice(&(next_ns.max(0) as u64).to_be_bytes());
+    v.extend_from_slice(key.as_bytes());
+    v
+}
+
+/// Write a queue item and its time index entry (replacing `old`'s).
+fn put_item(wb: &mut WriteBatch, key: &str, old: Option<&QItem>, new: &QItem) {
+    if let Some(o) = old {
+        wb.delete(tkey(o.next_ns, key));
+    }
+    wb.put(
+        k("q/", key),
+        postcard::to_allocvec(new).expect("serializes"),
+    );
+    wb.put(tkey(new.next_ns, key), b"");
+}
+
+/// Remove a queue item and its time index entry.
+fn del_item(wb: &mut WriteBatch, key: &str, old: Option<&QItem>) {
+    wb.delete(k("q/", key));
+    if let Some(o) = old {
+        wb.delete(tkey(o.next_ns, key));
+    }
+}
+
 impl State {
     pub fn open(dir: &Path) -> Result<State> {
         std::fs::create_dir_all(dir)
@@ -94,6 +123,7 @@ impl State {
         };
         let c = st.scan_counts()?;
         *st.lock.lock().unwrap_or_else(|p| p.into_inner()) = c;
+        st.rebuild_index()?;
         Ok(st)
     }
 
@@ -142,6 +172,7 @@ impl State {
         let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut wb = WriteBatch::default();
         wb.delete_range(&b"q/"[..], &b"q0"[..]);
+        wb.delete_range(&b"t/"[..], &b"t0"[..]);
         wb.put(QUEUED, 0u64.to_be_bytes());
         wb.put(
             BOOT,
@@ -182,10 +213,7 @@ impl State {
                 next_ns: now_ns,
             };
             delta.add(&it, 1);
-            wb.put(
-                k("q/", key),
-                postcard::to_allocvec(&it).expect("serializes"),
-            );
+            put_item(&mut wb, key, old.as_ref(), &it);
             now.insert(key, Some(it));
         }
         for (key, purge) in ch
@@ -202,7 +230,7 @@ impl State {
                 delta.add(c, -1);
             }
             now.insert(key, None);
-            wb.delete(k("q/", key));
+            del_item(&mut wb, key, cur.as_ref());
             if purge {
                 wb.delete(k("d/", key));
                 wb.put(k("x/", key), b"");
@@ -218,7 +246,8 @@ impl State {
         Ok(added)
     }
 
-    /// Up to `max` copies due at `now_ns`, skipping keys for which `skip` says so.
+    /// Up to `max` copies due at `now_ns`, earliest first, skipping keys for which `skip`
+    /// says so (copies in flight). Reads the time index up to `now_ns` only.
     pub fn due(
         &self,
         now_ns: i64,
@@ -228,20 +257,49 @@ impl State {
         let mut out = Vec::new();
         let it = self
             .db
-            .iterator(IteratorMode::From(b"q/", rocksdb::Direction::Forward));
+            .iterator(IteratorMode::From(b"t/", rocksdb::Direction::Forward));
         for item in it {
-            let (key, v) =
+            let (key, _) =
                 item.map_err(|e| anyhow::anyhow!("reading the queue: {}", e.into_string()))?;
-            if !key.starts_with(b"q/") || out.len() >= max {
+            if !key.starts_with(b"t/") || key.len() < 10 || out.len() >= max {
                 break;
             }
-            let name = String::from_utf8_lossy(&key[2..]).into_owned();
-            let q: QItem = postcard::from_bytes(&v).context("a queue item does not decode")?;
-            if q.next_ns <= now_ns && !skip(&name) {
+            let next = u64::from_be_bytes(key[2..10].try_into().expect("8 bytes")) as i64;
+            if next > now_ns {
+                break;
+            }
+            let name = String::from_utf8_lossy(&key[10..]).into_owned();
+            if skip(&name) {
+                continue;
+            }
+            if let Some(q) = self.item(&name)? {
                 out.push((name, q));
             }
         }
         Ok(out)
+    }
+
+    /// Rebuild the time index from the queue (at open: cheap next to the scan it follows, and
+    /// it heals a state written before the index existed).
+    fn rebuild_index(&self) -> Result<()> {
+        let mut wb = WriteBatch::default();
+        wb.delete_range(&b"t/"[..], &b"t0"[..]);
+        for item in self
+            .db
+            .iterator(IteratorMode::From(b"q/", rocksdb::Direction::Forward))
+        {
+            let (key, v) =
+                item.map_err(|e| anyhow::anyhow!("reading the queue: {}", e.into_string()))?;
+            if !key.starts_with(b"q/") {
+                break;
+            }
+            let q: QItem = postcard::from_bytes(&v).context("a queue item does not decode")?;
+            wb.put(tkey(q.next_ns, &String::from_utf8_lossy(&key[2..])), b"");
+            if wb.len() >= 10_000 {
+                self.write(std::mem::take(&mut wb))?;
+            }
+        }
+        self.write(wb)
     }
 
     /// Pending deletions of mirror copies.
@@ -275,7 +333,7 @@ impl State {
             return Ok(false);
         };
         let mut wb = WriteBatch::default();
-        wb.delete(k("q/", key));
+        del_item(&mut wb, key, Some(&old));
         wb.put(k("d/", key), b"");
         self.write(wb)?;
         g.add(&old, -1);
@@ -289,10 +347,7 @@ impl State {
             return Ok(());
         };
         let mut wb = WriteBatch::default();
-        wb.put(
-            k("q/", key),
-            postcard::to_allocvec(&item).expect("serializes"),
-        );
+        put_item(&mut wb, key, Some(&old), &item);
         self.write(wb)?;
         g.add(&old, -1);
         g.add(&item, 1);
@@ -398,6 +453,7 @@ mod tests {
                     if let Some(q) = s.item(&k).unwrap() {
                         let next = QItem {
                             attempts: q.attempts + 1,
+                            next_ns: q.next_ns + rng.random_range(1..1000),
                             ..q
                         };
                         s.retry(&k, next).unwrap();
@@ -409,6 +465,26 @@ mod tests {
                 *s.lock.lock().unwrap(),
                 "after round {round}"
             );
+            // The time index lists exactly the queued items, each at its next try time.
+            let mut due = s.due(i64::MAX, usize::MAX, &|_| false).unwrap();
+            due.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut queued = Vec::new();
+            for item in
+                s.db.iterator(IteratorMode::From(b"q/", rocksdb::Direction::Forward))
+            {
+                let (key, v) = item.unwrap();
+                if !key.starts_with(b"q/") {
+                    break;
+                }
+                let q: QItem = postcard::from_bytes(&v).unwrap();
+                queued.push((String::from_utf8_lossy(&key[2..]).into_owned(), q));
+            }
+            assert_eq!(due, queued, "index out of step after round {round}");
+            let t =
+                s.db.iterator(IteratorMode::From(b"t/", rocksdb::Direction::Forward))
+                    .take_while(|i| i.as_ref().unwrap().0.starts_with(b"t/"))
+                    .count();
+            assert_eq!(t, queued.len(), "stale index entries after round {round}");
         }
     }
 }
