@@ -64,6 +64,25 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// Temp files of writes that never finished (a process killed mid-write) are removed once
+/// they are an hour old: no write takes that long.
+fn remove_stale_temp(dir: &std::path::Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+        if old {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 impl OpendalStore {
     pub fn open(url: &str, opts: &StoreOptions) -> Result<Self> {
         Ok(OpendalStore {
@@ -107,6 +126,7 @@ pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
                 let tmp = format!("{}/.jfs-tmp", path.trim_end_matches('/'));
                 std::fs::create_dir_all(&tmp)
                     .map_err(|e| config_err(url, format!("cannot create {tmp}: {e}")))?;
+                remove_stale_temp(std::path::Path::new(&tmp));
                 Operator::new(services::Fs::default().root(path).atomic_write_dir(&tmp))
                     .map_err(|e| map_err(e, "file store"))?
                     .finish()
@@ -223,11 +243,20 @@ impl BlockStore for OpendalStore {
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<()> {
-        self.op
-            .write(key, data)
-            .await
-            .map(|_| ())
-            .map_err(|e| map_err(e, &format!("writing {key}")))
+        let what = format!("writing {key}");
+        let mut w = self.op.writer(key).await.map_err(|e| map_err(e, &what))?;
+        let res = async {
+            w.write(data).await?;
+            w.close().await
+        }
+        .await;
+        if let Err(e) = res {
+            // A failed write leaves nothing behind (file://: its temp file; S3: its upload),
+            // so a full disk that retries does not fill itself up further.
+            let _ = w.abort().await;
+            return Err(map_err(e, &what));
+        }
+        Ok(())
     }
 
     async fn get(&self, key: &str) -> Result<Bytes> {
