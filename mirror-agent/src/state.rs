@@ -121,9 +121,8 @@ impl State {
             db,
             lock: Mutex::new(Counts::default()),
         };
-        let c = st.scan_counts()?;
+        let c = st.load_queue()?;
         *st.lock.lock().unwrap_or_else(|p| p.into_inner()) = c;
-        st.rebuild_index()?;
         Ok(st)
     }
 
@@ -279,11 +278,8 @@ impl State {
         Ok(out)
     }
 
-    /// Rebuild the time index from the queue (at open: cheap next to the scan it follows, and
-    /// it heals a state written before the index existed).
-    fn rebuild_index(&self) -> Result<()> {
-        let mut wb = WriteBatch::default();
-        wb.delete_range(&b"t/"[..], &b"t0"[..]);
+    /// Every queued item, in key order.
+    fn each_queued(&self, mut f: impl FnMut(&str, QItem) -> Result<()>) -> Result<()> {
         for item in self
             .db
             .iterator(IteratorMode::From(b"q/", rocksdb::Direction::Forward))
@@ -294,12 +290,27 @@ impl State {
                 break;
             }
             let q: QItem = postcard::from_bytes(&v).context("a queue item does not decode")?;
-            wb.put(tkey(q.next_ns, &String::from_utf8_lossy(&key[2..])), b"");
+            f(&String::from_utf8_lossy(&key[2..]), q)?;
+        }
+        Ok(())
+    }
+
+    /// At open, one pass over the queue: its counts, and the time index rebuilt (which heals
+    /// a state written before the index existed).
+    fn load_queue(&self) -> Result<Counts> {
+        let mut c = Counts::default();
+        let mut wb = WriteBatch::default();
+        wb.delete_range(&b"t/"[..], &b"t0"[..]);
+        self.each_queued(|key, q| {
+            c.add(&q, 1);
+            wb.put(tkey(q.next_ns, key), b"");
             if wb.len() >= 10_000 {
                 self.write(std::mem::take(&mut wb))?;
             }
-        }
-        self.write(wb)
+            Ok(())
+        })?;
+        self.write(wb)?;
+        Ok(c)
     }
 
     /// Pending deletions of mirror copies.
@@ -364,21 +375,14 @@ impl State {
         ))
     }
 
-    /// The counts by a scan of the whole queue (at open, and in tests).
+    /// The counts by a scan of the whole queue (tests check the running ones against it).
+    #[cfg(test)]
     fn scan_counts(&self) -> Result<Counts> {
         let mut c = Counts::default();
-        for item in self
-            .db
-            .iterator(IteratorMode::From(b"q/", rocksdb::Direction::Forward))
-        {
-            let (key, v) =
-                item.map_err(|e| anyhow::anyhow!("reading the queue: {}", e.into_string()))?;
-            if !key.starts_with(b"q/") {
-                break;
-            }
-            let q: QItem = postcard::from_bytes(&v).context("a queue item does not decode")?;
+        self.each_queued(|_, q| {
             c.add(&q, 1);
-        }
+            Ok(())
+        })?;
         Ok(c)
     }
 }
@@ -469,16 +473,11 @@ mod tests {
             let mut due = s.due(i64::MAX, usize::MAX, &|_| false).unwrap();
             due.sort_by(|a, b| a.0.cmp(&b.0));
             let mut queued = Vec::new();
-            for item in
-                s.db.iterator(IteratorMode::From(b"q/", rocksdb::Direction::Forward))
-            {
-                let (key, v) = item.unwrap();
-                if !key.starts_with(b"q/") {
-                    break;
-                }
-                let q: QItem = postcard::from_bytes(&v).unwrap();
-                queued.push((String::from_utf8_lossy(&key[2..]).into_owned(), q));
-            }
+            s.each_queued(|k, q| {
+                queued.push((k.to_string(), q));
+                Ok(())
+            })
+            .unwrap();
             assert_eq!(due, queued, "index out of step after round {round}");
             let t =
                 s.db.iterator(IteratorMode::From(b"t/", rocksdb::Direction::Forward))
