@@ -753,8 +753,16 @@ pub struct Pair {
     _keep: Vec<tempfile::TempDir>,
 }
 
+/// Where a [`Pair`] runs: loopback (optionally through a harness [`Proxy`]), or the primary
+/// in namespace `a` and the mirror in namespace `b` of a [`NetPair`], on fixed ports.
+pub enum Placement<'a> {
+    Loopback { proxy: Option<(Duration, u32)> },
+    Netns { net: &'a NetPair, port: u16 },
+}
+
 impl Pair {
-    /// `proxy`: (delay each way, stalls per mille). `mirror_extra`: TOML lines for `[mirror]`.
+    /// On loopback; `proxy`: (delay each way, stalls per mille). `*_extra`: TOML lines for
+    /// the `[primary]` / `[mirror]` sections.
     pub async fn start(
         dir: &Path,
         meta: &str,
@@ -763,9 +771,40 @@ impl Pair {
         primary_extra: &str,
         mirror_extra: &str,
     ) -> Pair {
-        let listen = format!("127.0.0.1:{}", free_port());
+        Self::start_at(
+            dir,
+            meta,
+            m_engine,
+            Placement::Loopback { proxy },
+            primary_extra,
+            mirror_extra,
+        )
+        .await
+    }
+
+    pub async fn start_at(
+        dir: &Path,
+        meta: &str,
+        m_engine: &str,
+        at: Placement<'_>,
+        primary_extra: &str,
+        mirror_extra: &str,
+    ) -> Pair {
         let env = [("MIRROR_TOKEN", TOKEN)];
-        let p_admin = format!("127.0.0.1:{}", free_port());
+        // (listen, primary admin, mirror admin, primary prefix, mirror prefix)
+        let (listen, p_admin, m_admin, p_pre, m_pre) = match &at {
+            Placement::Loopback { .. } => {
+                let a = || format!("127.0.0.1:{}", free_port());
+                (a(), a(), a(), vec![], vec![])
+            }
+            Placement::Netns { net, port } => (
+                format!("{}:{port}", net.ip_a),
+                format!("127.0.0.1:{}", port + 1),
+                format!("127.0.0.1:{}", port + 2),
+                NetPair::exec(&net.a),
+                NetPair::exec(&net.b),
+            ),
+        };
         let ptoml = primary_toml(
             meta,
             &dir.join("pstate"),
@@ -774,15 +813,16 @@ impl Pair {
             &["m1"],
             primary_extra,
         );
-        let primary = Agent::start(dir, "primary", &ptoml, &env);
-        let proxy = match proxy {
-            Some((d, stalls)) => Some(Proxy::start(listen.clone(), d, stalls).await),
-            None => None,
+        let primary = Agent::start_with(dir, "primary", &ptoml, &env, &p_pre);
+        let proxy = match at {
+            Placement::Loopback {
+                proxy: Some((d, stalls)),
+            } => Some(Proxy::start(listen.clone(), d, stalls).await),
+            _ => None,
         };
         let target = proxy.as_ref().map_or(listen.clone(), |p| p.addr.clone());
         let (m_meta, d1) = crate::meta_url(m_engine);
         let (m_store, d2) = crate::store_url("file");
-        let m_admin = format!("127.0.0.1:{}", free_port());
         let mtoml = mirror_toml(
             &m_meta,
             &dir.join("mstate"),
@@ -792,7 +832,7 @@ impl Pair {
             &m_store,
             mirror_extra,
         );
-        let mirror = Agent::start(dir, "mirror", &mtoml, &env);
+        let mirror = Agent::start_with(dir, "mirror", &mtoml, &env, &m_pre);
         Pair {
             primary,
             mirror,
@@ -803,4 +843,20 @@ impl Pair {
             _keep: d1.into_iter().chain(d2).collect(),
         }
     }
+}
+
+/// Create `count` files `<prefix><i>` in the root, each holding `len` bytes of `data(i)`.
+pub async fn write_files(fs: &Fs, prefix: &str, count: u64, len: usize) -> Vec<fs_core::Ino> {
+    let o = Owner { uid: 0, gid: 0 };
+    let mut inos = Vec::new();
+    for i in 0..count {
+        let name = format!("{prefix}{i}");
+        let (ino, _) = fs
+            .create(ROOT_INO, name.as_bytes(), 0o644, o)
+            .await
+            .expect("create");
+        fs.write(ino, 0, &crate::data(i, len)).await.expect("write");
+        inos.push(ino);
+    }
+    inos
 }

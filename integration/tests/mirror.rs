@@ -949,41 +949,22 @@ async fn partition_of_30s_is_reported_and_healed() {
     let net = NetPair::new(1);
     let dir = tempfile::tempdir().unwrap();
     let vol = volume_with("rocksdb", "file", |_| {}).await;
-    let listen = format!("{}:{}", net.ip_a, 19_566);
-    let env = [("MIRROR_TOKEN", TOKEN)];
-    let _p = Agent::start_with(
+    let at = Placement::Netns {
+        net: &net,
+        port: 19_566,
+    };
+    let pair = Pair::start_at(
         dir.path(),
-        "primary",
-        &primary_toml(
-            &vol.meta_url,
-            &dir.path().join("ps"),
-            "127.0.0.1:19567",
-            &listen,
-            &["m1"],
-            "",
-        ),
-        &env,
-        &NetPair::exec(&net.a),
-    );
-    let (m_meta, _d1) = meta_url("rocksdb");
-    let (m_store, _d2) = store_url("file");
-    let m = Agent::start_with(
-        dir.path(),
-        "mirror",
-        &mirror_toml(
-            &m_meta,
-            &dir.path().join("ms"),
-            "127.0.0.1:19568",
-            "m1",
-            &listen,
-            &m_store,
-            "window = \"1s\"",
-        ),
-        &env,
-        &NetPair::exec(&net.b),
-    );
+        &vol.meta_url,
+        "rocksdb",
+        at,
+        "",
+        "window = \"1s\"",
+    )
+    .await;
+    let (m, m_meta, m_store) = (&pair.mirror, &pair.m_meta, &pair.m_store);
     workload(&vol.fs, 500, 1, None).await;
-    wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    wait_converged(m, &**vol.fs.engine(), Duration::from_secs(60)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let fs2 = vol.client().await;
     let st2 = stop.clone();
@@ -1005,7 +986,7 @@ async fn partition_of_30s_is_reported_and_healed() {
     stop.store(true, Ordering::SeqCst);
     let committed = w.await.unwrap();
     let healed = Instant::now();
-    let st = wait_converged(&m, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    let st = wait_converged(m, &**vol.fs.engine(), Duration::from_secs(60)).await;
     let took = healed.elapsed();
     let out_after =
         saw_out.expect("the mirror never reported being out of its window during the cut");
@@ -1020,8 +1001,8 @@ async fn partition_of_30s_is_reported_and_healed() {
     );
     assert!(n(&st, "reconnects") >= 1);
     assert_eq!(st["within_window"], true, "{st}");
-    assert_same(&vol.fs, &m_meta, &m_store).await;
-    assert_same_journal(&**vol.fs.engine(), &*open_ro(&m_meta).await).await;
+    assert_same(&vol.fs, m_meta, m_store).await;
+    assert_same_journal(&**vol.fs.engine(), &*open_ro(m_meta).await).await;
     eprintln!("partition: out of window after {out_after:?}; {committed} operations; converged {took:?} after the link came back; lag at the end of the cut: {} s", during["lag_seconds"]);
 }
 
@@ -1171,18 +1152,7 @@ async fn damaged_block_reads_from_an_s3_origin_are_rejected_and_retried() {
     wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
     proxy.corrupt_min.store(16 << 10, Ordering::SeqCst); // response bodies, not headers
     proxy.corrupt.store(8, Ordering::SeqCst);
-    let o = fs_core::Owner { uid: 0, gid: 0 };
-    for i in 0..6u64 {
-        let (ino, _) = vol
-            .fs
-            .create(fs_core::ROOT_INO, format!("b{i}").as_bytes(), 0o644, o)
-            .await
-            .unwrap();
-        vol.fs
-            .write(ino, 0, &integration::data(i, 3 << 20))
-            .await
-            .unwrap();
-    }
+    write_files(&vol.fs, "b", 6, 3 << 20).await;
     let st = wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(120)).await;
     assert!(
         proxy.corrupt.load(Ordering::SeqCst) < 8,
@@ -1373,22 +1343,11 @@ async fn a_full_disk_at_the_mirror_stalls_then_recovers() {
             "if=/dev/zero",
             &format!("of={}", filler.display()),
             "bs=1M",
-            "count=200",
+            "count=400",
         ])
         .output();
     let t0 = Instant::now();
-    let o = fs_core::Owner { uid: 0, gid: 0 };
-    for i in 0..20u64 {
-        let (ino, _) = vol
-            .fs
-            .create(fs_core::ROOT_INO, format!("full{i}").as_bytes(), 0o644, o)
-            .await
-            .unwrap();
-        vol.fs
-            .write(ino, 0, &integration::data(i, 1 << 20))
-            .await
-            .unwrap();
-    }
+    write_files(&vol.fs, "full", 20, 1 << 20).await;
     workload(&vol.fs, 500, 2, None).await;
     let stalled = loop {
         let st = mirror.status();

@@ -51,6 +51,8 @@ pub struct Mirror {
     limits: Arc<Limits>,
     settings: RwLock<Option<Settings>>,
     repl: RwLock<Option<Arc<Replicator>>>,
+    /// The replicator's task, awaited at shutdown (it drains copies in flight).
+    repl_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     live: Mutex<Live>,
     stop_blocks: CancellationToken,
     /// Set when the primary asked for a resync; cleared once a snapshot is installed.
@@ -146,6 +148,7 @@ impl Mirror {
             limits,
             settings: RwLock::new(None),
             repl: RwLock::new(None),
+            repl_task: Mutex::new(None),
             live: Mutex::new(Live::default()),
             stop_blocks: CancellationToken::new(),
             force_snapshot: Default::default(),
@@ -181,7 +184,8 @@ impl Mirror {
                 self.cfg.workers,
                 self.metrics.clone(),
             );
-            tokio::spawn(r.clone().run(self.stop_blocks.clone()));
+            let task = tokio::spawn(r.clone().run(self.stop_blocks.clone()));
+            *self.repl_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
             tracing::info!(origin = %origin_url, dest = %self.cfg.store, workers = self.cfg.workers, "block replication started");
             *repl = Some(r);
         }
@@ -297,16 +301,15 @@ impl Mirror {
         }
         // Drain: stop the copy workers (copies in flight finish or stay queued).
         self.stop_blocks.cancel();
-        tokio::time::sleep(Duration::from_millis(50)).await;
         let _ = status.await;
-        if let Some(r) = self.repl.read().unwrap_or_else(|p| p.into_inner()).clone() {
-            // The replicator task finishes its drain on its own; wait for in-flight copies.
-            for _ in 0..100 {
-                if Arc::strong_count(&r) <= 2 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        let task = self
+            .repl_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(t) = task {
+            // It lets copies in flight finish for up to 10 s; the rest stay queued.
+            let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
         }
         Ok(())
     }

@@ -436,33 +436,27 @@ impl Primary {
         R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin + Send,
     {
         let refuse = |reason: String, resync: bool| ToMirror::Refused { reason, resync };
-        let Some(slot) = slots::get(&*self.engine, mirror).await? else {
+        let slot = slots::get(&*self.engine, mirror).await?;
+        if slot.is_none() {
             // Dropped by an operator: start a fresh slot; the mirror must bootstrap.
             self.register_slots().await?;
-            if want != Want::Snapshot {
-                let r =
-                    "this mirror's replication slot was dropped: it must resync from a snapshot"
-                        .to_string();
-                proto::send(sink, &refuse(r.clone(), true)).await?;
-                bail!(r);
-            }
-            return Box::pin(self.stream_inner(mirror, want, sink, stream, stop)).await;
-        };
+        }
         if let Want::From(from) = want {
             let b = self.engine.journal_bounds().await?;
-            let reason = if slot.state == SlotState::NeedsResync {
-                Some(format!(
-                    "the replication slot was dropped ({}): resync from a snapshot",
-                    slot.reason.clone().unwrap_or_default()
-                ))
-            } else if from < b.first {
-                Some(format!("entry {from} is no longer retained (first retained is {}): resync from a snapshot", b.first))
-            } else {
-                None
+            let reason = match &slot {
+                None => Some("this mirror's replication slot was dropped".to_string()),
+                Some(s) if s.state == SlotState::NeedsResync => Some(format!(
+                    "the replication slot was dropped ({})",
+                    s.reason.clone().unwrap_or_default()
+                )),
+                _ if from < b.first => Some(format!(
+                    "entry {from} is no longer retained (first retained is {})",
+                    b.first
+                )),
+                _ => None,
             };
             if let Some(r) = reason {
-                proto::send(sink, &refuse(r.clone(), true)).await?;
-                bail!(r);
+                return Err(refuse_resync(sink, r).await);
             }
             if let (Some(c), true) = (prev_crc, from > b.first) {
                 let ours = self
@@ -474,14 +468,13 @@ impl Primary {
                     .filter(|(seq, _)| *seq == from - 1);
                 if let Some((_, f)) = ours {
                     if crc32c::crc32c(&f) != c {
-                        let r = format!("the mirror's entry {} differs from the primary's: its metadata was changed by something other than its agent, or the primary's history changed; resync from a snapshot", from - 1);
+                        let r = format!("the mirror's entry {} differs from the primary's: its metadata was changed by something other than its agent, or the primary's history changed", from - 1);
                         tracing::error!(
                             mirror,
                             seq = from - 1,
                             "a mirror's history differs from the primary's"
                         );
-                        proto::send(sink, &refuse(r.clone(), true)).await?;
-                        bail!(r);
+                        return Err(refuse_resync(sink, r).await);
                     }
                 }
             }
@@ -538,12 +531,14 @@ impl Primary {
         };
         tokio::pin!(reader);
         let mut persisted = 0u64;
-        let mut persist_tick = tokio::time::interval(Duration::from_millis(500));
+        const PERSIST_EVERY: Duration = Duration::from_millis(500);
+        let mut last_persist = tokio::time::Instant::now() - PERSIST_EVERY;
         let mut last_send = tokio::time::Instant::now();
         let res: Result<()> = loop {
             // Persist acknowledgements; a slot dropped meanwhile ends the stream.
             let a = acked.load(Ordering::SeqCst);
-            if a > persisted && persist_tick_ready(&mut persist_tick) {
+            if a > persisted && last_persist.elapsed() >= PERSIST_EVERY {
+                last_persist = tokio::time::Instant::now();
                 match self.persist_ack(mirror, a).await? {
                     None => {
                         let r = "this mirror's replication slot was dropped by an operator";
@@ -709,11 +704,4 @@ where
     )
     .await;
     anyhow!(reason)
-}
-
-fn persist_tick_ready(t: &mut tokio::time::Interval) -> bool {
-    use std::task::{Context as Cx, Poll};
-    let waker = futures::task::noop_waker();
-    let mut cx = Cx::from_waker(&waker);
-    matches!(t.poll_tick(&mut cx), Poll::Ready(_))
 }

@@ -14,7 +14,7 @@
 use fs_core::Engine as _;
 use fs_core::{SetAttr, ROOT_INO};
 use integration::mirror::*;
-use integration::{meta_url, open_engine, store_url, volume_with};
+use integration::{meta_url, open_engine, volume_with};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -262,43 +262,17 @@ async fn blocks() {
         }
     }
     let _http = Kill(http);
-    let listen = format!("{}:19666", net.ip_a);
-    let env = [("MIRROR_TOKEN", TOKEN)];
-    let _p = Agent::start_with(
-        dir.path(),
-        "primary",
-        &primary_toml(
-            &vol.meta_url,
-            &dir.path().join("ps"),
-            "127.0.0.1:19667",
-            &listen,
-            &["m1"],
-            "",
-        ),
-        &env,
-        &NetPair::exec(&net.a),
-    );
-    let (m_meta, _d1) = meta_url("rocksdb");
-    let (m_store, _d2) = store_url("file");
     let origin = format!("opendal+http://?endpoint=http://{}:8080", net.ip_a);
-    let m = Agent::start_with(
-        dir.path(),
-        "mirror",
-        &mirror_toml(
-            &m_meta,
-            &dir.path().join("ms"),
-            "127.0.0.1:19668",
-            "m1",
-            &listen,
-            &m_store,
-            &format!("origin_store = \"{origin}\"\nworkers = 8"),
-        ),
-        &env,
-        &NetPair::exec(&net.b),
-    );
+    let extra = format!("origin_store = \"{origin}\"\nworkers = 8");
+    let at = Placement::Netns {
+        net: &net,
+        port: 19_666,
+    };
+    let pair = Pair::start_at(dir.path(), &vol.meta_url, "rocksdb", at, "", &extra).await;
+    let m = &pair.mirror;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mib = 256;
-    let (secs, steady) = copy_run(&m, &vol, mib).await;
+    let (secs, steady) = copy_run(m, &vol, mib).await;
     let agent_mbit = steady * 8.0 / 1e6;
     // Peer: curl fetching the same amount over the same link (one stream).
     let keys: Vec<String> = walk(vol.store_url.trim_start_matches("file://"));
@@ -324,8 +298,7 @@ async fn blocks() {
     println!("| what | result |\n|---|---|");
     println!("| mirror-agent, {mib} MiB of 4 MiB blocks over a 100 Mbit/s tbf link, 8 workers | {secs:.1} s in all; steady {agent_mbit:.1} Mbit/s = {:.0}% of the link |", agent_mbit);
     println!("| curl, {:.0} MiB over the same link, one stream | {curl_mbit:.1} Mbit/s (agent/curl = {:.2}) |", bytes as f64 / 1048576.0, agent_mbit / curl_mbit);
-    drop(m);
-    drop(_p);
+    drop(pair);
     drop(net);
     // 2. bwlimit accuracy on loopback.
     // Whole-run rate (write start to last copy) over ~25 s: copies complete in rounds of

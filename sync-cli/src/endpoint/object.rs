@@ -34,6 +34,18 @@ fn ns(t: Option<opendal::raw::Timestamp>) -> i64 {
         .map_or(0, |d| d.as_nanos() as i64)
 }
 
+/// A listed object or directory as the sync sees it.
+fn entry(key: String, is_dir: bool, meta: &opendal::Metadata) -> Entry {
+    Entry {
+        key,
+        kind: if is_dir { Kind::Dir } else { Kind::File },
+        size: meta.content_length(),
+        mtime_ns: ns(meta.last_modified()),
+        mode: None,
+        target: None,
+    }
+}
+
 impl ObjectStore {
     pub fn open(spec: &str, endpoint: Option<&str>) -> Result<Self> {
         let opts = objstore::StoreOptions {
@@ -157,14 +169,7 @@ impl Endpoint for ObjectStore {
                 );
             }
             last = Some(path.clone());
-            page.push(Entry {
-                key: path,
-                kind: if is_dir { Kind::Dir } else { Kind::File },
-                size: meta.content_length(),
-                mtime_ns: ns(meta.last_modified()),
-                mode: None,
-                target: None,
-            });
+            page.push(entry(path, is_dir, &meta));
             if page.len() >= 1000 && tx.send(Ok(std::mem::take(&mut page))).await.is_err() {
                 return Ok(());
             }
@@ -203,14 +208,7 @@ impl Endpoint for ObjectStore {
             } else {
                 meta
             };
-            out.push(Entry {
-                key: path,
-                kind: if is_dir { Kind::Dir } else { Kind::File },
-                size: meta.content_length(),
-                mtime_ns: ns(meta.last_modified()),
-                mode: None,
-                target: None,
-            });
+            out.push(entry(path, is_dir, &meta));
         }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
