@@ -22,7 +22,7 @@ trap cleanup EXIT
 # The mirror's token: from the environment, never on a command line or in a config file.
 MIRROR_DEMO_TOKEN=$(openssl rand -hex 24)
 export MIRROR_DEMO_TOKEN
-BASE=$(shuf -i 20000-60000 -n 1)
+BASE=$(shuf -i 20000-31990 -n 1) # below the ephemeral port range
 LISTEN=127.0.0.1:$BASE; PADMIN=127.0.0.1:$((BASE + 1)); MADMIN=127.0.0.1:$((BASE + 2))
 
 say "a sample tree: a 64 MiB 'model', 200 small files, a symlink"

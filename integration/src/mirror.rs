@@ -13,12 +13,17 @@ use std::time::{Duration, Instant};
 
 pub const TOKEN: &str = "test-token-5f1c2a9e8b7d6c3f";
 
+/// A port for an agent to listen on, below the kernel's ephemeral range (32768 and up): a
+/// port from `bind(:0)` comes from that range, and an outgoing connection of a test running
+/// beside could take it before the agent binds it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    for _ in 0..1000 {
+        let p = 20_000 + rand::random::<u16>() % 12_000;
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free port in 20000..32000");
 }
 
 pub struct Agent {
@@ -859,4 +864,20 @@ pub async fn write_files(fs: &Fs, prefix: &str, count: u64, len: usize) -> Vec<f
         inos.push(ino);
     }
     inos
+}
+
+/// Poll an agent's status (every 100 ms, at most `limit`) until `ok` holds; the status then.
+pub async fn status_until(a: &Agent, limit: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let st = a.status();
+        if ok(&st) {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "status never reached the expected state in {limit:?}: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -561,21 +561,12 @@ async fn bad_credentials_are_refused_and_secrets_stay_hidden() {
             ),
             &[("MIRROR_TOKEN", tok)],
         );
-        let t0 = Instant::now();
-        let st = loop {
-            let st = a.status();
-            if st["last_error"]
+        let st = status_until(&a, Duration::from_secs(20), |st| {
+            st["last_error"]
                 .as_str()
                 .is_some_and(|e| e.contains("authentication failed"))
-            {
-                break st;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "no refusal seen: {st}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        })
+        .await;
         assert_eq!(st["connected"], false);
         assert_eq!(
             n(&st, "applied_seq"),
@@ -588,14 +579,11 @@ async fn bad_credentials_are_refused_and_secrets_stay_hidden() {
             assert!(!text.contains(tok), "the token leaked: {text}");
         }
     }
-    let t0 = Instant::now();
-    let ps = loop {
-        let ps = s.primary.status(); // refreshed every 500 ms
-        if n(&ps, "auth_failures") >= 2 || t0.elapsed() > Duration::from_secs(10) {
-            break ps;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    // The primary's status is refreshed every 500 ms.
+    let ps = status_until(&s.primary, Duration::from_secs(10), |ps| {
+        n(ps, "auth_failures") >= 2
+    })
+    .await;
     assert!(n(&ps, "auth_failures") >= 2, "{ps}");
     for text in [
         s.primary.log_text(),
@@ -845,15 +833,7 @@ async fn tls_channel_replicates_and_refuses_untrusted_or_plaintext() {
             ),
             &[("MIRROR_TOKEN", TOKEN)],
         );
-        let t0 = Instant::now();
-        let st = loop {
-            let st = a.status();
-            if n(&st, "reconnects") >= 2 {
-                break st;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "{st}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let st = status_until(&a, Duration::from_secs(30), |st| n(st, "reconnects") >= 2).await;
         assert_eq!(st["connected"], false, "{st}");
         assert_eq!(
             n(&st, "applied_seq"),
@@ -886,21 +866,11 @@ async fn retention_cap_drops_the_slot_loudly_and_the_mirror_resyncs() {
     wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
     assert_eq!(s.mirror.term(), 0);
     workload(&s.vol.fs, 1_500, 2, None).await;
-    let t0 = Instant::now();
-    let ps = loop {
-        let ps = s.primary.status();
-        if ps["mirrors"][0]["state"] == "needs_resync"
-            && n(&ps, "journal_first_seq") > n(&ps["mirrors"][0], "acked_seq") + 1
-        {
-            break ps;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "slot not dropped/trimmed: {ps}\n{}",
-            tail(&s.primary.log_text(), 30)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let ps = status_until(&s.primary, Duration::from_secs(30), |ps| {
+        ps["mirrors"][0]["state"] == "needs_resync"
+            && n(ps, "journal_first_seq") > n(&ps["mirrors"][0], "acked_seq") + 1
+    })
+    .await;
     assert!(
         s.primary.log_text().contains("replication slot dropped"),
         "not loud in the log"
