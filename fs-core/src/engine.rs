@@ -9,6 +9,10 @@
 //!   its write-set, append its frame to the journal under `seq`, set `head = seq`, all in one
 //!   atomic write, and wake journal readers.
 //! Hence sequence numbers are gap-free, strictly increasing and in commit order.
+//!
+//! Site fencing (see `site`): `commit` fails with `ReadOnly` on metadata that carries the
+//! mirror marker, checked inside the same commit section; `apply` and `install_*` fail with
+//! `ReadOnly` on metadata that does not carry it.
 
 use crate::error::Result;
 use crate::journal::{CommitRequest, Entry};

@@ -515,6 +515,10 @@ pub struct Status {
     pub used_inodes: u64,
     pub pending_deletes: u64,
     pub settings: Settings,
+    /// The mirror marker when this metadata is a mirror's (None: a volume of its own).
+    pub mirror: Option<crate::site::MirrorMarker>,
+    /// Set when this metadata was a mirror and was detached.
+    pub detached: Option<crate::site::Detached>,
 }
 
 impl Fs {
@@ -544,6 +548,8 @@ impl Fs {
             used_inodes: st.used_inodes,
             pending_deletes: pending,
             settings: self.settings.clone(),
+            mirror: crate::site::marker(&*self.engine).await?,
+            detached: crate::site::detached(&*self.engine).await?,
         })
     }
 }

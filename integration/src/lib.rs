@@ -81,6 +81,26 @@ pub async fn open_engine(url: &str) -> Arc<dyn Engine> {
     .unwrap_or_else(|e| panic!("opening {url}: {e}"))
 }
 
+/// Empty metadata to replay a journal into: opened (created) and marked as a mirror's, since
+/// engines replay only into a mirror's metadata (see `fs_core::site`).
+pub async fn replica(url: &str) -> Arc<dyn Engine> {
+    let e = open_engine(url).await;
+    fs_core::site::set_marker(
+        &*e,
+        &fs_core::site::MirrorMarker {
+            version: fs_core::site::MARKER_VERSION,
+            name: "replica".into(),
+            primary: "test".into(),
+            store: "memory://".into(),
+            origin_store: None,
+            since_ns: 0,
+        },
+    )
+    .await
+    .expect("marking a replica");
+    e
+}
+
 pub fn open_store(url: &str) -> Arc<dyn BlockStore> {
     Arc::new(
         objstore::OpendalStore::open(url, &objstore::StoreOptions::default())

@@ -110,7 +110,7 @@ async fn concurrent_writers_replay_to_the_same_state(v: TestVol) {
 
     let original = fs_core::maint::dump(v.fs.engine().as_ref()).await.unwrap();
     let (url, _dir) = integration::meta_url("rocksdb");
-    let replica = integration::open_engine(&url).await;
+    let replica = integration::replica(&url).await;
     for batch in entries.chunks(500) {
         replica.apply(batch).await.unwrap();
     }

@@ -230,7 +230,7 @@ async fn check(ops: Vec<Op>) {
     // The journal of this run replays to the same state.
     let entries = integration::journal(fs.engine().as_ref()).await;
     let (url, _d) = integration::meta_url("rocksdb");
-    let replica = integration::open_engine(&url).await;
+    let replica = integration::replica(&url).await;
     replica.apply(&entries).await.unwrap();
     assert_eq!(
         fs_core::maint::dump(replica.as_ref()).await.unwrap(),

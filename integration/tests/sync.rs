@@ -292,9 +292,23 @@ fn filters_select_what_the_docs_say() {
         "everything is younger than an hour"
     );
     assert_eq!(run(&["--max-age", "1h"]).len(), 7);
+    // --files-from takes lines as `find` writes them; a listed entry the source lacks is
+    // named and counts as failed (exit 1), the rest is copied.
     let list = t.path().join("list");
-    std::fs::write(&list, "m/keep.txt\na.bin\n# comment\nmissing\n").unwrap();
-    assert_eq!(run(&["--files-from", s(&list)]), ["a.bin", "m/keep.txt"]);
+    std::fs::write(&list, "./m/keep.txt\n/a.bin\n# comment\nmissing\n").unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let d = dst.path().join("d");
+    let job = Job::new();
+    let o = job.run(&[s(&src), s(&d), "--files-from", s(&list), "--json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("\"missing\" (from --files-from) does not exist in the source"),
+        "{err}"
+    );
+    assert_eq!(tree(&d).into_keys().collect::<Vec<_>>(), ["a.bin", "m/keep.txt"]);
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!((n(&v, "listed"), n(&v, "copied"), n(&v, "failed")), (3, 2, 1));
 }
 
 #[test]
@@ -310,11 +324,17 @@ fn dry_run_changes_nothing_and_max_delete_refuses() {
     assert_eq!(o.status.code(), Some(0));
     let plan = String::from_utf8_lossy(&o.stdout);
     assert_eq!(
-        plan.lines().filter(|l| l.starts_with("delete ")).count(),
+        plan.lines().filter(|l| l.starts_with("would delete ")).count(),
         20,
         "{plan}"
     );
-    assert!(plan.contains("update d0/sub0/f00000.dat"));
+    assert!(plan.contains("would update d0/sub0/f00000.dat"));
+    // The summary says what would happen and counts the deletes it listed.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("dry run: ") && err.contains("would delete 20") && err.contains("would update"),
+        "{err}"
+    );
     assert_eq!(tree(&dst), before, "dry run changed nothing");
     assert!(
         !job.state.path().join("jfs-sync").exists(),
@@ -570,12 +590,26 @@ fn sigterm_checkpoints_and_the_next_run_finishes() {
     );
     let done_before = left.len();
     assert!(done_before > 0 && done_before < 400, "{done_before}");
+    let inodes: Vec<(String, u64)> = left
+        .keys()
+        .map(|k| {
+            use std::os::unix::fs::MetadataExt;
+            (k.clone(), std::fs::metadata(dst.join(k)).unwrap().ino())
+        })
+        .collect();
     let v = job.sync(&[s(&src), s(&dst)], 0);
-    assert_eq!(
-        n(&v, "copied") as usize,
-        400 - done_before,
-        "only the rest was copied: {v}"
-    );
+    // The summary counts every object once: the first attempt's copies (as `resumed`) and
+    // this run's; the files the first attempt finished were not copied again.
+    assert_eq!(n(&v, "copied"), 400, "{v}");
+    assert_eq!(n(&v, "listed"), 400, "{v}");
+    let before = n(&v["resumed"], "copied") as usize;
+    assert!(before > 0 && before <= done_before, "{v}");
+    // Files the first attempt finished were not copied again: same inode (a copy lands under
+    // a temporary name and is renamed over, a new inode).
+    for (k, ino) in &inodes {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(dst.join(k)).unwrap().ino(), *ino, "{k} was copied again");
+    }
     assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
 }
 

@@ -9,4 +9,5 @@ pub mod metrics;
 pub mod mirror;
 pub mod primary;
 pub mod proto;
+pub mod site;
 pub mod state;

@@ -73,6 +73,13 @@ enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Make a stopped mirror's metadata a volume of its own, writable, with its blocks in the
+    /// mirror store. Refused while the agent runs or while blocks are still being copied.
+    Detach {
+        /// The mirror agent's config (its `meta`, `state_dir` and `[mirror]`).
+        #[arg(long, env = "MIRROR_AGENT_CONFIG")]
+        config: PathBuf,
+    },
     /// Replication slots of a volume (primary side).
     Slot {
         #[command(subcommand)]
@@ -138,8 +145,11 @@ struct RunArgs {
     window: Option<humantime::Duration>,
 }
 
+/// Never suggested for a mistyped flag or subcommand.
+const DESTRUCTIVE: &[&str] = &["drop", "detach", "--force"];
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, _) = cli_common::parse::<Cli>(DESTRUCTIVE);
     init_logging(cli.log_format, cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -168,15 +178,7 @@ fn init_logging(f: LogFormat, v: u8) {
         1 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("JFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match f {
-        LogFormat::Json => b.json().init(),
-        LogFormat::Human => b.init(),
-    }
+    cli_common::init_logging(level, matches!(f, LogFormat::Json), "JFS_LOG");
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -230,6 +232,11 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Slot { cmd } => slot(cmd).await,
+        Cmd::Detach { config } => {
+            let c = Config::load(&config)?;
+            println!("{}", mirror_agent::site::detach(&c).await?);
+            Ok(())
+        }
     }
 }
 
@@ -470,6 +477,7 @@ async fn run_agent(a: RunArgs) -> Result<()> {
             let metrics = Arc::new(Metrics::new(true));
             // RocksDB: follow the writer as a secondary (writers keep working).
             let engine = open_engine(&c.meta, true, false).await?;
+            mirror_agent::site::check_primary(&*engine).await?;
             let p = mirror_agent::primary::Primary::new(
                 c.primary.clone().expect("validated"),
                 engine,

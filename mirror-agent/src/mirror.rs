@@ -130,6 +130,7 @@ impl Mirror {
             .map(objstore::limits::BwSchedule::parse)
             .transpose()?;
         let limits = Arc::new(Limits::new(bw, Some(cfg.tps))?);
+        crate::site::claim(&*engine, &state, &cfg).await?;
         let settings = match engine.get(keys::SETTING).await? {
             Some(v) => Some(
                 serde_json::from_slice::<Settings>(&v)
@@ -277,6 +278,12 @@ impl Mirror {
                         tracing::error!(%reason, "the primary requires a resync and auto_resync is off: this mirror is stale until an operator resyncs it (runbooks/resync-mirror.md)");
                         backoff = Duration::from_secs(30);
                     }
+                }
+                End::Retry(e) if replay_fenced(&e) => {
+                    // The marker is gone (`mirror-agent detach`, or a promotion): this
+                    // metadata is no longer a mirror's, and replaying into it would fork it.
+                    self.stop_blocks.cancel();
+                    return Err(e.context("this metadata is no longer a mirror's (detached?): the mirror agent stops"));
                 }
                 End::Retry(e) => {
                     if e.chain()
@@ -775,6 +782,14 @@ impl Mirror {
         }));
         Ok(())
     }
+}
+
+/// An apply or snapshot install refused because the metadata lost its mirror marker.
+fn replay_fenced(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<fs_core::Error>()
+            .is_some_and(|f| f.kind() == fs_core::ErrorKind::ReadOnly)
+    })
 }
 
 /// The next message within `t`; silence or a closed connection is an error.

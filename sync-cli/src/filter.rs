@@ -124,6 +124,53 @@ impl Filter {
     }
 }
 
+/// One rsync filter rule: `+ PATTERN` / `include PATTERN` includes, `- PATTERN` /
+/// `exclude PATTERN` excludes. Blank lines and `#`/`;` comments are None. Rule kinds this
+/// filter does not have (merge files, `!`, protect...) are an error naming the rule.
+pub fn parse_rule(line: &str) -> Result<Option<(bool, String)>> {
+    let l = line.trim_end_matches(['\r', '\n']);
+    let t = l.trim_start();
+    if t.is_empty() || t.starts_with('#') || t.starts_with(';') {
+        return Ok(None);
+    }
+    let (kind, pat) = match t.split_once(' ') {
+        Some((k, p)) => (k, p),
+        None => bail!("filter rule {l:?}: expected \"+ PATTERN\" or \"- PATTERN\""),
+    };
+    let include = match kind {
+        "+" | "include" => true,
+        "-" | "exclude" => false,
+        other => bail!(
+            "filter rule {l:?}: {other:?} rules are not supported (only + and -: include and exclude)"
+        ),
+    };
+    if pat.is_empty() {
+        bail!("filter rule {l:?} has no pattern");
+    }
+    Ok(Some((include, pat.to_string())))
+}
+
+/// Patterns of an --include-from/--exclude-from file: one per line, `#` comments.
+pub fn patterns(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A --files-from line as a key relative to the source: "./a/b" and "/a/b" (as `find`
+/// writes them) are "a/b"; blank lines and comments are None.
+pub fn files_from_key(line: &str) -> Option<String> {
+    let l = line.trim();
+    if l.is_empty() || l.starts_with('#') {
+        return None;
+    }
+    let k = l.trim_start_matches("./").trim_start_matches('/');
+    let k = k.strip_prefix("./").unwrap_or(k);
+    (!k.is_empty() && k != ".").then(|| k.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +181,23 @@ mod tests {
         for (key, want) in cases {
             assert_eq!(f.key_included(key), *want, "rules {rules:?}, key {key}");
         }
+    }
+
+    #[test]
+    fn rsync_rules_and_pattern_files_parse() {
+        assert_eq!(parse_rule("+ *.gz").unwrap(), Some((true, "*.gz".into())));
+        assert_eq!(parse_rule("- /tmp/").unwrap(), Some((false, "/tmp/".into())));
+        assert_eq!(parse_rule("exclude cache/").unwrap(), Some((false, "cache/".into())));
+        assert_eq!(parse_rule("# note").unwrap(), None);
+        assert_eq!(parse_rule("   ").unwrap(), None);
+        assert!(parse_rule(": .rsync-filter").is_err());
+        assert!(parse_rule("*.gz").is_err());
+        assert_eq!(patterns("a\n# c\n\n*.tmp\r\n"), vec!["a", "*.tmp"]);
+        assert_eq!(files_from_key("./a/b").as_deref(), Some("a/b"));
+        assert_eq!(files_from_key("/a/b").as_deref(), Some("a/b"));
+        assert_eq!(files_from_key("a").as_deref(), Some("a"));
+        assert_eq!(files_from_key("."), None);
+        assert_eq!(files_from_key("# x"), None);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod filter;
 pub mod journal;
 pub use objstore::limits;
 pub mod listing;
+pub mod overlap;
 pub mod plan;
 pub mod run;
 pub mod state;

@@ -2,7 +2,6 @@
 //! metrics, exit codes).
 
 use anyhow::{bail, Context, Result};
-use clap::{CommandFactory, FromArgMatches};
 use std::io::IsTerminal;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -10,6 +9,7 @@ use std::time::Duration;
 use sync_cli::cli::{Cli, Cmd, Common, SyncArgs};
 use sync_cli::endpoint;
 use sync_cli::filter::Filter;
+use sync_cli::overlap;
 use sync_cli::limits::{BwSchedule, Limits};
 use sync_cli::plan::Compare;
 use sync_cli::run::{self, MaxDelete, Options};
@@ -17,22 +17,28 @@ use sync_cli::state::{self, State};
 use sync_cli::stats::Stats;
 use tokio::sync::watch;
 
+/// Never suggested for a mistyped flag.
+const DESTRUCTIVE: &[&str] = &[
+    "--delete-dst",
+    "--delete-src",
+    "--delete",
+    "--delete-after",
+    "--delete-during",
+    "--delete-before",
+    "--force-update",
+    "--reset-state",
+];
+
 fn main() {
-    let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
-        Ok(c) => c,
-        Err(e) => e.exit(),
-    };
+    let (cli, matches) = cli_common::parse::<Cli>(DESTRUCTIVE);
     init_logging(&cli.common);
-    // --include/--exclude keep their command-line order.
-    let mut rules: Vec<(usize, bool, String)> = Vec::new();
-    for (id, include) in [("include", true), ("exclude", false)] {
-        if let (Some(idx), Some(vals)) = (matches.indices_of(id), matches.get_many::<String>(id)) {
-            rules.extend(idx.zip(vals).map(|(i, v)| (i, include, v.clone())));
+    let rules = match filter_rules(&matches) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("jfs-sync: error: {e:#}");
+            std::process::exit(2);
         }
-    }
-    rules.sort_by_key(|r| r.0);
-    let rules: Vec<(bool, String)> = rules.into_iter().map(|(_, i, p)| (i, p)).collect();
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -62,16 +68,75 @@ fn init_logging(c: &Common) {
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("JFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if c.log_format == "json" {
-        b.json().init();
-    } else {
-        b.init();
+    match &c.log_file {
+        Some(path) => {
+            let file = match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("jfs-sync: error: --log-file {}: {e}", path.display());
+                    std::process::exit(2);
+                }
+            };
+            let filter = tracing_subscriber::EnvFilter::try_from_env("JFS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+            let b = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file));
+            if c.log_format == "json" {
+                b.json().init();
+            } else {
+                b.init();
+            }
+        }
+        None => cli_common::init_logging(level, c.log_format == "json", "JFS_LOG"),
     }
+}
+
+/// Include/exclude rules from every flag that gives them, in command-line order (a file's
+/// rules sit where the file was named).
+fn filter_rules(m: &clap::ArgMatches) -> Result<Vec<(bool, String)>> {
+    let mut rules: Vec<(usize, usize, bool, String)> = Vec::new();
+    let read = |f: &std::path::PathBuf| {
+        std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))
+    };
+    for (id, include) in [("include", true), ("exclude", false)] {
+        if let (Some(idx), Some(vals)) = (m.indices_of(id), m.get_many::<String>(id)) {
+            rules.extend(idx.zip(vals).map(|(i, v)| (i, 0, include, v.clone())));
+        }
+    }
+    if let (Some(idx), Some(vals)) = (m.indices_of("filter"), m.get_many::<String>("filter")) {
+        for (i, v) in idx.zip(vals) {
+            if let Some((inc, p)) = sync_cli::filter::parse_rule(v).context("--filter")? {
+                rules.push((i, 0, inc, p));
+            }
+        }
+    }
+    for (id, include) in [("include_from", true), ("exclude_from", false)] {
+        if let (Some(idx), Some(vals)) = (m.indices_of(id), m.get_many::<std::path::PathBuf>(id)) {
+            for (i, f) in idx.zip(vals) {
+                for (j, p) in sync_cli::filter::patterns(&read(f)?).into_iter().enumerate() {
+                    rules.push((i, j, include, p));
+                }
+            }
+        }
+    }
+    if let (Some(idx), Some(vals)) = (
+        m.indices_of("filter_from"),
+        m.get_many::<std::path::PathBuf>("filter_from"),
+    ) {
+        for (i, f) in idx.zip(vals) {
+            for (j, line) in read(f)?.lines().enumerate() {
+                if let Some((inc, p)) = sync_cli::filter::parse_rule(line)
+                    .with_context(|| format!("{} line {}", f.display(), j + 1))?
+                {
+                    rules.push((i, j, inc, p));
+                }
+            }
+        }
+    }
+    rules.sort_by_key(|r| (r.0, r.1));
+    Ok(rules.into_iter().map(|(_, _, i, p)| (i, p)).collect())
 }
 
 fn norm(spec: &str) -> String {
@@ -135,7 +200,7 @@ fn count_ahead(
     Ok(())
 }
 
-fn progress(stats: Arc<Stats>, every: u64, quiet: bool) -> tokio::task::JoinHandle<()> {
+fn progress(stats: Arc<Stats>, every: Duration, quiet: bool) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if quiet {
             return;
@@ -177,7 +242,7 @@ fn progress(stats: Arc<Stats>, every: u64, quiet: bool) -> tokio::task::JoinHand
             }
         } else {
             loop {
-                tokio::time::sleep(Duration::from_secs(every.max(1))).await;
+                tokio::time::sleep(every.max(Duration::from_millis(100))).await;
                 eprintln!(
                     "jfs-sync: progress: {}",
                     stats.summary(t0.elapsed().as_secs_f64()).line()
@@ -230,6 +295,17 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
     if a.existing && a.ignore_existing {
         bail!("--existing and --ignore-existing together would copy nothing");
     }
+    if a.size_only && a.checksum {
+        bail!("--size-only and --checksum contradict each other (sizes only, or contents too)");
+    }
+    let mut a = a;
+    if a.delete {
+        eprintln!("jfs-sync: note: --delete/--delete-during/--delete-before run as --delete-dst: extraneous destination objects are deleted after the copies, and only if the run had no error");
+        a.delete_dst = true;
+    }
+    if a.max_delete.is_some() && !a.delete_dst {
+        bail!("--max-delete limits the deletes of --delete-dst, which was not given: add --delete-dst, or drop --max-delete");
+    }
     let mut filter = Filter::new(&rules)?;
     filter.min_size = a.min_size;
     filter.max_size = a.max_size;
@@ -252,9 +328,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
                 .with_context(|| format!("--files-from {}", f.display()))?;
             let mut k: Vec<String> = text
                 .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                .map(str::to_string)
+                .filter_map(sync_cli::filter::files_from_key)
                 .collect();
             k.sort();
             k.dedup();
@@ -262,7 +336,15 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
         }
         None => None,
     };
-    let src = endpoint::open(&src_spec, c.endpoint.as_deref(), false)
+    // SRC and DST must not overlap: checked on the specs before anything is opened or
+    // created, and again with what the opened endpoints know (a volume's uuid and store).
+    let ep = c.endpoint.as_deref();
+    let (mut src_places, mut dst_places) = (
+        overlap::of_spec(&src_spec, ep),
+        overlap::of_spec(&dst_spec, ep),
+    );
+    refuse_overlap(&src_places, &dst_places)?;
+    let src = endpoint::open(&src_spec, ep, a.delete_src && !a.dry_run, false)
         .await
         .with_context(|| format!("source {src_spec}"))?;
     let local_dst = dst_spec.strip_prefix("file://").unwrap_or(&dst_spec);
@@ -270,12 +352,16 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
         if a.dry_run && !dst_spec.contains("://") && !std::path::Path::new(local_dst).exists() {
             Arc::new(endpoint::Missing(dst_spec.clone()))
         } else {
-            endpoint::open(&dst_spec, c.endpoint.as_deref(), !a.dry_run)
+            endpoint::open(&dst_spec, ep, !a.dry_run, !a.dry_run)
                 .await
                 .with_context(|| format!("destination {dst_spec}"))?
         };
+    src_places.extend(src.places());
+    dst_places.extend(dst.places());
+    refuse_overlap(&src_places, &dst_places)?;
     let compare = Compare {
         checksum: a.checksum,
+        size_only: a.size_only,
         update: a.update,
         ignore_existing: a.ignore_existing,
         existing: a.existing,
@@ -296,7 +382,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
         a.dirs,
         a.links,
         a.delete_dst,
-        (a.min_size, a.max_size, &a.start, &a.end),
+        (a.min_size, a.max_size, &a.start, &a.end, a.size_only),
         a.from_journal
     );
     let state = if a.dry_run {
@@ -327,6 +413,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
         links: a.links,
         check_new: a.check_new,
         retries: a.retries,
+        keys_from_user: keys.is_some(),
         keys,
         limits,
     };
@@ -351,11 +438,15 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
     } else {
         None
     };
-    let quiet = c.json && !std::io::stderr().is_terminal();
+    let quiet = c.json && !std::io::stderr().is_terminal() && !a.progress;
     if std::io::stderr().is_terminal() && !quiet {
         count_ahead(&src, &opts, state.as_deref(), &stats)?;
     }
-    let ticker = progress(stats.clone(), a.progress_interval, quiet);
+    let every = a
+        .progress_interval
+        .map(Duration::from_secs)
+        .unwrap_or(a.stats);
+    let ticker = progress(stats.clone(), every, quiet);
     let report = run::sync(src, dst, opts, state.clone(), stats, signals()).await?;
     ticker.abort();
     if let (Some(head), Some(st)) = (journal_head, &state) {
@@ -376,11 +467,21 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
     Ok(report.exit_code())
 }
 
+fn refuse_overlap(
+    src: &[(String, overlap::Place)],
+    dst: &[(String, overlap::Place)],
+) -> Result<()> {
+    if let Some(why) = overlap::find(src, dst) {
+        bail!("SRC and DST overlap: {why}; nothing was copied or deleted (copying a tree into itself, or out of itself with deletes, loses data): choose a destination outside the source");
+    }
+    Ok(())
+}
+
 async fn check(a: sync_cli::cli::CheckArgs) -> Result<i32> {
-    let src = endpoint::open(&norm(&a.src), a.common.endpoint.as_deref(), false)
+    let src = endpoint::open(&norm(&a.src), a.common.endpoint.as_deref(), false, false)
         .await
         .with_context(|| format!("source {}", a.src))?;
-    let dst = endpoint::open(&norm(&a.dst), a.common.endpoint.as_deref(), false)
+    let dst = endpoint::open(&norm(&a.dst), a.common.endpoint.as_deref(), false, false)
         .await
         .with_context(|| format!("destination {}", a.dst))?;
     let r = sync_cli::check::check(src, dst, a.download, a.common.threads).await?;

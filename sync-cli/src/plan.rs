@@ -8,17 +8,54 @@ pub enum Action {
     Copy,
     /// Exists but differs.
     Update,
-    /// The same (or a flag says leave it).
-    Skip,
+    /// Left alone, and why.
+    Skip(Why),
     /// Same size and time, but --checksum asks the workers to compare contents.
     Compare,
     /// Only on the destination.
     Extra,
 }
 
+/// Why a key was skipped: the summary counts each reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Why {
+    /// The destination already has this version.
+    UpToDate,
+    /// It exists on the destination and --ignore-existing leaves it.
+    Exists,
+    /// It is not on the destination and --existing creates nothing.
+    NotOnDestination,
+    /// --update: the destination is as new or newer.
+    NotNewer,
+    /// A symlink, and --links was not given (never followed).
+    Symlink,
+}
+
+impl Why {
+    pub const ALL: [Why; 5] = [
+        Why::UpToDate,
+        Why::Exists,
+        Why::NotOnDestination,
+        Why::NotNewer,
+        Why::Symlink,
+    ];
+    pub fn describe(self) -> &'static str {
+        match self {
+            Why::UpToDate => "up to date",
+            Why::Exists => "exist (--ignore-existing)",
+            Why::NotOnDestination => "not on the destination (--existing)",
+            Why::NotNewer => "not newer (--update)",
+            Why::Symlink => "symlinks (no --links)",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Compare {
     pub checksum: bool,
+    /// Same size means current, whatever the times.
+    pub size_only: bool,
     pub update: bool,
     pub ignore_existing: bool,
     pub existing: bool,
@@ -49,27 +86,27 @@ impl Compare {
 
     pub fn decide(&self, src: Option<&Entry>, dst: Option<&Entry>) -> Action {
         match (src, dst) {
-            (None, None) => Action::Skip,
+            (None, None) => Action::Skip(Why::UpToDate),
             (None, Some(_)) => Action::Extra,
             (Some(_), None) => {
                 if self.existing {
-                    Action::Skip
+                    Action::Skip(Why::NotOnDestination)
                 } else {
                     Action::Copy
                 }
             }
             (Some(s), Some(d)) => {
                 if self.ignore_existing {
-                    return Action::Skip;
+                    return Action::Skip(Why::Exists);
                 }
                 if self.force_update {
                     return Action::Update;
                 }
                 match (s.kind, d.kind) {
-                    (Kind::Dir, Kind::Dir) => return Action::Skip,
+                    (Kind::Dir, Kind::Dir) => return Action::Skip(Why::UpToDate),
                     (Kind::Symlink, Kind::Symlink) => {
                         return if s.target == d.target {
-                            Action::Skip
+                            Action::Skip(Why::UpToDate)
                         } else {
                             Action::Update
                         };
@@ -81,7 +118,7 @@ impl Compare {
                     return if self.newer(s, d) {
                         Action::Update
                     } else {
-                        Action::Skip
+                        Action::Skip(Why::NotNewer)
                     };
                 }
                 if s.size != d.size {
@@ -90,8 +127,8 @@ impl Compare {
                 if self.checksum {
                     return Action::Compare;
                 }
-                if self.same_time(s, d) {
-                    Action::Skip
+                if self.size_only || self.same_time(s, d) {
+                    Action::Skip(Why::UpToDate)
                 } else {
                     Action::Update
                 }
@@ -134,7 +171,7 @@ mod tests {
             &[
                 (Some(e(1, 10 * S + 5)), None, Action::Copy),
                 (None, Some(e(1, 0)), Action::Extra),
-                (Some(e(1, 10 * S + 5)), Some(e(1, 10 * S)), Action::Skip), // same second
+                (Some(e(1, 10 * S + 5)), Some(e(1, 10 * S)), Action::Skip(Why::UpToDate)), // same second
                 (Some(e(1, 11 * S)), Some(e(1, 10 * S)), Action::Update),
                 (Some(e(2, 10 * S)), Some(e(1, 10 * S)), Action::Update),
             ],
@@ -159,7 +196,7 @@ mod tests {
         check(
             &c,
             &[
-                (Some(e(1, 10 * S)), Some(e(1, 20 * S)), Action::Skip), // uploaded after the change
+                (Some(e(1, 10 * S)), Some(e(1, 20 * S)), Action::Skip(Why::UpToDate)), // uploaded after the change
                 (Some(e(1, 30 * S)), Some(e(1, 20 * S)), Action::Update), // changed after the upload
             ],
         );
@@ -181,7 +218,7 @@ mod tests {
         check(
             &c,
             &[
-                (newer.0.clone(), newer.1.clone(), Action::Skip),
+                (newer.0.clone(), newer.1.clone(), Action::Skip(Why::Exists)),
                 (Some(e(1, 1)), None, Action::Copy),
             ],
         );
@@ -192,7 +229,7 @@ mod tests {
         check(
             &c,
             &[
-                (Some(e(1, 1)), None, Action::Skip),
+                (Some(e(1, 1)), None, Action::Skip(Why::NotOnDestination)),
                 (newer.0.clone(), newer.1.clone(), Action::Update),
             ],
         );
@@ -209,7 +246,18 @@ mod tests {
             &c,
             &[
                 (newer.0.clone(), newer.1.clone(), Action::Update),
-                (older.0, older.1, Action::Skip),
+                (older.0, older.1, Action::Skip(Why::NotNewer)),
+            ],
+        );
+        let c = Compare {
+            size_only: true,
+            ..base.clone()
+        };
+        check(
+            &c,
+            &[
+                (Some(e(1, 9)), Some(e(1, 5)), Action::Skip(Why::UpToDate)),
+                (Some(e(2, 5)), Some(e(1, 5)), Action::Update),
             ],
         );
         let c = Compare {

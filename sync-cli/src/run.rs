@@ -1,19 +1,29 @@
 //! One sync run: list both sides in key order, merge, decide per key, hand work to a bounded
 //! pool, delete extraneous objects only after a clean run, and keep the resume state.
+//!
+//! A finished copy is *recorded* (done in the state, counted, its source deleted with
+//! `--delete-src`) only once it is durable. Object stores and volumes are durable when the
+//! write returns; a local destination is made durable in batches: completions wait in a list
+//! that is flushed with one `syncfs` (files and directories alike) before each checkpoint,
+//! instead of one fsync per file.
+//!
+//! Checkpoints save the cursor (every key at or before it is resolved) and the tally of what
+//! those keys came to, in one write, so a resumed run's summary counts the work of the
+//! attempts before it exactly once.
 
 use crate::copy::{checksum, with_retries, Copier};
 use crate::endpoint::{Endpoint, Entry, Kind, Page};
 use crate::filter::Filter;
 use crate::limits::Limits;
-use crate::plan::{Action, Compare};
-use crate::state::State;
-use crate::stats::{Stats, Summary};
+use crate::plan::{Action, Compare, Why};
+use crate::state::{Done, State};
+use crate::stats::{Outcome, OutcomeKind, Stats, Summary};
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MaxDelete {
@@ -41,6 +51,9 @@ pub struct Options {
     pub retries: u32,
     /// Only these keys (sorted), instead of listing everything.
     pub keys: Option<Vec<String>>,
+    /// The keys came from the user (--files-from): one the source lacks is reported and
+    /// counted as failed. (--from-journal's keys may name things deleted since.)
+    pub keys_from_user: bool,
     pub limits: Arc<Limits>,
 }
 
@@ -64,6 +77,10 @@ impl Report {
     }
 }
 
+/// Completions waiting for the durability flush are bounded: past this many, the flush runs
+/// at once instead of at the next tick.
+const UNSYNCED_MAX: usize = 4096;
+
 /// A merged listing side: pages from a lister task, one entry at a time.
 struct Side {
     rx: mpsc::Receiver<Page>,
@@ -82,35 +99,71 @@ impl Side {
     }
 }
 
-/// Keys handed to workers, in order; the cursor never passes one that is not done.
+/// A key handed to a worker: the merge position before it, its outcome once recorded, and the
+/// outcomes of keys decided on the spot after it (before the next handed-out key).
+struct Slot {
+    prev: Option<String>,
+    outcome: Option<Outcome>,
+    trailing: Summary,
+}
+
+/// Keys in order of the merge; the cursor never passes one that is not recorded, and the
+/// tally holds exactly the outcomes of the keys at or before the cursor.
 #[derive(Default)]
 struct Window {
     base: u64,
-    q: VecDeque<(Option<String>, bool)>, // (merge position before this key, done)
+    q: VecDeque<Slot>,
     merged_to: Option<String>,
+    tally: Summary,
 }
 
 impl Window {
-    fn push(&mut self, prev: Option<String>) -> u64 {
-        self.q.push_back((prev, false));
+    /// A key is handed out (`key` is published as the merge position).
+    fn push(&mut self, key: String) -> u64 {
+        let prev = self.merged_to.replace(key);
+        self.q.push_back(Slot {
+            prev,
+            outcome: None,
+            trailing: Summary::default(),
+        });
         self.base + self.q.len() as u64 - 1
     }
-    fn done(&mut self, id: u64) {
-        if let Some(e) = self.q.get_mut((id - self.base) as usize) {
-            e.1 = true;
+    /// A key was decided on the spot (skipped, excluded, extra...).
+    fn inline(&mut self, key: String, o: Outcome) {
+        match self.q.back_mut() {
+            Some(s) => s.trailing.count(o),
+            None => self.tally.count(o),
+        }
+        self.merged_to = Some(key);
+    }
+    fn resolve(&mut self, id: u64, o: Outcome) {
+        if let Some(s) = self.q.get_mut((id - self.base) as usize) {
+            s.outcome = Some(o);
         }
     }
-    /// Everything at or before the returned key is resolved.
+    /// Everything at or before the returned key is recorded (and in `tally`).
     fn cursor(&mut self) -> Option<String> {
-        while self.q.front().is_some_and(|e| e.1) {
-            self.q.pop_front();
+        while self.q.front().is_some_and(|s| s.outcome.is_some()) {
+            let s = self.q.pop_front().expect("front");
+            self.tally.count(s.outcome.expect("resolved"));
+            self.tally.add(&s.trailing);
             self.base += 1;
         }
         match self.q.front() {
-            Some((prev, _)) => prev.clone(),
+            Some(s) => s.prev.clone(),
             None => self.merged_to.clone(),
         }
     }
+}
+
+/// A finished copy not yet recorded (waiting for durability).
+struct Finished {
+    id: u64,
+    key: String,
+    size: u64,
+    mtime_ns: i64,
+    kind: Kind,
+    outcome: Outcome,
 }
 
 struct Ctx {
@@ -119,8 +172,104 @@ struct Ctx {
     o: Arc<Options>,
     stats: Arc<Stats>,
     state: Option<Arc<State>>,
+    /// Earlier attempts' tally (keys at or before the starting cursor).
+    base: Summary,
     window: Mutex<Window>,
+    unsynced: Mutex<Vec<Finished>>,
+    flush_now: Notify,
+    /// One flush at a time (the saver's and the final one).
+    flushing: tokio::sync::Mutex<()>,
     abort: AtomicBool,
+}
+
+impl Ctx {
+    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record a finished copy now, or after the next durability flush.
+    async fn finished(&self, f: Finished) {
+        if self.dst.durable_later() {
+            let n = {
+                let mut u = self.unsynced.lock().unwrap_or_else(|p| p.into_inner());
+                u.push(f);
+                u.len()
+            };
+            if n >= UNSYNCED_MAX {
+                self.flush_now.notify_one();
+            }
+        } else {
+            self.record(vec![f]).await;
+        }
+    }
+
+    /// Make waiting completions durable, then record them. If the sync fails they were not
+    /// made durable: they count as failed and stay unresolved (the next run copies them).
+    async fn flush(&self) {
+        let _one = self.flushing.lock().await;
+        let batch = std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(|p| p.into_inner()));
+        if batch.is_empty() {
+            return;
+        }
+        match self.dst.sync().await {
+            Ok(()) => self.record(batch).await,
+            Err(e) => {
+                eprintln!(
+                    "jfs-sync: failed: making {} copies durable on {}: {e:#}",
+                    batch.len(),
+                    self.dst.describe()
+                );
+                Stats::add(&self.stats.failed, batch.len() as u64);
+            }
+        }
+    }
+
+    async fn record(&self, batch: Vec<Finished>) {
+        for f in batch {
+            let st = &self.stats;
+            match f.outcome.kind {
+                OutcomeKind::Copied => Stats::add(&st.copied, 1),
+                OutcomeKind::Updated => Stats::add(&st.updated, 1),
+                OutcomeKind::Skipped(w) => st.skip(w),
+                _ => {}
+            }
+            Stats::add(&st.bytes, f.outcome.bytes);
+            if let Some(state) = &self.state {
+                let what = match f.outcome.kind {
+                    OutcomeKind::Copied => Done::Copied,
+                    OutcomeKind::Updated => Done::Updated,
+                    _ => Done::Skipped,
+                };
+                if let Err(e) = state.mark_done(&f.key, f.size, f.mtime_ns, what) {
+                    tracing::warn!(key = %f.key, error = %e, "could not record progress");
+                }
+            }
+            // The source goes only once the destination's copy is durable.
+            if self.o.delete_src && f.kind == Kind::File {
+                if let Err(e) = self.src.delete(&f.key, f.kind).await {
+                    tracing::error!(key = %f.key, error = %format!("{e:#}"), "deleting the source after the copy failed");
+                }
+            }
+            self.window().resolve(f.id, f.outcome);
+        }
+    }
+
+    /// Flush, then save the cursor with its tally.
+    async fn checkpoint(&self) -> Result<()> {
+        self.flush().await;
+        let Some(st) = &self.state else {
+            return Ok(());
+        };
+        let (cursor, mut tally) = {
+            let mut w = self.window();
+            (w.cursor(), w.tally.clone())
+        };
+        if let Some(c) = cursor {
+            tally.add(&self.base);
+            st.checkpoint(&c, &tally)?;
+        }
+        Ok(())
+    }
 }
 
 fn spawn_lister(
@@ -128,45 +277,48 @@ fn spawn_lister(
     after: Option<String>,
     o: &Options,
     keys: Option<Vec<String>>,
+    report_missing: Option<Arc<Stats>>,
 ) -> mpsc::Receiver<Page> {
-    if keys.is_none() {
+    let Some(keys) = keys else {
         return crate::listing::spawn(ep, after, o.dirs, o.list_threads, o.list_depth);
-    }
+    };
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
-        let r = match keys {
-            None => Ok(()),
-            Some(keys) => {
-                // --files-from: look each key up instead of listing.
-                let mut page = Vec::new();
-                for k in keys
-                    .into_iter()
-                    .filter(|k| after.as_deref().is_none_or(|a| k.as_str() > a))
-                {
-                    match ep.stat(&k).await {
-                        Ok(Some(e)) if e.kind != Kind::Dir => page.push(e),
-                        Ok(_) => {}
-                        Err(e) => {
-                            let _ = tx.send(Err(e)).await;
-                            return;
-                        }
-                    }
-                    if page.len() >= 1000 {
-                        let _ = tx.send(Ok(std::mem::take(&mut page))).await;
+        // --files-from: look each key up instead of listing.
+        let mut page = Vec::new();
+        for k in keys
+            .into_iter()
+            .filter(|k| after.as_deref().is_none_or(|a| k.as_str() > a))
+        {
+            match ep.stat(&k).await {
+                Ok(Some(e)) if e.kind != Kind::Dir => page.push(e),
+                Ok(found) => {
+                    if let Some(stats) = &report_missing {
+                        let what = if found.is_some() {
+                            "is a directory (list its files)"
+                        } else {
+                            "does not exist in the source"
+                        };
+                        eprintln!("jfs-sync: failed: {k:?} (from --files-from) {what}");
+                        Stats::add(&stats.listed, 1);
+                        Stats::add(&stats.failed, 1);
                     }
                 }
-                let _ = tx.send(Ok(page)).await;
-                Ok(())
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
             }
-        };
-        if let Err(e) = r {
-            let _ = tx.send(Err(e)).await;
+            if page.len() >= 1000 {
+                let _ = tx.send(Ok(std::mem::take(&mut page))).await;
+            }
         }
+        let _ = tx.send(Ok(page)).await;
     });
     rx
 }
 
-async fn work(ctx: Arc<Ctx>, action: Action, s: Entry) -> Result<Action> {
+async fn work(ctx: Arc<Ctx>, action: Action, s: Entry) -> Result<Outcome> {
     let o = &ctx.o;
     let copier = Copier {
         src: &*ctx.src,
@@ -177,6 +329,7 @@ async fn work(ctx: Arc<Ctx>, action: Action, s: Entry) -> Result<Action> {
         state: ctx.state.as_deref(),
     };
     let mut action = action;
+    let mut checked = false;
     if action == Action::Compare {
         let a = with_retries(o.retries, &s.key, || {
             checksum(&*ctx.src, &s.key, s.size, &o.limits)
@@ -187,23 +340,31 @@ async fn work(ctx: Arc<Ctx>, action: Action, s: Entry) -> Result<Action> {
         })
         .await?;
         Stats::add(&ctx.stats.checked, 1);
+        checked = true;
         if a == b {
-            return Ok(Action::Skip);
+            let mut out = Outcome::of(OutcomeKind::Skipped(Why::UpToDate));
+            out.checked = true;
+            return Ok(out);
         }
         action = Action::Update;
     }
+    let mut bytes = 0;
     match s.kind {
         Kind::Dir => with_retries(o.retries, &s.key, || ctx.dst.mkdir(&s.key, &s, o.perms)).await?,
         Kind::Symlink => {
             let t = s.target.clone().unwrap_or_default();
             with_retries(o.retries, &s.key, || ctx.dst.symlink(&s.key, &t)).await?
         }
-        Kind::File => {
-            let n = with_retries(o.retries, &s.key, || copier.copy_file(&s)).await?;
-            Stats::add(&ctx.stats.bytes, n);
-        }
+        Kind::File => bytes = with_retries(o.retries, &s.key, || copier.copy_file(&s)).await?,
     }
-    Ok(action)
+    let mut out = Outcome::of(if action == Action::Copy {
+        OutcomeKind::Copied
+    } else {
+        OutcomeKind::Updated
+    });
+    out.bytes = bytes;
+    out.checked = checked;
+    Ok(out)
 }
 
 fn dispatch(
@@ -216,9 +377,8 @@ fn dispatch(
     let ctx = ctx.clone();
     Stats::add(&ctx.stats.pending, 1);
     tokio::spawn(async move {
-        let _permit = permit;
         let key = s.key.clone();
-        let (size, mtime, kind) = (s.size, s.mtime_ns, s.kind);
+        let (size, mtime_ns, kind) = (s.size, s.mtime_ns, s.kind);
         // A panic in a copy is a failed object, not a lost one.
         let res = match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(work(
             ctx.clone(),
@@ -234,27 +394,16 @@ fn dispatch(
         };
         ctx.stats.pending.fetch_sub(1, Ordering::Relaxed);
         match res {
-            Ok(done) => {
-                let counter = match done {
-                    Action::Copy => &ctx.stats.copied,
-                    Action::Update => &ctx.stats.updated,
-                    _ => &ctx.stats.skipped,
-                };
-                Stats::add(counter, 1);
-                if let Some(st) = &ctx.state {
-                    if let Err(e) = st.mark_done(&key, size, mtime) {
-                        tracing::warn!(key, error = %e, "could not record progress");
-                    }
-                }
-                if ctx.o.delete_src && kind == Kind::File {
-                    if let Err(e) = ctx.src.delete(&key, kind).await {
-                        tracing::error!(key, error = %format!("{e:#}"), "deleting the source after the copy failed");
-                    }
-                }
-                ctx.window
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .done(id);
+            Ok(outcome) => {
+                ctx.finished(Finished {
+                    id,
+                    key,
+                    size,
+                    mtime_ns,
+                    kind,
+                    outcome,
+                })
+                .await;
             }
             Err(e) => {
                 // A failed key stays unresolved: the cursor never passes it, the next run retries it.
@@ -270,6 +419,7 @@ fn dispatch(
                 }
             }
         }
+        drop(permit);
     });
 }
 
@@ -285,24 +435,29 @@ pub async fn sync(
 ) -> Result<Report> {
     let t0 = Instant::now();
     let o = Arc::new(o);
-    let cursor = match &state {
-        Some(s) => s.cursor()?,
-        None => None,
+    let (cursor, mut base) = match &state {
+        Some(s) => (s.cursor()?, s.tally()?.unwrap_or_default()),
+        None => (None, Summary::default()),
     };
+    if let Some(st) = &state {
+        base.deleted += st.deleted_count()?;
+    }
     if let Some(c) = &cursor {
         tracing::warn!(cursor = %c, "resuming after the last resolved key");
     }
-    let dst_keys = if o.keys.is_some() {
-        o.keys.clone()
-    } else {
-        None
-    };
+    let dst_keys = o.keys.clone();
     let mut sside = Side {
-        rx: spawn_lister(src.clone(), cursor.clone(), &o, o.keys.clone()),
+        rx: spawn_lister(
+            src.clone(),
+            cursor.clone(),
+            &o,
+            o.keys.clone(),
+            o.keys_from_user.then(|| stats.clone()),
+        ),
         buf: VecDeque::new(),
     };
     let mut dside = Side {
-        rx: spawn_lister(dst.clone(), cursor.clone(), &o, dst_keys),
+        rx: spawn_lister(dst.clone(), cursor.clone(), &o, dst_keys, None),
         buf: VecDeque::new(),
     };
     let ctx = Arc::new(Ctx {
@@ -311,31 +466,37 @@ pub async fn sync(
         o: o.clone(),
         stats: stats.clone(),
         state: state.clone(),
+        base: base.clone(),
         window: Mutex::new(Window {
             merged_to: cursor.clone(),
             ..Default::default()
         }),
+        unsynced: Mutex::new(Vec::new()),
+        flush_now: Notify::new(),
+        flushing: tokio::sync::Mutex::new(()),
         abort: AtomicBool::new(false),
     });
-    // Save the cursor every second.
+    // Flush and checkpoint every second (or at once when many completions wait). Stopped by
+    // a signal, never aborted: an aborted flush would drop the completions it holds.
+    let (saver_stop, mut saver_stopped) = watch::channel(false);
     let saver = {
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let mut iv = tokio::time::interval(Duration::from_secs(1));
             let mut ticks = 0u64;
             loop {
-                iv.tick().await;
-                ticks += 1;
-                if ticks % 60 == 0 {
-                    ctx.o.limits.refresh();
+                tokio::select! {
+                    _ = iv.tick() => {
+                        ticks += 1;
+                        if ticks % 60 == 0 {
+                            ctx.o.limits.refresh();
+                        }
+                    }
+                    _ = ctx.flush_now.notified() => {}
+                    _ = saver_stopped.changed() => return,
                 }
-                let c = ctx
-                    .window
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .cursor();
-                if let (Some(st), Some(c)) = (&ctx.state, c) {
-                    let _ = st.set_cursor(&c);
+                if let Err(e) = ctx.checkpoint().await {
+                    tracing::warn!(error = %format!("{e:#}"), "saving progress");
                 }
             }
         })
@@ -344,14 +505,7 @@ pub async fn sync(
     let mut fatal = None;
     let mut pending_deletes: Vec<(String, bool)> = Vec::new();
     let result: Result<()> = async {
-        let mut handled: Option<String> = None;
         loop {
-            if let Some(k) = handled.take() {
-                ctx.window
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .merged_to = Some(k);
-            }
             if *stop.borrow() || ctx.abort.load(Ordering::SeqCst) {
                 break;
             }
@@ -376,84 +530,98 @@ pub async fn sync(
                 .or(de.as_ref())
                 .map(|e| e.key.clone())
                 .expect("one side");
-            // The merge position is published only once this key is handled (at the top of
-            // the next iteration): the cursor saver must never see it while the key still
-            // waits for a worker.
-            let prev = ctx
-                .window
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .merged_to
-                .clone();
-            handled = Some(key.clone());
+            let inline = |o: Outcome| ctx.window().inline(key.clone(), o);
             let Some(s) = se else {
                 let d = de.expect("dst side");
                 if !o.filter.in_range(&d.key) || !o.filter.key_included(&d.key) {
-                    continue; // excluded keys are never deleted
+                    // Excluded keys are never deleted; they are not source keys either.
+                    ctx.window().merged_to = Some(key.clone());
+                    continue;
                 }
                 Stats::add(&stats.extra, 1);
                 if o.delete_dst {
                     if o.dry_run {
-                        println!("delete {}", d.key);
+                        println!("would delete {}", d.key);
+                        Stats::add(&stats.deleted, 1);
                     } else if let Some(st) = &state {
                         st.add_delete(&d.key, d.kind == Kind::Dir)?;
                     } else {
                         pending_deletes.push((d.key.clone(), d.kind == Kind::Dir));
                     }
                 }
+                inline(Outcome::of(OutcomeKind::Extra));
                 continue;
             };
             Stats::add(&stats.listed, 1);
             if !o.filter.allows(&s) {
                 Stats::add(&stats.excluded, 1);
+                inline(Outcome::of(OutcomeKind::Excluded));
                 continue;
             }
             if s.kind == Kind::Symlink && !o.links {
-                Stats::add(&stats.skipped, 1); // symlinks are not followed; --links copies them
+                // Symlinks are not followed; --links copies them.
+                stats.skip(Why::Symlink);
+                inline(Outcome::of(OutcomeKind::Skipped(Why::Symlink)));
                 continue;
             }
             let action = o.compare.decide(Some(&s), de.as_ref());
-            if action == Action::Skip
-                // A copy an interrupted run finished counts only if the destination still
-                // holds an object of that size (a lost or torn file is copied again).
-                || (action != Action::Compare
-                    && de.as_ref().is_some_and(|d| d.size == s.size)
-                    && state
-                        .as_ref()
-                        .map(|st| st.is_done(&s.key, s.size, s.mtime_ns))
-                        .transpose()?
-                        .unwrap_or(false))
-            {
-                Stats::add(&stats.skipped, 1);
+            if let Action::Skip(why) = action {
+                stats.skip(why);
                 if o.delete_src && !o.dry_run && s.kind == Kind::File && de.is_some() {
                     src.delete(&s.key, s.kind).await?;
                 }
+                inline(Outcome::of(OutcomeKind::Skipped(why)));
+                continue;
+            }
+            // A copy an interrupted attempt finished counts as what it was, if the
+            // destination still holds an object of that size (a lost or torn file is
+            // copied again).
+            let earlier = match (&state, action) {
+                (Some(st), a) if a != Action::Compare && de.as_ref().is_some_and(|d| d.size == s.size) => {
+                    st.is_done(&s.key, s.size, s.mtime_ns)?
+                }
+                _ => None,
+            };
+            if let Some(done) = earlier {
+                let mut out = Outcome::of(match done {
+                    Done::Copied => OutcomeKind::Copied,
+                    Done::Updated => OutcomeKind::Updated,
+                    Done::Skipped => OutcomeKind::Skipped(Why::UpToDate),
+                });
+                match out.kind {
+                    OutcomeKind::Copied => Stats::add(&stats.copied, 1),
+                    OutcomeKind::Updated => Stats::add(&stats.updated, 1),
+                    _ => stats.skip(Why::UpToDate),
+                }
+                if matches!(out.kind, OutcomeKind::Copied | OutcomeKind::Updated) {
+                    out.bytes = s.size;
+                    Stats::add(&stats.bytes, s.size);
+                }
+                if o.delete_src && !o.dry_run && s.kind == Kind::File {
+                    src.delete(&s.key, s.kind).await?;
+                }
+                inline(out);
                 continue;
             }
             if o.dry_run {
                 let (word, c) = match action {
                     Action::Copy => ("copy", &stats.copied),
                     Action::Update => ("update", &stats.updated),
-                    _ => ("compare", &stats.skipped),
+                    _ => ("compare", &stats.updated),
                 };
-                println!("{word} {}", s.key);
+                println!("would {word} {}", s.key);
                 Stats::add(c, 1);
                 continue;
             }
             let permit = tokio::select! {
                 p = pool.clone().acquire_owned() => p.expect("semaphore open"),
                 _ = stop.changed() => {
-                    // This key was not handed out: the cursor must not pass it.
-                    // Not handed out: breaking skips publishing it, so the cursor stays before it.
+                    // Not handed out: not counted, and the cursor stays before it.
                     stats.listed.fetch_sub(1, Ordering::Relaxed);
                     break;
                 }
             };
-            let id = ctx
-                .window
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(prev);
+            let id = ctx.window().push(key);
             dispatch(&ctx, permit, action, s, id);
         }
         Ok(())
@@ -462,13 +630,14 @@ pub async fn sync(
     if let Err(e) = result {
         fatal = Some(format!("{e:#}"));
     }
-    // Wait for the work in flight.
+    // Wait for the work in flight, then make it durable and save progress.
     let _all = pool
         .acquire_many(o.threads.max(1) as u32)
         .await
         .expect("semaphore open");
-    saver.abort();
+    let _ = saver_stop.send(true);
     let _ = saver.await; // its hold on the state is gone before we return
+    ctx.checkpoint().await?;
     let interrupted = *stop.borrow();
     if ctx.abort.load(Ordering::SeqCst) && fatal.is_none() {
         fatal = Some(format!(
@@ -477,19 +646,16 @@ pub async fn sync(
         ));
     }
     if let Some(st) = &state {
-        if let Some(c) = ctx
-            .window
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .cursor()
-        {
-            st.set_cursor(&c)?;
-        }
         st.flush()?;
     }
     // Deletions only after a complete, clean run.
     let failed = stats.failed.load(Ordering::Relaxed);
-    if o.delete_dst && !o.dry_run && fatal.is_none() && !interrupted && failed == 0 {
+    if o.delete_dst && o.dry_run {
+        let n = stats.deleted.load(Ordering::Relaxed);
+        if let Some(why) = refused(o.max_delete, n, stats.dst_listed.load(Ordering::Relaxed)) {
+            fatal = Some(format!("the deletion step would be refused: {why}"));
+        }
+    } else if o.delete_dst && fatal.is_none() && !interrupted && failed == 0 {
         let deletes = match &state {
             Some(st) => st.deletes()?,
             None => {
@@ -504,20 +670,8 @@ pub async fn sync(
             .dst_listed
             .load(Ordering::Relaxed)
             .max(deletes.len() as u64);
-        let refuse = match o.max_delete {
-            Some(MaxDelete::Count(n)) => deletes.len() as u64 > n,
-            Some(MaxDelete::Percent(p)) => deletes.len() as f64 > p / 100.0 * listed_dst as f64,
-            None => false,
-        };
-        if refuse {
-            let limit = match o.max_delete.expect("set") {
-                MaxDelete::Count(n) => n.to_string(),
-                MaxDelete::Percent(p) => format!("{p}%"),
-            };
-            fatal = Some(format!(
-                "refusing to delete {} of {listed_dst} destination objects: over --max-delete {limit}; nothing was deleted",
-                deletes.len()
-            ));
+        if let Some(why) = refused(o.max_delete, deletes.len() as u64, listed_dst) {
+            fatal = Some(format!("refusing to delete: {why}; nothing was deleted"));
             // The copies are done; the next run starts from a fresh listing and counts again.
             if let Some(st) = &state {
                 st.finish()?;
@@ -526,7 +680,12 @@ pub async fn sync(
             for (key, is_dir) in deletes {
                 let kind = if is_dir { Kind::Dir } else { Kind::File };
                 match with_retries(o.retries, &key, || dst.delete(&key, kind)).await {
-                    Ok(()) => Stats::add(&stats.deleted, 1),
+                    Ok(()) => {
+                        Stats::add(&stats.deleted, 1);
+                        if let Some(st) = &state {
+                            st.deleted(&key)?;
+                        }
+                    }
                     Err(e) => {
                         Stats::add(&stats.failed, 1);
                         eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
@@ -534,10 +693,15 @@ pub async fn sync(
                 }
             }
         }
-    } else if o.delete_dst && !o.dry_run && (failed > 0 || fatal.is_some()) {
+    } else if o.delete_dst && (failed > 0 || fatal.is_some()) {
         tracing::warn!("nothing deleted: the run had errors");
     }
-    let summary = stats.summary(t0.elapsed().as_secs_f64());
+    let mut summary = stats.summary(t0.elapsed().as_secs_f64());
+    summary.dry_run = o.dry_run;
+    if base != Summary::default() {
+        summary.add(&base);
+        summary.resumed = Some(Box::new(base));
+    }
     if let Some(st) = &state {
         if fatal.is_none() && !interrupted && summary.failed == 0 {
             st.finish()?;
@@ -554,4 +718,40 @@ pub async fn sync(
         fatal,
         interrupted,
     })
+}
+
+/// Why `n` deletions of `listed` destination objects are over the limit, if they are.
+fn refused(max: Option<MaxDelete>, n: u64, listed: u64) -> Option<String> {
+    let (over, limit) = match max? {
+        MaxDelete::Count(c) => (n > c, c.to_string()),
+        MaxDelete::Percent(p) => (n as f64 > p / 100.0 * listed as f64, format!("{p}%")),
+    };
+    over.then(|| format!("{n} of {listed} destination objects is over --max-delete {limit}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn o(kind: OutcomeKind) -> Outcome {
+        Outcome::of(kind)
+    }
+
+    #[test]
+    fn the_cursor_and_its_tally_move_together() {
+        let mut w = Window::default();
+        w.inline("a".into(), o(OutcomeKind::Excluded));
+        let b = w.push("b".into());
+        w.inline("c".into(), o(OutcomeKind::Skipped(Why::UpToDate)));
+        let d = w.push("d".into());
+        assert_eq!(w.cursor().as_deref(), Some("a"));
+        assert_eq!(w.tally.listed, 1);
+        w.resolve(d, o(OutcomeKind::Copied));
+        assert_eq!(w.cursor().as_deref(), Some("a"), "b is not recorded yet");
+        w.resolve(b, o(OutcomeKind::Updated));
+        assert_eq!(w.cursor().as_deref(), Some("d"));
+        let t = &w.tally;
+        assert_eq!((t.listed, t.excluded, t.updated, t.skipped, t.copied), (4, 1, 1, 1, 1));
+        assert!(t.adds_up());
+    }
 }

@@ -1,8 +1,9 @@
 //! Resume state of one sync job in RocksDB (default under ~/.cache/jfs-sync/<hash of src, dst
-//! and options>): the listing cursor (every key at or before it is resolved), the keys copied
-//! after it, the destination keys to delete at the end, and the journal position for
-//! `--from-journal`. Puts go through the WAL without fsync: a killed process (even kill -9)
-//! loses nothing the OS has, and a lost tail only means a few objects are copied again.
+//! and options>): the listing cursor (every key at or before it is resolved) with the tally of
+//! what those keys came to, the keys copied after it (with what was done to them), the
+//! destination keys to delete at the end, and the journal position for `--from-journal`.
+//! Puts go through the WAL without fsync: a killed process (even kill -9) loses nothing the
+//! OS has, and a lost tail only means a few objects are copied again.
 
 use anyhow::{Context, Result};
 use rocksdb::{Options, WriteBatch, DB};
@@ -14,6 +15,10 @@ pub struct State {
 }
 
 const CURSOR: &[u8] = b"cursor";
+/// JSON `Summary` of the keys at or before the cursor, over every attempt of this job.
+const TALLY: &[u8] = b"tally";
+/// Deletes done so far in the deletion step (it may be interrupted too).
+const DELETED: &[u8] = b"deleted";
 const JOURNAL_SEQ: &[u8] = b"journal_seq";
 const DONE: &[u8] = b"done:";
 const DELETE: &[u8] = b"del:";
@@ -26,8 +31,16 @@ fn k(prefix: &[u8], key: &str) -> Vec<u8> {
 }
 
 /// (size, mtime) of a completed copy.
-fn stamp(size: u64, mtime_ns: i64) -> Vec<u8> {
-    format!("{size} {mtime_ns}").into_bytes()
+fn stamp(size: u64, mtime_ns: i64) -> String {
+    format!("{size} {mtime_ns}")
+}
+
+/// What an earlier attempt did to a key it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    Copied,
+    Updated,
+    Skipped,
 }
 
 impl State {
@@ -66,16 +79,52 @@ impl State {
         Ok(self.db.put(CURSOR, key)?)
     }
 
-    pub fn mark_done(&self, key: &str, size: u64, mtime_ns: i64) -> Result<()> {
-        Ok(self.db.put(k(DONE, key), stamp(size, mtime_ns))?)
-    }
-
-    /// Was this exact source version already copied by an earlier (interrupted) run?
-    pub fn is_done(&self, key: &str, size: u64, mtime_ns: i64) -> Result<bool> {
+    /// The tally of the keys at or before the cursor, from earlier attempts.
+    pub fn tally(&self) -> Result<Option<crate::stats::Summary>> {
         Ok(self
             .db
-            .get(k(DONE, key))?
-            .is_some_and(|v| v == stamp(size, mtime_ns)))
+            .get(TALLY)?
+            .and_then(|v| serde_json::from_slice(&v).ok()))
+    }
+
+    /// Move the cursor and record the tally of everything at or before it, in one write.
+    pub fn checkpoint(&self, cursor: &str, tally: &crate::stats::Summary) -> Result<()> {
+        let mut b = WriteBatch::default();
+        b.put(CURSOR, cursor);
+        b.put(TALLY, serde_json::to_vec(tally)?);
+        Ok(self.db.write(b)?)
+    }
+
+    pub fn mark_done(&self, key: &str, size: u64, mtime_ns: i64, what: Done) -> Result<()> {
+        let tag = match what {
+            Done::Copied => "c",
+            Done::Updated => "u",
+            Done::Skipped => "s",
+        };
+        Ok(self
+            .db
+            .put(k(DONE, key), format!("{} {tag}", stamp(size, mtime_ns)))?)
+    }
+
+    /// Was this exact source version already finished by an earlier (interrupted) run, and
+    /// what was done to it?
+    pub fn is_done(&self, key: &str, size: u64, mtime_ns: i64) -> Result<Option<Done>> {
+        let Some(v) = self.db.get(k(DONE, key))? else {
+            return Ok(None);
+        };
+        let v = String::from_utf8_lossy(&v).into_owned();
+        let want = stamp(size, mtime_ns);
+        let Some(rest) = v
+            .strip_prefix(&want)
+            .filter(|r| r.is_empty() || r.starts_with(' '))
+        else {
+            return Ok(None);
+        };
+        Ok(Some(match rest.trim() {
+            "u" => Done::Updated,
+            "s" => Done::Skipped,
+            _ => Done::Copied, // "c", or a record of an earlier release
+        }))
     }
 
     /// The multipart upload in progress for `key`: (upload id, "size mtime" of the source).
@@ -102,6 +151,24 @@ impl State {
         Ok(self
             .db
             .put(k(DELETE, key), if is_dir { "d" } else { "f" })?)
+    }
+
+    /// A deletion of the final step is done: forget it and count it, in one write.
+    pub fn deleted(&self, key: &str) -> Result<()> {
+        let n = self.deleted_count()? + 1;
+        let mut b = WriteBatch::default();
+        b.delete(k(DELETE, key));
+        b.put(DELETED, n.to_string());
+        Ok(self.db.write(b)?)
+    }
+
+    /// Deletions done by earlier attempts of the final step.
+    pub fn deleted_count(&self) -> Result<u64> {
+        Ok(self
+            .db
+            .get(DELETED)?
+            .and_then(|v| String::from_utf8_lossy(&v).parse().ok())
+            .unwrap_or(0))
     }
 
     /// Keys to delete, deepest first (descending key order puts `a/x` before `a/`).

@@ -1,6 +1,8 @@
 //! Counters of a run, the summary that adds up, progress output and Prometheus metrics.
 
-use serde::Serialize;
+use crate::plan::Why;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 #[derive(Default)]
@@ -9,6 +11,8 @@ pub struct Stats {
     pub copied: AtomicU64,
     pub updated: AtomicU64,
     pub skipped: AtomicU64,
+    /// `skipped` by reason, indexed as `Why::ALL`.
+    pub skip_why: [AtomicU64; 5],
     pub excluded: AtomicU64,
     pub failed: AtomicU64,
     pub deleted: AtomicU64,
@@ -23,20 +27,37 @@ pub struct Stats {
     pub total_known: std::sync::atomic::AtomicBool,
 }
 
-/// Final numbers: listed = copied + updated + skipped + excluded + failed.
-#[derive(Serialize, Debug, Clone, PartialEq, Default)]
+/// Final numbers: listed = copied + updated + skipped + excluded + failed. With `dry_run`,
+/// copied, updated and deleted are what the run would do.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct Summary {
+    #[serde(default)]
+    pub dry_run: bool,
     pub listed: u64,
     pub copied: u64,
     pub updated: u64,
     pub skipped: u64,
+    /// Why keys were skipped (`up_to_date`, `exists`, `not_on_destination`, `not_newer`,
+    /// `symlink`): adds up to `skipped`.
+    #[serde(default)]
+    pub skipped_reasons: BTreeMap<String, u64>,
     pub excluded: u64,
     pub failed: u64,
     pub deleted: u64,
     pub extra: u64,
     pub bytes: u64,
     pub checked: u64,
+    /// Of the above, what earlier attempts of this job did before it was interrupted.
+    #[serde(default)]
+    pub resumed: Option<Box<Summary>>,
     pub seconds: f64,
+}
+
+fn why_name(w: Why) -> String {
+    serde_json::to_value(w)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 impl Stats {
@@ -44,18 +65,34 @@ impl Stats {
         c.fetch_add(n, Relaxed);
     }
 
+    pub fn skip(&self, why: Why) {
+        Self::add(&self.skipped, 1);
+        let i = Why::ALL.iter().position(|w| *w == why).expect("listed");
+        Self::add(&self.skip_why[i], 1);
+    }
+
     pub fn summary(&self, seconds: f64) -> Summary {
+        let mut reasons = BTreeMap::new();
+        for (i, w) in Why::ALL.iter().enumerate() {
+            let n = self.skip_why[i].load(Relaxed);
+            if n > 0 {
+                reasons.insert(why_name(*w), n);
+            }
+        }
         Summary {
+            dry_run: false,
             listed: self.listed.load(Relaxed),
             copied: self.copied.load(Relaxed),
             updated: self.updated.load(Relaxed),
             skipped: self.skipped.load(Relaxed),
+            skipped_reasons: reasons,
             excluded: self.excluded.load(Relaxed),
             failed: self.failed.load(Relaxed),
             deleted: self.deleted.load(Relaxed),
             extra: self.extra.load(Relaxed),
             bytes: self.bytes.load(Relaxed),
             checked: self.checked.load(Relaxed),
+            resumed: None,
             seconds: (seconds * 1000.0).round() / 1000.0,
         }
     }
@@ -74,7 +111,7 @@ impl Stats {
                 &self.updated,
                 "objects copied over a different version",
             ),
-            ("skipped", &self.skipped, "objects already the same"),
+            ("skipped", &self.skipped, "objects left as they are"),
             ("excluded", &self.excluded, "objects left out by filters"),
             ("failed", &self.failed, "objects that failed after retries"),
             ("deleted", &self.deleted, "objects deleted"),
@@ -94,12 +131,127 @@ impl Stats {
 impl Summary {
     pub fn adds_up(&self) -> bool {
         self.listed == self.copied + self.updated + self.skipped + self.excluded + self.failed
+            && self.skipped_reasons.values().sum::<u64>() == self.skipped
+    }
+
+    /// Add `o`'s counts (not its time) to these.
+    pub fn add(&mut self, o: &Summary) {
+        self.listed += o.listed;
+        self.copied += o.copied;
+        self.updated += o.updated;
+        self.skipped += o.skipped;
+        for (k, v) in &o.skipped_reasons {
+            *self.skipped_reasons.entry(k.clone()).or_default() += v;
+        }
+        self.excluded += o.excluded;
+        self.failed += o.failed;
+        self.deleted += o.deleted;
+        self.extra += o.extra;
+        self.bytes += o.bytes;
+        self.checked += o.checked;
+    }
+
+    /// Count one resolved key's outcome.
+    pub fn count(&mut self, o: Outcome) {
+        self.listed += o.listed as u64;
+        match o.kind {
+            OutcomeKind::Copied => self.copied += 1,
+            OutcomeKind::Updated => self.updated += 1,
+            OutcomeKind::Skipped(w) => {
+                self.skipped += 1;
+                *self.skipped_reasons.entry(why_name(w)).or_default() += 1;
+            }
+            OutcomeKind::Excluded => self.excluded += 1,
+            OutcomeKind::Extra => self.extra += 1,
+        }
+        self.bytes += o.bytes;
+        self.checked += o.checked as u64;
     }
 
     pub fn line(&self) -> String {
-        format!(
-            "listed {}, copied {}, updated {}, skipped {}, excluded {}, failed {}, deleted {}, extra {}, {} bytes in {:.1}s",
-            self.listed, self.copied, self.updated, self.skipped, self.excluded, self.failed, self.deleted, self.extra, self.bytes, self.seconds
-        )
+        let would = if self.dry_run { "would " } else { "" };
+        let mut skipped = self.skipped.to_string();
+        if !self.skipped_reasons.is_empty() {
+            let why: Vec<String> = Why::ALL
+                .iter()
+                .filter_map(|w| {
+                    self.skipped_reasons
+                        .get(&why_name(*w))
+                        .map(|n| format!("{n} {}", w.describe()))
+                })
+                .collect();
+            skipped = format!("{skipped} ({})", why.join(", "));
+        }
+        let mut s = format!(
+            "{}listed {}, {would}copy {}, {would}update {}, skipped {skipped}, excluded {}, failed {}, {would}delete {}, extra {}, {} bytes in {:.1}s",
+            if self.dry_run { "dry run: " } else { "" },
+            self.listed, self.copied, self.updated, self.excluded, self.failed, self.deleted, self.extra, self.bytes, self.seconds
+        );
+        if !self.dry_run {
+            s = s
+                .replace(", copy ", ", copied ")
+                .replace(", update ", ", updated ")
+                .replace(", delete ", ", deleted ");
+        }
+        if let Some(r) = &self.resumed {
+            s.push_str(&format!(
+                "; of these, earlier interrupted attempts: listed {}, copied {}, updated {}, skipped {}, deleted {}",
+                r.listed, r.copied, r.updated, r.skipped, r.deleted
+            ));
+        }
+        s
+    }
+}
+
+/// What happened to one listed key, for the checkpointed tally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeKind {
+    Copied,
+    Updated,
+    Skipped(Why),
+    Excluded,
+    /// Only on the destination.
+    Extra,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub kind: OutcomeKind,
+    /// Counted in `listed` (source keys; extra destination keys are not).
+    pub listed: bool,
+    pub bytes: u64,
+    /// Contents were compared (--checksum).
+    pub checked: bool,
+}
+
+impl Outcome {
+    pub fn of(kind: OutcomeKind) -> Self {
+        Outcome {
+            kind,
+            listed: kind != OutcomeKind::Extra,
+            bytes: 0,
+            checked: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_say_would_in_a_dry_run_and_why_things_were_skipped() {
+        let mut s = Summary::default();
+        s.count(Outcome::of(OutcomeKind::Copied));
+        s.count(Outcome::of(OutcomeKind::Skipped(Why::Symlink)));
+        s.count(Outcome::of(OutcomeKind::Skipped(Why::UpToDate)));
+        s.deleted = 2;
+        assert!(s.adds_up());
+        let l = s.line();
+        assert!(l.contains("copied 1") && l.contains("deleted 2"), "{l}");
+        assert!(l.contains("skipped 2 (1 up to date, 1 symlinks (no --links))"), "{l}");
+        s.dry_run = true;
+        let l = s.line();
+        assert!(l.starts_with("dry run: ") && l.contains("would copy 1") && l.contains("would delete 2"), "{l}");
     }
 }

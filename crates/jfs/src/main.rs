@@ -5,11 +5,13 @@ mod cli;
 mod cmd;
 mod progress;
 
-use clap::Parser;
 use std::process::ExitCode;
 
+/// Never suggested for a mistyped flag or subcommand.
+const DESTRUCTIVE: &[&str] = &["--delete", "--force", "rm", "truncate"];
+
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let (args, _) = cli_common::parse::<cli::Cli>(DESTRUCTIVE);
     init_logging(&args.global);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -40,13 +42,5 @@ fn init_logging(g: &cli::Global) {
         (_, 2) => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("JFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match g.log_format {
-        cli::LogFormat::Json => b.json().init(),
-        cli::LogFormat::Human => b.init(),
-    }
+    cli_common::init_logging(level, g.log_format == cli::LogFormat::Json, "JFS_LOG");
 }

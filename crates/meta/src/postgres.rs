@@ -19,6 +19,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+/// The commit section's lock on the head row, with the mirror marker read in the same
+/// statement (writers are refused on a mirror's metadata, replay anywhere else).
+const HEAD_AND_MARKER: &str = "SELECT h.seq, (SELECT a.v FROM jfs_aux a WHERE a.name = $1) FROM jfs_head h WHERE h.id = 1 FOR UPDATE OF h";
+
 pub struct PgEngine {
     pool: Pool,
     display: String,
@@ -281,11 +285,18 @@ impl Engine for PgEngine {
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| map_err(e, "begin"))?;
-        let head: i64 = tx
-            .query_one("SELECT seq FROM jfs_head WHERE id = 1 FOR UPDATE", &[])
+        let row = tx
+            .query_one(HEAD_AND_MARKER, &[&fs_core::site::MARKER])
             .await
-            .map_err(|e| map_err(e, "locking head"))?
-            .get(0);
+            .map_err(|e| map_err(e, "locking head"))?;
+        let head: i64 = row.get(0);
+        if let Some(marker) = row.get::<_, Option<Vec<u8>>>(1) {
+            let _ = tx.rollback().await;
+            return Err(fs_core::site::refusal_from_record(
+                &self.display,
+                Some(&marker),
+            ));
+        }
         let mut want: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
         let ckeys = req.counter_keys();
         want.extend(ckeys.iter().map(|k| k.as_slice()));
@@ -386,11 +397,15 @@ impl Engine for PgEngine {
     async fn apply(&self, entries: &[Entry]) -> Result<u64> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| map_err(e, "begin"))?;
-        let head = tx
-            .query_one("SELECT seq FROM jfs_head WHERE id = 1 FOR UPDATE", &[])
+        let row = tx
+            .query_one(HEAD_AND_MARKER, &[&fs_core::site::MARKER])
             .await
-            .map_err(|e| map_err(e, "locking head"))?
-            .get::<_, i64>(0) as u64;
+            .map_err(|e| map_err(e, "locking head"))?;
+        if row.get::<_, Option<Vec<u8>>>(1).is_none() {
+            let _ = tx.rollback().await;
+            return Err(fs_core::site::replay_refused(&self.display));
+        }
+        let head = row.get::<_, i64>(0) as u64;
         let todo = fs_core::engine::entries_after(head, entries)?;
         if todo.is_empty() {
             return Ok(head);
@@ -435,6 +450,7 @@ impl Engine for PgEngine {
     }
 
     async fn install_reset(&self) -> Result<()> {
+        fs_core::site::require_mirror(self).await?;
         let c = self.client().await?;
         c.batch_execute(
             "BEGIN; DELETE FROM jfs_kv; DELETE FROM jfs_journal; UPDATE jfs_head SET seq = 0 WHERE id = 1; COMMIT;",
@@ -444,6 +460,7 @@ impl Engine for PgEngine {
     }
 
     async fn install_put(&self, pairs: &[KvPair]) -> Result<()> {
+        fs_core::site::require_mirror(self).await?;
         if pairs.is_empty() {
             return Ok(());
         }
@@ -460,6 +477,7 @@ impl Engine for PgEngine {
     }
 
     async fn install_head(&self, head: u64) -> Result<()> {
+        fs_core::site::require_mirror(self).await?;
         let c = self.client().await?;
         c.execute(
             "UPDATE jfs_head SET seq = $1 WHERE id = 1",

@@ -23,12 +23,13 @@ use tokio::sync::Mutex;
 
 const COMMIT_LUA: &str = r#"
 local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+if redis.call('HEXISTS', KEYS[4], ARGV[6]) == 1 then return {3, head} end
 if head ~= tonumber(ARGV[1]) then return {1, head} end
 local nr = tonumber(ARGV[2])
 local nw = tonumber(ARGV[3])
-local a = 6
+local a = 7
 for i = 1, nr do
-  local v = redis.call('GET', KEYS[3 + i])
+  local v = redis.call('GET', KEYS[4 + i])
   if ARGV[a] == '0' then
     if v then return {2, head} end
   elseif (not v) or v ~= ARGV[a + 1] then
@@ -37,7 +38,7 @@ for i = 1, nr do
   a = a + 2
 end
 for i = 1, nw do
-  local k = KEYS[3 + nr + i]
+  local k = KEYS[4 + nr + i]
   if ARGV[a] == 'p' then
     redis.call('SET', k, ARGV[a + 1])
     redis.call('ZADD', KEYS[3], 0, ARGV[a + 2])
@@ -52,17 +53,20 @@ redis.call('XADD', KEYS[2], ARGV[5] .. '-0', 'f', ARGV[4])
 return {0, tonumber(ARGV[5])}
 "#;
 
-/// Replay: ARGV = [expected head, new head, n frames, (seq, frame)*, (op, value, member)*]
+/// Replay: ARGV = [expected head, new head, n frames, marker name, (seq, frame)*,
+/// (op, value, member)*]; KEYS = [head, journal, index, aux, written keys...]. Refused (3)
+/// unless the metadata carries the mirror marker.
 const APPLY_LUA: &str = r#"
 local head = tonumber(redis.call('GET', KEYS[1]) or '0')
+if redis.call('HEXISTS', KEYS[4], ARGV[4]) == 0 then return {3, head} end
 if head ~= tonumber(ARGV[1]) then return {1, head} end
 local nf = tonumber(ARGV[3])
-local a = 4
+local a = 5
 for i = 1, nf do
   redis.call('XADD', KEYS[2], ARGV[a] .. '-0', 'f', ARGV[a + 1])
   a = a + 2
 end
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   if ARGV[a] == 'p' then
     redis.call('SET', KEYS[i], ARGV[a + 1])
     redis.call('ZADD', KEYS[3], 0, ARGV[a + 2])
@@ -296,12 +300,14 @@ impl Engine for RedisEngine {
             let mut inv = self.commit_script.prepare_invoke();
             inv.key(self.head_key())
                 .key(self.journal_key())
-                .key(self.index_key());
+                .key(self.index_key())
+                .key(self.aux_key());
             inv.arg(head)
                 .arg(req.reads.len())
                 .arg(entry.writes.len())
                 .arg(frame)
-                .arg(seq);
+                .arg(seq)
+                .arg(fs_core::site::MARKER);
             for (k, want) in &req.reads {
                 inv.key(self.k(k));
                 match want {
@@ -325,6 +331,7 @@ impl Engine for RedisEngine {
                     });
                 }
                 1 => self.head_hint.store(cur, Ordering::SeqCst),
+                3 => return Err(fs_core::site::refuse_commit(self).await),
                 _ => {
                     self.head_hint.store(cur, Ordering::SeqCst);
                     return Ok(CommitOutcome::Conflict);
@@ -431,8 +438,12 @@ impl Engine for RedisEngine {
         let mut inv = self.apply_script.prepare_invoke();
         inv.key(self.head_key())
             .key(self.journal_key())
-            .key(self.index_key());
-        inv.arg(head).arg(last.seq).arg(todo.len());
+            .key(self.index_key())
+            .key(self.aux_key());
+        inv.arg(head)
+            .arg(last.seq)
+            .arg(todo.len())
+            .arg(fs_core::site::MARKER);
         for e in &todo {
             inv.arg(e.seq).arg(e.encode());
         }
@@ -446,6 +457,9 @@ impl Engine for RedisEngine {
             .invoke_async(&mut c)
             .await
             .map_err(|e| map_err(e, "apply"))?;
+        if code == 3 {
+            return Err(fs_core::site::replay_refused(&self.display));
+        }
         if code != 0 {
             return Err(Error::new(
                 ErrorKind::Conflict,
@@ -481,6 +495,7 @@ impl Engine for RedisEngine {
     }
 
     async fn install_reset(&self) -> Result<()> {
+        fs_core::site::require_mirror(self).await?;
         let mut c = self.conn.clone();
         loop {
             let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
@@ -512,6 +527,7 @@ impl Engine for RedisEngine {
     }
 
     async fn install_put(&self, pairs: &[KvPair]) -> Result<()> {
+        fs_core::site::require_mirror(self).await?;
         if pairs.is_empty() {
             return Ok(());
         }
@@ -530,6 +546,7 @@ impl Engine for RedisEngine {
     }
 
     async fn install_head(&self, head: u64) -> Result<()> {
+        fs_core::site::require_mirror(self).await?;
         let mut c = self.conn.clone();
         let _: () = c
             .set(self.head_key(), head)

@@ -217,8 +217,30 @@ impl Inner {
         Ok(())
     }
 
+    /// The mirror marker's file (see `fs_core::site`): its presence fences writers off.
+    fn marker_path(&self) -> PathBuf {
+        self.path.join("jfs-aux").join(fs_core::site::MARKER)
+    }
+
+    fn require_mirror(&self) -> Result<()> {
+        if !self.marker_path().exists() {
+            return Err(fs_core::site::replay_refused(&format!(
+                "rocksdb://{}",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+
     fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
         let guard = self.commit.lock().unwrap_or_else(|p| p.into_inner());
+        let marker = self.marker_path();
+        if marker.exists() {
+            return Err(fs_core::site::refusal_from_record(
+                &format!("rocksdb://{}", self.path.display()),
+                std::fs::read(&marker).ok().as_deref(),
+            ));
+        }
         let keys: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
         for ((_, want), got) in req.reads.iter().zip(self.db.multi_get(keys)) {
             if got.map_err(|e| err(e, "validating reads"))?.as_deref() != want.as_deref() {
@@ -408,6 +430,7 @@ impl Engine for RocksEngine {
         let entries = entries.to_vec();
         tokio::task::spawn_blocking(move || {
             let guard = inner.commit.lock().unwrap_or_else(|p| p.into_inner());
+            inner.require_mirror()?;
             let start = inner.head.load(Ordering::SeqCst);
             let todo = fs_core::engine::entries_after(start, &entries)?;
             let head = todo.last().map_or(start, |e| e.seq);
@@ -467,6 +490,7 @@ impl Engine for RocksEngine {
 
     async fn install_reset(&self) -> Result<()> {
         self.read_only()?;
+        self.inner.require_mirror()?;
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let _guard = inner.commit.lock().unwrap_or_else(|p| p.into_inner());
@@ -488,6 +512,7 @@ impl Engine for RocksEngine {
 
     async fn install_put(&self, pairs: &[KvPair]) -> Result<()> {
         self.read_only()?;
+        self.inner.require_mirror()?;
         let mut batch = WriteBatch::default();
         for (k, v) in pairs {
             batch.put(k, v);
@@ -497,6 +522,7 @@ impl Engine for RocksEngine {
 
     async fn install_head(&self, head: u64) -> Result<()> {
         self.read_only()?;
+        self.inner.require_mirror()?;
         let _guard = self.inner.commit.lock().unwrap_or_else(|p| p.into_inner());
         let mut batch = WriteBatch::default();
         batch.put_cf(self.inner.cf(CF_META), HEAD, head.to_be_bytes());

@@ -51,7 +51,7 @@ async fn apply() {
         let mut rates = Vec::new();
         for batch in [4096usize, 1] {
             let (url, _d) = meta_url(engine);
-            let e = open_engine(&url).await;
+            let e = integration::replica(&url).await;
             // The serial replayer gets a slice of the journal (it is slow); same mix.
             let n = if batch == 1 {
                 entries.len().min(5_000)

@@ -202,7 +202,7 @@ impl LocalDir {
         check_key(key)?;
         let (sd, k) = (src.dir.clone(), key.to_string());
         let from = blocking(move || Ok(sd.open(rel(&k))?.into_std())).await?;
-        let sink = LocalSink::create(self.dir.clone(), key).await?;
+        let mut sink = LocalSink::create(self.dir.clone(), key).await?;
         let mut done = 0u64;
         const PIECE: u64 = 64 << 20;
         let res: Result<()> = async {
@@ -220,6 +220,9 @@ impl LocalDir {
                     bail!("{key} changed while being copied (short read at {done})");
                 }
                 done += n;
+                if size > PIECE {
+                    sink.wrote(n).await?;
+                }
             }
             Ok(())
         }
@@ -330,6 +333,24 @@ pub struct LocalSink {
     tmp: String,
     key: String,
     file: std::fs::File,
+    /// Bytes written since the last data sync: a large file is synced every `SYNC_EVERY` as it
+    /// is written, so its durability costs little at the end (small files wait for the run's
+    /// batched `syncfs`).
+    unsynced: u64,
+}
+
+const SYNC_EVERY: u64 = 64 << 20;
+
+impl LocalSink {
+    async fn wrote(&mut self, n: u64) -> Result<()> {
+        self.unsynced += n;
+        if self.unsynced >= SYNC_EVERY {
+            let f = self.file.try_clone()?;
+            blocking(move || Ok(f.sync_data()?)).await?;
+            self.unsynced = 0;
+        }
+        Ok(())
+    }
 }
 
 impl LocalSink {
@@ -358,6 +379,7 @@ impl LocalSink {
                 tmp,
                 key,
                 file,
+                unsynced: 0,
             })
         })
         .await
@@ -368,7 +390,9 @@ impl LocalSink {
 impl Sink for LocalSink {
     async fn write(&mut self, data: Bytes) -> Result<()> {
         let mut f = self.file.try_clone()?;
-        blocking(move || Ok(f.write_all(&data)?)).await
+        let n = data.len() as u64;
+        blocking(move || Ok(f.write_all(&data)?)).await?;
+        self.wrote(n).await
     }
 
     async fn finish(self: Box<Self>, src: &Entry, perms: bool) -> Result<()> {
@@ -381,7 +405,8 @@ impl Sink for LocalSink {
             if let (true, Some(m)) = (perms, mode) {
                 s.file.set_permissions(std::fs::Permissions::from_mode(m))?;
             }
-            s.file.sync_data()?;
+            // Not synced here: the run makes finished copies durable in batches (`sync`)
+            // before it records them as done.
             s.dir
                 .rename(&s.tmp, &s.dir, rel(&s.key))
                 .with_context(|| format!("renaming into place: {}", s.key))?;
@@ -539,6 +564,25 @@ impl Endpoint for LocalDir {
 
     fn as_local(&self) -> Option<&LocalDir> {
         Some(self)
+    }
+
+    fn durable_later(&self) -> bool {
+        true
+    }
+
+    /// One `syncfs` of the destination's file system: every file written and renamed so far,
+    /// and the directories naming them, reach the disk.
+    async fn sync(&self) -> Result<()> {
+        // cap-std holds the directory as an O_PATH descriptor, which syncfs refuses: open it
+        // for reading (any descriptor on that file system will do).
+        let root = self.root.clone();
+        blocking(move || {
+            let d = std::fs::File::open(&root)
+                .with_context(|| format!("opening {} to sync it", root.display()))?;
+            rustix::fs::syncfs(&d)
+                .with_context(|| format!("syncing the file system of {}", root.display()))
+        })
+        .await
     }
 
     async fn delete(&self, key: &str, kind: Kind) -> Result<()> {

@@ -10,7 +10,7 @@ mod volume;
 
 pub use local::LocalDir;
 pub use object::{ObjectStore, PART};
-pub use volume::VolumeEndpoint;
+pub use volume::{meta_url_of, VolumeEndpoint};
 
 use anyhow::{Context, Result};
 use async_trait::async_trait;
@@ -90,6 +90,20 @@ pub trait Endpoint: Send + Sync {
     fn as_volume(&self) -> Option<&VolumeEndpoint> {
         None
     }
+    /// Writes here are durable only after `sync` (a local file system); others are durable
+    /// when the write returns.
+    fn durable_later(&self) -> bool {
+        false
+    }
+    /// Make every write finished so far durable (files and the directory entries naming them).
+    async fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Places this endpoint reads or writes that its spec alone does not tell (a volume's
+    /// uuid and block store), for the overlap check.
+    fn places(&self) -> Vec<(String, crate::overlap::Place)> {
+        Vec::new()
+    }
 }
 
 /// An error that retrying cannot fix (a hostile key, an unsupported object kind).
@@ -158,10 +172,17 @@ pub fn check_key(key: &str) -> Result<()> {
 }
 
 /// Open an endpoint from its command-line form: a local path (or `file://`), `s3://`,
-/// `memory://`, or `jfs://NAME/path`. `create` makes a missing local destination directory.
-pub async fn open(spec: &str, endpoint: Option<&str>, create: bool) -> Result<Arc<dyn Endpoint>> {
+/// `memory://`, or `jfs://NAME/path`. `write`: this run writes or deletes there (a volume is
+/// then opened for writing, which a mirror's metadata refuses); `create` makes a missing
+/// local directory.
+pub async fn open(
+    spec: &str,
+    endpoint: Option<&str>,
+    write: bool,
+    create: bool,
+) -> Result<Arc<dyn Endpoint>> {
     if let Some(rest) = spec.strip_prefix("jfs://") {
-        return Ok(Arc::new(VolumeEndpoint::open(rest).await?));
+        return Ok(Arc::new(VolumeEndpoint::open(rest, write).await?));
     }
     if let Some((scheme, _)) = spec.split_once("://") {
         if scheme == "file" {

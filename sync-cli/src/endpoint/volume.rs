@@ -10,6 +10,13 @@ use fs_core::{Attr, ErrorKind, FileKind, Fs, Ino, Owner, SetAttr};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+/// The META_URL of `jfs://NAME/...`: the value of the environment variable NAME.
+pub fn meta_url_of(name: &str) -> Result<String> {
+    std::env::var(name).map_err(|_| {
+        anyhow!("jfs://{name}/: set the environment variable {name} to the volume's META_URL")
+    })
+}
+
 pub struct VolumeEndpoint {
     fs: Arc<Fs>,
     name: String,
@@ -34,25 +41,32 @@ fn entry(key: String, a: &Attr, target: Option<String>) -> Entry {
 }
 
 impl VolumeEndpoint {
-    pub async fn open(rest: &str) -> Result<Self> {
+    /// Open `NAME/path`. `write`: this volume is the destination (refused on a mirror's
+    /// metadata); otherwise it is only read (RocksDB: a secondary beside its writer).
+    pub async fn open(rest: &str, write: bool) -> Result<Self> {
         let (name, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let url = std::env::var(name).map_err(|_| {
-            anyhow!("jfs://{name}/: set the environment variable {name} to the volume's META_URL")
-        })?;
-        let engine = meta::open(&url, &meta::OpenOptions::default())
+        let url = meta_url_of(name)?;
+        let opts = volume::Options {
+            access: if write {
+                volume::Access::Write
+            } else {
+                volume::Access::Read
+            },
+            ..Default::default()
+        };
+        let fs = volume::open(&url, &opts)
             .await
             .with_context(|| format!("opening volume {name}"))?;
-        let settings = Fs::load_settings(&*engine).await?;
-        let store: Arc<dyn fs_core::BlockStore> = Arc::new(objstore::OpendalStore::open(
-            &settings.storage,
-            &Default::default(),
-        )?);
-        let fs = Fs::open(engine, store).await?;
         Ok(VolumeEndpoint {
             fs: Arc::new(fs),
             name: name.to_string(),
             base: path.trim_matches('/').to_string(),
         })
+    }
+
+    /// The path inside the volume this endpoint is rooted at ("" is the root).
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     pub fn fs(&self) -> &Arc<Fs> {
@@ -342,6 +356,11 @@ impl Endpoint for VolumeEndpoint {
             .symlink(parent, name.as_bytes(), target.as_bytes(), Owner::default())
             .await?;
         Ok(())
+    }
+
+    fn places(&self) -> Vec<(String, crate::overlap::Place)> {
+        let s = self.fs.settings();
+        crate::overlap::volume_places(&s.uuid, &s.name, &s.storage, &self.base)
     }
 
     fn as_volume(&self) -> Option<&VolumeEndpoint> {

@@ -34,6 +34,7 @@ pub async fn format(
         .await
         .with_context(|| format!("checking the storage {storage}"))?;
     let engine = super::open_engine_with(g, meta_url, false, true).await?;
+    volume::check_site(&*engine, volume::Access::Write, true).await?;
     let fs = Fs::format(engine, store, s)
         .await
         .with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
@@ -72,6 +73,7 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
 }
 
 pub async fn load(engine: &dyn Engine, file: &Path) -> Result<Outcome> {
+    volume::check_site(engine, volume::Access::Write, true).await?;
     let raw = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let d: maint::Dump = serde_json::from_slice(&raw)
         .with_context(|| format!("{} is not a jfs dump", file.display()))?;
@@ -211,6 +213,17 @@ pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
         return Ok(Outcome::Done);
     }
     println!("volume      {} (uuid {})", s.name, s.uuid);
+    match (&s.mirror, &s.detached) {
+        (Some(m), _) => println!(
+            "site        mirror {:?} of the primary at {} (read-only; blocks in {})",
+            m.name, m.primary, m.store
+        ),
+        (None, Some(d)) => println!(
+            "site        volume of its own (detached from mirror {:?} of {} at seq {})",
+            d.name, d.primary, d.at_seq
+        ),
+        (None, None) => println!("site        primary"),
+    }
     println!("metadata    {} ({})", s.meta_url, s.engine);
     println!("storage     {}  block size {}", s.storage, s.block_size);
     println!(

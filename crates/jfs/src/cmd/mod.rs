@@ -187,42 +187,37 @@ pub async fn open_engine_with(
     read_only: bool,
     create: bool,
 ) -> Result<Arc<dyn Engine>> {
-    let opts = meta::OpenOptions {
-        read_only,
-        create,
-        password_file: g.meta_password_file.clone(),
-    };
-    meta::open(meta_url, &opts)
+    volume::open_engine(meta_url, access(read_only), g.meta_password_file.clone(), create)
         .await
         .with_context(|| format!("opening metadata {}", meta::redact(meta_url)))
 }
 
-pub fn open_store(g: &Global, url: &str) -> Result<Arc<dyn fs_core::BlockStore>> {
-    let opts = objstore::StoreOptions {
-        endpoint: g.endpoint.clone(),
-        region: None,
-    };
-    Ok(Arc::new(
-        objstore::OpendalStore::open(url, &opts)
-            .with_context(|| format!("opening the volume's store {url}"))?,
-    ))
+fn access(read_only: bool) -> volume::Access {
+    if read_only {
+        volume::Access::Read
+    } else {
+        volume::Access::Write
+    }
 }
 
+pub fn open_store(g: &Global, url: &str) -> Result<Arc<dyn fs_core::BlockStore>> {
+    volume::open_store(url, g.endpoint.as_deref())
+        .with_context(|| format!("opening the volume's store {url}"))
+}
+
+/// Open the volume through the `volume` crate: a bootstrapping mirror is refused to everyone,
+/// a mirror's metadata to writers.
 pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> {
+    let opts = volume::Options {
+        access: access(read_only),
+        password_file: g.meta_password_file.clone(),
+        endpoint: g.endpoint.clone(),
+        block_store: g.storage.clone(),
+        allow_incomplete: false,
+        io_parallel: g.io_parallel.max(1),
+    };
     let engine = open_engine(g, meta_url, read_only).await?;
-    if let Some(what) = fs_core::slots::incomplete(&*engine).await? {
-        anyhow::bail!(
-            "{} is a mirror that is bootstrapping ({what}): its tree is incomplete until it has caught up; wait for it (`mirror-agent status --wait-applied SEQ`) or read at the primary",
-            meta::redact(meta_url)
-        );
-    }
-    let settings = Fs::load_settings(&*engine)
-        .await
-        .with_context(|| format!("reading volume settings from {}", meta::redact(meta_url)))?;
-    let store = open_store(g, g.storage.as_deref().unwrap_or(&settings.storage))?;
-    let mut fs = Fs::open(engine, store).await?;
-    fs.io_parallel = g.io_parallel.max(1);
-    Ok(fs)
+    Ok(volume::open_on(engine, &opts).await?)
 }
 
 /// Split "/a/b/c" into ("/a/b", "c").

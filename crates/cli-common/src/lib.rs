@@ -1,0 +1,138 @@
+//! What `jfs`, `jfs-sync` and `mirror-agent` share on the command line:
+//!
+//! - `matches`: clap parsing whose "did you mean" never points at a destructive flag or
+//!   subcommand the user did not type (`--delete-after` must not suggest `--delete-src`);
+//! - `init_logging`: tracing on stderr, human or JSON, with ANSI colour only when stderr is a
+//!   terminal and `NO_COLOR` is unset, so log files and pipes stay greppable.
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use std::io::IsTerminal;
+
+/// Names (long flags with their dashes, or subcommands) whose suggestion must never be made.
+pub type Destructive<'a> = &'a [&'a str];
+
+fn names_destructive(v: &ContextValue, destructive: Destructive<'_>) -> bool {
+    let hit = |s: &str| {
+        destructive.iter().any(|d| {
+            let s = s.trim();
+            s == *d || s.starts_with(&format!("{d} ")) || s.starts_with(&format!("{d}="))
+        })
+    };
+    match v {
+        ContextValue::String(s) => hit(s),
+        ContextValue::Strings(v) => v.iter().any(|s| hit(s)),
+        ContextValue::StyledStr(s) => hit(&s.to_string()),
+        ContextValue::StyledStrs(v) => v.iter().any(|s| hit(&s.to_string())),
+        _ => false,
+    }
+}
+
+/// Drop suggestions that name a destructive flag or subcommand. clap also writes the
+/// suggested flag into the usage line it shows; that line becomes `cmd`'s plain usage.
+pub fn sanitize(
+    mut e: clap::Error,
+    cmd: &mut clap::Command,
+    destructive: Destructive<'_>,
+) -> clap::Error {
+    for kind in [
+        ContextKind::SuggestedArg,
+        ContextKind::SuggestedSubcommand,
+        ContextKind::SuggestedCommand,
+        ContextKind::Suggested,
+        ContextKind::Usage,
+    ] {
+        if e.get(kind).is_some_and(|v| names_destructive_anywhere(v, destructive)) {
+            e.remove(kind);
+            if kind == ContextKind::Usage {
+                e.insert(kind, ContextValue::StyledStr(cmd.render_usage()));
+            }
+        }
+    }
+    e
+}
+
+/// A usage line naming a destructive flag anywhere in it ("Usage: x --delete-src <SRC>").
+fn names_destructive_anywhere(v: &ContextValue, destructive: Destructive<'_>) -> bool {
+    if names_destructive(v, destructive) {
+        return true;
+    }
+    let text = match v {
+        ContextValue::StyledStr(s) => s.to_string(),
+        ContextValue::String(s) => s.clone(),
+        _ => return false,
+    };
+    text.split_whitespace()
+        .any(|w| destructive.iter().any(|d| d.starts_with("--") && w.trim_matches(['[', ']', '\'', ',']) == *d))
+}
+
+/// Parse the process's arguments; on a parse error print it (without destructive
+/// suggestions) and exit 2, as clap does.
+pub fn matches(cmd: clap::Command, destructive: Destructive<'_>) -> clap::ArgMatches {
+    let mut plain = cmd.clone();
+    match cmd.try_get_matches() {
+        Ok(m) => m,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
+        Err(e) => sanitize(e, &mut plain, destructive).exit(),
+    }
+}
+
+/// Parse into a clap derive type, with `matches`' care about suggestions.
+pub fn parse<T: clap::Parser>(destructive: Destructive<'_>) -> (T, clap::ArgMatches) {
+    let m = matches(<T as clap::CommandFactory>::command(), destructive);
+    match <T as clap::FromArgMatches>::from_arg_matches(&m) {
+        Ok(t) => (t, m),
+        Err(e) => e.exit(),
+    }
+}
+
+/// Whether log lines should carry ANSI colour: only on a terminal, and never with NO_COLOR.
+pub fn colour() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Set up tracing on stderr. `filter_env` (e.g. `JFS_LOG`) takes a tracing filter that
+/// overrides `level`.
+pub fn init_logging(level: &str, json: bool, filter_env: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(filter_env)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour())
+        .with_writer(std::io::stderr);
+    if json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd() -> clap::Command {
+        clap::Command::new("t")
+            .arg(clap::Arg::new("delete-src").long("delete-src").action(clap::ArgAction::SetTrue))
+            .arg(clap::Arg::new("dry-run").long("dry-run").action(clap::ArgAction::SetTrue))
+    }
+
+    fn rendered(args: &[&str]) -> String {
+        let e = cmd().try_get_matches_from(args).unwrap_err();
+        sanitize(e, &mut cmd(), &["--delete-src"]).render().to_string()
+    }
+
+    #[test]
+    fn destructive_flags_are_never_suggested() {
+        let plain = cmd()
+            .try_get_matches_from(["t", "--delete-srx"])
+            .unwrap_err()
+            .render()
+            .to_string();
+        assert!(plain.contains("--delete-src"), "clap suggests it: {plain}");
+        let out = rendered(&["t", "--delete-srx"]);
+        assert!(!out.contains("--delete-src"), "{out}");
+        assert!(out.contains("--delete-srx"), "the typo is still named: {out}");
+        // Harmless suggestions stay.
+        assert!(rendered(&["t", "--dry-rn"]).contains("--dry-run"));
+    }
+}

@@ -1,0 +1,112 @@
+//! One way to open a volume, used by every binary: the metadata engine a META_URL names, the
+//! block store (the volume's storage URL, or an override) composed of layers, and the checks
+//! that decide whether this caller may use the volume at all:
+//!
+//! - a mirror that is bootstrapping has an incomplete tree: nobody reads it (the mirror
+//!   agent, which builds it, opts out with `allow_incomplete`);
+//! - a mirror's metadata is read-only: a writer is refused at open with one line saying whose
+//!   mirror it is (the engines refuse the commits themselves too, see `fs_core::site`).
+//!
+//! The store stack is composed here, in one place, bottom to top: the backend (OpenDAL, with
+//! its retry and timeout layers), then the layers later issues add (local cache, origin
+//! fallback, dual write).
+
+use fs_core::error::{Error, ErrorKind, Result};
+use fs_core::{BlockStore, Engine, Fs};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What the caller will do with the volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    /// Reads only. A RocksDB volume is opened as a secondary instance beside its writer.
+    #[default]
+    Read,
+    /// Writes: the one RocksDB writer; refused on a mirror's metadata.
+    Write,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub access: Access,
+    /// The metadata engine's password, from this file (else the environment).
+    pub password_file: Option<PathBuf>,
+    /// S3 endpoint for the block store (else from the URL or AWS_ENDPOINT_URL).
+    pub endpoint: Option<String>,
+    /// Read blocks from this store instead of the volume's own (a mirror site's store).
+    pub block_store: Option<String>,
+    /// Open a mirror's metadata while a snapshot is being installed (the mirror agent only).
+    pub allow_incomplete: bool,
+    /// Block transfers in flight per read or write call (0: fs-core's default).
+    pub io_parallel: usize,
+}
+
+/// Open the metadata engine alone. `create` makes an empty RocksDB database where none exists
+/// (`format` and `load`, and the mirror agent on its own metadata).
+pub async fn open_engine(
+    meta_url: &str,
+    access: Access,
+    password_file: Option<PathBuf>,
+    create: bool,
+) -> Result<Arc<dyn Engine>> {
+    meta::open(
+        meta_url,
+        &meta::OpenOptions {
+            read_only: access == Access::Read,
+            create,
+            password_file,
+        },
+    )
+    .await
+}
+
+/// Open a block store by URL, composed with this crate's layers.
+pub fn open_store(url: &str, endpoint: Option<&str>) -> Result<Arc<dyn BlockStore>> {
+    let opts = objstore::StoreOptions {
+        endpoint: endpoint.map(str::to_string),
+        region: None,
+    };
+    Ok(Arc::new(objstore::OpendalStore::open(url, &opts)?))
+}
+
+/// The checks of `open` on an engine opened elsewhere: the bootstrap fence, and for writers
+/// the mirror marker.
+pub async fn check_site(engine: &dyn Engine, access: Access, allow_incomplete: bool) -> Result<()> {
+    if !allow_incomplete {
+        if let Some(what) = fs_core::slots::incomplete(engine).await? {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "{} is a mirror that is bootstrapping ({what}): its tree is incomplete until it has caught up; wait for it (`mirror-agent status --wait-applied SEQ`) or read at the primary",
+                    engine.display_url()
+                ),
+            ));
+        }
+    }
+    if access == Access::Write {
+        if let Some(m) = fs_core::site::marker(engine).await? {
+            return Err(fs_core::site::writes_refused(&engine.display_url(), Some(&m)));
+        }
+    }
+    Ok(())
+}
+
+/// Open a volume: engine, settings, block store, with the checks above.
+pub async fn open(meta_url: &str, o: &Options) -> Result<Fs> {
+    let engine = open_engine(meta_url, o.access, o.password_file.clone(), false).await?;
+    open_on(engine, o).await
+}
+
+/// `open` over an engine the caller already holds.
+pub async fn open_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Fs> {
+    check_site(&*engine, o.access, o.allow_incomplete).await?;
+    let settings = Fs::load_settings(&*engine).await?;
+    let url = o.block_store.as_deref().unwrap_or(&settings.storage);
+    let store = open_store(url, o.endpoint.as_deref())
+        .map_err(|e| e.context(format!("opening the volume's block store {url}")))?;
+    let mut fs = Fs::open(engine, store).await?;
+    if o.io_parallel > 0 {
+        fs.io_parallel = o.io_parallel;
+    }
+    Ok(fs)
+}

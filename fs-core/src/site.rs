@@ -1,0 +1,195 @@
+//! Which site a volume's metadata belongs to. A mirror's metadata carries a *mirror marker*:
+//! an aux record (beside the metadata, never replicated, never dumped) naming the mirror, its
+//! primary, its own block store and the origin store.
+//!
+//! Engines enforce the marker inside their commit sections, so no writer can forget it:
+//! - `commit` on marked metadata fails with `ReadOnly` (a write there would fork the mirror's
+//!   history from the primary's: the next entry from the primary carries the same number);
+//! - `apply` and `install_*` on unmarked metadata fail with `ReadOnly` (replaying a primary's
+//!   journal, or worse installing a snapshot, into a volume of its own would destroy it).
+//!
+//! The mirror agent marks empty metadata before its first snapshot. Only a promotion or an
+//! explicit `mirror-agent detach` removes the marker; a detached mirror keeps a
+//! `mirror.detached` record so that an agent started on it again refuses to resume.
+
+use crate::engine::Engine;
+use crate::error::{corrupt, Error, ErrorKind, Result};
+use serde::{Deserialize, Serialize};
+
+/// The aux record name of the marker.
+pub const MARKER: &str = "mirror";
+/// Left by `mirror-agent detach`: this metadata was a mirror and now is a volume of its own.
+pub const DETACHED: &str = "mirror.detached";
+
+/// Version of the marker record; readers refuse a newer one instead of misreading it.
+pub const MARKER_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MirrorMarker {
+    pub version: u32,
+    /// The mirror's name (its replication slot at the primary).
+    pub name: String,
+    /// The primary agent's address, `host:port`.
+    pub primary: String,
+    /// The mirror's own block store.
+    pub store: String,
+    /// Where blocks not yet copied are read from (None: the volume's storage URL).
+    #[serde(default)]
+    pub origin_store: Option<String>,
+    /// When the agent marked this metadata.
+    pub since_ns: i64,
+}
+
+/// What `mirror.detached` records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Detached {
+    pub version: u32,
+    pub name: String,
+    pub primary: String,
+    /// The last sequence number applied from the primary.
+    pub at_seq: u64,
+    pub time_ns: i64,
+}
+
+async fn aux_exact(engine: &dyn Engine, name: &str) -> Result<Option<Vec<u8>>> {
+    Ok(engine
+        .aux_list(name)
+        .await?
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v))
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(name: &str, v: &[u8]) -> Result<T> {
+    #[derive(Deserialize)]
+    struct V {
+        version: u32,
+    }
+    let ver: V = serde_json::from_slice(v)
+        .map_err(|e| corrupt(format!("aux record {name} does not decode: {e}")))?;
+    if ver.version > MARKER_VERSION {
+        return Err(Error::new(
+            ErrorKind::UnsupportedVersion,
+            format!(
+                "aux record {name} has version {}, this build knows {MARKER_VERSION}: upgrade jfs",
+                ver.version
+            ),
+        ));
+    }
+    serde_json::from_slice(v).map_err(|e| corrupt(format!("aux record {name} does not decode: {e}")))
+}
+
+/// The mirror marker of this metadata, if it is a mirror's.
+pub async fn marker(engine: &dyn Engine) -> Result<Option<MirrorMarker>> {
+    match aux_exact(engine, MARKER).await? {
+        Some(v) => decode(MARKER, &v).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The record a detach left, if this metadata was once a mirror.
+pub async fn detached(engine: &dyn Engine) -> Result<Option<Detached>> {
+    match aux_exact(engine, DETACHED).await? {
+        Some(v) => decode(DETACHED, &v).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub async fn set_marker(engine: &dyn Engine, m: &MirrorMarker) -> Result<()> {
+    let v = serde_json::to_vec(m).expect("a marker serializes");
+    engine.aux_put(MARKER, Some(&v)).await
+}
+
+/// Make a mirror's metadata a volume of its own: the marker goes, a detach record stays.
+pub async fn detach(engine: &dyn Engine, m: &MirrorMarker) -> Result<Detached> {
+    let d = Detached {
+        version: MARKER_VERSION,
+        name: m.name.clone(),
+        primary: m.primary.clone(),
+        at_seq: engine.journal_bounds().await?.last,
+        time_ns: crate::types::now_ns(),
+    };
+    let v = serde_json::to_vec(&d).expect("a detach record serializes");
+    engine.aux_put(DETACHED, Some(&v)).await?;
+    engine.aux_put(MARKER, None).await?;
+    Ok(d)
+}
+
+/// The error a writer gets on a mirror's metadata: one line saying whose mirror it is and
+/// what to do instead.
+pub fn writes_refused(url: &str, m: Option<&MirrorMarker>) -> Error {
+    let whose = match m {
+        Some(m) => format!(
+            "the metadata of mirror {:?} (it follows the primary at {})",
+            m.name, m.primary
+        ),
+        None => "a mirror's metadata".to_string(),
+    };
+    Error::new(
+        ErrorKind::ReadOnly,
+        format!(
+            "{url} is {whose}: it is read-only, and a write here would fork its history from the primary's; write at the primary, or, to make it a volume of its own, stop its agent and run `mirror-agent detach --meta URL`"
+        ),
+    )
+}
+
+/// `writes_refused` from the raw marker record, for engines that fetched it in their commit
+/// section (a record that does not decode still refuses, with the generic wording).
+pub fn refusal_from_record(url: &str, record: Option<&[u8]>) -> Error {
+    let m = record.and_then(|v| serde_json::from_slice::<MirrorMarker>(v).ok());
+    writes_refused(url, m.as_ref())
+}
+
+/// `writes_refused` with the marker read from the engine (the slow path of a refused commit).
+pub async fn refuse_commit(engine: &dyn Engine) -> Error {
+    let m = marker(engine).await.ok().flatten();
+    writes_refused(&engine.display_url(), m.as_ref())
+}
+
+/// The error the mirror agent's replay gets on metadata that is not marked as a mirror.
+pub fn replay_refused(url: &str) -> Error {
+    Error::new(
+        ErrorKind::ReadOnly,
+        format!(
+            "{url} is not marked as a mirror's metadata: replaying a primary's journal (or installing a snapshot) here would overwrite a volume of its own; point the mirror agent at empty metadata"
+        ),
+    )
+}
+
+/// For `apply` and `install_*` of engines: fail unless this metadata is a mirror's.
+pub async fn require_mirror(engine: &dyn Engine) -> Result<()> {
+    if aux_exact(engine, MARKER).await?.is_none() {
+        return Err(replay_refused(&engine.display_url()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_name_the_mirror_and_the_way_out() {
+        let m = MirrorMarker {
+            version: 1,
+            name: "eu-west".into(),
+            primary: "p.example:9566".into(),
+            store: "file:///m".into(),
+            origin_store: None,
+            since_ns: 0,
+        };
+        let e = writes_refused("rocksdb:///m/meta", Some(&m));
+        assert_eq!(e.kind(), ErrorKind::ReadOnly);
+        let s = e.to_string();
+        assert!(s.contains("\"eu-west\"") && s.contains("p.example:9566"), "{s}");
+        assert!(s.contains("mirror-agent detach"), "{s}");
+        assert!(!s.contains('\n'));
+    }
+
+    #[test]
+    fn a_newer_marker_is_refused_not_misread() {
+        let v = br#"{"version": 9, "name": "x"}"#;
+        let e = decode::<MirrorMarker>(MARKER, v).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnsupportedVersion);
+    }
+}

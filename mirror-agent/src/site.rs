@@ -1,0 +1,123 @@
+//! Which metadata an agent may work on. A mirror agent only ever replays into metadata that
+//! carries its mirror marker (see `fs_core::site`): it marks empty metadata before its first
+//! snapshot, and refuses metadata holding a volume of its own (a primary's, or a detached
+//! mirror's), which a snapshot install would wipe. A primary agent refuses a mirror's
+//! metadata. `detach` turns a stopped mirror into a volume of its own.
+
+use crate::config::MirrorConfig;
+use crate::state::State;
+use anyhow::{bail, Context, Result};
+use fs_core::site::{self, MirrorMarker};
+use fs_core::{keys, Engine};
+
+/// Make sure `engine` is this mirror's metadata, marking it when it is empty (or when this
+/// agent's own state shows it has been applying to it: metadata from a release before
+/// markers). Refuses anything else with a line saying what it is and what to do.
+pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Result<()> {
+    let url = engine.display_url();
+    let existing = site::marker(engine).await?;
+    let has_volume = engine.get(keys::SETTING).await?.is_some();
+    let want = |since_ns| MirrorMarker {
+        version: site::MARKER_VERSION,
+        name: cfg.name.clone(),
+        primary: cfg.primary.clone(),
+        store: cfg.store.clone(),
+        origin_store: cfg.origin_store.clone(),
+        since_ns,
+    };
+    match existing {
+        Some(m) => {
+            if m.name != cfg.name && has_volume {
+                bail!(
+                    "{url} is the metadata of mirror {:?}, not {:?}: each mirror has metadata of its own; point `meta` at this mirror's, or fix [mirror] name",
+                    m.name,
+                    cfg.name
+                );
+            }
+            let new = want(m.since_ns);
+            if new != m {
+                site::set_marker(engine, &new).await?;
+            }
+            Ok(())
+        }
+        None if !has_volume => {
+            site::set_marker(engine, &want(fs_core::now_ns())).await?;
+            tracing::info!(meta = %url, "marked this metadata as mirror {:?}'s", cfg.name);
+            Ok(())
+        }
+        None => {
+            if let Some(d) = site::detached(engine).await? {
+                bail!(
+                    "{url} was mirror {:?} and was detached at seq {}: it is a volume of its own now and a mirror agent would overwrite it; to mirror again, point `meta` at empty metadata",
+                    d.name,
+                    d.at_seq
+                );
+            }
+            if state.queued_through()? > 0 || state.bootstrap()?.is_some() {
+                // This agent's own state shows it built this mirror (before markers existed).
+                site::set_marker(engine, &want(fs_core::now_ns())).await?;
+                tracing::info!(meta = %url, "marked this mirror's metadata (written by an earlier release)");
+                return Ok(());
+            }
+            let s = fs_core::Fs::load_settings(engine).await?;
+            bail!(
+                "{url} holds volume {:?} (uuid {}) and is not a mirror's metadata: it is a primary's (or a detached mirror's), and a mirror agent would overwrite it; point `meta` at this mirror's own, empty metadata",
+                s.name,
+                s.uuid
+            )
+        }
+    }
+}
+
+/// A primary agent serves a volume of its own: refuse a mirror's metadata.
+pub async fn check_primary(engine: &dyn Engine) -> Result<()> {
+    if let Some(m) = site::marker(engine).await? {
+        bail!(
+            "{} is the metadata of mirror {:?} (it follows the primary at {}): a primary agent runs beside the primary's metadata; check `meta`",
+            engine.display_url(),
+            m.name,
+            m.primary
+        );
+    }
+    Ok(())
+}
+
+/// `mirror-agent detach`: the mirror's metadata becomes a volume of its own, writing to the
+/// mirror's store. Needs the agent stopped (its state directory is then free) and every
+/// block copied (else the new volume would reference blocks it does not have).
+pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
+    let m = cfg.mirror.as_ref().context("detach needs a mirror's config ([mirror] section)")?;
+    let state = State::open(&cfg.state_dir).map_err(|e| {
+        anyhow::anyhow!("{e:#}: stop the mirror agent before detaching its mirror")
+    })?;
+    let (pending, _, _) = state.pending()?;
+    if pending > 0 {
+        bail!(
+            "{pending} blocks are not copied to the mirror store yet: start the agent, wait until `mirror-agent status` shows 0 pending, stop it, then detach"
+        );
+    }
+    let engine = volume::open_engine(&cfg.meta, volume::Access::Write, None, false).await?;
+    let url = engine.display_url();
+    if fs_core::slots::incomplete(&*engine).await?.is_some() {
+        bail!("{url} is a mirror that is bootstrapping: its tree is incomplete; let it finish before detaching");
+    }
+    let Some(marker) = site::marker(&*engine).await? else {
+        bail!("{url} is not a mirror's metadata (no mirror marker): nothing to detach");
+    };
+    if marker.name != m.name {
+        bail!("{url} is mirror {:?}'s metadata, not {:?}'s", marker.name, m.name);
+    }
+    let d = site::detach(&*engine, &marker).await?;
+    // The volume's blocks are now those of the mirror store: writes go there, never to the
+    // primary's store.
+    let store = volume::open_store(&marker.store, None)?;
+    let mut fs = fs_core::Fs::open(engine, store).await?;
+    let store_url = marker.store.clone();
+    fs.update_settings("storage", |s| s.storage = store_url.clone())
+        .await
+        .context("pointing the detached volume at the mirror store")?;
+    Ok(format!(
+        "detached mirror {:?} at seq {}: {url} is now a volume of its own, writable, with blocks in {}; its replication slot at the primary still holds gc there: drop it with `mirror-agent slot drop {} --meta PRIMARY_META_URL`",
+        d.name, d.at_seq, marker.store, d.name
+    ))
+}
