@@ -76,7 +76,8 @@ fn decode<T: for<'de> Deserialize<'de>>(name: &str, v: &[u8]) -> Result<T> {
             ),
         ));
     }
-    serde_json::from_slice(v).map_err(|e| corrupt(format!("aux record {name} does not decode: {e}")))
+    serde_json::from_slice(v)
+        .map_err(|e| corrupt(format!("aux record {name} does not decode: {e}")))
 }
 
 /// The mirror marker of this metadata, if it is a mirror's.
@@ -181,7 +182,10 @@ mod tests {
         let e = writes_refused("rocksdb:///m/meta", Some(&m));
         assert_eq!(e.kind(), ErrorKind::ReadOnly);
         let s = e.to_string();
-        assert!(s.contains("\"eu-west\"") && s.contains("p.example:9566"), "{s}");
+        assert!(
+            s.contains("\"eu-west\"") && s.contains("p.example:9566"),
+            "{s}"
+        );
         assert!(s.contains("mirror-agent detach"), "{s}");
         assert!(!s.contains('\n'));
     }

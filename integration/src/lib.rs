@@ -222,3 +222,70 @@ pub async fn journal(engine: &dyn Engine) -> Vec<fs_core::Entry> {
     }
     out
 }
+
+/// Run one of this workspace's binaries to completion (stdin closed).
+pub fn run(name: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut c = std::process::Command::new(bin(name));
+    c.args(args).stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap_or_else(|e| panic!("running {name}: {e}"))
+}
+
+/// Exit code 2 with exactly one line on stderr that contains `needle`; that line.
+pub fn fails_clearly(o: &std::process::Output, needle: &str) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "expected exit 2, got {:?}: {err}",
+        o.status.code()
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected, got: {err}"
+    );
+    assert!(err.contains(needle), "{needle:?} not in: {err}");
+    err
+}
+
+/// Every file and symlink under `root`, by relative path: its bytes (or link target) and
+/// permission bits. Equal snapshots mean nothing under `root` changed.
+pub fn snapshot(root: &std::path::Path) -> std::collections::BTreeMap<String, (Vec<u8>, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).expect("stat");
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if m.is_dir() {
+                out.insert(format!("{rel}/"), (Vec::new(), m.mode() & 0o7777));
+                stack.push(p);
+            } else if m.file_type().is_symlink() {
+                let t = std::fs::read_link(&p).unwrap();
+                out.insert(rel, (t.display().to_string().into_bytes(), 0));
+            } else {
+                out.insert(rel, (std::fs::read(&p).expect("read"), m.mode() & 0o7777));
+            }
+        }
+    }
+    out
+}
+
+/// CRC32C over a snapshot (for messages: equal snapshots are compared whole).
+pub fn digest(s: &std::collections::BTreeMap<String, (Vec<u8>, u32)>) -> u32 {
+    let mut c = 0u32;
+    for (k, (v, m)) in s {
+        c = crc32c::crc32c_append(c, k.as_bytes());
+        c = crc32c::crc32c_append(c, v);
+        c = crc32c::crc32c_append(c, &m.to_le_bytes());
+    }
+    c
+}

@@ -1188,14 +1188,26 @@ async fn a_foreign_write_at_the_mirror_is_caught_and_resynced() {
     workload(&s.vol.fs, 200, 1, None).await;
     wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
     assert_eq!(s.pair.mirror.term(), 0);
-    // A foreign commit at the mirror, and one at the primary: both at the same next seq.
-    let mfs = fs_core::Fs::open(
-        integration::open_engine(&s.m_meta).await,
-        integration::open_store(&s.m_store),
-    )
-    .await
-    .unwrap();
+    // Writers are refused at a mirror's metadata: its engine fences the commit itself.
+    let m_engine = integration::open_engine(&s.m_meta).await;
+    let mfs = fs_core::Fs::open(m_engine.clone(), integration::open_store(&s.m_store))
+        .await
+        .unwrap();
     let o = fs_core::Owner { uid: 0, gid: 0 };
+    let e = mfs
+        .mkdir(fs_core::ROOT_INO, b"refused", 0o755, o)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), fs_core::ErrorKind::ReadOnly, "{e}");
+    assert!(e.to_string().contains("mirror \"m1\""), "{e}");
+    // Something that bypasses the fence (raw access to the Redis database: the marker taken
+    // away, a commit, the marker put back) still parts the histories: a foreign commit at the
+    // mirror, and one at the primary, both at the same next seq.
+    let marker = fs_core::site::marker(&*m_engine)
+        .await
+        .unwrap()
+        .expect("marked");
+    m_engine.aux_put(fs_core::site::MARKER, None).await.unwrap();
     mfs.mkdir(fs_core::ROOT_INO, b"foreign", 0o755, o)
         .await
         .unwrap();
@@ -1228,6 +1240,9 @@ async fn a_foreign_write_at_the_mirror_is_caught_and_resynced() {
                 .unwrap(),
         }
     }
+    fs_core::site::set_marker(&*m_engine, &marker)
+        .await
+        .unwrap();
     drop(mfs);
     s.pair.mirror.restart();
     let t0 = Instant::now();

@@ -306,9 +306,16 @@ fn filters_select_what_the_docs_say() {
         err.contains("\"missing\" (from --files-from) does not exist in the source"),
         "{err}"
     );
-    assert_eq!(tree(&d).into_keys().collect::<Vec<_>>(), ["a.bin", "m/keep.txt"]);
-    let v: Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
-    assert_eq!((n(&v, "listed"), n(&v, "copied"), n(&v, "failed")), (3, 2, 1));
+    assert_eq!(
+        tree(&d).into_keys().collect::<Vec<_>>(),
+        ["a.bin", "m/keep.txt"]
+    );
+    let v: Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (n(&v, "listed"), n(&v, "copied"), n(&v, "failed")),
+        (3, 2, 1)
+    );
 }
 
 #[test]
@@ -324,7 +331,9 @@ fn dry_run_changes_nothing_and_max_delete_refuses() {
     assert_eq!(o.status.code(), Some(0));
     let plan = String::from_utf8_lossy(&o.stdout);
     assert_eq!(
-        plan.lines().filter(|l| l.starts_with("would delete ")).count(),
+        plan.lines()
+            .filter(|l| l.starts_with("would delete "))
+            .count(),
         20,
         "{plan}"
     );
@@ -332,7 +341,9 @@ fn dry_run_changes_nothing_and_max_delete_refuses() {
     // The summary says what would happen and counts the deletes it listed.
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("dry run: ") && err.contains("would delete 20") && err.contains("would update"),
+        err.contains("dry run: ")
+            && err.contains("would delete 20")
+            && err.contains("would update"),
         "{err}"
     );
     assert_eq!(tree(&dst), before, "dry run changed nothing");
@@ -608,7 +619,11 @@ fn sigterm_checkpoints_and_the_next_run_finishes() {
     // a temporary name and is renamed over, a new inode).
     for (k, ino) in &inodes {
         use std::os::unix::fs::MetadataExt;
-        assert_eq!(std::fs::metadata(dst.join(k)).unwrap().ino(), *ino, "{k} was copied again");
+        assert_eq!(
+            std::fs::metadata(dst.join(k)).unwrap().ino(),
+            *ino,
+            "{k} was copied again"
+        );
     }
     assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
 }

@@ -283,7 +283,9 @@ impl Mirror {
                     // The marker is gone (`mirror-agent detach`, or a promotion): this
                     // metadata is no longer a mirror's, and replaying into it would fork it.
                     self.stop_blocks.cancel();
-                    return Err(e.context("this metadata is no longer a mirror's (detached?): the mirror agent stops"));
+                    return Err(e.context(
+                        "this metadata is no longer a mirror's (detached?): the mirror agent stops",
+                    ));
                 }
                 End::Retry(e) => {
                     if e.chain()

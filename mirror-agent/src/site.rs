@@ -86,10 +86,12 @@ pub async fn check_primary(engine: &dyn Engine) -> Result<()> {
 /// mirror's store. Needs the agent stopped (its state directory is then free) and every
 /// block copied (else the new volume would reference blocks it does not have).
 pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
-    let m = cfg.mirror.as_ref().context("detach needs a mirror's config ([mirror] section)")?;
-    let state = State::open(&cfg.state_dir).map_err(|e| {
-        anyhow::anyhow!("{e:#}: stop the mirror agent before detaching its mirror")
-    })?;
+    let m = cfg
+        .mirror
+        .as_ref()
+        .context("detach needs a mirror's config ([mirror] section)")?;
+    let state = State::open(&cfg.state_dir)
+        .map_err(|e| anyhow::anyhow!("{e:#}: stop the mirror agent before detaching its mirror"))?;
     let (pending, _, _) = state.pending()?;
     if pending > 0 {
         bail!(
@@ -105,7 +107,11 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
         bail!("{url} is not a mirror's metadata (no mirror marker): nothing to detach");
     };
     if marker.name != m.name {
-        bail!("{url} is mirror {:?}'s metadata, not {:?}'s", marker.name, m.name);
+        bail!(
+            "{url} is mirror {:?}'s metadata, not {:?}'s",
+            marker.name,
+            m.name
+        );
     }
     let d = site::detach(&*engine, &marker).await?;
     // The volume's blocks are now those of the mirror store: writes go there, never to the

@@ -186,8 +186,14 @@ mod tests {
     #[test]
     fn rsync_rules_and_pattern_files_parse() {
         assert_eq!(parse_rule("+ *.gz").unwrap(), Some((true, "*.gz".into())));
-        assert_eq!(parse_rule("- /tmp/").unwrap(), Some((false, "/tmp/".into())));
-        assert_eq!(parse_rule("exclude cache/").unwrap(), Some((false, "cache/".into())));
+        assert_eq!(
+            parse_rule("- /tmp/").unwrap(),
+            Some((false, "/tmp/".into()))
+        );
+        assert_eq!(
+            parse_rule("exclude cache/").unwrap(),
+            Some((false, "cache/".into()))
+        );
         assert_eq!(parse_rule("# note").unwrap(), None);
         assert_eq!(parse_rule("   ").unwrap(), None);
         assert!(parse_rule(": .rsync-filter").is_err());

@@ -9,8 +9,8 @@ use std::time::Duration;
 use sync_cli::cli::{Cli, Cmd, Common, SyncArgs};
 use sync_cli::endpoint;
 use sync_cli::filter::Filter;
-use sync_cli::overlap;
 use sync_cli::limits::{BwSchedule, Limits};
+use sync_cli::overlap;
 use sync_cli::plan::Compare;
 use sync_cli::run::{self, MaxDelete, Options};
 use sync_cli::state::{self, State};
@@ -70,7 +70,11 @@ fn init_logging(c: &Common) {
     };
     match &c.log_file {
         Some(path) => {
-            let file = match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let file = match std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
                 Ok(f) => f,
                 Err(e) => {
                     eprintln!("jfs-sync: error: --log-file {}: {e}", path.display());
@@ -115,7 +119,10 @@ fn filter_rules(m: &clap::ArgMatches) -> Result<Vec<(bool, String)>> {
     for (id, include) in [("include_from", true), ("exclude_from", false)] {
         if let (Some(idx), Some(vals)) = (m.indices_of(id), m.get_many::<std::path::PathBuf>(id)) {
             for (i, f) in idx.zip(vals) {
-                for (j, p) in sync_cli::filter::patterns(&read(f)?).into_iter().enumerate() {
+                for (j, p) in sync_cli::filter::patterns(&read(f)?)
+                    .into_iter()
+                    .enumerate()
+                {
                     rules.push((i, j, include, p));
                 }
             }

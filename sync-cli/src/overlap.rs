@@ -53,13 +53,16 @@ fn relation(a: &Place, b: &Place) -> Option<&'static str> {
         }
     };
     match (a, b) {
-        (Place::Local(x), Place::Local(y)) => nested(
-            &x.to_string_lossy(),
-            &y.to_string_lossy(),
-        ),
+        (Place::Local(x), Place::Local(y)) => nested(&x.to_string_lossy(), &y.to_string_lossy()),
         (
-            Place::Object { store: s1, prefix: p1 },
-            Place::Object { store: s2, prefix: p2 },
+            Place::Object {
+                store: s1,
+                prefix: p1,
+            },
+            Place::Object {
+                store: s2,
+                prefix: p2,
+            },
         ) if s1 == s2 => nested(p1, p2),
         (Place::Volume { id: i1, path: p1 }, Place::Volume { id: i2, path: p2 }) if i1 == i2 => {
             nested(p1, p2)
@@ -74,7 +77,9 @@ pub fn find(src: &[(String, Place)], dst: &[(String, Place)]) -> Option<String> 
     for (sw, s) in src {
         for (dw, d) in dst {
             if let Some(rel) = relation(d, s) {
-                return Some(format!("the destination's {dw} ({d}) {rel} the source's {sw} ({s})"));
+                return Some(format!(
+                    "the destination's {dw} ({d}) {rel} the source's {sw} ({s})"
+                ));
             }
         }
     }
@@ -87,7 +92,9 @@ pub fn local(path: &str) -> PathBuf {
     let abs = if p.is_absolute() {
         p.to_path_buf()
     } else {
-        std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")).join(p)
+        std::env::current_dir()
+            .unwrap_or_else(|_| PathBuf::from("/"))
+            .join(p)
     };
     // Walk down, resolving each existing prefix (canonicalize follows symlinks and `..`), and
     // normalise the part that does not exist yet lexically.
@@ -226,7 +233,10 @@ pub fn meta_places(url: &str, vpath: &str) -> Vec<(String, Place)> {
             format!("{scheme} {} {}", host.to_ascii_lowercase(), q.join("&"))
         }
     };
-    out.insert(0, ("volume path".to_string(), Place::Volume { id, path: vpath }));
+    out.insert(
+        0,
+        ("volume path".to_string(), Place::Volume { id, path: vpath }),
+    );
     out
 }
 
@@ -264,7 +274,12 @@ mod tests {
 
     fn check(src: &str, dst: &str, overlap: bool) {
         let (s, d) = (of_spec(src, None), of_spec(dst, None));
-        assert_eq!(find(&s, &d).is_some(), overlap, "{src} -> {dst}: {:?}", find(&s, &d));
+        assert_eq!(
+            find(&s, &d).is_some(),
+            overlap,
+            "{src} -> {dst}: {:?}",
+            find(&s, &d)
+        );
     }
 
     #[test]
@@ -280,7 +295,11 @@ mod tests {
         check(&format!("{r}/ov"), &format!("{r}/ov/a/../."), true);
         check(&format!("{r}/ov"), &format!("{r}/alias/new/x"), true);
         check(&format!("{r}/ov"), &format!("file://{r}/ov/not/yet"), true);
-        check(&format!("{r}/ov"), &format!("opendal+fs://?root={r}/ov/x"), true);
+        check(
+            &format!("{r}/ov"),
+            &format!("opendal+fs://?root={r}/ov/x"),
+            true,
+        );
         check(&format!("{r}/ov"), &format!("{r}/other/../ov2"), false);
         check(&format!("{r}/ov"), &format!("{r}/ovx"), false);
         check(&format!("{r}/ov"), &format!("{r}/other"), false);
@@ -293,10 +312,18 @@ mod tests {
         check(&format!("s3://b/p{e}"), &format!("s3://b/p/q{e}"), true);
         check(&format!("s3://b/p/q{e}"), &format!("s3://b{e}"), true);
         check(&format!("s3://b/p{e}"), &format!("s3://b/p/{e}"), true);
-        check(&format!("s3://b/p{e}"), "opendal+s3://?bucket=b&root=/p/x&endpoint=http://127.0.0.1:7480/", true);
+        check(
+            &format!("s3://b/p{e}"),
+            "opendal+s3://?bucket=b&root=/p/x&endpoint=http://127.0.0.1:7480/",
+            true,
+        );
         check(&format!("s3://b/p{e}"), &format!("s3://b/pq{e}"), false);
         check(&format!("s3://b/p{e}"), &format!("s3://c/p{e}"), false);
-        check(&format!("s3://b/p{e}"), "s3://b/p?endpoint=http://10.0.0.9:7480", false);
+        check(
+            &format!("s3://b/p{e}"),
+            "s3://b/p?endpoint=http://10.0.0.9:7480",
+            false,
+        );
     }
 
     #[test]

@@ -171,7 +171,11 @@ mod tests {
             &[
                 (Some(e(1, 10 * S + 5)), None, Action::Copy),
                 (None, Some(e(1, 0)), Action::Extra),
-                (Some(e(1, 10 * S + 5)), Some(e(1, 10 * S)), Action::Skip(Why::UpToDate)), // same second
+                (
+                    Some(e(1, 10 * S + 5)),
+                    Some(e(1, 10 * S)),
+                    Action::Skip(Why::UpToDate),
+                ), // same second
                 (Some(e(1, 11 * S)), Some(e(1, 10 * S)), Action::Update),
                 (Some(e(2, 10 * S)), Some(e(1, 10 * S)), Action::Update),
             ],
@@ -196,7 +200,11 @@ mod tests {
         check(
             &c,
             &[
-                (Some(e(1, 10 * S)), Some(e(1, 20 * S)), Action::Skip(Why::UpToDate)), // uploaded after the change
+                (
+                    Some(e(1, 10 * S)),
+                    Some(e(1, 20 * S)),
+                    Action::Skip(Why::UpToDate),
+                ), // uploaded after the change
                 (Some(e(1, 30 * S)), Some(e(1, 20 * S)), Action::Update), // changed after the upload
             ],
         );

@@ -577,7 +577,9 @@ pub async fn sync(
             // destination still holds an object of that size (a lost or torn file is
             // copied again).
             let earlier = match (&state, action) {
-                (Some(st), a) if a != Action::Compare && de.as_ref().is_some_and(|d| d.size == s.size) => {
+                (Some(st), a)
+                    if a != Action::Compare && de.as_ref().is_some_and(|d| d.size == s.size) =>
+                {
                     st.is_done(&s.key, s.size, s.mtime_ns)?
                 }
                 _ => None,
@@ -751,7 +753,10 @@ mod tests {
         w.resolve(b, o(OutcomeKind::Updated));
         assert_eq!(w.cursor().as_deref(), Some("d"));
         let t = &w.tally;
-        assert_eq!((t.listed, t.excluded, t.updated, t.skipped, t.copied), (4, 1, 1, 1, 1));
+        assert_eq!(
+            (t.listed, t.excluded, t.updated, t.skipped, t.copied),
+            (4, 1, 1, 1, 1)
+        );
         assert!(t.adds_up());
     }
 }

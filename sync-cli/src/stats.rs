@@ -249,9 +249,17 @@ mod tests {
         assert!(s.adds_up());
         let l = s.line();
         assert!(l.contains("copied 1") && l.contains("deleted 2"), "{l}");
-        assert!(l.contains("skipped 2 (1 up to date, 1 symlinks (no --links))"), "{l}");
+        assert!(
+            l.contains("skipped 2 (1 up to date, 1 symlinks (no --links))"),
+            "{l}"
+        );
         s.dry_run = true;
         let l = s.line();
-        assert!(l.starts_with("dry run: ") && l.contains("would copy 1") && l.contains("would delete 2"), "{l}");
+        assert!(
+            l.starts_with("dry run: ")
+                && l.contains("would copy 1")
+                && l.contains("would delete 2"),
+            "{l}"
+        );
     }
 }

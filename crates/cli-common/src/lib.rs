@@ -41,7 +41,9 @@ pub fn sanitize(
         ContextKind::Suggested,
         ContextKind::Usage,
     ] {
-        if e.get(kind).is_some_and(|v| names_destructive_anywhere(v, destructive)) {
+        if e.get(kind)
+            .is_some_and(|v| names_destructive_anywhere(v, destructive))
+        {
             e.remove(kind);
             if kind == ContextKind::Usage {
                 e.insert(kind, ContextValue::StyledStr(cmd.render_usage()));
@@ -61,8 +63,11 @@ fn names_destructive_anywhere(v: &ContextValue, destructive: Destructive<'_>) ->
         ContextValue::String(s) => s.clone(),
         _ => return false,
     };
-    text.split_whitespace()
-        .any(|w| destructive.iter().any(|d| d.starts_with("--") && w.trim_matches(['[', ']', '\'', ',']) == *d))
+    text.split_whitespace().any(|w| {
+        destructive
+            .iter()
+            .any(|d| d.starts_with("--") && w.trim_matches(['[', ']', '\'', ',']) == *d)
+    })
 }
 
 /// Parse the process's arguments; on a parse error print it (without destructive
@@ -71,7 +76,9 @@ pub fn matches(cmd: clap::Command, destructive: Destructive<'_>) -> clap::ArgMat
     let mut plain = cmd.clone();
     match cmd.try_get_matches() {
         Ok(m) => m,
-        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            e.exit()
+        }
         Err(e) => sanitize(e, &mut plain, destructive).exit(),
     }
 }
@@ -112,13 +119,23 @@ mod tests {
 
     fn cmd() -> clap::Command {
         clap::Command::new("t")
-            .arg(clap::Arg::new("delete-src").long("delete-src").action(clap::ArgAction::SetTrue))
-            .arg(clap::Arg::new("dry-run").long("dry-run").action(clap::ArgAction::SetTrue))
+            .arg(
+                clap::Arg::new("delete-src")
+                    .long("delete-src")
+                    .action(clap::ArgAction::SetTrue),
+            )
+            .arg(
+                clap::Arg::new("dry-run")
+                    .long("dry-run")
+                    .action(clap::ArgAction::SetTrue),
+            )
     }
 
     fn rendered(args: &[&str]) -> String {
         let e = cmd().try_get_matches_from(args).unwrap_err();
-        sanitize(e, &mut cmd(), &["--delete-src"]).render().to_string()
+        sanitize(e, &mut cmd(), &["--delete-src"])
+            .render()
+            .to_string()
     }
 
     #[test]
@@ -131,7 +148,10 @@ mod tests {
         assert!(plain.contains("--delete-src"), "clap suggests it: {plain}");
         let out = rendered(&["t", "--delete-srx"]);
         assert!(!out.contains("--delete-src"), "{out}");
-        assert!(out.contains("--delete-srx"), "the typo is still named: {out}");
+        assert!(
+            out.contains("--delete-srx"),
+            "the typo is still named: {out}"
+        );
         // Harmless suggestions stay.
         assert!(rendered(&["t", "--dry-rn"]).contains("--dry-run"));
     }

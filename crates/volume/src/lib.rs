@@ -85,7 +85,10 @@ pub async fn check_site(engine: &dyn Engine, access: Access, allow_incomplete: b
     }
     if access == Access::Write {
         if let Some(m) = fs_core::site::marker(engine).await? {
-            return Err(fs_core::site::writes_refused(&engine.display_url(), Some(&m)));
+            return Err(fs_core::site::writes_refused(
+                &engine.display_url(),
+                Some(&m),
+            ));
         }
     }
     Ok(())

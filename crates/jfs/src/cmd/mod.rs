@@ -187,9 +187,14 @@ pub async fn open_engine_with(
     read_only: bool,
     create: bool,
 ) -> Result<Arc<dyn Engine>> {
-    volume::open_engine(meta_url, access(read_only), g.meta_password_file.clone(), create)
-        .await
-        .with_context(|| format!("opening metadata {}", meta::redact(meta_url)))
+    volume::open_engine(
+        meta_url,
+        access(read_only),
+        g.meta_password_file.clone(),
+        create,
+    )
+    .await
+    .with_context(|| format!("opening metadata {}", meta::redact(meta_url)))
 }
 
 fn access(read_only: bool) -> volume::Access {
