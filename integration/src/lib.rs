@@ -103,8 +103,14 @@ pub async fn replica(url: &str) -> Arc<dyn Engine> {
 
 pub fn open_store(url: &str) -> Arc<dyn BlockStore> {
     Arc::new(
-        objstore::OpendalStore::open(url, &objstore::StoreOptions::default())
-            .unwrap_or_else(|e| panic!("opening {url}: {e}")),
+        objstore::OpendalStore::open(
+            url,
+            &objstore::StoreOptions {
+                create: true,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("opening {url}: {e}")),
     )
 }
 

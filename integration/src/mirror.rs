@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const TOKEN: &str = "test-token-5f1c2a9e8b7d6c3f";
+/// The admin token of the agents the harness starts (`admin_token_env = "ADMIN_TOKEN"`).
+pub const ADMIN_TOKEN: &str = "admin-token-0c9a7e5b3d1f2468";
 
 /// A port for an agent to listen on, below the kernel's ephemeral range (32768 and up): a
 /// port from `bind(:0)` comes from that range, and an outgoing connection of a test running
@@ -90,6 +92,7 @@ impl Agent {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup"))
             .stderr(log);
+        cmd.env("ADMIN_TOKEN", ADMIN_TOKEN);
         for (k, v) in &self.envs {
             cmd.env(k, v);
         }
@@ -216,7 +219,7 @@ pub fn primary_toml(
     extra: &str,
 ) -> String {
     let mut s = format!(
-        "role = \"primary\"\nmeta = \"{meta}\"\nstate_dir = \"{}\"\nadmin = \"{admin}\"\n[primary]\nlisten = \"{listen}\"\ntrim_interval = \"1s\"\n{extra}\n",
+        "role = \"primary\"\nmeta = \"{meta}\"\nstate_dir = \"{}\"\nadmin = \"{admin}\"\nadmin_token_env = \"ADMIN_TOKEN\"\n[primary]\nlisten = \"{listen}\"\ntrim_interval = \"1s\"\n{extra}\n",
         state.display()
     );
     for m in mirrors {
@@ -236,7 +239,7 @@ pub fn mirror_toml(
     extra: &str,
 ) -> String {
     format!(
-        "role = \"mirror\"\nmeta = \"{meta}\"\nstate_dir = \"{}\"\nadmin = \"{admin}\"\n[mirror]\nname = \"{name}\"\nprimary = \"{primary}\"\ntoken_env = \"MIRROR_TOKEN\"\nstore = \"{store}\"\n{extra}\n",
+        "role = \"mirror\"\nmeta = \"{meta}\"\nstate_dir = \"{}\"\nadmin = \"{admin}\"\nadmin_token_env = \"ADMIN_TOKEN\"\n[mirror]\nname = \"{name}\"\nprimary = \"{primary}\"\ntoken_env = \"MIRROR_TOKEN\"\nstore = \"{store}\"\n{extra}\n",
         state.display()
     )
 }
@@ -810,13 +813,19 @@ impl Pair {
                 NetPair::exec(&net.b),
             ),
         };
+        // Across namespaces the link is "a network": plaintext there is an explicit choice.
+        let plain = if matches!(at, Placement::Netns { .. }) {
+            "insecure_plaintext = true\n"
+        } else {
+            ""
+        };
         let ptoml = primary_toml(
             meta,
             &dir.join("pstate"),
             &p_admin,
             &listen,
             &["m1"],
-            primary_extra,
+            &format!("{plain}{primary_extra}"),
         );
         let primary = Agent::start_with(dir, "primary", &ptoml, &env, &p_pre);
         let proxy = match at {
@@ -835,7 +844,7 @@ impl Pair {
             "m1",
             &target,
             &m_store,
-            mirror_extra,
+            &format!("{plain}{mirror_extra}"),
         );
         let mirror = Agent::start_with(dir, "mirror", &mtoml, &env, &m_pre);
         Pair {
@@ -880,4 +889,87 @@ pub async fn status_until(a: &Agent, limit: Duration, ok: impl Fn(&Value) -> boo
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+fn openssl(args: &[&str], dir: &std::path::Path) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A self-signed CA `<name>.crt`/`<name>.key`.
+fn make_ca(dir: &std::path::Path, name: &str) {
+    let (key, crt, subj) = (
+        format!("{name}.key"),
+        format!("{name}.crt"),
+        format!("/CN={name}"),
+    );
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut args = vec!["req", "-x509"];
+    args.extend(ec);
+    args.extend(["-keyout", &key, "-out", &crt, "-days", "2", "-subj", &subj]);
+    openssl(&args, dir);
+}
+
+/// A CA (`ca.crt`), another CA (`other.crt`), and a server certificate for
+/// `primary.test` signed by the first (`server.crt`, `server.key`), in `dir`.
+pub fn make_certs(dir: &std::path::Path) {
+    make_ca(dir, "ca");
+    make_ca(dir, "other");
+    openssl(
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=primary.test",
+        ],
+        dir,
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:primary.test\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+        dir,
+    );
 }

@@ -1,47 +1,54 @@
-//! The admin endpoint: `GET /metrics` (Prometheus text), `GET /status` (JSON), and at a
-//! mirror `PUT /limits?bwlimit=RATE&tps=N` to change the copy limits while running. Bind it
-//! to loopback or a management network: it has no authentication of its own.
+//! The admin endpoint: `GET /metrics` (Prometheus text) and `GET /status` (JSON) for anyone
+//! who can reach it; changes need the admin token (`Authorization: Bearer TOKEN`, from
+//! `admin_token_env` / `admin_token_file`): `PUT /limits?bwlimit=RATE&tps=N` at a mirror,
+//! `DELETE /slots/NAME` at a primary. Without a configured token, changes are refused.
 
 use crate::metrics::Metrics;
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use async_trait::async_trait;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, put};
+use axum::routing::{delete, get, put};
 use axum::Router;
+use hmac::{Hmac, Mac};
 use objstore::limits::{BwSchedule, Limits};
+use sha2::Sha256;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+/// What a primary lets an operator change through the admin address.
+#[async_trait]
+pub trait SlotAdmin: Send + Sync {
+    /// Drop a mirror's replication slot; a line saying what was done.
+    async fn drop_slot(&self, name: &str) -> anyhow::Result<String>;
+}
+
 #[derive(Clone)]
-struct App {
-    metrics: Arc<Metrics>,
-    limits: Option<Arc<dyn Fn(Option<BwSchedule>, Option<u32>) + Send + Sync>>,
-    current: Option<Arc<dyn Fn() -> (Option<u64>, Option<u32>) + Send + Sync>>,
+pub struct Admin {
+    pub metrics: Arc<Metrics>,
+    /// The credential for changes; None: changes are refused.
+    pub token: Option<String>,
+    /// A mirror's copy limits.
+    pub limits: Option<Arc<Limits>>,
+    /// A primary's slots.
+    pub slots: Option<Arc<dyn SlotAdmin>>,
 }
 
 pub async fn serve(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    limits: Option<Arc<Limits>>,
+    app: Admin,
     stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("admin address {addr}: {e}"))?;
-    let app = App {
-        metrics,
-        limits: limits.clone().map(|l| {
-            Arc::new(move |b, t| l.set(b, t))
-                as Arc<dyn Fn(Option<BwSchedule>, Option<u32>) + Send + Sync>
-        }),
-        current: limits.map(|l| Arc::new(move || l.current()) as Arc<dyn Fn() -> _ + Send + Sync>),
-    };
     let router = Router::new()
         .route("/metrics", get(metrics_h))
         .route("/status", get(status_h))
         .route("/limits", put(limits_h))
+        .route("/slots/{name}", delete(drop_slot_h))
         .with_state(app);
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, router)
@@ -50,7 +57,40 @@ pub async fn serve(
     }))
 }
 
-async fn metrics_h(State(a): State<App>) -> impl IntoResponse {
+/// Constant-time comparison of the presented token with the configured one.
+fn same_token(configured: &str, presented: &str) -> bool {
+    let tag = |key: &str| {
+        let mut m = Hmac::<Sha256>::new_from_slice(key.as_bytes()).expect("any key length");
+        m.update(b"jfs-admin");
+        m
+    };
+    let presented_tag = tag(presented).finalize().into_bytes();
+    tag(configured).verify_slice(&presented_tag).is_ok()
+}
+
+/// Ok when the request carries the admin token; otherwise the refusal to send back.
+fn authorized(a: &Admin, h: &HeaderMap) -> Result<(), (StatusCode, String)> {
+    let Some(want) = &a.token else {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "changes through the admin address are disabled: set admin_token_env or admin_token_file in the agent's config\n".into(),
+        ));
+    };
+    let got = h
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match got {
+        Some(t) if same_token(want, t.trim()) => Ok(()),
+        Some(_) => Err((StatusCode::UNAUTHORIZED, "wrong admin token\n".into())),
+        None => Err((
+            StatusCode::UNAUTHORIZED,
+            "this change needs the admin token (Authorization: Bearer TOKEN)\n".into(),
+        )),
+    }
+}
+
+async fn metrics_h(State(a): State<Admin>) -> impl IntoResponse {
     (
         [(
             "content-type",
@@ -60,15 +100,19 @@ async fn metrics_h(State(a): State<App>) -> impl IntoResponse {
     )
 }
 
-async fn status_h(State(a): State<App>) -> impl IntoResponse {
+async fn status_h(State(a): State<Admin>) -> impl IntoResponse {
     axum::Json(a.metrics.status())
 }
 
 async fn limits_h(
-    State(a): State<App>,
+    State(a): State<Admin>,
+    headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
-) -> impl IntoResponse {
-    let (Some(set), Some(cur)) = (&a.limits, &a.current) else {
+) -> (StatusCode, String) {
+    if let Err(r) = authorized(&a, &headers) {
+        return r;
+    }
+    let Some(l) = &a.limits else {
         return (
             StatusCode::BAD_REQUEST,
             "limits apply to a mirror agent\n".to_string(),
@@ -82,7 +126,7 @@ async fn limits_h(
             );
         }
     }
-    let (bw0, tps0) = cur();
+    let (bw0, tps0) = l.current();
     let bw = match q.get("bwlimit") {
         Some(s) => match BwSchedule::parse(s) {
             Ok(b) => Some(b),
@@ -102,8 +146,8 @@ async fn limits_h(
         },
         None => tps0,
     };
-    set(bw, tps);
-    let (b, t) = cur();
+    l.set(bw, tps);
+    let (b, t) = l.current();
     tracing::info!(bytes_per_s = ?b, requests_per_s = ?t, "copy limits changed");
     (
         StatusCode::OK,
@@ -115,6 +159,36 @@ async fn limits_h(
     )
 }
 
+async fn drop_slot_h(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> (StatusCode, String) {
+    if let Err(r) = authorized(&a, &headers) {
+        return r;
+    }
+    let Some(s) = &a.slots else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "slots are kept by a primary agent\n".into(),
+        );
+    };
+    match s.drop_slot(&name).await {
+        Ok(msg) => (StatusCode::OK, format!("{msg}\n")),
+        Err(e) => (StatusCode::NOT_FOUND, format!("{e:#}\n")),
+    }
+}
+
 fn json_opt(v: Option<u64>) -> String {
     v.map_or("null".into(), |v| v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(super::same_token("abcdefghijklmnop", "abcdefghijklmnop"));
+        assert!(!super::same_token("abcdefghijklmnop", "abcdefghijklmno"));
+        assert!(!super::same_token("abcdefghijklmnop", ""));
+    }
 }

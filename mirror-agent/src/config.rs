@@ -1,6 +1,13 @@
-//! The agent's TOML configuration. Flags and environment variables override the file (see
-//! `main.rs`); secrets (mirror tokens) are never literal values here: `token_env` names an
-//! environment variable, `token_file` a file whose first line is the token.
+//! The agent's configuration: a TOML file, environment variables over it, flags over those
+//! (flag > environment > file). Every key has a variable: `MIRROR_AGENT_<KEY>` at the top,
+//! `MIRROR_AGENT_<SECTION>__<KEY>` in `[primary]` or `[mirror]` (values are TOML values or
+//! plain strings), so the agent also runs with no file at all (containers).
+//!
+//! Secrets are never literal values here: `token_env` names an environment variable,
+//! `token_file` a file whose first line is the token (mirror tokens and the admin token).
+//!
+//! `check` is everything `run` verifies before it binds a port or writes anything; both
+//! `run` and `check-config` call it, so they cannot disagree.
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
@@ -15,6 +22,11 @@ pub enum Role {
     Mirror,
 }
 
+/// The admin address of each role when none is given: different, so a primary and a mirror
+/// on one host do not collide.
+pub const PRIMARY_ADMIN: &str = "127.0.0.1:9567";
+pub const MIRROR_ADMIN: &str = "127.0.0.1:9568";
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -23,28 +35,29 @@ pub struct Config {
     pub meta: String,
     /// The agent's own state (RocksDB: block queue, bootstrap progress).
     pub state_dir: PathBuf,
-    /// Where `/metrics` and `/status` are served.
-    #[serde(default = "default_admin")]
-    pub admin: SocketAddr,
+    /// Where `/metrics` and `/status` are served (default: 127.0.0.1:9567 for a primary,
+    /// 127.0.0.1:9568 for a mirror).
+    #[serde(default)]
+    pub admin: Option<SocketAddr>,
+    /// The credential for changes through the admin address (`PUT /limits`, dropping a
+    /// slot): the variable holding it...
+    #[serde(default)]
+    pub admin_token_env: Option<String>,
+    /// ... or a file whose first line is it. Without one, the admin address is read-only.
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
     #[serde(default)]
     pub primary: Option<PrimaryConfig>,
     #[serde(default)]
     pub mirror: Option<MirrorConfig>,
 }
 
-fn default_admin() -> SocketAddr {
-    "127.0.0.1:9567".parse().expect("valid")
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Where a token comes from: an environment variable or a file, never the config itself.
+#[derive(Debug, Clone, Default)]
 pub struct Secret {
-    #[serde(default)]
     pub token_env: Option<String>,
-    #[serde(default)]
     pub token_file: Option<PathBuf>,
     /// Refused: present only to give a clear error when someone writes a token inline.
-    #[serde(default)]
     pub token: Option<toml::Value>,
 }
 
@@ -78,8 +91,22 @@ impl Secret {
 #[serde(deny_unknown_fields)]
 pub struct MirrorEntry {
     pub name: String,
-    #[serde(flatten)]
-    pub secret: Secret,
+    #[serde(default)]
+    pub token_env: Option<String>,
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub token: Option<toml::Value>,
+}
+
+impl MirrorEntry {
+    pub fn secret(&self) -> Secret {
+        Secret {
+            token_env: self.token_env.clone(),
+            token_file: self.token_file.clone(),
+            token: self.token.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -101,6 +128,10 @@ pub struct PrimaryConfig {
     pub tls_cert: Option<PathBuf>,
     #[serde(default)]
     pub tls_key: Option<PathBuf>,
+    /// Serve mirrors in plaintext on a non-loopback address (file names and the whole
+    /// metadata cross the network readable): refused unless set.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
 }
 
 fn default_retain_entries() -> u64 {
@@ -119,14 +150,22 @@ pub struct MirrorConfig {
     pub name: String,
     /// The primary agent's address, `host:port`.
     pub primary: String,
-    #[serde(flatten)]
-    pub secret: Secret,
+    #[serde(default)]
+    pub token_env: Option<String>,
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub token: Option<toml::Value>,
     /// CA certificate (PEM) to verify the primary with; TLS is used when set.
     #[serde(default)]
     pub tls_ca: Option<PathBuf>,
     /// The name in the primary's certificate (default: the host part of `primary`).
     #[serde(default)]
     pub tls_server_name: Option<String>,
+    /// Connect to a non-loopback primary without TLS (the metadata crosses the network
+    /// readable): refused unless set.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
     /// The mirror's block store.
     pub store: String,
     /// Where blocks are copied from (default: the volume's own storage URL).
@@ -148,6 +187,16 @@ pub struct MirrorConfig {
     /// Bootstrap again by itself when the primary says the slot was dropped.
     #[serde(default = "default_true")]
     pub auto_resync: bool,
+}
+
+impl MirrorConfig {
+    pub fn secret(&self) -> Secret {
+        Secret {
+            token_env: self.token_env.clone(),
+            token_file: self.token_file.clone(),
+            token: self.token.clone(),
+        }
+    }
 }
 
 fn default_window() -> Duration {
@@ -175,36 +224,178 @@ mod humantime_serde_lite {
     }
 }
 
+/// Environment variables of the agent that are not configuration keys.
+const NOT_KEYS: &[&str] = &[
+    "MIRROR_AGENT_CONFIG",
+    "MIRROR_AGENT_LOG_FORMAT",
+    "MIRROR_AGENT_ADMIN_TOKEN",
+    "MIRROR_AGENT_ADMIN_TOKEN_FILE",
+];
+
+/// A TOML error as one line: where (line, section) and what, with the valid keys of the
+/// section when a key is unknown.
+fn friendly(text: &str, what: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim().replace('\n', " ");
+    let Some(span) = e.span() else {
+        return format!("{what}: {}", reword(&msg));
+    };
+    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+    let section = text[..span.start.min(text.len())]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .unwrap_or("the top level (before any [section])");
+    format!("{what}, line {line} (in {section}): {}", reword(&msg))
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`" in an operator's words.
+fn reword(msg: &str) -> String {
+    if let Some(rest) = msg.strip_prefix("unknown field ") {
+        let (key, expected) = rest.split_once(", expected ").unwrap_or((rest, ""));
+        let valid = expected.trim_start_matches("one of ").replace('`', "");
+        return format!("unknown key {key}; the valid keys here are: {valid}");
+    }
+    msg.to_string()
+}
+
 impl Config {
-    pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("config file {}", path.display()))
+    /// The file (if any), the environment over it. Flags are applied by the caller.
+    pub fn load(path: Option<&Path>) -> Result<Config> {
+        let (text, what) = match path {
+            Some(p) => (
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("reading the config file {}", p.display()))?,
+                format!("config file {}", p.display()),
+            ),
+            None => (String::new(), "configuration".to_string()),
+        };
+        let env: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("MIRROR_AGENT_") && !NOT_KEYS.contains(&k.as_str()))
+            .collect();
+        Self::parse_with_env(&text, &what, &env)
+    }
+
+    /// Parse `text` (a file's contents) with `env` (MIRROR_AGENT_* pairs) over it.
+    pub fn parse_with_env(text: &str, what: &str, env: &[(String, String)]) -> Result<Config> {
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| anyhow!("{}", friendly(text, what, &e)))?;
+        // The file alone first, for errors that point at its lines (keys the environment
+        // supplies may be missing from it).
+        if let Err(e) = toml::from_str::<Config>(text) {
+            if !e.message().contains("missing field") {
+                bail!("{}", friendly(text, what, &e));
+            }
+        }
+        let mut from_env = Vec::new();
+        for (k, v) in env {
+            let path = k["MIRROR_AGENT_".len()..].to_ascii_lowercase();
+            let (section, key) = match path.split_once("__") {
+                Some((s, k)) => (Some(s.to_string()), k.to_string()),
+                None => (None, path),
+            };
+            let value = toml::from_str::<toml::Table>(&format!("v = {v}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(v.clone()));
+            let target = match &section {
+                Some(s) => table
+                    .entry(s.clone())
+                    .or_insert_with(|| toml::Value::Table(Default::default()))
+                    .as_table_mut()
+                    .ok_or_else(|| anyhow!("{k}: [{s}] is not a section"))?,
+                None => &mut table,
+            };
+            target.insert(key, value);
+            from_env.push(k.clone());
+        }
+        toml::Value::Table(table).try_into::<Config>().map_err(|e| {
+            let msg = reword(e.message().trim());
+            if from_env.is_empty() {
+                anyhow!("{what}: {msg}")
+            } else {
+                anyhow!(
+                    "{what} with the environment ({}): {msg} (a variable is MIRROR_AGENT_<KEY>, or MIRROR_AGENT_<SECTION>__<KEY> for [primary] and [mirror])",
+                    from_env.join(", ")
+                )
+            }
+        })
     }
 
     pub fn parse(text: &str) -> Result<Config> {
-        let c: Config = toml::from_str(text).map_err(|e| anyhow!("{e}"))?;
-        Ok(c)
+        Self::parse_with_env(text, "config", &[])
     }
 
-    /// Checks that need the whole picture (after flags were applied).
-    pub fn validate(&self) -> Result<()> {
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.unwrap_or_else(|| {
+            match self.role {
+                Role::Primary => PRIMARY_ADMIN,
+                Role::Mirror => MIRROR_ADMIN,
+            }
+            .parse()
+            .expect("valid")
+        })
+    }
+
+    /// The admin token, when changes through the admin address are enabled.
+    pub fn admin_token(&self) -> Result<Option<String>> {
+        if self.admin_token_env.is_none() && self.admin_token_file.is_none() {
+            return Ok(None);
+        }
+        Secret {
+            token_env: self.admin_token_env.clone(),
+            token_file: self.admin_token_file.clone(),
+            token: None,
+        }
+        .load("admin token")
+        .map(Some)
+    }
+
+    /// Everything `run` checks before it binds or writes: sections, names, secrets, TLS
+    /// files, URLs (without connecting), the state directory, plaintext across a network.
+    /// Returns warnings; an error is the first problem found.
+    pub async fn check(&self) -> Result<Vec<String>> {
+        let mut warn = Vec::new();
+        meta::check_url(&self.meta, &meta::OpenOptions::default())
+            .map_err(|e| anyhow!("meta: {e}"))?;
+        check_state_dir(&self.state_dir)?;
+        self.admin_token()?;
+        if self.admin_token_env.is_none() && self.admin_token_file.is_none() {
+            warn.push(format!("no admin_token_env or admin_token_file: the admin address {} serves /metrics and /status only; changes (limits, slot drop) are refused", self.admin_addr()));
+        }
         match self.role {
             Role::Primary => {
                 let p = self
                     .primary
                     .as_ref()
                     .ok_or_else(|| anyhow!("role = \"primary\" needs a [primary] section"))?;
+                if self.mirror.is_some() {
+                    warn.push("[mirror] is ignored: role is \"primary\"".into());
+                }
                 let mut names = std::collections::HashSet::new();
                 for m in &p.mirrors {
                     check_name(&m.name)?;
                     if !names.insert(&m.name) {
                         bail!("mirror {:?} is listed twice in [[primary.mirrors]]", m.name);
                     }
-                    m.secret.load(&format!("mirror {:?}", m.name))?;
+                    m.secret().load(&format!("mirror {:?}", m.name))?;
                 }
-                if p.tls_cert.is_some() != p.tls_key.is_some() {
-                    bail!("[primary] tls_cert and tls_key go together");
+                if p.mirrors.is_empty() {
+                    warn.push("[primary] has no [[primary.mirrors]]: no mirror can connect".into());
+                }
+                match (&p.tls_cert, &p.tls_key) {
+                    (Some(c), Some(k)) => {
+                        crate::tls::acceptor(c, k)?;
+                    }
+                    (None, None) => {
+                        if !p.listen.ip().is_loopback() {
+                            if !p.insecure_plaintext {
+                                bail!("[primary] listen = {} without TLS would send the volume's file names and metadata across the network in clear: set tls_cert and tls_key, or insecure_plaintext = true to accept that", p.listen);
+                            }
+                            warn.push(format!("[primary] insecure_plaintext: mirrors are served in clear on {}; anyone on the path reads the volume's metadata", p.listen));
+                        }
+                    }
+                    _ => bail!("[primary] tls_cert and tls_key go together"),
                 }
             }
             Role::Mirror => {
@@ -212,22 +403,90 @@ impl Config {
                     .mirror
                     .as_ref()
                     .ok_or_else(|| anyhow!("role = \"mirror\" needs a [mirror] section"))?;
+                if self.primary.is_some() {
+                    warn.push("[primary] is ignored: role is \"mirror\"".into());
+                }
                 check_name(&m.name)?;
-                m.secret.load("[mirror]")?;
+                m.secret().load("[mirror]")?;
                 if m.workers == 0 || m.workers > 1024 {
                     bail!("[mirror] workers = {}: use 1..=1024", m.workers);
                 }
                 if m.batch_entries == 0 {
                     bail!("[mirror] batch_entries must be at least 1");
                 }
+                if m.window.is_zero() {
+                    bail!("[mirror] window must be more than 0 (e.g. \"1s\")");
+                }
                 if let Some(b) = &m.bwlimit {
                     objstore::limits::BwSchedule::parse(b)
                         .with_context(|| format!("[mirror] bwlimit = {b:?}"))?;
                 }
+                objstore::check_url(&m.store).map_err(|e| anyhow!("[mirror] store: {e}"))?;
+                if let Some(o) = &m.origin_store {
+                    objstore::check_url(o).map_err(|e| anyhow!("[mirror] origin_store: {e}"))?;
+                }
+                let (host, _) = split_host_port(&m.primary)?;
+                match &m.tls_ca {
+                    Some(ca) => {
+                        let name = m.tls_server_name.clone().unwrap_or_else(|| host.clone());
+                        crate::tls::connector(ca, &name)?;
+                    }
+                    None => {
+                        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&m.primary)
+                            .await
+                            .with_context(|| {
+                                format!("[mirror] primary = {:?}: cannot resolve it", m.primary)
+                            })?
+                            .collect();
+                        if addrs.iter().any(|a| !a.ip().is_loopback()) {
+                            if !m.insecure_plaintext {
+                                bail!("[mirror] primary = {:?} is across a network and tls_ca is not set: the volume's metadata would arrive in clear; set tls_ca (and TLS at the primary), or insecure_plaintext = true to accept that", m.primary);
+                            }
+                            warn.push(format!(
+                                "[mirror] insecure_plaintext: replication from {} is in clear",
+                                m.primary
+                            ));
+                        }
+                    }
+                }
             }
         }
-        Ok(())
+        Ok(warn)
     }
+}
+
+fn split_host_port(addr: &str) -> Result<(String, u16)> {
+    let (h, p) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow!("[mirror] primary = {addr:?}: expected host:port"))?;
+    let port: u16 = p
+        .parse()
+        .map_err(|_| anyhow!("[mirror] primary = {addr:?}: {p:?} is not a port"))?;
+    Ok((h.trim_matches(['[', ']']).to_string(), port))
+}
+
+/// The state directory is a directory (or can be created: an ancestor exists and is one).
+fn check_state_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        if !dir.is_dir() {
+            bail!("state_dir {} is a file, not a directory", dir.display());
+        }
+        return Ok(());
+    }
+    if !dir.is_absolute() {
+        bail!("state_dir {}: use an absolute path", dir.display());
+    }
+    let mut a = dir.parent();
+    while let Some(p) = a {
+        if p.exists() {
+            if !p.is_dir() {
+                bail!("state_dir {}: {} is a file", dir.display(), p.display());
+            }
+            return Ok(()); // created at the first start
+        }
+        a = p.parent();
+    }
+    Ok(())
 }
 
 pub fn check_name(n: &str) -> Result<()> {
@@ -240,4 +499,69 @@ pub fn check_name(n: &str) -> Result<()> {
         bail!("mirror name {n:?}: use 1-64 letters, digits, '-' or '_'");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_typo_is_reported_at_its_line_with_the_keys_of_its_section() {
+        let text = "role = \"mirror\"\nmeta = \"rocksdb:///m\"\nstate_dir = \"/s\"\n[mirror]\nname = \"m\"\nprimary = \"p:1\"\nstore = \"file:///b\"\nwrkers = 8\n";
+        let e = Config::parse(text).unwrap_err().to_string();
+        assert!(e.contains("line 8 (in [mirror])"), "{e}");
+        assert!(e.contains("unknown key `wrkers`"), "{e}");
+        assert!(e.contains("workers") && e.contains("bwlimit"), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+
+    #[test]
+    fn the_environment_overrides_the_file_and_can_stand_alone() {
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let c = Config::parse_with_env(
+            "",
+            "env",
+            &env(&[
+                ("MIRROR_AGENT_ROLE", "mirror"),
+                ("MIRROR_AGENT_META", "rocksdb:///m"),
+                ("MIRROR_AGENT_STATE_DIR", "/s"),
+                ("MIRROR_AGENT_MIRROR__NAME", "eu"),
+                ("MIRROR_AGENT_MIRROR__PRIMARY", "p.example:9566"),
+                ("MIRROR_AGENT_MIRROR__STORE", "file:///b"),
+                ("MIRROR_AGENT_MIRROR__WORKERS", "3"),
+                ("MIRROR_AGENT_MIRROR__BWLIMIT", "100M"),
+            ]),
+        )
+        .unwrap();
+        let m = c.mirror.as_ref().unwrap();
+        assert_eq!((m.workers, m.bwlimit.as_deref()), (3, Some("100M")));
+        assert_eq!(c.admin_addr().to_string(), MIRROR_ADMIN);
+        let c = Config::parse_with_env(
+            "role = \"primary\"\nmeta = \"rocksdb:///v\"\nstate_dir = \"/s\"\n[primary]\nlisten = \"127.0.0.1:1\"\n",
+            "file",
+            &env(&[(
+                "MIRROR_AGENT_PRIMARY__MIRRORS",
+                "[{name = \"eu\", token_env = \"T\"}]",
+            )]),
+        )
+        .unwrap();
+        assert_eq!(c.primary.as_ref().unwrap().mirrors[0].name, "eu");
+        assert_eq!(c.admin_addr().to_string(), PRIMARY_ADMIN);
+        let e = Config::parse_with_env(
+            "",
+            "env",
+            &env(&[
+                ("MIRROR_AGENT_MIRROR__WRKERS", "3"),
+                ("MIRROR_AGENT_ROLE", "mirror"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("MIRROR_AGENT_MIRROR__WRKERS"), "{e}");
+    }
 }

@@ -5,9 +5,11 @@
 pub mod admin;
 pub mod blocks;
 pub mod config;
+pub mod handshake;
 pub mod metrics;
 pub mod mirror;
 pub mod primary;
 pub mod proto;
 pub mod site;
 pub mod state;
+pub mod tls;

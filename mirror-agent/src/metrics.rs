@@ -40,6 +40,9 @@ pub struct Metrics {
     pub head_seq: Gauge,
     pub journal_first: Gauge,
     pub auth_failures: Counter,
+    /// Connections dropped before authenticating: not the protocol, too big, too slow, or
+    /// over the caps on unauthenticated connections.
+    pub unauth_dropped: Counter,
     pub entries_sent: Counter,
     pub journal_trimmed: Counter,
     pub slot_acked: Family<Labels, Gauge>,
@@ -51,6 +54,15 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Forget a dropped slot's series.
+    pub fn remove_slot(&self, name: &str) {
+        let l = label(name);
+        self.slot_acked.remove(&l);
+        self.slot_lag_entries.remove(&l);
+        self.slot_needs_resync.remove(&l);
+        self.slot_connected.remove(&l);
+    }
+
     pub fn new(primary: bool) -> Metrics {
         let m = Metrics::default();
         {
@@ -71,6 +83,11 @@ impl Metrics {
                     "auth_failures",
                     "Mirror connections refused for bad credentials",
                     m.auth_failures.clone(),
+                );
+                r.register(
+                    "unauthenticated_dropped",
+                    "Connections dropped before they authenticated (not the protocol, oversized, too slow, or over the caps)",
+                    m.unauth_dropped.clone(),
                 );
                 r.register(
                     "entries_sent",

@@ -6,6 +6,7 @@
 
 use crate::blocks::{self, Replicator};
 use crate::config::MirrorConfig;
+use crate::handshake::{self, recv_within};
 use crate::metrics::Metrics;
 use crate::proto::{self, ToMirror, ToPrimary, Want};
 use crate::state::{Bootstrap, Changes, State};
@@ -34,6 +35,8 @@ struct Live {
     caught_up_at: Option<Instant>,
     needs_resync: bool,
     last_error: Option<String>,
+    /// Why the primary keeps refusing this mirror (a configuration problem), if it does.
+    refused: Option<String>,
     volume_uuid: Option<String>,
 }
 
@@ -59,34 +62,6 @@ pub struct Mirror {
     force_snapshot: std::sync::atomic::AtomicBool,
 }
 
-fn tls_connector(
-    ca: &std::path::Path,
-    server_name: &str,
-) -> Result<(
-    tokio_rustls::TlsConnector,
-    tokio_rustls::rustls::pki_types::ServerName<'static>,
-)> {
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca)
-        .with_context(|| format!("reading tls_ca {}", ca.display()))?
-    {
-        roots
-            .add(c.with_context(|| format!("tls_ca {} is not PEM certificates", ca.display()))?)
-            .with_context(|| format!("tls_ca {}", ca.display()))?;
-    }
-    if roots.is_empty() {
-        bail!("tls_ca {} holds no certificate", ca.display());
-    }
-    let cfg = tokio_rustls::rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = ServerName::try_from(server_name.to_string())
-        .map_err(|_| anyhow!("tls_server_name {server_name:?} is not a valid DNS name or IP"))?;
-    Ok((tokio_rustls::TlsConnector::from(Arc::new(cfg)), name))
-}
-
 enum End {
     /// Reconnect after a short pause.
     Retry(anyhow::Error),
@@ -103,7 +78,7 @@ impl Mirror {
         state: Arc<State>,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>> {
-        let token = cfg.secret.load("[mirror]")?;
+        let token = cfg.secret().load("[mirror]")?;
         let tls = match &cfg.tls_ca {
             Some(ca) => {
                 let host = cfg.tls_server_name.clone().unwrap_or_else(|| {
@@ -113,13 +88,19 @@ impl Mirror {
                             h.trim_matches(['[', ']']).to_string()
                         })
                 });
-                Some(tls_connector(ca, &host)?)
+                Some(crate::tls::connector(ca, &host)?)
             }
             None => None,
         };
         let dest: Arc<dyn BlockStore> = Arc::new(
-            objstore::OpendalStore::open(&cfg.store, &Default::default())
-                .map_err(|e| anyhow!("[mirror] store: {e}"))?,
+            objstore::OpendalStore::open(
+                &cfg.store,
+                &objstore::StoreOptions {
+                    create: true,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| anyhow!("[mirror] store: {e}"))?,
         );
         dest.check()
             .await
@@ -218,8 +199,55 @@ impl Mirror {
         if matches!(self.state.bootstrap()?, Some(Bootstrap::Installing { .. })) {
             return Ok(());
         }
-        let head = self.engine.journal_bounds().await?.last;
+        let bounds = self.engine.journal_bounds().await?;
+        let head = bounds.last;
         let mut from = self.state.queued_through()? + 1;
+        if self.state.bootstrap()?.is_none()
+            && fs_core::slots::incomplete(&*self.engine).await?.is_some()
+        {
+            // The metadata says a snapshot was being installed, the agent's state knows
+            // nothing of it (a lost or new state directory): start the snapshot over.
+            tracing::warn!("this mirror was bootstrapping and the agent's state does not know it (a lost state directory?): bootstrapping again from a snapshot");
+            self.force_snapshot
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            return Ok(());
+        }
+        if from <= head && from < bounds.first {
+            // The journal no longer reaches back to what the block queue knows: the state
+            // directory is new or was lost, or the mirror started from a snapshot the queue
+            // never saw. Every block the metadata references is queued again; copies already
+            // at the mirror store are skipped by their length check, not copied twice.
+            tracing::warn!(
+                queued_through = from - 1,
+                journal_first = bounds.first,
+                "the agent's state does not cover this mirror's journal (a new or lost state directory): queuing every block the metadata references again"
+            );
+            let mut n = 0u64;
+            let mut start = fs_core::keys::INODE_PREFIX.to_vec();
+            let end = fs_core::keys::prefix_end(fs_core::keys::INODE_PREFIX);
+            loop {
+                let page = self.engine.scan(&start, &end, 4096).await?;
+                let len = page.len();
+                if let Some((k, _)) = page.last() {
+                    start = k.clone();
+                    start.push(0);
+                }
+                let ch = blocks::changes_of_pairs(&s, &page);
+                n += ch.add.len() as u64;
+                self.state.record(&ch, None, fs_core::now_ns())?;
+                if len < 4096 {
+                    break;
+                }
+            }
+            self.state
+                .record(&Default::default(), Some(head), fs_core::now_ns())?;
+            tracing::info!(
+                blocks = n,
+                through = head,
+                "block queue rebuilt from the mirror's metadata"
+            );
+            return Ok(());
+        }
         while from <= head {
             let frames = self.engine.journal_read(from, 1000).await?;
             if frames.is_empty() {
@@ -244,6 +272,8 @@ impl Mirror {
         let status = tokio::spawn(self.clone().status_loop(stop.clone()));
         let mut backoff = Duration::from_millis(200);
         let mut first = true;
+        let mut refusals = 0u32;
+        let mut foreign = 0u32;
         loop {
             if stop.is_cancelled() {
                 break;
@@ -261,6 +291,20 @@ impl Mirror {
                 let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
                 lv.connected = false;
                 lv.received.clear();
+            }
+            let not_primary =
+                matches!(&end, End::Retry(e) if e.chain().any(|c| c.is::<handshake::NotPrimary>()));
+            foreign = if not_primary { foreign + 1 } else { 0 };
+            // Three first replies in a row that are not the protocol: the peer is something
+            // else, a configuration problem like a refusal.
+            let end = match end {
+                End::Retry(e) if not_primary && foreign >= 3 => {
+                    End::Retry(anyhow::Error::new(handshake::Permanent(format!("{e:#}"))))
+                }
+                other => other,
+            };
+            if !matches!(&end, End::Retry(e) if e.chain().any(|c| c.is::<handshake::Permanent>())) {
+                refusals = 0;
             }
             match end {
                 End::Stopped => break,
@@ -286,6 +330,27 @@ impl Mirror {
                     return Err(e.context(
                         "this metadata is no longer a mirror's (detached?): the mirror agent stops",
                     ));
+                }
+                End::Retry(e) if e.chain().any(|c| c.is::<handshake::Permanent>()) => {
+                    // A configuration problem (a wrong token or name, a foreign volume, not a
+                    // primary agent at all): retried, since the other side may be fixed, but
+                    // seldom, loudly, and shown in `status` as the reason.
+                    refusals += 1;
+                    let wait = Duration::from_secs(30)
+                        .saturating_mul(1 << (refusals - 1).min(5))
+                        .min(Duration::from_secs(600));
+                    let msg = format!("{e:#}");
+                    tracing::error!(reason = %msg, retry_in = ?wait, "the primary refuses this mirror; fix the configuration (retrying seldom until then)");
+                    {
+                        let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                        lv.refused = Some(msg.clone());
+                        lv.last_error = Some(msg);
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    continue;
                 }
                 End::Retry(e) => {
                     if e.chain()
@@ -375,11 +440,10 @@ impl Mirror {
         } else {
             Want::From(head + 1)
         };
-        let wire = tokio::select! {
+        let mut wire = tokio::select! {
             _ = stop.cancelled() => return Ok(End::Stopped),
             w = self.connect() => w?,
         };
-        let (mut sink, mut stream) = wire.split();
         let nonce_m = proto::nonce();
         // The frame at our head lets the primary check that our histories agree.
         let prev_crc = match want {
@@ -398,50 +462,34 @@ impl Mirror {
         } else {
             self.settings().map(|s| s.uuid)
         };
-        proto::send(
-            &mut sink,
-            &ToPrimary::Hello {
-                proto: proto::PROTO_VERSION,
-                mirror: self.cfg.name.clone(),
-                volume_uuid: uuid,
-                nonce: nonce_m,
-                want,
-                prev_crc,
-            },
-        )
-        .await?;
-        match recv_within(&mut stream, READ_TIMEOUT).await? {
-            ToMirror::Challenge { nonce, proof } => {
-                // The answer is sent either way (an HMAC reveals nothing of the token), so the
-                // primary also sees and counts a mismatch.
-                let mac = proto::mac(&self.token, "mirror", &nonce, &nonce_m);
-                proto::send(&mut sink, &ToPrimary::Auth { mac }).await?;
-                if !proto::verify(&self.token, "primary", &nonce_m, &nonce, &proof) {
-                    let _ = futures::SinkExt::flush(&mut sink).await;
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    bail!("authentication failed: the primary at {} did not prove it holds this mirror's token (the tokens differ, or this is not the primary)", self.cfg.primary);
-                }
-            }
-            ToMirror::Refused { reason, .. } => bail!(
-                "the primary refused this mirror: {reason} (check [mirror] name and its token)"
-            ),
-            other => bail!("unexpected first message {}", msg_name(&other)),
-        }
-        let primary_head = match recv_within(&mut stream, READ_TIMEOUT).await? {
-            ToMirror::Welcome { head, .. } => head,
-            ToMirror::Refused {
-                reason,
-                resync: true,
-            } => return Ok(End::Resync(reason)),
-            ToMirror::Refused { reason, .. } => bail!("the primary refused this mirror: {reason}"),
-            other => bail!("unexpected message {}", msg_name(&other)),
+        let hello = ToPrimary::Hello {
+            proto: proto::PROTO_VERSION,
+            mirror: self.cfg.name.clone(),
+            volume_uuid: uuid,
+            nonce: nonce_m,
+            want,
+            prev_crc,
         };
+        let primary_head = match handshake::connect(
+            &mut wire,
+            &self.cfg.primary,
+            &self.token,
+            hello,
+            READ_TIMEOUT,
+        )
+        .await?
+        {
+            handshake::Welcome::In { head } => head,
+            handshake::Welcome::Resync(reason) => return Ok(End::Resync(reason)),
+        };
+        let (mut sink, mut stream) = wire.split();
         {
             let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
             lv.connected = true;
             lv.primary_head = lv.primary_head.max(primary_head);
             lv.last_contact = Some(Instant::now());
             lv.last_error = None;
+            lv.refused = None;
         }
         tracing::info!(primary = %self.cfg.primary, ?want, primary_head, "connected to the primary");
         if want == Want::Snapshot {
@@ -520,7 +568,7 @@ impl Mirror {
                     ToMirror::Refused { reason, .. } => {
                         bail!("the primary ended the stream: {reason}")
                     }
-                    other => bail!("unexpected message {}", msg_name(&other)),
+                    other => bail!("unexpected message {}", proto::msg_name(&other)),
                 }
             }
         };
@@ -546,7 +594,7 @@ impl Mirror {
     {
         let (s0, settings) = match recv_within(stream, Duration::from_secs(120)).await? {
             ToMirror::SnapshotBegin { seq, settings } => (seq, settings),
-            other => bail!("expected a snapshot, got {}", msg_name(&other)),
+            other => bail!("expected a snapshot, got {}", proto::msg_name(&other)),
         };
         let settings: Settings =
             serde_json::from_slice(&settings).context("the snapshot's settings do not decode")?;
@@ -588,7 +636,7 @@ impl Mirror {
                 }
                 other => bail!(
                     "unexpected message during the snapshot: {}",
-                    msg_name(&other)
+                    proto::msg_name(&other)
                 ),
             }
         }
@@ -603,6 +651,8 @@ impl Mirror {
             .aux_put(fs_core::slots::MIRROR_INCOMPLETE, None)
             .await?;
         self.metrics.bootstrapping.set(0);
+        let seq = self.engine.journal_bounds().await?.last;
+        tracing::info!(seq, "the mirror is consistent (bootstrap complete)");
         Ok(())
     }
 
@@ -632,7 +682,6 @@ impl Mirror {
             if let Some(Bootstrap::CatchingUp { s_end, .. }) = self.state.bootstrap()? {
                 if head >= s_end {
                     self.complete_bootstrap().await?;
-                    tracing::info!(seq = head, "the mirror is consistent (bootstrap complete)");
                 }
             }
             {
@@ -692,7 +741,18 @@ impl Mirror {
         let boot = self.state.bootstrap()?;
         let w = self.cfg.window;
         let now_ns = fs_core::now_ns();
-        let (lag_e, lag_s, within, connected, needs_resync, primary_head, last_error, uuid) = {
+        let (
+            lag_e,
+            lag_s,
+            within,
+            connected,
+            needs_resync,
+            primary_head,
+            last_error,
+            uuid,
+            heard,
+            refused,
+        ) = {
             let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
             let ph = lv.primary_head.max(applied);
             let lag_e = ph - applied;
@@ -723,6 +783,8 @@ impl Mirror {
                 ph,
                 lv.last_error.clone(),
                 lv.volume_uuid.clone(),
+                lv.last_contact.map(|t| t.elapsed().as_secs_f64()),
+                lv.refused.clone(),
             )
         };
         let m = &self.metrics;
@@ -756,6 +818,10 @@ impl Mirror {
             "store": self.cfg.store,
             "connected": connected,
             "primary_head_seq": primary_head,
+            // Seconds since the primary was last heard from (None: never since the start):
+            // the head above is as of then.
+            "primary_heard_seconds_ago": heard,
+            "refused": refused,
             "applied_seq": applied,
             "acked_seq": applied,
             "lag_entries": lag_e,
@@ -792,28 +858,4 @@ fn replay_fenced(e: &anyhow::Error) -> bool {
         c.downcast_ref::<fs_core::Error>()
             .is_some_and(|f| f.kind() == fs_core::ErrorKind::ReadOnly)
     })
-}
-
-/// The next message within `t`; silence or a closed connection is an error.
-async fn recv_within<R>(s: &mut R, t: Duration) -> Result<ToMirror>
-where
-    R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin,
-{
-    tokio::time::timeout(t, proto::recv::<ToMirror, _>(s))
-        .await
-        .map_err(|_| anyhow!("nothing from the primary for {t:?}"))?
-        .and_then(|m| m.ok_or_else(|| anyhow!("the primary closed the connection")))
-}
-
-fn msg_name(m: &ToMirror) -> &'static str {
-    match m {
-        ToMirror::Challenge { .. } => "challenge",
-        ToMirror::Refused { .. } => "refused",
-        ToMirror::Welcome { .. } => "welcome",
-        ToMirror::Entries { .. } => "entries",
-        ToMirror::Heartbeat { .. } => "heartbeat",
-        ToMirror::SnapshotBegin { .. } => "snapshot-begin",
-        ToMirror::SnapshotPairs { .. } => "snapshot-pairs",
-        ToMirror::SnapshotEnd { .. } => "snapshot-end",
-    }
 }

@@ -4,6 +4,7 @@
 //! the journal behind the slowest active mirror.
 
 use crate::config::PrimaryConfig;
+use crate::handshake;
 use crate::metrics::{label, Metrics};
 use crate::proto::{self, ToMirror, ToPrimary, Want};
 use anyhow::{anyhow, bail, Context, Result};
@@ -18,8 +19,18 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const BATCH: usize = 1024;
+/// The aux record naming the primary agent that keeps this volume's slots.
+pub const LEASE: &str = "primary.agent";
+const LEASE_EVERY: Duration = Duration::from_secs(2);
+/// A lease older than this belongs to an agent that is gone.
+pub const LEASE_STALE: Duration = Duration::from_secs(10);
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
 const BATCH_BYTES: usize = 8 << 20;
 
 pub struct Primary {
@@ -34,28 +45,19 @@ pub struct Primary {
     conns: std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>,
     next_conn: AtomicU64,
     slot_lock: tokio::sync::Mutex<()>,
+    /// Connections that have not authenticated yet.
+    gate: handshake::Gate,
+    /// The admin address, recorded in the lease.
+    admin: std::sync::Mutex<Option<std::net::SocketAddr>>,
+    /// Slots whose series are exported.
+    seen_slots: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
-fn tls_acceptor(
-    cert: &std::path::Path,
-    key: &std::path::Path,
-) -> Result<tokio_rustls::TlsAcceptor> {
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("reading tls_cert {}", cert.display()))?
-        .collect::<std::result::Result<_, _>>()
-        .with_context(|| format!("tls_cert {} is not PEM certificates", cert.display()))?;
-    if certs.is_empty() {
-        bail!("tls_cert {} holds no certificate", cert.display());
+#[async_trait::async_trait]
+impl crate::admin::SlotAdmin for Primary {
+    async fn drop_slot(&self, name: &str) -> anyhow::Result<String> {
+        Primary::drop_slot(self, name).await
     }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .with_context(|| format!("reading tls_key {} (a PEM private key)", key.display()))?;
-    let cfg = tokio_rustls::rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .context("tls_cert and tls_key do not form a usable pair")?;
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
 }
 
 impl Primary {
@@ -68,11 +70,11 @@ impl Primary {
         for m in &cfg.mirrors {
             tokens.insert(
                 m.name.clone(),
-                m.secret.load(&format!("mirror {:?}", m.name))?,
+                m.secret().load(&format!("mirror {:?}", m.name))?,
             );
         }
         let tls = match (&cfg.tls_cert, &cfg.tls_key) {
-            (Some(c), Some(k)) => Some(tls_acceptor(c, k)?),
+            (Some(c), Some(k)) => Some(crate::tls::acceptor(c, k)?),
             _ => None,
         };
         let settings_raw = engine.get(keys::SETTING).await?.ok_or_else(|| {
@@ -94,7 +96,15 @@ impl Primary {
             conns: Default::default(),
             next_conn: AtomicU64::new(1),
             slot_lock: tokio::sync::Mutex::new(()),
+            gate: handshake::Gate::default(),
+            admin: Default::default(),
+            seen_slots: Default::default(),
         }))
+    }
+
+    /// Record the admin address (for the lease that `slot drop` reads).
+    pub fn set_admin(&self, a: std::net::SocketAddr) {
+        *self.admin.lock().unwrap_or_else(|p| p.into_inner()) = Some(a);
     }
 
     pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
@@ -162,6 +172,47 @@ impl Primary {
         Ok(())
     }
 
+    /// Drop a slot, here where acknowledgements are written: under the slot lock, so no
+    /// acknowledgement persisted concurrently can bring it back; the mirror's connection is
+    /// closed and the status shows the slot gone at once.
+    pub async fn drop_slot(&self, name: &str) -> Result<String> {
+        {
+            let _g = self.slot_lock.lock().await;
+            if slots::get(&*self.engine, name).await?.is_none() {
+                bail!("no replication slot named {name:?} (see `mirror-agent slot list`)");
+            }
+            slots::remove(&*self.engine, name).await?;
+        }
+        if let Some((_, t)) = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+        {
+            t.cancel();
+        }
+        self.metrics.remove_slot(name);
+        let _ = self.refresh_status().await;
+        tracing::warn!(mirror = %name, "replication slot dropped by an operator: gc and journal retention no longer wait for it; if it connects again it must resync");
+        Ok(format!("dropped slot {name:?}: gc and journal retention no longer wait for it; if the mirror connects again, it resyncs from a snapshot"))
+    }
+
+    /// Tell `slot drop` in other processes that this agent keeps the slots (so they go
+    /// through it): an aux record refreshed every few seconds, removed at a clean stop.
+    async fn beat(&self, admin: Option<std::net::SocketAddr>) -> Result<()> {
+        let rec = serde_json::json!({
+            "version": 1,
+            "admin": admin.map(|a| a.to_string()),
+            "pid": std::process::id(),
+            "host": hostname(),
+            "beat_ns": fs_core::now_ns(),
+        });
+        self.engine
+            .aux_put(LEASE, Some(rec.to_string().as_bytes()))
+            .await?;
+        Ok(())
+    }
+
     /// Read-modify-write of one slot; None when the slot is gone (dropped by an operator).
     async fn update_slot(&self, name: &str, f: impl FnOnce(&mut Slot)) -> Result<Option<Slot>> {
         let _g = self.slot_lock.lock().await;
@@ -179,11 +230,22 @@ impl Primary {
     async fn maintain(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         let mut last_trim = tokio::time::Instant::now() - self.cfg.trim_interval;
+        let mut last_beat = tokio::time::Instant::now() - LEASE_EVERY;
         let mut trim_unsupported = false;
         loop {
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => {
+                    let _ = self.engine.aux_put(LEASE, None).await;
+                    return;
+                }
                 _ = tick.tick() => {}
+            }
+            if last_beat.elapsed() >= LEASE_EVERY {
+                last_beat = tokio::time::Instant::now();
+                let admin = *self.admin.lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = self.beat(admin).await {
+                    tracing::warn!(error = %format!("{e:#}"), "recording this agent beside the volume");
+                }
             }
             if let Err(e) = self.refresh_status().await {
                 tracing::warn!(error = %format!("{e:#}"), "refreshing status");
@@ -279,6 +341,16 @@ impl Primary {
             .keys()
             .cloned()
             .collect();
+        // Series of slots that are gone (dropped by `slot drop` elsewhere) go too.
+        {
+            let now: std::collections::HashSet<String> =
+                slots.iter().map(|s| s.name.clone()).collect();
+            let mut seen = self.seen_slots.lock().unwrap_or_else(|p| p.into_inner());
+            for gone in seen.difference(&now) {
+                self.metrics.remove_slot(gone);
+            }
+            *seen = now;
+        }
         let mut list = Vec::new();
         for s in &slots {
             let l = label(&s.name);
@@ -315,80 +387,68 @@ impl Primary {
             "journal_first_seq": b.first,
             "mirrors": list,
             "auth_failures": self.metrics.auth_failures.get(),
+            "unauthenticated_dropped": self.metrics.unauth_dropped.get(),
+            "unauthenticated_pending": self.gate.pending(),
             "entries_sent": self.metrics.entries_sent.get(),
         }));
         Ok(())
     }
 
     async fn serve(self: Arc<Self>, sock: TcpStream, stop: CancellationToken) -> Result<()> {
-        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        let peer = sock.peer_addr().ok();
+        let peer_s = peer.map(|a| a.to_string()).unwrap_or_default();
         let _ = sock.set_nodelay(true);
-        let io: Box<dyn proto::Io> = match &self.tls {
-            Some(acc) => Box::new(
-                tokio::time::timeout(HANDSHAKE_TIMEOUT, acc.accept(sock))
-                    .await
-                    .map_err(|_| anyhow!("TLS handshake timed out"))?
-                    .context("TLS handshake")?,
-            ),
-            None => Box::new(sock),
+        // Until it proves a token, the peer is bounded in time, size and number.
+        let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        let (gate_id, evicted, n) = self.gate.admit(ip);
+        if n > 0 {
+            self.metrics.unauth_dropped.inc_by(n as u64);
+        }
+        let tokens = &self.tokens;
+        let handshake = async {
+            let io: Box<dyn proto::Io> = match &self.tls {
+                Some(acc) => Box::new(
+                    acc.accept(sock)
+                        .await
+                        .map_err(|e| handshake::Failure::Garbage(format!("TLS handshake: {e}")))?,
+                ),
+                None => Box::new(sock),
+            };
+            let mut wire = proto::wire(io);
+            let hello = handshake::accept(&mut wire, |m| tokens.get(m).cloned()).await?;
+            Ok::<_, handshake::Failure>((wire, hello))
         };
-        let (mut sink, mut stream) = proto::wire(io).split();
-        let hello =
-            tokio::time::timeout(HANDSHAKE_TIMEOUT, proto::recv::<ToPrimary, _>(&mut stream))
-                .await
-                .map_err(|_| anyhow!("no hello within {HANDSHAKE_TIMEOUT:?}"))??
-                .ok_or_else(|| anyhow!("closed before hello"))?;
-        let ToPrimary::Hello {
-            proto: pv,
+        let res = tokio::select! {
+            r = tokio::time::timeout(handshake::HANDSHAKE_TIMEOUT, handshake) => match r {
+                Ok(r) => r,
+                Err(_) => Err(handshake::Failure::Garbage(format!("no handshake within {:?}", handshake::HANDSHAKE_TIMEOUT))),
+            },
+            _ = evicted.cancelled() => Err(handshake::Failure::Garbage("dropped: too many unauthenticated connections".into())),
+            _ = stop.cancelled() => Err(handshake::Failure::Garbage("stopping".into())),
+        };
+        self.gate.leave(gate_id);
+        let (wire, hello) = match res {
+            Ok(x) => x,
+            Err(handshake::Failure::Auth(why)) => {
+                self.metrics.auth_failures.inc();
+                tracing::warn!(peer = %peer_s, %why, "refused: authentication failed");
+                bail!("{why}");
+            }
+            Err(handshake::Failure::Garbage(why)) => {
+                self.metrics.unauth_dropped.inc();
+                tracing::debug!(peer = %peer_s, %why, "unauthenticated connection dropped");
+                bail!("{why}");
+            }
+            Err(handshake::Failure::Io(e)) => return Err(e),
+        };
+        let (mut sink, mut stream) = wire.split();
+        let handshake::Hello {
             mirror,
             volume_uuid,
-            nonce: nonce_m,
             want,
             prev_crc,
-        } = hello
-        else {
-            bail!("expected a hello");
-        };
+        } = hello;
         let refuse = |reason: String, resync: bool| ToMirror::Refused { reason, resync };
-        if pv != proto::PROTO_VERSION {
-            let r = format!(
-                "protocol version {pv} is not supported (this primary speaks {})",
-                proto::PROTO_VERSION
-            );
-            proto::send(&mut sink, &refuse(r.clone(), false)).await?;
-            bail!(r);
-        }
-        let nonce_p = proto::nonce();
-        let Some(token) = self.tokens.get(&mirror) else {
-            // Same shape and delay as a bad proof: do not reveal which names exist.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            self.metrics.auth_failures.inc();
-            tracing::warn!(%peer, mirror = %mirror, "refused: not a registered mirror");
-            proto::send(&mut sink, &refuse("authentication failed".into(), false)).await?;
-            bail!("unknown mirror {mirror:?}");
-        };
-        let proof = proto::mac(token, "primary", &nonce_m, &nonce_p);
-        proto::send(
-            &mut sink,
-            &ToMirror::Challenge {
-                nonce: nonce_p,
-                proof,
-            },
-        )
-        .await?;
-        let auth =
-            tokio::time::timeout(HANDSHAKE_TIMEOUT, proto::recv::<ToPrimary, _>(&mut stream))
-                .await
-                .map_err(|_| anyhow!("no auth within {HANDSHAKE_TIMEOUT:?}"))??
-                .ok_or_else(|| anyhow!("closed before auth"))?;
-        let ok = matches!(&auth, ToPrimary::Auth { mac } if proto::verify(token, "mirror", &nonce_p, &nonce_m, mac));
-        if !ok {
-            self.metrics.auth_failures.inc();
-            tracing::warn!(%peer, mirror = %mirror, "refused: wrong token");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            proto::send(&mut sink, &refuse("authentication failed".into(), false)).await?;
-            bail!("mirror {mirror:?} failed authentication");
-        }
         if let Some(u) = &volume_uuid {
             if u != &self.uuid {
                 let r = format!("the mirror holds volume {u}, this primary serves {}; refusing to mix them (resync the mirror into an empty metadata store)", self.uuid);
@@ -439,6 +499,7 @@ impl Primary {
         let slot = slots::get(&*self.engine, mirror).await?;
         if slot.is_none() {
             // Dropped by an operator: start a fresh slot; the mirror must bootstrap.
+            tracing::warn!(mirror, "a mirror whose slot was dropped connected again: registering a new slot; it resyncs from a snapshot");
             self.register_slots().await?;
         }
         if let Want::From(from) = want {

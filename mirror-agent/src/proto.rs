@@ -121,10 +121,26 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 pub type Wire = Framed<Box<dyn Io>, LengthDelimitedCodec>;
 
+/// A framed connection. It starts with the small pre-authentication message limit; the
+/// handshake raises it to `MAX_MESSAGE` once the peer has proven its token.
 pub fn wire(io: Box<dyn Io>) -> Wire {
     LengthDelimitedCodec::builder()
-        .max_frame_length(MAX_MESSAGE)
+        .max_frame_length(crate::handshake::PRE_AUTH_MAX_MESSAGE)
         .new_framed(io)
+}
+
+/// A message's name, for logs.
+pub fn msg_name(m: &ToMirror) -> &'static str {
+    match m {
+        ToMirror::Challenge { .. } => "challenge",
+        ToMirror::Refused { .. } => "refused",
+        ToMirror::Welcome { .. } => "welcome",
+        ToMirror::Entries { .. } => "entries",
+        ToMirror::Heartbeat { .. } => "heartbeat",
+        ToMirror::SnapshotBegin { .. } => "snapshot-begin",
+        ToMirror::SnapshotPairs { .. } => "snapshot-pairs",
+        ToMirror::SnapshotEnd { .. } => "snapshot-end",
+    }
 }
 
 pub fn encode<T: Serialize>(msg: &T) -> Bytes {
@@ -135,9 +151,19 @@ pub fn encode<T: Serialize>(msg: &T) -> Bytes {
     b.freeze()
 }
 
+/// What was wrong with a message that could not be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Damage {
+    /// The checksum does not match, or it is too short: damaged in transit.
+    Transit,
+    /// A length over the limit, or a body that checks out but does not decode: not this
+    /// protocol (or not this version of it) at all.
+    Foreign,
+}
+
 /// A message that arrived damaged (bad checksum, bad length, undecodable).
 #[derive(Debug)]
-pub struct Corrupt(pub String);
+pub struct Corrupt(pub String, pub Damage);
 
 impl std::fmt::Display for Corrupt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -148,14 +174,23 @@ impl std::error::Error for Corrupt {}
 
 pub fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T> {
     if frame.len() < 4 {
-        return Err(Corrupt(format!("{} bytes is too short", frame.len())).into());
+        return Err(Corrupt(
+            format!("{} bytes is too short", frame.len()),
+            Damage::Transit,
+        )
+        .into());
     }
     let (crc, body) = frame.split_at(4);
     let want = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
     if crc32c::crc32c(body) != want {
-        return Err(Corrupt("checksum mismatch (damaged in transit)".into()).into());
+        return Err(Corrupt(
+            "checksum mismatch (damaged in transit)".into(),
+            Damage::Transit,
+        )
+        .into());
     }
-    postcard::from_bytes(body).map_err(|e| Corrupt(format!("undecodable: {e}")).into())
+    postcard::from_bytes(body)
+        .map_err(|e| Corrupt(format!("undecodable: {e}"), Damage::Foreign).into())
 }
 
 pub async fn send<T: Serialize, S>(sink: &mut S, msg: &T) -> Result<()>
@@ -176,7 +211,7 @@ where
         None => Ok(None),
         // The codec rejects a length over MAX_MESSAGE: a damaged length prefix.
         Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-            Err(Corrupt(format!("bad frame length: {e}")).into())
+            Err(Corrupt(format!("bad frame length: {e}"), Damage::Foreign).into())
         }
         Some(Err(e)) => Err(anyhow!("receiving: {e}")),
         Some(Ok(f)) => decode(&f).map(Some),

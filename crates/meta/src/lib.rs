@@ -104,6 +104,80 @@ fn valid_ident(s: &str) -> bool {
         && !s.starts_with(|c: char| c.is_ascii_digit())
 }
 
+/// Check a META_URL as `open` would, without connecting or touching the disk: scheme,
+/// parameters, a password in it (refused), the password source, an absolute RocksDB path
+/// whose parent exists. For `check-config` and for validating before any I/O.
+pub fn check_url(url: &str, opts: &OpenOptions) -> Result<()> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(config_err(url, "expected SCHEME://..., e.g. rocksdb:///var/lib/jfs/meta, redis://127.0.0.1:6379/1, postgres://jfs@127.0.0.1:5432/jfs"));
+    };
+    match scheme {
+        "rocksdb" => rocks_path(url).map(|_| ()),
+        "redis" | "postgres" | "postgresql" => {
+            let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
+            if u.password().is_some() {
+                return Err(config_err(url, format!("do not put the password in the URL; set {PASSWORD_ENV} or use a password file")));
+            }
+            let q = query(&u);
+            let known: &[&str] = if scheme == "redis" { &["prefix", "password_env"] } else { &["schema", "password_env"] };
+            check_params(url, &q, known)?;
+            u.host_str().filter(|h| !h.is_empty()).ok_or_else(|| config_err(url, "no host"))?;
+            password(url, &q, opts)?;
+            Ok(())
+        }
+        other => Err(config_err(
+            url,
+            format!("unsupported scheme {other:?}: use rocksdb:///path, redis://host:port/db or postgres://user@host:port/db"),
+        )),
+    }
+}
+
+/// The directory of a `rocksdb://` URL and its `sync` flag; the path must be absolute (a URL
+/// with two slashes, `rocksdb://tmp/x`, names the relative path `tmp/x`: refused, with the
+/// spelling that was meant).
+fn rocks_path(url: &str) -> Result<(PathBuf, bool)> {
+    let rest = &url["rocksdb://".len()..];
+    let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
+    if path.is_empty() {
+        return Err(config_err(url, "no path: use rocksdb:///absolute/dir"));
+    }
+    if !path.starts_with('/') {
+        return Err(config_err(
+            url,
+            format!("the path must be absolute: did you mean rocksdb:///{path}?"),
+        ));
+    }
+    let mut sync = true;
+    for pair in q.split('&').filter(|p| !p.is_empty()) {
+        match pair {
+            "sync=true" => sync = true,
+            "sync=false" => sync = false,
+            other => {
+                return Err(config_err(
+                    url,
+                    format!("unknown parameter {other:?} (known: sync=true|false)"),
+                ))
+            }
+        }
+    }
+    let path = PathBuf::from(path);
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            return Err(config_err(
+                url,
+                format!("directory {} does not exist", parent.display()),
+            ));
+        }
+    }
+    if path.exists() && !path.is_dir() {
+        return Err(config_err(
+            url,
+            format!("{} is not a directory", path.display()),
+        ));
+    }
+    Ok((path, sync))
+}
+
 /// Open the engine a META_URL names. Errors name the URL (redacted) and what to fix.
 pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
     let Some((scheme, _)) = url.split_once("://") else {
@@ -111,25 +185,7 @@ pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
     };
     match scheme {
         "rocksdb" => {
-            let rest = &url["rocksdb://".len()..];
-            let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
-            if path.is_empty() {
-                return Err(config_err(url, "no path: use rocksdb:///absolute/dir"));
-            }
-            let mut sync = true;
-            for pair in q.split('&').filter(|p| !p.is_empty()) {
-                match pair {
-                    "sync=true" => sync = true,
-                    "sync=false" => sync = false,
-                    other => return Err(config_err(url, format!("unknown parameter {other:?} (known: sync=true|false)"))),
-                }
-            }
-            let path = PathBuf::from(path);
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                if !parent.is_dir() {
-                    return Err(config_err(url, format!("directory {} does not exist", parent.display())));
-                }
-            }
+            let (path, sync) = rocks_path(url)?;
             let mode = if opts.read_only { RocksMode::ReadOnly } else { RocksMode::ReadWrite };
             Ok(Arc::new(RocksEngine::open(&path, mode, opts.create, sync)?))
         }
@@ -213,6 +269,7 @@ mod tests {
         check_err("rocksdb://", "no path").await;
         check_err("rocksdb:///no/such/parent/dir", "does not exist").await;
         check_err("rocksdb:///tmp/x?fast=1", "unknown parameter").await;
+        check_err("rocksdb://tmp/x", "did you mean rocksdb:///tmp/x?").await;
         check_err(
             "redis://u:hunter2@127.0.0.1:6379/0",
             "do not put the password",

@@ -54,6 +54,10 @@ fn ns(t: Option<opendal::raw::Timestamp>) -> Option<i64> {
 pub struct StoreOptions {
     pub endpoint: Option<String>,
     pub region: Option<String>,
+    /// Create a `file://` store's directory when it does not exist (`jfs format`, a mirror's
+    /// own store). Otherwise a missing directory is an error: a mistyped path must not leave
+    /// an empty store behind, nor hide a store that went missing.
+    pub create: bool,
 }
 
 fn config_err(url: &str, what: impl std::fmt::Display) -> Error {
@@ -92,9 +96,68 @@ impl OpendalStore {
     }
 }
 
+/// Check a store URL as `open` would, without touching the store or the disk: scheme,
+/// parameters, an absolute `file://` path (a URL with two slashes names a relative path: the
+/// error says which spelling was meant), S3 credentials in the environment.
+pub fn check_url(url: &str) -> Result<()> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(config_err(
+            url,
+            "expected file:///dir, s3://bucket/prefix or memory://",
+        ));
+    };
+    let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
+    let params: HashMap<String, String> = url::form_urlencoded::parse(q.as_bytes())
+        .into_owned()
+        .collect();
+    let known: &[&str] = match scheme {
+        "s3" => &["endpoint", "region", "path_style"],
+        _ => &[],
+    };
+    if let Some(k) = params
+        .keys()
+        .find(|k| !known.contains(&k.as_str()) && !scheme.starts_with("opendal+"))
+    {
+        return Err(config_err(url, format!("unknown parameter {k:?}")));
+    }
+    match scheme {
+        "file" => {
+            if !path.starts_with('/') {
+                return Err(config_err(
+                    url,
+                    format!("use an absolute path: did you mean file:///{path}?"),
+                ));
+            }
+            if std::path::Path::new(path).is_file() {
+                return Err(config_err(url, format!("{path} is a file, not a directory")));
+            }
+            Ok(())
+        }
+        "memory" => Ok(()),
+        "s3" => {
+            if path.split('/').next().unwrap_or("").is_empty() {
+                return Err(config_err(url, "no bucket: s3://bucket/prefix"));
+            }
+            if env("AWS_ACCESS_KEY_ID").is_none() || env("AWS_SECRET_ACCESS_KEY").is_none() {
+                return Err(config_err(
+                    url,
+                    "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                ));
+            }
+            Ok(())
+        }
+        s if s.starts_with("opendal+") => Ok(()),
+        other => Err(config_err(
+            url,
+            format!("unsupported scheme {other:?}: use file://, s3://, memory:// or opendal+SERVICE://?option=value"),
+        )),
+    }
+}
+
 /// An OpenDAL operator for a store URL, with the timeout and retry layers, for callers that
 /// need more than blocks (ranged reads, multipart writers, listings from a key).
 pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
+    check_url(url)?;
     {
         let Some((scheme, rest)) = url.split_once("://") else {
             return Err(config_err(
@@ -118,11 +181,16 @@ pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
         }
         let op = match scheme {
             "file" => {
-                if !path.starts_with('/') {
-                    return Err(config_err(url, "use an absolute path: file:///dir"));
+                if !std::path::Path::new(path).is_dir() {
+                    if !opts.create {
+                        return Err(config_err(
+                            url,
+                            format!("the store directory {path} does not exist (a mistyped path? `jfs format` creates it)"),
+                        ));
+                    }
+                    std::fs::create_dir_all(path)
+                        .map_err(|e| config_err(url, format!("cannot create {path}: {e}")))?;
                 }
-                std::fs::create_dir_all(path)
-                    .map_err(|e| config_err(url, format!("cannot create {path}: {e}")))?;
                 let tmp = format!("{}/.jfs-tmp", path.trim_end_matches('/'));
                 std::fs::create_dir_all(&tmp)
                     .map_err(|e| config_err(url, format!("cannot create {tmp}: {e}")))?;
@@ -340,8 +408,11 @@ mod tests {
     async fn file_store_round_trip_and_listing() {
         let dir = tempfile::tempdir().unwrap();
         let s = OpendalStore::open(
-            &format!("file://{}", dir.path().display()),
-            &StoreOptions::default(),
+            &format!("file://{}/s", dir.path().display()),
+            &StoreOptions {
+                create: true,
+                ..Default::default()
+            },
         )
         .unwrap();
         s.put("v/chunks/0/0/1_0_3", Bytes::from_static(b"abc"))
@@ -371,8 +442,11 @@ mod tests {
             ("nope", "expected"),
             ("ftp://x", "unsupported scheme"),
             ("file://relative", "absolute path"),
+            ("file://tmp/x", "did you mean file:///tmp/x?"),
+            ("fil:///x", "unsupported scheme"),
             ("s3://", "no bucket"),
             ("s3://b/p?colour=red", "unknown parameter"),
+            ("file:///no/such/store", "does not exist"),
         ] {
             let e = OpendalStore::open(u, &StoreOptions::default())
                 .err()

@@ -60,11 +60,22 @@ pub async fn open_engine(
     .await
 }
 
-/// Open a block store by URL, composed with this crate's layers.
+/// Open an existing block store by URL, composed with this crate's layers.
 pub fn open_store(url: &str, endpoint: Option<&str>) -> Result<Arc<dyn BlockStore>> {
+    store(url, endpoint, false)
+}
+
+/// Open a block store, creating a `file://` store's directory if needed (`jfs format`, a
+/// mirror agent's own store).
+pub fn create_store(url: &str, endpoint: Option<&str>) -> Result<Arc<dyn BlockStore>> {
+    store(url, endpoint, true)
+}
+
+fn store(url: &str, endpoint: Option<&str>, create: bool) -> Result<Arc<dyn BlockStore>> {
     let opts = objstore::StoreOptions {
         endpoint: endpoint.map(str::to_string),
         region: None,
+        create,
     };
     Ok(Arc::new(objstore::OpendalStore::open(url, &opts)?))
 }

@@ -51,6 +51,7 @@ impl ObjectStore {
         let opts = objstore::StoreOptions {
             endpoint: endpoint.map(str::to_string),
             region: None,
+            create: false,
         };
         let op = objstore::operator(spec, &opts)?;
         let (scheme, rest) = spec.split_once("://").unwrap_or(("", spec));
@@ -319,6 +320,7 @@ impl Endpoint for ObjectStore {
             &objstore::StoreOptions {
                 endpoint: self.endpoint.clone(),
                 region: None,
+                create: false,
             },
         )?;
         root.copy(

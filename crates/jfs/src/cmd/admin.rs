@@ -28,7 +28,8 @@ pub async fn format(
     s.trash_secs = trash.as_secs();
     s.gc_grace_secs = grace.as_secs();
     s.validate()?;
-    let store = super::open_store(g, storage)?;
+    let store = volume::create_store(storage, g.endpoint.as_deref())
+        .with_context(|| format!("opening the storage {storage}"))?;
     store
         .check()
         .await

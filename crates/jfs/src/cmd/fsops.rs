@@ -199,12 +199,29 @@ fn remove_tree(fs: &Fs, dir: Ino) -> futures::future::BoxFuture<'_, Result<()>> 
     })
 }
 
+/// fs-core's error in the words of a path-based command: the path the user typed (not an
+/// inode number) and, where there is one, what to do instead.
+fn at(path: &str, op: &str, e: fs_core::Error) -> anyhow::Error {
+    let what = match e.kind() {
+        ErrorKind::NotEmpty if op == "rm" => format!(
+            "{path} is a directory that is not empty: `jfs rm -r` removes it with everything under it"
+        ),
+        ErrorKind::NotEmpty => format!("{path}: directory not empty"),
+        ErrorKind::NotFound => format!("{path}: no such file or directory"),
+        ErrorKind::AlreadyExists => format!("{path} already exists"),
+        ErrorKind::IsDir => format!("{path} is a directory"),
+        ErrorKind::NotDir => format!("{path}: a component is not a directory"),
+        _ => return anyhow::Error::new(e).context(format!("{op} {path}")),
+    };
+    anyhow::anyhow!("{op}: {what}")
+}
+
 pub async fn rm(fs: &Fs, path: &str, recursive: bool) -> Result<Outcome> {
     let (p, name) = parent_of(fs, path).await?;
     let (ino, a) = fs
         .lookup(p, name.as_bytes())
         .await
-        .with_context(|| format!("rm {path}"))?;
+        .map_err(|e| at(path, "rm", e))?;
     if a.kind == FileKind::Dir {
         if recursive {
             remove_tree(fs, ino)
@@ -213,11 +230,11 @@ pub async fn rm(fs: &Fs, path: &str, recursive: bool) -> Result<Outcome> {
         }
         fs.rmdir(p, name.as_bytes())
             .await
-            .with_context(|| format!("rm {path}"))?;
+            .map_err(|e| at(path, "rm", e))?;
     } else {
         fs.unlink(p, name.as_bytes())
             .await
-            .with_context(|| format!("rm {path}"))?;
+            .map_err(|e| at(path, "rm", e))?;
     }
     Ok(Outcome::Done)
 }
@@ -231,7 +248,10 @@ pub async fn mv(fs: &Fs, src: &str, dst: &str, no_clobber: bool) -> Result<Outco
     };
     fs.rename(sp, sname.as_bytes(), dp, dname.as_bytes(), no_clobber)
         .await
-        .with_context(|| format!("mv {src} {dst}"))?;
+        .map_err(|e| match e.kind() {
+            ErrorKind::NotFound => at(src, "mv", e),
+            _ => at(dst, "mv", e),
+        })?;
     Ok(Outcome::Done)
 }
 

@@ -205,11 +205,6 @@ fn access(read_only: bool) -> volume::Access {
     }
 }
 
-pub fn open_store(g: &Global, url: &str) -> Result<Arc<dyn fs_core::BlockStore>> {
-    volume::open_store(url, g.endpoint.as_deref())
-        .with_context(|| format!("opening the volume's store {url}"))
-}
-
 /// Open the volume through the `volume` crate: a bootstrapping mirror is refused to everyone,
 /// a mirror's metadata to writers.
 pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> {

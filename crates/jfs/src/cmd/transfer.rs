@@ -16,8 +16,44 @@ use std::time::{Duration, UNIX_EPOCH};
 const PIECE: u64 = 8 << 20;
 const PIECES_IN_FLIGHT: usize = 4;
 
+/// A temporary name beside `name`, with this process's id in it (so that a later run can
+/// tell a leftover of a killed process from a copy in flight).
 fn tmp_name(name: &str) -> String {
-    format!(".{name}.jfs-tmp-{:08x}", rand::random::<u32>())
+    format!(
+        ".{name}.jfs-tmp-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+/// Remove temporary files a killed `jfs get` left beside `dest` (their process is gone; one
+/// from before pids were in the name counts as gone).
+fn remove_stale_temps(dest: &Path) {
+    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let prefix = format!(".{name}.jfs-tmp-");
+    let Ok(rd) = std::fs::read_dir(if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    }) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let f = e.file_name();
+        let Some(rest) = f.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let alive = rest
+            .split_once('-')
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            tracing::info!(path = %e.path().display(), "removing a temporary file a killed jfs get left");
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 fn mtime_ns(m: &std::fs::Metadata) -> i64 {
@@ -311,6 +347,7 @@ async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("file");
+    remove_stale_temps(&job.local);
     let tmp = job.local.with_file_name(tmp_name(name));
     let file = Arc::new(
         std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,

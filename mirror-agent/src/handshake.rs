@@ -1,0 +1,356 @@
+//! Both halves of the mirror handshake (see `proto` for the messages), and what a peer may
+//! cost the primary before it has proven a token:
+//!
+//! - until authenticated, a message may be at most `PRE_AUTH_MAX_MESSAGE` bytes (a hello is
+//!   a few dozen): a peer announcing a 64 MiB frame is cut off at its header, never buffered;
+//! - the `Gate` bounds connections that have not authenticated yet: `PER_PEER` per source
+//!   address and `MAX_PENDING` in all. Past either, the oldest connection of the busiest
+//!   address is dropped, so a flood from a few hosts cannot lock a real mirror out;
+//! - the whole handshake (TLS included) has `HANDSHAKE_TIMEOUT`.
+//!
+//! Together an unauthenticated peer can make the primary hold at most a few hundred KiB per
+//! pending connection (codec buffer, TLS buffers), a few tens of MiB in all.
+
+use crate::proto::{self, ToMirror, ToPrimary, Want, Wire};
+use anyhow::{anyhow, bail, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub const PRE_AUTH_MAX_MESSAGE: usize = 64 << 10;
+pub const PER_PEER: usize = 16;
+pub const MAX_PENDING: usize = 256;
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Unauthenticated connections in flight.
+#[derive(Default)]
+pub struct Gate {
+    inner: Mutex<GateInner>,
+}
+
+#[derive(Default)]
+struct GateInner {
+    next: u64,
+    /// id (in arrival order) -> (source address, its cancel token).
+    pending: BTreeMap<u64, (IpAddr, CancellationToken)>,
+}
+
+impl GateInner {
+    fn count(&self, ip: IpAddr) -> usize {
+        self.pending.values().filter(|(a, _)| *a == ip).count()
+    }
+    /// Drop the oldest pending connection of `ip`.
+    fn evict_oldest_of(&mut self, ip: IpAddr) -> bool {
+        let id = self
+            .pending
+            .iter()
+            .find(|(_, (a, _))| *a == ip)
+            .map(|(id, _)| *id);
+        match id.and_then(|id| self.pending.remove(&id)) {
+            Some((_, t)) => {
+                t.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Gate {
+    /// Admit a new connection from `ip`, evicting to stay within the caps. Returns its id (for
+    /// `leave`) and a token cancelled if it is evicted later, and how many were evicted now.
+    pub fn admit(&self, ip: IpAddr) -> (u64, CancellationToken, usize) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut evicted = 0;
+        if g.count(ip) >= PER_PEER && g.evict_oldest_of(ip) {
+            evicted += 1;
+        }
+        if g.pending.len() >= MAX_PENDING {
+            // The busiest address gives way, not whoever happens to be oldest.
+            let mut per: HashMap<IpAddr, usize> = HashMap::new();
+            for (a, _) in g.pending.values() {
+                *per.entry(*a).or_default() += 1;
+            }
+            if let Some((busiest, _)) = per.into_iter().max_by_key(|(_, n)| *n) {
+                if g.evict_oldest_of(busiest) {
+                    evicted += 1;
+                }
+            }
+        }
+        let id = g.next;
+        g.next += 1;
+        let t = CancellationToken::new();
+        g.pending.insert(id, (ip, t.clone()));
+        (id, t, evicted)
+    }
+
+    /// The connection authenticated or ended: it no longer counts.
+    pub fn leave(&self, id: u64) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pending
+            .remove(&id);
+    }
+
+    pub fn pending(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pending
+            .len()
+    }
+}
+
+/// What the primary learns from a mirror that authenticated.
+pub struct Hello {
+    pub mirror: String,
+    pub volume_uuid: Option<String>,
+    pub want: Want,
+    pub prev_crc: Option<u32>,
+}
+
+/// Why a handshake failed, for the caller's counters and log level.
+#[derive(Debug)]
+pub enum Failure {
+    /// A registered-looking peer with a wrong token, or an unknown name (counted).
+    Auth(String),
+    /// Not the mirror protocol at all, or too big, or too slow (never authenticated).
+    Garbage(String),
+    /// The connection failed (I/O).
+    Io(anyhow::Error),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Auth(s) | Failure::Garbage(s) => f.write_str(s),
+            Failure::Io(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+/// A pre-auth message that is not the protocol (bad length, checksum, encoding) is garbage,
+/// not damage in transit.
+fn classify(e: anyhow::Error) -> Failure {
+    if e.chain().any(|c| c.is::<proto::Corrupt>()) {
+        Failure::Garbage(format!("not the mirror protocol: {e:#}"))
+    } else {
+        Failure::Io(e)
+    }
+}
+
+/// The primary's half: read the hello, prove the token, check the mirror's proof. On
+/// success the wire accepts full-size messages.
+pub async fn accept(
+    wire: &mut Wire,
+    token_of: impl Fn(&str) -> Option<String>,
+) -> Result<Hello, Failure> {
+    let hello = proto::recv::<ToPrimary, _>(wire)
+        .await
+        .map_err(classify)?
+        .ok_or_else(|| Failure::Garbage("closed before hello".into()))?;
+    let ToPrimary::Hello {
+        proto: pv,
+        mirror,
+        volume_uuid,
+        nonce: nonce_m,
+        want,
+        prev_crc,
+    } = hello
+    else {
+        return Err(Failure::Garbage("expected a hello".into()));
+    };
+    let refuse = |reason: String| ToMirror::Refused {
+        reason,
+        resync: false,
+    };
+    if pv != proto::PROTO_VERSION {
+        let r = format!(
+            "protocol version {pv} is not supported (this primary speaks {})",
+            proto::PROTO_VERSION
+        );
+        let _ = proto::send(wire, &refuse(r.clone())).await;
+        return Err(Failure::Garbage(r));
+    }
+    let nonce_p = proto::nonce();
+    let Some(token) = token_of(&mirror) else {
+        // Same shape and delay as a bad proof: do not reveal which names exist.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = proto::send(wire, &refuse("authentication failed".into())).await;
+        return Err(Failure::Auth(format!(
+            "not a registered mirror: {mirror:?}"
+        )));
+    };
+    let proof = proto::mac(&token, "primary", &nonce_m, &nonce_p);
+    proto::send(
+        wire,
+        &ToMirror::Challenge {
+            nonce: nonce_p,
+            proof,
+        },
+    )
+    .await
+    .map_err(Failure::Io)?;
+    let auth = proto::recv::<ToPrimary, _>(wire)
+        .await
+        .map_err(classify)?
+        .ok_or_else(|| Failure::Garbage("closed before auth".into()))?;
+    let ok = matches!(&auth, ToPrimary::Auth { mac } if proto::verify(&token, "mirror", &nonce_p, &nonce_m, mac));
+    if !ok {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = proto::send(wire, &refuse("authentication failed".into())).await;
+        return Err(Failure::Auth(format!("mirror {mirror:?}: wrong token")));
+    }
+    wire.codec_mut().set_max_frame_length(proto::MAX_MESSAGE);
+    Ok(Hello {
+        mirror,
+        volume_uuid,
+        want,
+        prev_crc,
+    })
+}
+
+/// What the mirror learns when the primary lets it in.
+pub enum Welcome {
+    /// Entries (or a snapshot) follow; the primary's head.
+    In { head: u64 },
+    /// The primary wants a snapshot-based resync first.
+    Resync(String),
+}
+
+/// Why the mirror's half failed: `Permanent` means retrying soon cannot help (a wrong
+/// token, a foreign volume, not a primary agent at all); the rest is the network.
+#[derive(Debug)]
+pub struct Permanent(pub String);
+
+impl std::fmt::Display for Permanent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Permanent {}
+
+/// The peer's first reply was not the mirror protocol. Once could be damage in transit (a
+/// flipped length); several times in a row, the peer is something else.
+#[derive(Debug)]
+pub struct NotPrimary(pub String);
+
+impl std::fmt::Display for NotPrimary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotPrimary {}
+
+fn permanent(msg: String) -> anyhow::Error {
+    anyhow::Error::new(Permanent(msg))
+}
+
+/// The mirror's half: hello, check the primary's proof, prove the token, read the welcome.
+/// Before the primary has proven the token, replies are held to the pre-auth size too, and
+/// anything that is not the protocol means the peer is not a primary agent.
+pub async fn connect(
+    wire: &mut Wire,
+    peer: &str,
+    token: &str,
+    hello: ToPrimary,
+    read_timeout: Duration,
+) -> Result<Welcome> {
+    let ToPrimary::Hello { nonce: nonce_m, .. } = &hello else {
+        bail!("internal: connect needs a hello");
+    };
+    let nonce_m = *nonce_m;
+    proto::send(wire, &hello).await?;
+    let not_primary = |e: anyhow::Error| {
+        let foreign = e.chain().any(|c| {
+            c.downcast_ref::<proto::Corrupt>()
+                .is_some_and(|c| c.1 == proto::Damage::Foreign)
+        });
+        if foreign {
+            anyhow::Error::new(NotPrimary(format!(
+                "{peer} is not a primary agent: it answered with something that is not the mirror protocol (check [mirror] primary: the host and the primary's `listen` port, not its admin port; if the primary serves TLS, set tls_ca)"
+            )))
+        } else {
+            e
+        }
+    };
+    let first = recv_within(wire, read_timeout).await.map_err(not_primary)?;
+    match first {
+        ToMirror::Challenge { nonce, proof } => {
+            // The answer is sent either way (an HMAC reveals nothing of the token), so the
+            // primary also sees and counts a mismatch.
+            let mac = proto::mac(token, "mirror", &nonce, &nonce_m);
+            proto::send(wire, &ToPrimary::Auth { mac }).await?;
+            if !proto::verify(token, "primary", &nonce_m, &nonce, &proof) {
+                let _ = futures::SinkExt::<bytes::Bytes>::flush(wire).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                return Err(permanent(format!("authentication failed: the primary at {peer} did not prove it holds this mirror's token (the tokens differ, or this is not the primary)")));
+            }
+        }
+        ToMirror::Refused { reason, .. } => {
+            return Err(permanent(format!(
+                "the primary refused this mirror: {reason} (check [mirror] name and its token)"
+            )))
+        }
+        other => bail!("unexpected first message {}", proto::msg_name(&other)),
+    }
+    wire.codec_mut().set_max_frame_length(proto::MAX_MESSAGE);
+    match recv_within(wire, read_timeout).await? {
+        ToMirror::Welcome { head, .. } => Ok(Welcome::In { head }),
+        ToMirror::Refused {
+            reason,
+            resync: true,
+        } => Ok(Welcome::Resync(reason)),
+        ToMirror::Refused { reason, .. } => Err(permanent(format!(
+            "the primary refused this mirror: {reason}"
+        ))),
+        other => bail!("unexpected message {}", proto::msg_name(&other)),
+    }
+}
+
+/// The next message within `t`; silence or a closed connection is an error.
+pub async fn recv_within<R>(s: &mut R, t: Duration) -> Result<ToMirror>
+where
+    R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin,
+{
+    tokio::time::timeout(t, proto::recv::<ToMirror, _>(s))
+        .await
+        .map_err(|_| anyhow!("nothing from the primary for {t:?}"))?
+        .and_then(|m| m.ok_or_else(|| anyhow!("the primary closed the connection")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_keeps_per_peer_and_total_caps_and_spares_a_quiet_peer() {
+        let g = Gate::default();
+        let flood: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut toks = Vec::new();
+        for _ in 0..PER_PEER + 5 {
+            toks.push(g.admit(flood).1);
+        }
+        assert_eq!(g.pending(), PER_PEER);
+        assert_eq!(
+            toks.iter().filter(|t| t.is_cancelled()).count(),
+            5,
+            "the oldest went"
+        );
+        assert!(toks[0].is_cancelled() && !toks[PER_PEER + 4].is_cancelled());
+        // Many flooding addresses: the total stays capped and a lone peer keeps its slot.
+        let (_, lone, _) = g.admit("10.9.9.9".parse().unwrap());
+        for i in 0..40u8 {
+            for _ in 0..PER_PEER {
+                g.admit(IpAddr::from([10, 1, i, 1]));
+            }
+        }
+        assert!(g.pending() <= MAX_PENDING);
+        assert!(!lone.is_cancelled(), "the quiet peer was evicted");
+    }
+}
