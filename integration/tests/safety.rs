@@ -949,3 +949,693 @@ async fn check_config_finds_what_run_would_refuse() {
         "the examples' admin addresses collide"
     );
 }
+
+/// Items 10, 12, 13, 14, 15: the lines an operator acts on. The runbook's "bootstrap complete"
+/// appears even with nothing to catch up; status is plain numbers with units and marks a
+/// stale head; --wait-applied at a primary says so at once; a mirror pointed at something
+/// that is not a primary (or refused for good) says what it is, backs off and shows the
+/// reason; a slot dropped through the running primary is gone from its status at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_and_refusals_say_what_an_operator_can_act_on() {
+    use integration::mirror::{n, status_until, tail, Agent, ADMIN_TOKEN, TOKEN};
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume("rocksdb", "file").await;
+    let mut pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", "").await;
+    wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    // 10: nothing to catch up after the snapshot, and still the line the runbook names.
+    let log = pair.mirror.log_text();
+    assert!(
+        log.contains("the mirror is consistent (bootstrap complete)"),
+        "{}",
+        tail(&log, 10)
+    );
+    // 12: human status; --wait-applied against a primary fails at once.
+    let o = run(
+        "mirror-agent",
+        &["status", "--admin", &pair.mirror.admin],
+        &[],
+    );
+    let h = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{h}");
+    assert!(
+        h.contains("lag: 0 entries, 0.00 s  window: 1.00 s  within window: yes"),
+        "{h}"
+    );
+    assert!(!h.contains("null") && !h.contains(" s s"), "{h}");
+    let t0 = Instant::now();
+    let err = fails_clearly(
+        &run(
+            "mirror-agent",
+            &[
+                "status",
+                "--admin",
+                &pair.primary.admin,
+                "--wait-applied",
+                "5",
+                "--timeout",
+                "60s",
+            ],
+            &[],
+        ),
+        "is a primary agent: --wait-applied waits for a mirror",
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10), "{err}");
+    pair.primary.term();
+    let st = status_until(&pair.mirror, Duration::from_secs(20), |st| {
+        st["connected"] == false
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let h = String::from_utf8_lossy(
+        &run(
+            "mirror-agent",
+            &["status", "--admin", &pair.mirror.admin],
+            &[],
+        )
+        .stdout,
+    )
+    .to_string();
+    assert!(h.contains("(stale: last heard"), "{h}\n{st}");
+    assert!(h.contains("last connection error: "), "{h}");
+    pair.primary.restart();
+    wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
+
+    // 14: drop through the running primary: needs its admin token, then gone at once.
+    let err = fails_clearly(
+        &run(
+            "mirror-agent",
+            &["slot", "drop", "m1", "--meta", &vol.meta_url],
+            &[],
+        ),
+        "keeps this volume's slots: drop it through that agent with its admin token",
+    );
+    assert!(err.contains(&pair.primary.admin), "{err}");
+    pair.mirror.term();
+    let o = run(
+        "mirror-agent",
+        &["slot", "drop", "m1", "--meta", &vol.meta_url],
+        &[("MIRROR_AGENT_ADMIN_TOKEN", ADMIN_TOKEN)],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("dropped slot \"m1\""));
+    let st = pair.primary.status();
+    assert_eq!(st["mirrors"].as_array().unwrap().len(), 0, "{st}");
+    assert!(!pair.primary.metrics().contains("mirror=\"m1\""));
+    // The mirror comes back: a new slot, a resync, said in the primary's log.
+    pair.mirror.restart();
+    wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    assert!(pair
+        .primary
+        .log_text()
+        .contains("a mirror whose slot was dropped connected again"));
+
+    // 13: pointed at the primary's admin port (HTTP), not its listen port.
+    let env = [("MIRROR_TOKEN", TOKEN), ("ADMIN_TOKEN", ADMIN_TOKEN)];
+    let (meta, _d) = integration::meta_url("rocksdb");
+    let wrong = Agent::start(
+        dir.path(),
+        "wrong-port",
+        &integration::mirror::mirror_toml(
+            &meta,
+            &dir.path().join("w1"),
+            &format!("127.0.0.1:{}", integration::mirror::free_port()),
+            "m1",
+            &pair.primary.admin,
+            &pair.m_store,
+            "",
+        ),
+        &env,
+    );
+    let st = status_until(&wrong, Duration::from_secs(30), |st| {
+        !st["refused"].is_null()
+    })
+    .await;
+    assert!(
+        st["refused"]
+            .as_str()
+            .unwrap()
+            .contains("is not a primary agent"),
+        "{st}"
+    );
+    assert_eq!(
+        n(&st, "frame_errors"),
+        0,
+        "not counted as damage in transit: {st}"
+    );
+    // 15: a wrong token: refused for good; ERROR, a long wait, the reason in status.
+    let bad = Agent::start(
+        dir.path(),
+        "bad-token",
+        &integration::mirror::mirror_toml(
+            &meta.replace("meta", "meta2"),
+            &dir.path().join("w2"),
+            &format!("127.0.0.1:{}", integration::mirror::free_port()),
+            "m1",
+            &pair.listen,
+            &pair.m_store,
+            "",
+        ),
+        &[
+            ("MIRROR_TOKEN", "a-wrong-token-1234567890"),
+            ("ADMIN_TOKEN", ADMIN_TOKEN),
+        ],
+    );
+    let st = status_until(&bad, Duration::from_secs(30), |st| !st["refused"].is_null()).await;
+    assert!(
+        st["refused"]
+            .as_str()
+            .unwrap()
+            .contains("authentication failed"),
+        "{st}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let st = bad.status();
+    assert!(
+        n(&st, "reconnects") <= 1,
+        "a refusal is retried seldom: {st}"
+    );
+    let log = bad.log_text();
+    assert!(
+        log.contains("ERROR") && log.contains("the primary refuses this mirror"),
+        "{}",
+        tail(&log, 5)
+    );
+    assert!(!log.contains("a-wrong-token"), "the token is never printed");
+    let h = String::from_utf8_lossy(
+        &run("mirror-agent", &["status", "--admin", &bad.admin], &[]).stdout,
+    )
+    .to_string();
+    assert!(h.contains("REFUSED by the primary: "), "{h}");
+}
+
+/// Item 11: logs written to a file or a pipe carry no colour codes; on a terminal they do,
+/// unless NO_COLOR is set.
+#[test]
+fn logs_are_colourless_off_a_terminal_and_with_no_color() {
+    let t = tempfile::tempdir().unwrap();
+    // An agent configured from the environment alone that logs a warning (no admin token),
+    // then fails to reach its metadata.
+    let env: Vec<(String, String)> = [
+        ("MIRROR_AGENT_ROLE", "mirror"),
+        ("MIRROR_AGENT_META", "redis://127.0.0.1:1/0"),
+        ("MIRROR_AGENT_STATE_DIR", s(&t.path().join("state"))),
+        ("MIRROR_AGENT_MIRROR__NAME", "m1"),
+        ("MIRROR_AGENT_MIRROR__PRIMARY", "127.0.0.1:2"),
+        ("MIRROR_AGENT_MIRROR__TOKEN_ENV", "T"),
+        (
+            "MIRROR_AGENT_MIRROR__STORE",
+            &format!("file://{}/b", t.path().display()),
+        ),
+        ("T", integration::mirror::TOKEN),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut c = Command::new(integration::bin("mirror-agent"));
+    c.arg("run").envs(env.iter().map(|(k, v)| (k, v)));
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        err.contains("WARN") && err.contains("no admin_token_env"),
+        "{err}"
+    );
+    assert!(!err.contains('\x1b'), "colour codes in a pipe: {err:?}");
+    // Under a pseudo-terminal (script): colour, and none with NO_COLOR.
+    let pty = |no_color: bool| {
+        let mut c = Command::new("script");
+        c.args([
+            "-qec",
+            &format!("{} run", integration::bin("mirror-agent").display()),
+            "/dev/null",
+        ])
+        .envs(env.iter().map(|(k, v)| (k, v)));
+        if no_color {
+            c.env("NO_COLOR", "1");
+        }
+        String::from_utf8_lossy(&c.output().unwrap().stdout).to_string()
+    };
+    let out = pty(false);
+    assert!(
+        out.contains("WARN") && out.contains("\x1b["),
+        "no colour on a terminal: {out:?}"
+    );
+    let out = pty(true);
+    assert!(
+        out.contains("WARN") && !out.contains("\x1b["),
+        "colour with NO_COLOR: {out:?}"
+    );
+}
+
+/// Item 16: `jfs` names paths, not inodes, and says what to do; a URL with two slashes gets
+/// the spelling that was meant; a failed command creates no directory; a temp file a killed
+/// `jfs get` left is removed by the next get into that place.
+#[test]
+fn jfs_messages_name_paths_and_failures_leave_nothing_behind() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    let meta = format!("rocksdb://{}/meta", d.display());
+    let o = run(
+        "jfs",
+        &[
+            "format",
+            &meta,
+            "v",
+            "--storage",
+            &format!("file://{}/store", d.display()),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(run("jfs", &["mkdir", "-p", &meta, "/a/b"], &[])
+        .status
+        .success());
+    let err = fails_clearly(
+        &run("jfs", &["rm", &meta, "/a"], &[]),
+        "/a is a directory that is not empty",
+    );
+    assert!(err.contains("jfs rm -r") && !err.contains("inode"), "{err}");
+    fails_clearly(
+        &run("jfs", &["rm", &meta, "/nope"], &[]),
+        "/nope: no such file or directory",
+    );
+    fails_clearly(
+        &run(
+            "jfs",
+            &[
+                "ls",
+                &format!("rocksdb://{}", &d.display().to_string()[1..]),
+            ],
+            &[],
+        ),
+        &format!("did you mean rocksdb:///{}?", &d.display().to_string()[1..]),
+    );
+    // A mistyped block store for a read: an error, and no directory appears.
+    let typo = d.join("typo-store");
+    fails_clearly(
+        &run(
+            "jfs",
+            &[
+                "--block-store",
+                &format!("file://{}", typo.display()),
+                "ls",
+                &meta,
+                "/",
+            ],
+            &[],
+        ),
+        "does not exist",
+    );
+    assert!(!typo.exists());
+    // A killed get's temp file beside the destination goes at the next get there.
+    let local = d.join("f.bin");
+    std::fs::write(&local, data(3, 10_000)).unwrap();
+    assert!(run("jfs", &["put", &meta, s(&local), "/f.bin"], &[])
+        .status
+        .success());
+    let out = d.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let stale = out.join(".f.bin.jfs-tmp-4194305-deadbeef"); // a pid no process can have
+    std::fs::write(&stale, b"partial").unwrap();
+    let old_style = out.join(".f.bin.jfs-tmp-0badf00d");
+    std::fs::write(&old_style, b"partial").unwrap();
+    let o = run("jfs", &["get", &meta, "/f.bin", s(&out.join("f.bin"))], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        !stale.exists() && !old_style.exists(),
+        "{:?}",
+        snapshot(&out).keys()
+    );
+    assert_eq!(std::fs::read(out.join("f.bin")).unwrap(), data(3, 10_000));
+}
+
+/// Run jfs-sync with `--json` in a cache of its own; (exit code, summary, stdout, stderr).
+fn sync_json(cache: &Path, args: &[&str]) -> (i32, serde_json::Value, String, String) {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let o = run("jfs-sync", &a, &[("XDG_CACHE_HOME", s(cache))]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    let v = serde_json::from_str(out.lines().last().unwrap_or("null")).unwrap_or_default();
+    (o.status.code().unwrap_or(-1), v, out, err)
+}
+
+fn files(root: &Path) -> Vec<String> {
+    snapshot(root)
+        .into_keys()
+        .filter(|k| !k.ends_with('/'))
+        .collect()
+}
+
+/// Item 17: the flags rclone, rsync and JuiceFS users type by habit do what they mean there.
+#[test]
+fn habit_flags_of_rclone_and_rsync_users_work() {
+    let t = tempfile::tempdir().unwrap();
+    let (d, c) = (t.path(), t.path().join("cache"));
+    let src = d.join("src");
+    for (p, n) in [
+        ("a.txt", 10),
+        ("b.log", 20),
+        ("keep/c.txt", 30),
+        ("tmp/d.txt", 40),
+        ("e.bin", 50),
+    ] {
+        std::fs::create_dir_all(src.join(p).parent().unwrap()).unwrap();
+        std::fs::write(src.join(p), data(n, n as usize * 100)).unwrap();
+    }
+    let dst = |n: &str| d.join(n);
+    // --transfers, --checkers, -P, --stats, -v: accepted with rclone's meaning.
+    let (code, v, _, err) = sync_json(
+        &c,
+        &[
+            s(&src),
+            s(&dst("d1")),
+            "--transfers",
+            "2",
+            "--checkers",
+            "2",
+            "-P",
+            "--stats",
+            "1s",
+            "-v",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["copied"], 5);
+    assert!(
+        err.contains("jfs-sync: progress:") || err.contains("listed 5"),
+        "{err}"
+    );
+    // -n: a dry run.
+    let (code, v, out, _) = sync_json(&c, &[s(&src), s(&dst("d2")), "-n"]);
+    assert_eq!((code, v["dry_run"].as_bool()), (0, Some(true)));
+    assert!(out.contains("would copy a.txt"), "{out}");
+    assert!(!dst("d2").exists());
+    // --exclude-from / --include-from, --filter / --filter-from: rsync's rules, in order.
+    std::fs::write(d.join("ex"), "# comment\n*.log\ntmp/\n").unwrap();
+    sync_json(
+        &c,
+        &[s(&src), s(&dst("d3")), "--exclude-from", s(&d.join("ex"))],
+    );
+    assert_eq!(files(&dst("d3")), ["a.txt", "e.bin", "keep/c.txt"]);
+    std::fs::write(d.join("in"), "*/\n*.txt\n").unwrap();
+    sync_json(
+        &c,
+        &[
+            s(&src),
+            s(&dst("d4")),
+            "--include-from",
+            s(&d.join("in")),
+            "--exclude",
+            "*",
+        ],
+    );
+    assert_eq!(files(&dst("d4")), ["a.txt", "keep/c.txt", "tmp/d.txt"]);
+    // As in rsync, "- *" also excludes directories: keep/c.txt needs a "+ */" first.
+    sync_json(
+        &c,
+        &[
+            s(&src),
+            s(&dst("d5")),
+            "--filter",
+            "- tmp/",
+            "--filter",
+            "+ *.txt",
+            "--filter",
+            "- *",
+        ],
+    );
+    assert_eq!(files(&dst("d5")), ["a.txt"]);
+    std::fs::write(d.join("rules"), "- *.bin\n+ keep/\n- keep/*\n").unwrap();
+    sync_json(
+        &c,
+        &[s(&src), s(&dst("d6")), "--filter-from", s(&d.join("rules"))],
+    );
+    assert_eq!(files(&dst("d6")), ["a.txt", "b.log", "tmp/d.txt"]);
+    let err = fails_clearly(
+        &run(
+            "jfs-sync",
+            &[s(&src), s(&dst("d7")), "--filter", ": .rsync-filter"],
+            &[],
+        ),
+        "rules are not supported",
+    );
+    assert!(err.contains("only + and -"), "{err}");
+    // --size-only: same size and another time is current.
+    let d8 = dst("d8");
+    sync_json(&c, &[s(&src), s(&d8)]);
+    std::fs::write(d8.join("a.txt"), data(99, 1000)).unwrap(); // same size, new bytes and time
+    let (_, v, _, _) = sync_json(&c, &[s(&src), s(&d8), "--size-only"]);
+    assert_eq!(
+        (
+            v["copied"].as_u64(),
+            v["updated"].as_u64(),
+            v["skipped"].as_u64()
+        ),
+        (Some(0), Some(0), Some(5)),
+        "{v}"
+    );
+    let (_, v, _, _) = sync_json(&c, &[s(&src), s(&d8)]);
+    assert_eq!(v["updated"], 1, "{v}");
+    // --delete-after (the same as --delete-dst) and --delete-during (runs as --delete-dst,
+    // and says so: never a silent difference).
+    std::fs::write(d8.join("extra"), b"x").unwrap();
+    let (_, v, _, err) = sync_json(&c, &[s(&src), s(&d8), "--delete-after"]);
+    assert_eq!(v["deleted"], 1, "{v}");
+    assert!(!err.contains("note:"), "{err}");
+    std::fs::write(d8.join("extra"), b"x").unwrap();
+    let (_, v, _, err) = sync_json(&c, &[s(&src), s(&d8), "--delete-during"]);
+    assert_eq!(v["deleted"], 1, "{v}");
+    assert!(
+        err.contains("note: --delete/--delete-during/--delete-before run as --delete-dst"),
+        "{err}"
+    );
+    // --log-file: logs there, not on stderr, without colour.
+    let log = d.join("sync.log");
+    let (_, _, _, err) = sync_json(&c, &[s(&src), s(&dst("d9")), "-v", "--log-file", s(&log)]);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("INFO") && text.contains("sync finished") && !text.contains('\x1b'),
+        "{text}"
+    );
+    assert!(!err.contains("INFO"), "{err}");
+    // --files-from as `find` writes it: "./x" and "/x" lines are relative to SRC.
+    let list = d.join("list");
+    std::fs::write(&list, "./keep/c.txt\n/e.bin\n").unwrap();
+    sync_json(&c, &[s(&src), s(&dst("d10")), "--files-from", s(&list)]);
+    assert_eq!(files(&dst("d10")), ["e.bin", "keep/c.txt"]);
+}
+
+/// Item 19: summaries say "would" in a dry run and count the deletes listed; skipped says
+/// why; a resumed run's summary includes what the interrupted attempts did; --max-delete
+/// without --delete-dst is an error. Item 20: --help is grouped by purpose.
+#[test]
+fn summaries_say_what_was_and_would_be_done() {
+    let t = tempfile::tempdir().unwrap();
+    let (d, c) = (t.path(), t.path().join("cache"));
+    let (src, dst) = (d.join("src"), d.join("dst"));
+    make_tree(&src, 40);
+    std::os::unix::fs::symlink("d0/f0", src.join("link")).unwrap();
+    make_tree(&dst, 20);
+    for i in 40..45 {
+        std::fs::write(dst.join(format!("d0/x{i}")), b"extra").unwrap();
+    }
+    let (code, v, out, err) = sync_json(&c, &[s(&src), s(&dst), "--delete-dst", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    let listed_deletes = out
+        .lines()
+        .filter(|l| l.starts_with("would delete "))
+        .count();
+    assert_eq!(listed_deletes, 5, "{out}");
+    assert_eq!(v["deleted"], 5);
+    assert!(
+        err.contains("dry run: ") && err.contains("would delete 5"),
+        "{err}"
+    );
+    let (_, v, _, err) = sync_json(&c, &[s(&src), s(&dst)]);
+    assert_eq!(v["skipped_reasons"]["symlink"], 1, "{v}");
+    assert!(err.contains("1 symlinks (no --links)"), "{err}");
+    let (_, v, _, err) = sync_json(&c, &[s(&src), s(&dst), "--links"]);
+    assert_eq!(v["skipped_reasons"]["up_to_date"], 40, "{v}");
+    assert_eq!(v["copied"], 1, "the symlink: {v}");
+    assert!(err.contains("skipped 40 (40 up to date)"), "{err}");
+    let (_, v, _, _) = sync_json(&c, &[s(&src), s(&d.join("none")), "--existing"]);
+    assert_eq!(v["skipped_reasons"]["not_on_destination"], 40, "{v}");
+    fails_clearly(
+        &run("jfs-sync", &[s(&src), s(&dst), "--max-delete", "10"], &[]),
+        "--max-delete limits the deletes of --delete-dst, which was not given",
+    );
+    // A resumed run counts the attempts before it: kill -9 one run midway (a request rate
+    // makes it slow), then finish.
+    let big = d.join("big");
+    make_tree(&big, 300);
+    let out2 = d.join("out2");
+    let mut child = Command::new(integration::bin("jfs-sync"))
+        .args([s(&big), s(&out2), "--tps", "100", "--threads", "2"])
+        .env("XDG_CACHE_HOME", &c)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (code, v, _, err) = sync_json(&c, &[s(&big), s(&out2), "--tps", "100", "--threads", "2"]);
+    assert_eq!(code, 0, "{err}");
+    // Every object counted once: copied (by this run or, recorded, by the killed one), or
+    // up to date (finished by the killed one after its last checkpoint).
+    let (listed, copied, skipped) = (
+        v["listed"].as_u64(),
+        v["copied"].as_u64().unwrap(),
+        v["skipped"].as_u64().unwrap(),
+    );
+    assert_eq!((listed, copied + skipped), (Some(300), 300), "{v}");
+    assert!(v["resumed"]["copied"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        err.contains("of these, earlier interrupted attempts"),
+        "{err}"
+    );
+    assert_eq!(files(&out2).len(), 300);
+    // --help in groups.
+    let help = String::from_utf8_lossy(&run("jfs-sync", &["--help"], &[]).stdout).to_string();
+    let mut at = 0;
+    for g in [
+        "What to copy:",
+        "How to compare:",
+        "Deletes:",
+        "Speed:",
+        "Output:",
+        "Resume:",
+    ] {
+        let i = help[at..]
+            .find(g)
+            .unwrap_or_else(|| panic!("{g} missing or out of order:\n{help}"))
+            + at;
+        at = i;
+    }
+    assert!(
+        help.contains("--transfers") && help.contains("--checkers"),
+        "{help}"
+    );
+}
+
+/// Item 18: --bwlimit applies to bytes, for many small objects and for large ones, within 5%.
+#[test]
+fn bwlimit_holds_for_small_and_large_objects() {
+    let t = tempfile::tempdir().unwrap();
+    let (d, c) = (t.path(), t.path().join("cache"));
+    let small = d.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    for i in 0..1500 {
+        std::fs::write(small.join(format!("f{i:04}")), data(i, 2_000)).unwrap();
+    }
+    let large = d.join("large");
+    std::fs::create_dir_all(&large).unwrap();
+    std::fs::write(large.join("f"), data(7, 12 << 20)).unwrap();
+    for (src, limit, rate) in [(&small, "1M", 1u64 << 20), (&large, "4M", 4 << 20)] {
+        let (code, v, _, err) = sync_json(
+            &c,
+            &[
+                s(src),
+                s(&d.join(format!("out-{limit}"))),
+                "--bwlimit",
+                limit,
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        let got = v["bytes"].as_f64().unwrap() / v["seconds"].as_f64().unwrap();
+        assert!(
+            (got - rate as f64).abs() / rate as f64 <= 0.05,
+            "--bwlimit {limit}: {:.0} KiB/s",
+            got / 1024.0
+        );
+    }
+}
+
+/// Item 22: every metric the Grafana dashboard in configs/ queries is exported by the
+/// running binaries (both agent roles and jfs-sync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dashboard_queries_only_exported_metrics() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo.join("configs/grafana/jfs-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let e = t["expr"].as_str().unwrap();
+            let b = e.as_bytes();
+            let mut i = 0;
+            while let Some(at) = e[i..].find("jfs_") {
+                let start = i + at;
+                let mut end = start;
+                while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+                    end += 1;
+                }
+                names.insert(e[start..end].to_string());
+                i = end;
+            }
+        }
+    }
+    assert!(names.len() > 25, "{names:?}");
+    // Both agents, with a mirror connected and blocks copied.
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume("rocksdb", "file").await;
+    write_files(&vol.fs, "f", 3, 100_000).await;
+    let pair = Pair::start(
+        dir.path(),
+        &vol.meta_url,
+        "rocksdb",
+        None,
+        "",
+        "bwlimit = \"50M\"",
+    )
+    .await;
+    wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut scraped = pair.primary.metrics() + &pair.mirror.metrics();
+    // jfs-sync with --metrics, slowed down so that it can be scraped while it runs.
+    let t = tempfile::tempdir().unwrap();
+    make_tree(&t.path().join("src"), 60);
+    let addr = format!("127.0.0.1:{}", integration::mirror::free_port());
+    let mut child = Command::new(integration::bin("jfs-sync"))
+        .args([
+            s(&t.path().join("src")),
+            s(&t.path().join("dst")),
+            "--tps",
+            "20",
+            "--metrics",
+            &addr,
+        ])
+        .env("XDG_CACHE_HOME", t.path())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let (code, body) = curl(&[&format!("http://{addr}/metrics")]);
+        if code == "200" {
+            scraped += &body;
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "jfs-sync --metrics did not answer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let exported: std::collections::BTreeSet<&str> = scraped
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !exported.contains(n.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries metrics nobody exports: {missing:?}\nexported: {exported:?}"
+    );
+}

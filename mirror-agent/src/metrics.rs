@@ -19,6 +19,9 @@ pub struct Metrics {
     pub primary_head: Gauge,
     pub lag_entries: Gauge,
     pub lag_seconds: FGauge,
+    pub window_seconds: FGauge,
+    /// The copy bandwidth limit in force (0: none).
+    pub copy_limit: Gauge,
     pub within_window: Gauge,
     pub connected: Gauge,
     pub needs_resync: Gauge,
@@ -139,6 +142,16 @@ impl Metrics {
                     "lag_seconds",
                     "Now minus the commit time of the oldest unapplied entry",
                     m.lag_seconds.clone(),
+                );
+                r.register(
+                    "window_seconds",
+                    "The consistency window: lag_seconds above it is out of window",
+                    m.window_seconds.clone(),
+                );
+                r.register(
+                    "copy_limit_bytes_per_second",
+                    "The block copy bandwidth limit in force (0: unlimited)",
+                    m.copy_limit.clone(),
                 );
                 r.register(
                     "within_window",

@@ -809,6 +809,8 @@ impl Mirror {
                     .clone()
             });
         let (bw, tps) = self.limits.current();
+        m.window_seconds.set(w.as_secs_f64());
+        m.copy_limit.set(bw.unwrap_or(0) as i64);
         m.set_status(serde_json::json!({
             "role": "mirror",
             "name": self.cfg.name,

@@ -22,6 +22,10 @@ pub struct Copier<'a> {
     pub state: Option<&'a crate::state::State>,
 }
 
+/// Local files up to this size are copied in one blocking call (see
+/// `LocalDir::copy_small_from_local`); larger ones in pieces a rate limit can pace.
+const SMALL_LOCAL: u64 = 4 << 20;
+
 /// Objects at least this large go to S3 as resumable multipart uploads.
 pub const RESUMABLE_MIN: u64 = 2 * crate::endpoint::PART as u64;
 
@@ -66,6 +70,18 @@ impl Copier<'_> {
             }
         }
         let (sink, crc) = match (self.src.as_local(), self.dst.as_local()) {
+            (Some(s), Some(d)) if e.size <= SMALL_LOCAL => {
+                self.limits.bytes(e.size).await;
+                d.copy_small_from_local(s, e, self.perms).await?;
+                if self.check_new {
+                    let want = checksum(self.src, &e.key, e.size, self.limits).await?;
+                    let got = checksum(self.dst, &e.key, e.size, self.limits).await?;
+                    if got != want {
+                        bail!("{}: verification failed: destination CRC32C {got:08x}, source {want:08x}", e.key);
+                    }
+                }
+                return Ok(e.size);
+            }
             (Some(s), Some(d)) => {
                 let limits = self.limits;
                 let sink = d.copy_from_local(s, &e.key, e.size, limits).await?;

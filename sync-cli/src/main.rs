@@ -454,7 +454,9 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
         .map(Duration::from_secs)
         .unwrap_or(a.stats);
     let ticker = progress(stats.clone(), every, quiet);
+    tracing::info!(src = %src_spec, dst = %dst_spec, "sync starting");
     let report = run::sync(src, dst, opts, state.clone(), stats, signals()).await?;
+    tracing::info!(summary = %report.summary.line(), "sync finished");
     ticker.abort();
     if let (Some(head), Some(st)) = (journal_head, &state) {
         if report.exit_code() == 0 {

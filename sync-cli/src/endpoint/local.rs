@@ -190,6 +190,68 @@ impl LocalDir {
         Ok(out)
     }
 
+    /// Copy a small file from another local directory in one blocking call: open, create the
+    /// temporary file (its directory only when missing), copy_file_range, times and
+    /// permissions, rename into place. One trip to the blocking pool per file instead of five
+    /// is what makes many small files fast. Not synced: the run syncs finished copies in
+    /// batches before it records them.
+    pub async fn copy_small_from_local(
+        &self,
+        src: &LocalDir,
+        e: &super::Entry,
+        perms: bool,
+    ) -> Result<()> {
+        check_key(&e.key)?;
+        let (sd, dd, key) = (src.dir.clone(), self.dir.clone(), e.key.clone());
+        let (size, mtime, mode) = (e.size, e.mtime_ns, e.mode);
+        blocking(move || {
+            let mut from = sd
+                .open(rel(&key))
+                .with_context(|| format!("opening {key}"))?
+                .into_std();
+            let path = rel(&key);
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .ok_or_else(|| anyhow!("{key}: no file name"))?;
+            let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+            let tmp = match parent {
+                Some(p) => format!("{}/.{name}.jfs-sync-tmp", p.display()),
+                None => format!(".{name}.jfs-sync-tmp"),
+            };
+            let mut to = match dd.create(&tmp) {
+                Ok(f) => f,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound && parent.is_some() => {
+                    dd.create_dir_all(parent.expect("some"))
+                        .with_context(|| format!("creating the directory of {key}"))?;
+                    dd.create(&tmp).with_context(|| format!("creating {tmp}"))?
+                }
+                Err(err) => return Err(err).with_context(|| format!("creating {tmp}")),
+            }
+            .into_std();
+            let res = (|| -> Result<()> {
+                let n = std::io::copy(&mut from, &mut to)?;
+                if n != size {
+                    bail!("{key} changed while being copied ({n} bytes where {size} were listed)");
+                }
+                let t =
+                    std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime.max(0) as u64);
+                to.set_times(std::fs::FileTimes::new().set_modified(t))?;
+                if let (true, Some(m)) = (perms, mode) {
+                    to.set_permissions(std::fs::Permissions::from_mode(m))?;
+                }
+                dd.rename(&tmp, &dd, path)
+                    .with_context(|| format!("renaming into place: {key}"))?;
+                Ok(())
+            })();
+            if res.is_err() {
+                let _ = dd.remove_file(&tmp);
+            }
+            res
+        })
+        .await
+    }
+
     /// Copy a file from another local directory with copy_file_range (the kernel copies; no
     /// bytes pass through user space), in pieces so a rate limit can pace it.
     pub async fn copy_from_local(
@@ -205,9 +267,10 @@ impl LocalDir {
         let mut sink = LocalSink::create(self.dir.clone(), key).await?;
         let mut done = 0u64;
         const PIECE: u64 = 64 << 20;
+        let piece = limits.piece(PIECE);
         let res: Result<()> = async {
             while done < size {
-                let n = PIECE.min(size - done);
+                let n = piece.min(size - done);
                 limits.bytes(n).await;
                 let (mut f, mut t) = (from.try_clone()?, sink.file.try_clone()?);
                 let copied = blocking(move || {
