@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# jfs-sync against rclone (and cp) on the same data in the same run; prints Markdown for
-# BENCHMARKS.md. Run on demand: bash integration/bench-sync.sh [SMALL=20000] [NOCHANGE=100000] [RSS=1000000]
+# jfs-sync against rclone, rsync (and cp) on the same data in the same run; prints Markdown
+# for BENCHMARKS.md. Run on demand, as root (section e drops the page cache):
+#   bash integration/bench-sync.sh [SMALL=20000] [NOCHANGE=100000] [RSS=1000000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SMALL=${1:-20000}; NOCHANGE=${2:-100000}; RSSN=${3:-1000000}
-ONLY=${ONLY:-a,b,c,d}   # which sections to run, e.g. ONLY=a,c
+ONLY=${ONLY:-a,b,c,d,e}   # which sections to run, e.g. ONLY=a,c
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
 bash integration/install-deps.sh test
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
@@ -119,4 +120,38 @@ echo "| jfs-sync | $((kb_j / 1024)) MiB | $s_j |"
 echo "| rclone copy | $((kb_r / 1024)) MiB | $s_r |"
 echo
 echo "jfs-sync peak RSS $((kb_j / 1024)) MiB (target <= 200 MiB)"
+fi
+
+if want e; then
+echo "### (e) small files directory -> directory, durable (cold page cache, median of 5)"
+echo
+echo "jfs-sync makes every copy durable (files and directory entries, one syncfs per checkpoint)"
+echo "before recording it; rclone and rsync do not sync at all. The page cache is dropped"
+echo "before each run, so every tool reads its source from disk, and the previous run's output"
+echo "is deleted 8 s before (ext4 is slow to create files right after deleting many)."
+echo
+echo "| files | jfs-sync | rclone copy | rclone copy --transfers 16 | rsync -a | cp -a | jfs-sync vs rclone | vs rsync |"
+echo "|---|---|---|---|---|---|---|---|"
+# Before each run: the previous output is gone and settled (ext4's inode allocator skips
+# inodes freed in the last seconds, which makes creating thousands of files right after
+# deleting thousands slow for whichever tool runs then), and the page cache is dropped.
+cold() { sync; sleep 8; sync; echo 3 > /proc/sys/vm/drop_caches; secs "$@"; }
+median() { printf '%s\n' "$@" | sort -g | sed -n 3p; }
+for n in 5000 20000; do
+  rm -rf "$W/e"; mk_small "$W/e/src" "$n"; sync
+  J=(); R=(); R16=(); S=(); C=()
+  for _ in 1 2 3 4 5; do
+    rm -rf "$W/e/j" "$W/cache"; J+=("$(cold "$SYNC" "$W/e/src" "$W/e/j")")
+    rm -rf "$W/e/r"; R+=("$(cold rclone copy "$W/e/src" "$W/e/r")")
+    rm -rf "$W/e/r16"; R16+=("$(cold rclone copy "$W/e/src" "$W/e/r16" --transfers 16 --checkers 16)")
+    rm -rf "$W/e/s"; S+=("$(cold rsync -a "$W/e/src/" "$W/e/s/")")
+    rm -rf "$W/e/c"; C+=("$(cold cp -a "$W/e/src" "$W/e/c")")
+  done
+  j=$(median "${J[@]}"); r=$(median "${R[@]}"); r16=$(median "${R16[@]}"); s=$(median "${S[@]}"); c=$(median "${C[@]}")
+  echo "| $n x 16 KiB | ${j}s | ${r}s | ${r16}s | ${s}s | ${c}s | **$(ratio "$r" "$j")x** | **$(ratio "$s" "$j")x** |"
+  echo "jfs-sync runs: ${J[*]}; rclone: ${R[*]}; rsync: ${S[*]}" >&2
+done
+echo
+echo "Ratios are speed (the other tool's time / jfs-sync's); targets: >= 1.5x rclone, >= 1x rsync."
+rm -rf "$W/e"
 fi

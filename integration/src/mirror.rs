@@ -120,6 +120,18 @@ impl Agent {
         }
     }
 
+    /// An agent started elsewhere (by the test itself), for its status and log only.
+    pub fn attach(admin: &str, log: &Path) -> Agent {
+        Agent {
+            child: None,
+            admin: admin.to_string(),
+            cfg: PathBuf::new(),
+            log: log.to_path_buf(),
+            envs: Vec::new(),
+            prefix: Vec::new(),
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }

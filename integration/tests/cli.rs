@@ -1,6 +1,6 @@
 //! The `jfs` binary as a user runs it: separate processes against real engines and stores.
 
-use integration::{bin, data, meta_url, store_url, unique};
+use integration::{bin, data, fails_clearly, meta_url, store_url, unique};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -41,24 +41,6 @@ fn format_local(meta: &str, dir: &Path) {
         "--storage",
         &format!("file://{}/s", dir.display()),
     ]);
-}
-
-/// Exit code 2 with exactly one line on stderr that contains `needle`.
-fn fails_clearly(o: &Output, needle: &str) -> String {
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "expected exit 2, got {:?}: {err}",
-        o.status.code()
-    );
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line expected, got: {err}"
-    );
-    assert!(err.contains(needle), "{needle:?} not in: {err}");
-    err
 }
 
 fn write_tree(root: &Path, small: usize, big: usize) {

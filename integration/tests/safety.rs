@@ -46,6 +46,16 @@ fn run_within(name: &str, args: &[&str], env: &[(&str, &str)], limit: Duration) 
     child.wait_with_output().unwrap()
 }
 
+/// `mirror-agent run --config CFG`, which is expected to refuse to start.
+fn agent_run(cfg: &Path, env: &[(&str, &str)]) -> Output {
+    run_within(
+        "mirror-agent",
+        &["run", "--config", s(cfg)],
+        env,
+        Duration::from_secs(30),
+    )
+}
+
 /// Item 1: SRC and DST that overlap, in any spelling, are refused before anything is
 /// created, copied or deleted.
 #[test]
@@ -278,12 +288,7 @@ async fn writes_into_a_mirror_are_refused_until_it_is_detached() {
         ("ADMIN_TOKEN", integration::mirror::ADMIN_TOKEN),
     ];
     fails_clearly(
-        &run_within(
-            "mirror-agent",
-            &["run", "--config", s(&cfg)],
-            &env,
-            Duration::from_secs(30),
-        ),
+        &agent_run(&cfg, &env),
         "a primary agent runs beside the primary's metadata",
     );
     let other = volume("rocksdb", "file").await;
@@ -298,15 +303,7 @@ async fn writes_into_a_mirror_are_refused_until_it_is_detached() {
             .replace("mstate", "mstate2"),
     )
     .unwrap();
-    fails_clearly(
-        &run_within(
-            "mirror-agent",
-            &["run", "--config", s(&cfg)],
-            &env,
-            Duration::from_secs(30),
-        ),
-        "is not a mirror's metadata",
-    );
+    fails_clearly(&agent_run(&cfg, &env), "is not a mirror's metadata");
 
     // Detach: a volume of its own, writing to the mirror store; the agent refuses it after.
     let o = run_within(
@@ -343,12 +340,7 @@ async fn writes_into_a_mirror_are_refused_until_it_is_detached() {
         "the new block is in the mirror store"
     );
     fails_clearly(
-        &run_within(
-            "mirror-agent",
-            &["run", "--config", s(&pair.mirror.cfg)],
-            &env,
-            Duration::from_secs(30),
-        ),
+        &agent_run(&pair.mirror.cfg, &env),
         "was mirror \"m1\" and was detached",
     );
 }
@@ -786,15 +778,7 @@ async fn check_config_finds_what_run_would_refuse() {
             &run("mirror-agent", &["check-config", "--config", s(&f)], &env),
             want,
         );
-        let start = fails_clearly(
-            &run_within(
-                "mirror-agent",
-                &["run", "--config", s(&f)],
-                &env,
-                Duration::from_secs(30),
-            ),
-            want,
-        );
+        let start = fails_clearly(&agent_run(&f, &env), want);
         assert!(
             !check.contains("hunter2") && !start.contains("hunter2"),
             "{check}"
@@ -816,15 +800,7 @@ async fn check_config_finds_what_run_would_refuse() {
         good("file:///x", &d.join("s2"), "").replace(&meta, "redis://127.0.0.1:1/0"),
     )
     .unwrap();
-    fails_clearly(
-        &run_within(
-            "mirror-agent",
-            &["run", "--config", s(&f)],
-            &env,
-            Duration::from_secs(30),
-        ),
-        "127.0.0.1:1",
-    );
+    fails_clearly(&agent_run(&f, &env), "127.0.0.1:1");
     assert!(
         !d.join("s2").exists(),
         "a failed start left its state directory behind"
@@ -1638,4 +1614,98 @@ async fn the_dashboard_queries_only_exported_metrics() {
         missing.is_empty(),
         "the dashboard queries metrics nobody exports: {missing:?}\nexported: {exported:?}"
     );
+}
+
+/// Kills a process by PID when dropped (also when a test fails half-way).
+struct Killer(u32);
+
+impl Drop for Killer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-9", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// Item 21: an agent runs with no config file at all, every setting from MIRROR_AGENT_*
+/// variables (as in a container), and replicates like one with a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_agent_runs_from_the_environment_alone() {
+    use integration::mirror::{assert_same, free_port, n, status_until, TOKEN};
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume("rocksdb", "file").await;
+    write_files(&vol.fs, "f", 3, 200_000).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", "").await;
+    let (meta, _d1) = integration::meta_url("rocksdb");
+    let (store, _d2) = integration::store_url("file");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let state = dir.path().join("env-state");
+    let log = std::fs::File::create(dir.path().join("env-agent.log")).unwrap();
+    let mut child = Command::new(integration::bin("mirror-agent"))
+        .arg("run")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .envs([
+            ("MIRROR_AGENT_ROLE", "mirror"),
+            ("MIRROR_AGENT_META", meta.as_str()),
+            ("MIRROR_AGENT_STATE_DIR", s(&state)),
+            ("MIRROR_AGENT_ADMIN", admin.as_str()),
+            ("MIRROR_AGENT_MIRROR__NAME", "m2"),
+            ("MIRROR_AGENT_MIRROR__PRIMARY", pair.listen.as_str()),
+            ("MIRROR_AGENT_MIRROR__TOKEN_ENV", "M2_TOKEN"),
+            ("MIRROR_AGENT_MIRROR__STORE", store.as_str()),
+            ("MIRROR_AGENT_MIRROR__WORKERS", "3"),
+            ("M2_TOKEN", TOKEN),
+        ])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let _guard = Killer(child.id());
+    // m2 is not registered at the primary: the agent says so (refused), from its status.
+    let a = integration::mirror::Agent::attach(&admin, &dir.path().join("env-agent.log"));
+    let t0 = Instant::now();
+    while a.try_status().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", a.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let st = status_until(&a, Duration::from_secs(30), |st| !st["refused"].is_null()).await;
+    assert_eq!(st["name"], "m2");
+    let _ = child.kill();
+    let _ = child.wait();
+    // Registered under that name (the primary's mirrors from its environment too), it
+    // replicates.
+    let mut c2 = Command::new(integration::bin("mirror-agent"))
+        .arg("run")
+        .envs([
+            ("MIRROR_AGENT_ROLE", "mirror"),
+            ("MIRROR_AGENT_META", meta.as_str()),
+            ("MIRROR_AGENT_STATE_DIR", s(&state)),
+            ("MIRROR_AGENT_ADMIN", admin.as_str()),
+            ("MIRROR_AGENT_MIRROR__NAME", "m1"),
+            ("MIRROR_AGENT_MIRROR__PRIMARY", pair.listen.as_str()),
+            ("MIRROR_AGENT_MIRROR__TOKEN_ENV", "M2_TOKEN"),
+            ("MIRROR_AGENT_MIRROR__STORE", store.as_str()),
+            ("M2_TOKEN", TOKEN),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _guard2 = Killer(c2.id());
+    drop(pair.mirror); // the harness's own mirror m1 steps aside
+    let t0 = Instant::now();
+    while a.try_status().is_none_or(|st| st["name"] != "m1") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the second agent did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let st = wait_converged(&a, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    assert_eq!(st["name"], "m1");
+    assert!(n(&st, "blocks.copied") >= 3, "{st}");
+    assert_same(&vol.fs, &meta, &store).await;
+    let _ = c2.kill();
+    let _ = c2.wait();
 }

@@ -96,10 +96,8 @@ impl OpendalStore {
     }
 }
 
-/// Check a store URL as `open` would, without touching the store or the disk: scheme,
-/// parameters, an absolute `file://` path (a URL with two slashes names a relative path: the
-/// error says which spelling was meant), S3 credentials in the environment.
-pub fn check_url(url: &str) -> Result<()> {
+/// A store URL's scheme, path and query parameters; unknown parameters are refused.
+fn parse_url(url: &str) -> Result<(&str, &str, HashMap<String, String>)> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(config_err(
             url,
@@ -120,6 +118,14 @@ pub fn check_url(url: &str) -> Result<()> {
     {
         return Err(config_err(url, format!("unknown parameter {k:?}")));
     }
+    Ok((scheme, path, params))
+}
+
+/// Check a store URL as `open` would, without touching the store or the disk: scheme,
+/// parameters, an absolute `file://` path (a URL with two slashes names a relative path: the
+/// error says which spelling was meant), S3 credentials in the environment.
+pub fn check_url(url: &str) -> Result<()> {
+    let (scheme, path, _) = parse_url(url)?;
     match scheme {
         "file" => {
             if !path.starts_with('/') {
@@ -159,26 +165,7 @@ pub fn check_url(url: &str) -> Result<()> {
 pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
     check_url(url)?;
     {
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(config_err(
-                url,
-                "expected file:///dir, s3://bucket/prefix or memory://",
-            ));
-        };
-        let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
-        let params: HashMap<String, String> = url::form_urlencoded::parse(q.as_bytes())
-            .into_owned()
-            .collect();
-        let known: &[&str] = match scheme {
-            "s3" => &["endpoint", "region", "path_style"],
-            _ => &[],
-        };
-        if let Some(k) = params
-            .keys()
-            .find(|k| !known.contains(&k.as_str()) && !scheme.starts_with("opendal+"))
-        {
-            return Err(config_err(url, format!("unknown parameter {k:?}")));
-        }
+        let (scheme, path, params) = parse_url(url)?;
         let op = match scheme {
             "file" => {
                 if !std::path::Path::new(path).is_dir() {

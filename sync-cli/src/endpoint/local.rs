@@ -18,7 +18,13 @@ use tokio::sync::mpsc;
 pub struct LocalDir {
     root: PathBuf,
     dir: Arc<Dir>,
+    /// Handles of destination directories recently written to, by key prefix: a small file
+    /// is then created and renamed relative to its directory (no path walk per call).
+    parents: std::sync::Mutex<std::collections::HashMap<String, Arc<Dir>>>,
 }
+
+/// At most this many directory handles are kept open.
+const PARENTS_MAX: usize = 256;
 
 fn entry_from(key: String, m: &cap_std::fs::Metadata, target: Option<String>) -> Entry {
     let kind = if m.is_dir() {
@@ -64,6 +70,7 @@ impl LocalDir {
         Ok(LocalDir {
             root,
             dir: Arc::new(dir),
+            parents: Default::default(),
         })
     }
 
@@ -202,33 +209,51 @@ impl LocalDir {
         perms: bool,
     ) -> Result<()> {
         check_key(&e.key)?;
-        let (sd, dd, key) = (src.dir.clone(), self.dir.clone(), e.key.clone());
-        let (size, mtime, mode) = (e.size, e.mtime_ns, e.mode);
-        blocking(move || {
+        let path = rel(&e.key);
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| anyhow!("{}: no file name", e.key))?
+            .to_string();
+        let parent_key = path
+            .parent()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let cached = self
+            .parents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&parent_key)
+            .cloned();
+        let (sd, root) = (src.dir.clone(), self.dir.clone());
+        let (key, size, mtime, mode) = (e.key.clone(), e.size, e.mtime_ns, e.mode);
+        let pk = parent_key.clone();
+        let dir = blocking(move || {
             let mut from = sd
                 .open(rel(&key))
                 .with_context(|| format!("opening {key}"))?
                 .into_std();
-            let path = rel(&key);
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| anyhow!("{key}: no file name"))?;
-            let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-            let tmp = match parent {
-                Some(p) => format!("{}/.{name}.jfs-sync-tmp", p.display()),
-                None => format!(".{name}.jfs-sync-tmp"),
+            let dir = match cached {
+                Some(d) => d,
+                None if pk.is_empty() => root,
+                None => Arc::new(match root.open_dir(&pk) {
+                    Ok(d) => d,
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                        root.create_dir_all(&pk)
+                            .with_context(|| format!("creating the directory of {key}"))?;
+                        root.open_dir(&pk)
+                            .with_context(|| format!("opening the directory of {key}"))?
+                    }
+                    Err(err) => {
+                        return Err(err).with_context(|| format!("opening the directory of {key}"))
+                    }
+                }),
             };
-            let mut to = match dd.create(&tmp) {
-                Ok(f) => f,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound && parent.is_some() => {
-                    dd.create_dir_all(parent.expect("some"))
-                        .with_context(|| format!("creating the directory of {key}"))?;
-                    dd.create(&tmp).with_context(|| format!("creating {tmp}"))?
-                }
-                Err(err) => return Err(err).with_context(|| format!("creating {tmp}")),
-            }
-            .into_std();
+            let tmp = format!(".{name}.jfs-sync-tmp");
+            let mut to = dir
+                .create(&tmp)
+                .with_context(|| format!("creating {tmp} for {key}"))?
+                .into_std();
             let res = (|| -> Result<()> {
                 let n = std::io::copy(&mut from, &mut to)?;
                 if n != size {
@@ -240,16 +265,24 @@ impl LocalDir {
                 if let (true, Some(m)) = (perms, mode) {
                     to.set_permissions(std::fs::Permissions::from_mode(m))?;
                 }
-                dd.rename(&tmp, &dd, path)
+                dir.rename(&tmp, &dir, &name)
                     .with_context(|| format!("renaming into place: {key}"))?;
                 Ok(())
             })();
             if res.is_err() {
-                let _ = dd.remove_file(&tmp);
+                let _ = dir.remove_file(&tmp);
             }
-            res
+            res.map(|()| dir)
         })
-        .await
+        .await?;
+        if !parent_key.is_empty() {
+            let mut p = self.parents.lock().unwrap_or_else(|p| p.into_inner());
+            if p.len() >= PARENTS_MAX {
+                p.clear();
+            }
+            p.entry(parent_key).or_insert(dir);
+        }
+        Ok(())
     }
 
     /// Copy a file from another local directory with copy_file_range (the kernel copies; no
