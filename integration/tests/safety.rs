@@ -805,6 +805,18 @@ async fn check_config_finds_what_run_would_refuse() {
         !d.join("s2").exists(),
         "a failed start left its state directory behind"
     );
+    // A mirror's own RocksDB metadata may not exist yet, parents included: the agent creates
+    // it (a primary's must exist).
+    let f = d.join("new-mirror.toml");
+    std::fs::write(
+        &f,
+        good("file:///x", &d.join("s3"), "")
+            .replace(&meta, &format!("rocksdb://{}/new/deeper/meta", d.display())),
+    )
+    .unwrap();
+    let o = run("mirror-agent", &["check-config", "--config", s(&f)], &env);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!d.join("new").exists(), "check-config created a directory");
     // A primary with no mirrors: a warning, not an error.
     let f = d.join("p.toml");
     std::fs::write(

@@ -356,8 +356,13 @@ impl Config {
     /// Returns warnings; an error is the first problem found.
     pub async fn check(&self) -> Result<Vec<String>> {
         let mut warn = Vec::new();
-        meta::check_url(&self.meta, &meta::OpenOptions::default())
-            .map_err(|e| anyhow!("meta: {e}"))?;
+        // A mirror agent creates its own metadata (RocksDB: with its parents) at the first
+        // start; a primary's must exist.
+        let opts = meta::OpenOptions {
+            create: self.role == Role::Mirror,
+            ..Default::default()
+        };
+        meta::check_url(&self.meta, &opts).map_err(|e| anyhow!("meta: {e}"))?;
         check_state_dir(&self.state_dir)?;
         self.admin_token()?;
         if self.admin_token_env.is_none() && self.admin_token_file.is_none() {

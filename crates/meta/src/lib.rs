@@ -112,7 +112,7 @@ pub fn check_url(url: &str, opts: &OpenOptions) -> Result<()> {
         return Err(config_err(url, "expected SCHEME://..., e.g. rocksdb:///var/lib/jfs/meta, redis://127.0.0.1:6379/1, postgres://jfs@127.0.0.1:5432/jfs"));
     };
     match scheme {
-        "rocksdb" => rocks_path(url).map(|_| ()),
+        "rocksdb" => rocks_path(url, opts.create).map(|_| ()),
         "redis" | "postgres" | "postgresql" => {
             let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
             if u.password().is_some() {
@@ -135,7 +135,7 @@ pub fn check_url(url: &str, opts: &OpenOptions) -> Result<()> {
 /// The directory of a `rocksdb://` URL and its `sync` flag; the path must be absolute (a URL
 /// with two slashes, `rocksdb://tmp/x`, names the relative path `tmp/x`: refused, with the
 /// spelling that was meant).
-fn rocks_path(url: &str) -> Result<(PathBuf, bool)> {
+fn rocks_path(url: &str, create: bool) -> Result<(PathBuf, bool)> {
     let rest = &url["rocksdb://".len()..];
     let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
     if path.is_empty() {
@@ -162,10 +162,19 @@ fn rocks_path(url: &str) -> Result<(PathBuf, bool)> {
     }
     let path = PathBuf::from(path);
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        if !parent.is_dir() {
+        // A command that creates the database (format, load, a mirror agent on its own
+        // metadata) may create its parents; any other needs them to exist (a typo must not
+        // pass for an empty volume).
+        if !create && !parent.is_dir() {
             return Err(config_err(
                 url,
                 format!("directory {} does not exist", parent.display()),
+            ));
+        }
+        if parent.exists() && !parent.is_dir() {
+            return Err(config_err(
+                url,
+                format!("{} is not a directory", parent.display()),
             ));
         }
     }
@@ -185,7 +194,14 @@ pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
     };
     match scheme {
         "rocksdb" => {
-            let (path, sync) = rocks_path(url)?;
+            let (path, sync) = rocks_path(url, opts.create)?;
+            if opts.create {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| {
+                        config_err(url, format!("creating {}: {e}", parent.display()))
+                    })?;
+                }
+            }
             let mode = if opts.read_only { RocksMode::ReadOnly } else { RocksMode::ReadWrite };
             Ok(Arc::new(RocksEngine::open(&path, mode, opts.create, sync)?))
         }

@@ -99,10 +99,17 @@ pub fn config(a: &RunArgs) -> Result<Config> {
 struct Created(Vec<PathBuf>);
 
 impl Created {
+    /// `p` is about to be created (with any missing parents): remember the topmost
+    /// directory that does not exist yet.
     fn note(&mut self, p: PathBuf) {
-        if !p.exists() {
-            self.0.push(p);
+        if p.exists() {
+            return;
         }
+        let mut top = p;
+        while let Some(parent) = top.parent().filter(|q| !q.exists()) {
+            top = parent.to_path_buf();
+        }
+        self.0.push(top);
     }
 }
 
