@@ -140,6 +140,10 @@ pub enum Op {
     Load {
         keys: u64,
     },
+    /// A file unlinked while open, freed at its last close (or when its session died).
+    Release {
+        ino: Ino,
+    },
 }
 
 impl Op {
@@ -162,6 +166,7 @@ impl Op {
             Op::RemoveXattr { .. } => "removexattr",
             Op::Purge { .. } => "purge",
             Op::Load { .. } => "load",
+            Op::Release { .. } => "release",
         }
     }
     /// The operation's arguments as a JSON object (without the variant wrapper).

@@ -10,6 +10,9 @@
 //! | `A<ino:8>C<index:4>`         | chunk: slice records, 24 bytes each    |
 //! | `A<ino:8>S`                  | symlink target                         |
 //! | `A<ino:8>X<name>`            | xattr value                            |
+//! | `A<ino:8>R`                  | device number of a device node (u32 BE)|
+//! | `O<ino:8>`                   | an unlinked inode kept while open: the |
+//! |                              | session holding it                     |
 //! | `D<slice:8><size:4>`         | pending delete: `"<seq> <time_ns>"`    |
 //!
 //! Engines keep their own bookkeeping (journal, head) outside this key space.
@@ -23,6 +26,7 @@ pub const USED_SPACE: &[u8] = b"cused_space";
 pub const USED_INODES: &[u8] = b"cused_inodes";
 pub const COUNTER_PREFIX: &[u8] = b"c";
 pub const PENDING_PREFIX: &[u8] = b"D";
+pub const KEPT_PREFIX: &[u8] = b"O";
 pub const INODE_PREFIX: &[u8] = b"A";
 
 fn inode_key(ino: Ino, tag: u8, extra: &[u8]) -> Vec<u8> {
@@ -57,6 +61,16 @@ pub fn xattr(ino: Ino, name: &[u8]) -> Vec<u8> {
 }
 pub fn xattr_prefix(ino: Ino) -> Vec<u8> {
     inode_key(ino, b'X', &[])
+}
+pub fn rdev(ino: Ino) -> Vec<u8> {
+    inode_key(ino, b'R', &[])
+}
+/// An inode unlinked while a mount had it open: kept (attributes, chunks) until released.
+pub fn kept(ino: Ino) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(b'O');
+    k.extend_from_slice(&ino.to_be_bytes());
+    k
 }
 /// Every key of one inode.
 pub fn inode_prefix(ino: Ino) -> Vec<u8> {
@@ -94,7 +108,9 @@ pub enum Key<'a> {
     Chunk(Ino, u32),
     Symlink(Ino),
     Xattr(Ino, &'a [u8]),
+    Rdev(Ino),
     Pending(u64, u32),
+    Kept(Ino),
     Unknown,
 }
 
@@ -104,6 +120,7 @@ pub fn parse(k: &[u8]) -> Key<'_> {
     }
     match k.first() {
         Some(b'c') => Key::Counter(&k[1..]),
+        Some(b'O') if k.len() == 9 => Key::Kept(u64::from_be_bytes(k[1..9].try_into().unwrap())),
         Some(b'D') if k.len() == 13 => Key::Pending(
             u64::from_be_bytes(k[1..9].try_into().unwrap()),
             u32::from_be_bytes(k[9..13].try_into().unwrap()),
@@ -119,6 +136,7 @@ pub fn parse(k: &[u8]) -> Key<'_> {
                 }
                 b'S' if rest.is_empty() => Key::Symlink(ino),
                 b'X' => Key::Xattr(ino, rest),
+                b'R' if rest.is_empty() => Key::Rdev(ino),
                 _ => Key::Unknown,
             }
         }
@@ -179,7 +197,24 @@ pub fn parse_block_key(volume: &str, key: &str) -> Option<(u64, u32, u32)> {
 /// The blocks of a slice of `size` bytes with block size `bs`: (index, len) pairs.
 pub fn slice_blocks(size: u32, bs: u32) -> impl Iterator<Item = (u32, u32)> {
     let n = size.div_ceil(bs);
-    (0..n).map(move |i| (i, (size - i * bs).min(bs)))
+    (0..n).map(move |i| (i, block_len(size, bs, i)))
+}
+
+/// The length of block `index` of a slice of `size` bytes (block size `bs`).
+pub fn block_len(size: u32, bs: u32, index: u32) -> u32 {
+    (size - index * bs).min(bs)
+}
+
+/// The one recipe for a slice's blocks: (object key, length) of each block of slice `id` of
+/// `size` bytes in `volume`, block size `bs`. Every reader, writer, copier and checker of
+/// blocks goes through this (or `block_key` + `block_len` for one block).
+pub fn slice_block_keys(
+    volume: &str,
+    id: u64,
+    size: u32,
+    bs: u32,
+) -> impl Iterator<Item = (String, u32)> + '_ {
+    slice_blocks(size, bs).map(move |(i, l)| (block_key(volume, id, i, l), l))
 }
 
 #[cfg(test)]
@@ -218,6 +253,8 @@ mod tests {
         assert_eq!(parse(&dentry(5, b"x/y")), Key::Dentry(5, b"x/y"));
         assert_eq!(parse(&chunk(5, 9)), Key::Chunk(5, 9));
         assert_eq!(parse(&pending(7, 3)), Key::Pending(7, 3));
+        assert_eq!(parse(&rdev(5)), Key::Rdev(5));
+        assert_eq!(parse(&kept(9)), Key::Kept(9));
         assert_eq!(parse(SETTING), Key::Setting);
         assert_eq!(prefix_end(b"A\x01\xff"), b"A\x02".to_vec());
         assert!(dentry_prefix(1) < dentry(1, b"") || dentry_prefix(1) == dentry(1, b""));

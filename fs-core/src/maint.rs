@@ -55,6 +55,12 @@ pub struct InodeDump {
     pub symlink: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub chunks: BTreeMap<u32, Vec<SliceRec>>,
+    /// Device number of a device node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdev: Option<u32>,
+    /// The session keeping this inode open after its last unlink.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -117,6 +123,16 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
                     inodes.entry(ino).or_default().chunks.insert(idx, recs);
                 }
                 Key::Symlink(ino) => inodes.entry(ino).or_default().symlink = Some(encode_name(&v)),
+                Key::Rdev(ino) => {
+                    let b: [u8; 4] = v.as_slice().try_into().map_err(|_| {
+                        corrupt(format!("device number of inode {ino} does not decode"))
+                    })?;
+                    inodes.entry(ino).or_default().rdev = Some(u32::from_be_bytes(b));
+                }
+                Key::Kept(ino) => {
+                    inodes.entry(ino).or_default().kept =
+                        Some(String::from_utf8_lossy(&v).into_owned())
+                }
                 Key::Xattr(ino, name) => {
                     inodes
                         .entry(ino)
@@ -187,6 +203,12 @@ fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         }
         for (&idx, recs) in &n.chunks {
             out.push((keys::chunk(ino, idx), SliceRec::encode_list(recs)));
+        }
+        if let Some(r) = n.rdev {
+            out.push((keys::rdev(ino), r.to_be_bytes().to_vec()));
+        }
+        if let Some(sid) = &n.kept {
+            out.push((keys::kept(ino), sid.as_bytes().to_vec()));
         }
     }
     Ok(out)
@@ -266,7 +288,7 @@ impl Fs {
                     for r in recs.iter().filter(|r| r.id != 0 && r.len > 0) {
                         let bs = self.settings.block_size;
                         for bi in r.off / bs..=(r.off + r.len - 1) / bs {
-                            let blen = (r.size - bi * bs).min(bs);
+                            let blen = keys::block_len(r.size, bs, bi);
                             want.insert(
                                 keys::block_key(&self.settings.name, r.id, bi, blen),
                                 (ino, blen),
@@ -325,6 +347,9 @@ pub struct GcOptions {
     /// Pending deletes freed at a sequence number above this are kept (mirrors not caught up).
     pub safe_seq: u64,
     pub now_ns: i64,
+    /// Sessions without a heartbeat for this long are dead: with `delete`, the inodes they
+    /// kept open are freed and their records removed.
+    pub session_timeout: std::time::Duration,
 }
 
 #[derive(Serialize, Debug, Clone, Default, PartialEq, Eq)]
@@ -340,6 +365,16 @@ pub struct GcReport {
     pub leaked_deleted: u64,
     pub foreign: u64,
     pub journal_trimmed: u64,
+    /// Live mount sessions.
+    pub sessions_live: u64,
+    /// Dead sessions (removed with --delete).
+    pub sessions_dead: u64,
+    /// Inodes unlinked while open and still kept.
+    pub kept: u64,
+    /// Of those, kept by dead sessions (freed with --delete).
+    pub kept_dead: u64,
+    pub kept_released: u64,
+    pub sessions_removed: u64,
 }
 
 impl Fs {
@@ -352,6 +387,24 @@ impl Fs {
         let slots = crate::slots::list(&*self.engine).await?;
         let safe_seq = opts.safe_seq.min(crate::slots::gc_safe_seq(&slots));
         let journal_max = opts.safe_seq.min(crate::slots::retain_floor(&slots));
+        // 0. Sessions, and inodes kept open by them: a dead session's are freed first, so
+        //    that their slices are counted below as pending deletes.
+        let sessions = crate::session::list(&*self.engine).await?;
+        let live: std::collections::HashSet<String> = sessions
+            .iter()
+            .filter(|x| x.is_live(opts.now_ns, opts.session_timeout))
+            .map(|x| x.id.clone())
+            .collect();
+        rep.sessions_live = live.len() as u64;
+        rep.sessions_dead = sessions.len() as u64 - rep.sessions_live;
+        let kept = self.kept_inodes().await?;
+        rep.kept = kept.len() as u64;
+        rep.kept_dead = kept.iter().filter(|(_, sid)| !live.contains(sid)).count() as u64;
+        if opts.delete {
+            let r = self.reap_sessions(opts.session_timeout).await?;
+            rep.kept_released = r.inodes;
+            rep.sessions_removed = r.sessions;
+        }
         // 1. Referenced slices (chunks) and pending deletes, from one metadata pass.
         let mut referenced: HashMap<u64, u32> = HashMap::new();
         let mut due: Vec<(u64, u32)> = Vec::new();
@@ -519,6 +572,17 @@ pub struct Status {
     pub mirror: Option<crate::site::MirrorMarker>,
     /// Set when this metadata was a mirror and was detached.
     pub detached: Option<crate::site::Detached>,
+    /// Mount sessions (live ones, and dead ones not yet reaped).
+    pub sessions: Vec<SessionStatus>,
+    /// Inodes unlinked while open, still kept by a session.
+    pub kept_inodes: u64,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct SessionStatus {
+    #[serde(flatten)]
+    pub session: crate::session::Session,
+    pub live: bool,
 }
 
 impl Fs {
@@ -550,6 +614,15 @@ impl Fs {
             settings: self.settings.clone(),
             mirror: crate::site::marker(&*self.engine).await?,
             detached: crate::site::detached(&*self.engine).await?,
+            sessions: crate::session::list(&*self.engine)
+                .await?
+                .into_iter()
+                .map(|s| SessionStatus {
+                    live: s.is_live(now_ns(), crate::session::DEFAULT_TIMEOUT),
+                    session: s,
+                })
+                .collect(),
+            kept_inodes: self.kept_inodes().await?.len() as u64,
         })
     }
 }
@@ -559,6 +632,7 @@ pub fn gc_defaults() -> GcOptions {
         delete: false,
         safe_seq: u64::MAX,
         now_ns: now_ns(),
+        session_timeout: crate::session::DEFAULT_TIMEOUT,
     }
 }
 

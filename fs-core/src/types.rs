@@ -11,12 +11,21 @@ pub const MAX_NAME_LEN: usize = 255;
 /// Largest file length accepted (2^48 bytes = 256 TiB, far above real checkpoints).
 pub const MAX_FILE_LEN: u64 = 1 << 48;
 
+/// What an inode is. New kinds go at the end: `Attr` is postcard-encoded by variant index.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[serde(rename_all = "lowercase")]
 pub enum FileKind {
     File,
     Dir,
     Symlink,
+    /// A named pipe (mkfifo).
+    Fifo,
+    /// A Unix socket node.
+    Socket,
+    /// A character device node (its device number in `A<ino>R`).
+    CharDev,
+    /// A block device node (its device number in `A<ino>R`).
+    BlockDev,
 }
 
 impl FileKind {
@@ -25,6 +34,10 @@ impl FileKind {
             FileKind::File => b'f',
             FileKind::Dir => b'd',
             FileKind::Symlink => b'l',
+            FileKind::Fifo => b'p',
+            FileKind::Socket => b's',
+            FileKind::CharDev => b'c',
+            FileKind::BlockDev => b'b',
         }
     }
     pub fn from_byte(b: u8) -> Option<Self> {
@@ -32,8 +45,19 @@ impl FileKind {
             b'f' => Some(FileKind::File),
             b'd' => Some(FileKind::Dir),
             b'l' => Some(FileKind::Symlink),
+            b'p' => Some(FileKind::Fifo),
+            b's' => Some(FileKind::Socket),
+            b'c' => Some(FileKind::CharDev),
+            b'b' => Some(FileKind::BlockDev),
             _ => None,
         }
+    }
+    /// A node whose content is not stored in the volume (fifo, socket, device).
+    pub fn is_special(self) -> bool {
+        matches!(
+            self,
+            FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
+        )
     }
 }
 

@@ -563,6 +563,7 @@ mod cases {
                 delete: false,
                 safe_seq: u64::MAX,
                 now_ns: now,
+                ..fs_core::maint::gc_defaults()
             })
             .await
             .unwrap();
@@ -582,6 +583,7 @@ mod cases {
                 delete: true,
                 safe_seq: unlink_seq - 1,
                 now_ns: now,
+                ..fs_core::maint::gc_defaults()
             })
             .await
             .unwrap();
@@ -600,6 +602,7 @@ mod cases {
                 delete: true,
                 safe_seq: u64::MAX,
                 now_ns: now,
+                ..fs_core::maint::gc_defaults()
             })
             .await
             .unwrap();
@@ -635,6 +638,250 @@ mod cases {
         );
     }
 
+    pub async fn special_nodes(v: &TestVol) {
+        let fs = &v.fs;
+        let (p, pa) = fs
+            .mknod(ROOT_INO, b"fifo", FileKind::Fifo, 0o640, 0, O)
+            .await
+            .unwrap();
+        assert_eq!((pa.kind, pa.mode, pa.length), (FileKind::Fifo, 0o640, 0));
+        let (c, _) = fs
+            .mknod(ROOT_INO, b"tty", FileKind::CharDev, 0o600, 0x0504, O)
+            .await
+            .unwrap();
+        let (b, _) = fs
+            .mknod(ROOT_INO, b"disk", FileKind::BlockDev, 0o600, 0x0801, O)
+            .await
+            .unwrap();
+        let (so, _) = fs
+            .mknod(ROOT_INO, b"sock", FileKind::Socket, 0o755, 0, O)
+            .await
+            .unwrap();
+        assert_eq!(fs.rdev(c).await.unwrap(), 0x0504);
+        assert_eq!(fs.rdev(b).await.unwrap(), 0x0801);
+        assert_eq!(fs.rdev(p).await.unwrap(), 0);
+        assert_eq!(fs.rdev(so).await.unwrap(), 0);
+        let names: Vec<(Vec<u8>, FileKind)> = fs
+            .readdir_all(ROOT_INO)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.kind))
+            .collect();
+        assert!(
+            names.contains(&(b"tty".to_vec(), FileKind::CharDev)),
+            "{names:?}"
+        );
+        assert_eq!(
+            kind_of(fs.mknod(ROOT_INO, b"d", FileKind::Dir, 0o755, 0, O).await),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            kind_of(
+                fs.setattr(
+                    p,
+                    &SetAttr {
+                        length: Some(5),
+                        ..Default::default()
+                    }
+                )
+                .await
+            ),
+            ErrorKind::InvalidArgument,
+            "a fifo has no length to set"
+        );
+        assert_eq!(kind_of(fs.write(p, 0, b"x").await), ErrorKind::IsDir);
+        // Renaming keeps the device number; unlinking removes it with the inode.
+        fs.rename(ROOT_INO, b"tty", ROOT_INO, b"tty2", false)
+            .await
+            .unwrap();
+        assert_eq!(fs.rdev(c).await.unwrap(), 0x0504);
+        fs.unlink(ROOT_INO, b"tty2").await.unwrap();
+        assert!(fs.engine().get(&keys::rdev(c)).await.unwrap().is_none());
+        assert_eq!(kind_of(fs.getattr(c).await), ErrorKind::NotFound);
+        assert_eq!(fs.statfs().await.unwrap().used_inodes, 4);
+    }
+
+    /// A mount's view of which inodes are open: the test's stand-in for the mount.
+    struct Open {
+        inos: std::sync::Mutex<std::collections::HashSet<fs_core::Ino>>,
+        session: String,
+    }
+
+    impl fs_core::Keeper for Open {
+        fn is_open(&self, ino: fs_core::Ino) -> bool {
+            self.inos.lock().unwrap().contains(&ino)
+        }
+        fn session(&self) -> &str {
+            &self.session
+        }
+    }
+
+    pub async fn unlinked_open_files_are_kept_until_released(v: &TestVol) {
+        let mut sess = fs_core::session::Session::new("/mnt/test", false);
+        fs_core::session::beat(&**v.fs.engine(), &mut sess)
+            .await
+            .unwrap();
+        let open = std::sync::Arc::new(Open {
+            inos: Default::default(),
+            session: sess.id.clone(),
+        });
+        let mut fs = v.client().await;
+        fs.set_keeper(open.clone());
+        let (f, _) = fs.create(ROOT_INO, b"ckpt", 0o644, O).await.unwrap();
+        fs.write(f, 0, &data(3, 300_000)).await.unwrap();
+        let (g, _) = fs.create(ROOT_INO, b"closed", 0o644, O).await.unwrap();
+        fs.write(g, 0, b"gone").await.unwrap();
+        open.inos.lock().unwrap().insert(f);
+        // Unlinking the open file keeps it, whole, with no pending delete yet.
+        fs.unlink(ROOT_INO, b"ckpt").await.unwrap();
+        assert_eq!(
+            kind_of(fs.lookup(ROOT_INO, b"ckpt").await),
+            ErrorKind::NotFound
+        );
+        let a = fs.getattr(f).await.unwrap();
+        assert_eq!((a.nlink, a.length), (0, 300_000));
+        assert_eq!(read_all(&fs, f).await, data(3, 300_000));
+        assert!(pending(&fs).await.is_empty(), "nothing freed while open");
+        assert_eq!(fs.kept_inodes().await.unwrap(), vec![(f, sess.id.clone())]);
+        // Still writable through the open handle.
+        fs.write(f, 300_000, b"tail").await.unwrap();
+        assert_eq!(fs.getattr(f).await.unwrap().length, 300_004);
+        // A closed file goes at once, and renaming over an open file keeps that one too.
+        fs.unlink(ROOT_INO, b"closed").await.unwrap();
+        assert_eq!(pending(&fs).await.len(), 1);
+        let (h, _) = fs.create(ROOT_INO, b"h", 0o644, O).await.unwrap();
+        fs.write(h, 0, b"old").await.unwrap();
+        open.inos.lock().unwrap().insert(h);
+        let (n, _) = fs.create(ROOT_INO, b"new", 0o644, O).await.unwrap();
+        fs.rename(ROOT_INO, b"new", ROOT_INO, b"h", false)
+            .await
+            .unwrap();
+        assert_eq!(fs.lookup(ROOT_INO, b"h").await.unwrap().0, n);
+        assert_eq!(fs.read(h, 0, 10).await.unwrap(), b"old");
+        // The last close releases it: freed, its slices pending; a second release is a no-op.
+        let before = fs.statfs().await.unwrap();
+        open.inos.lock().unwrap().remove(&f);
+        assert!(fs.release_kept(f).await.unwrap());
+        assert!(!fs.release_kept(f).await.unwrap());
+        assert_eq!(kind_of(fs.getattr(f).await), ErrorKind::NotFound);
+        assert!(pending(&fs).await.len() >= 2);
+        let after = fs.statfs().await.unwrap();
+        assert_eq!(before.used_inodes - after.used_inodes, 1);
+        assert_eq!(before.used_space - after.used_space, 300_004);
+        // A live session's kept inode survives reaping and gc; once the session is dead
+        // (its record gone, or its heartbeat too old) gc frees it.
+        let gc = |delete: bool, timeout: Duration| {
+            let fs = &fs;
+            async move {
+                fs.gc(&fs_core::maint::GcOptions {
+                    delete,
+                    session_timeout: timeout,
+                    ..fs_core::maint::gc_defaults()
+                })
+                .await
+                .unwrap()
+            }
+        };
+        let r = gc(true, Duration::from_secs(300)).await;
+        assert_eq!((r.kept, r.kept_dead, r.kept_released), (1, 0, 0), "{r:?}");
+        assert_eq!(fs.read(h, 0, 10).await.unwrap(), b"old");
+        // Another host's session whose heartbeat is older than the timeout is dead.
+        sess.host = "elsewhere".into();
+        fs_core::session::beat(&**v.fs.engine(), &mut sess)
+            .await
+            .unwrap();
+        let dry = gc(false, Duration::from_nanos(1)).await;
+        assert_eq!(
+            (dry.kept_dead, dry.sessions_dead, dry.kept_released),
+            (1, 1, 0)
+        );
+        let r = gc(true, Duration::from_nanos(1)).await;
+        assert_eq!((r.kept_released, r.sessions_removed), (1, 1), "{r:?}");
+        assert_eq!(kind_of(fs.getattr(h).await), ErrorKind::NotFound);
+        assert!(fs.kept_inodes().await.unwrap().is_empty());
+        assert!(fs_core::session::list(&**fs.engine())
+            .await
+            .unwrap()
+            .is_empty());
+    }
+
+    pub async fn the_file_reader_matches_plain_reads(v: &TestVol) {
+        use std::sync::Arc;
+        let fs = Arc::new(v.client().await);
+        let (f, _) = fs.create(ROOT_INO, b"model", 0o644, O).await.unwrap();
+        let len = 70 << 20; // crosses a chunk boundary
+        fs.write(f, 0, &data(9, len)).await.unwrap();
+        fs.write(f, 5 << 20, &data(10, 300_000)).await.unwrap(); // an overwrite
+        fs.setattr(
+            f,
+            &SetAttr {
+                length: Some(len as u64 + (3 << 20)), // a hole at the end
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        let want = read_all(&fs, f).await;
+        assert_eq!(want.len(), len + (3 << 20));
+        let budget = fs_core::Budget::new(64 << 20);
+        let r = fs_core::FileReader::new(
+            fs.clone(),
+            f,
+            fs_core::ReadAhead {
+                max_window: 32 << 20,
+                budget: Some(budget.clone()),
+            },
+        )
+        .await
+        .unwrap();
+        let mut got = Vec::with_capacity(want.len());
+        let mut off = 0u64;
+        loop {
+            let b = r.read(off, 128 << 10).await.unwrap();
+            if b.is_empty() {
+                break;
+            }
+            assert!(budget.used() <= budget.total());
+            off += b.len() as u64;
+            got.extend(b);
+        }
+        assert!(got == want, "sequential reads through the reader differ");
+        let st = r.stats();
+        // 4 MiB blocks read in 128 KiB pieces: each block fetched once, reused 31 times.
+        assert!(st.fetched <= 22, "{st:?}");
+        assert!(st.ahead_hits > 0, "read-ahead served reads: {st:?}");
+        // Random reads (no read-ahead) give the same bytes.
+        let r2 = fs_core::FileReader::new(
+            fs.clone(),
+            f,
+            fs_core::ReadAhead {
+                max_window: 32 << 20,
+                budget: Some(fs_core::Budget::new(8 << 20)),
+            },
+        )
+        .await
+        .unwrap();
+        for i in 0..40u64 {
+            let off = (i * 7_777_777) % (want.len() as u64 + 1000);
+            let b = r2.read(off, 200_000).await.unwrap();
+            let end = (off as usize + 200_000).min(want.len());
+            let exp = if (off as usize) < want.len() {
+                &want[off as usize..end]
+            } else {
+                &[][..]
+            };
+            assert!(b == exp, "random read at {off}");
+        }
+        // A write through another path, then invalidate: the reader sees it.
+        fs.write(f, 1000, b"fresh").await.unwrap();
+        r.invalidate().await.unwrap();
+        assert_eq!(r.read(1000, 5).await.unwrap(), b"fresh");
+        drop(r);
+        drop(r2);
+        assert_eq!(budget.used(), 0, "every block held was given back");
+    }
+
     pub async fn dump_load_round_trip_across_engines(v: &TestVol) {
         let fs = &v.fs;
         let (d, _) = fs
@@ -650,6 +897,9 @@ mod cases {
         let (g, _) = fs.create(ROOT_INO, b"g", 0o644, O).await.unwrap();
         fs.write(g, 0, b"bye").await.unwrap();
         fs.unlink(ROOT_INO, b"g").await.unwrap(); // a pending delete
+        fs.mknod(ROOT_INO, b"dev", FileKind::CharDev, 0o600, 0x0103, O)
+            .await
+            .unwrap();
         let dump = fs_core::maint::dump(fs.engine().as_ref()).await.unwrap();
         assert_eq!(dump.pending.len(), 1);
         for target in ["rocksdb", v.engine] {
@@ -704,6 +954,9 @@ macro_rules! backend {
             case!(trimmed_entries_are_refused_not_skipped);
             case!(gc_and_fsck);
             case!(dump_load_round_trip_across_engines);
+            case!(special_nodes);
+            case!(unlinked_open_files_are_kept_until_released);
+            case!(the_file_reader_matches_plain_reads);
         }
     };
 }

@@ -519,12 +519,12 @@ async fn referenced_blocks(meta: &str) -> Vec<(String, u32)> {
             if let fs_core::keys::Key::Chunk(..) = fs_core::keys::parse(&k) {
                 for r in fs_core::SliceRec::decode_list(&v).unwrap() {
                     if r.id != 0 {
-                        for (idx, len) in fs_core::keys::slice_blocks(r.size, settings.block_size) {
-                            out.push((
-                                fs_core::keys::block_key(&settings.name, r.id, idx, len),
-                                len,
-                            ));
-                        }
+                        out.extend(fs_core::keys::slice_block_keys(
+                            &settings.name,
+                            r.id,
+                            r.size,
+                            settings.block_size,
+                        ));
                     }
                 }
             }

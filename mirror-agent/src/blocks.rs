@@ -23,8 +23,8 @@ fn chunk_blocks(s: &Settings, value: &[u8], out: &mut Vec<(String, u32)>) {
 }
 
 fn slice_keys(s: &Settings, id: u64, size: u32, mut f: impl FnMut(String, u32)) {
-    for (idx, len) in keys::slice_blocks(size, s.block_size) {
-        f(keys::block_key(&s.name, id, idx, len), len);
+    for (key, len) in keys::slice_block_keys(&s.name, id, size, s.block_size) {
+        f(key, len);
     }
 }
 

@@ -60,7 +60,7 @@ pub(crate) fn build_view(recs: &[SliceRec]) -> Vec<Seg> {
     segs
 }
 
-fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec<SliceRec>> {
+pub(crate) fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec<SliceRec>> {
     match v {
         None => Ok(Vec::new()),
         Some(b) => SliceRec::decode_list(&b)
@@ -114,27 +114,25 @@ impl Fs {
         }
     }
 
-    fn block_key(&self, id: u64, index: u32, len: u32) -> String {
-        keys::block_key(&self.settings.name, id, index, len)
-    }
-
     /// Object keys of the blocks of slice `id` of `size` bytes.
     pub fn slice_block_keys(&self, id: u64, size: u32) -> Vec<(String, u32)> {
-        keys::slice_blocks(size, self.settings.block_size)
-            .map(|(i, l)| (self.block_key(id, i, l), l))
-            .collect()
+        keys::slice_block_keys(&self.settings.name, id, size, self.settings.block_size).collect()
     }
 
-    /// Upload `data` as a new slice; returns its id once every block is in the store.
-    pub(crate) async fn upload_slice(&self, data: Bytes) -> Result<u64> {
+    /// Upload `data` as a new slice; returns its id once every block is in the store. The
+    /// slice is referenced by nothing until `commit_slice` (a crash in between leaves
+    /// unreferenced blocks for gc).
+    pub async fn upload_slice(&self, data: Bytes) -> Result<u64> {
         let id = self.alloc_slice().await?;
         let bs = self.settings.block_size as usize;
-        let blocks: Vec<(String, Bytes)> = keys::slice_blocks(data.len() as u32, bs as u32)
-            .map(|(i, l)| {
-                let off = i as usize * bs;
-                (self.block_key(id, i, l), data.slice(off..off + l as usize))
-            })
-            .collect();
+        let blocks: Vec<(String, Bytes)> =
+            keys::slice_block_keys(&self.settings.name, id, data.len() as u32, bs as u32)
+                .enumerate()
+                .map(|(i, (k, l))| {
+                    let off = i * bs;
+                    (k, data.slice(off..off + l as usize))
+                })
+                .collect();
         futures::stream::iter(
             blocks
                 .into_iter()
@@ -180,6 +178,20 @@ impl Fs {
         }
         let len = data.len() as u32;
         let id = self.upload_slice(data).await?;
+        self.commit_slice(ino, idx, pos, id, len).await
+    }
+
+    /// Reference slice `id` (`len` bytes, uploaded by `upload_slice`) at `pos` in chunk `idx`
+    /// of `ino`: later slices win where they overlap, so commits of overlapping writes must
+    /// come in write order. Compacts the chunk when it has many slices.
+    pub async fn commit_slice(
+        &self,
+        ino: Ino,
+        idx: u32,
+        pos: u32,
+        id: u64,
+        len: u32,
+    ) -> Result<()> {
         let rec = SliceRec {
             pos,
             id,
@@ -230,84 +242,20 @@ impl Fs {
 
     /// Read up to `len` bytes at `offset` (short at end of file).
     pub async fn read(&self, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let attr = self.getattr(ino).await?;
-        if attr.kind != FileKind::File {
-            return Err(Error::new(
-                ErrorKind::IsDir,
-                format!("inode {ino} is not a regular file"),
-            ));
-        }
-        if offset >= attr.length {
-            return Ok(Vec::new());
-        }
-        let end = (offset + len as u64).min(attr.length);
-        let mut out = vec![0u8; (end - offset) as usize];
-        let mut off = offset;
-        while off < end {
-            let idx = (off / CHUNK_SIZE) as u32;
-            let cstart = (off % CHUNK_SIZE) as u32;
-            let cend = ((idx as u64 + 1) * CHUNK_SIZE).min(end) - idx as u64 * CHUNK_SIZE;
-            let recs = decode_chunk(ino, idx, self.engine.get(&keys::chunk(ino, idx)).await?)?;
-            let dst_base = (off - offset) as usize;
-            self.read_view(
-                &recs,
-                cstart,
-                cend as u32,
-                &mut out[dst_base..dst_base + (cend as u32 - cstart) as usize],
-            )
-            .await?;
-            off = idx as u64 * CHUNK_SIZE + cend;
-        }
-        Ok(out)
+        let plan = self.plan_read(ino, offset, len).await?;
+        self.fetch(&plan).await
     }
 
-    /// Fill `dst` with chunk bytes `[from, to)` of the view of `recs`.
+    /// Fill `dst` with chunk bytes `[from, to)` of the view of `recs` (compaction).
     async fn read_view(&self, recs: &[SliceRec], from: u32, to: u32, dst: &mut [u8]) -> Result<()> {
-        let bs = self.settings.block_size;
-        // (block key, expected len, slice block range to copy, where in dst)
-        let mut wanted: Vec<(String, u32, usize, usize, usize)> = Vec::new();
-        for g in build_view(recs) {
-            let (s, e) = (g.start.max(from), g.end.min(to));
-            if s >= e || g.id == 0 {
-                continue;
-            }
-            let mut soff = g.slice_off + (s - g.start); // offset inside the slice
-            let mut d = (s - from) as usize;
-            let mut left = e - s;
-            while left > 0 {
-                let bi = soff / bs;
-                let blen = (g.size - bi * bs).min(bs);
-                let in_block = soff - bi * bs;
-                let n = (blen - in_block).min(left);
-                wanted.push((
-                    self.block_key(g.id, bi, blen),
-                    blen,
-                    in_block as usize,
-                    n as usize,
-                    d,
-                ));
-                soff += n;
-                d += n as usize;
-                left -= n;
-            }
-        }
-        let fetched: Vec<(Bytes, usize, usize, usize)> =
-            futures::stream::iter(wanted.into_iter().map(|(key, blen, ib, n, d)| async move {
-                let b = self.store.get(&key).await?;
-                if b.len() != blen as usize {
-                    return Err(corrupt(format!(
-                        "block {key} has {} bytes, its key says {blen}",
-                        b.len()
-                    )));
-                }
-                Ok::<_, Error>((b, ib, n, d))
-            }))
-            .buffered(self.io_parallel)
-            .try_collect()
-            .await?;
-        for (b, ib, n, d) in fetched {
-            dst[d..d + n].copy_from_slice(&b[ib..ib + n]);
-        }
+        let mut pieces = Vec::new();
+        super::read::plan_chunk(&self.settings, recs, from, to, 0, &mut pieces);
+        let plan = super::read::Plan {
+            offset: 0,
+            len: dst.len(),
+            pieces,
+        };
+        dst.copy_from_slice(&self.fetch(&plan).await?);
         Ok(())
     }
 

@@ -3,8 +3,10 @@
 
 mod data;
 pub mod namespace;
+mod read;
 
 pub use data::FileWriter;
+pub use read::{Budget, FileReader, Piece, Plan, ReadAhead, ReadStats};
 
 use crate::engine::{CommitOutcome, Engine};
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
@@ -82,6 +84,18 @@ pub struct Fs {
     slices: Mutex<IdPool>,
     /// Block transfers in flight per read or write call.
     pub io_parallel: usize,
+    /// Which files this process has open (a mount): their last unlink keeps them.
+    pub(crate) keeper: Option<Arc<dyn Keeper>>,
+}
+
+/// What a mount tells fs-core about its open files, so that unlinking the last name of an
+/// open file keeps the inode (readable and writable through the open handles) until
+/// `Fs::release_kept` at its last close, or until `gc` finds its session dead.
+pub trait Keeper: Send + Sync {
+    /// Whether `ino` is open in this process.
+    fn is_open(&self, ino: Ino) -> bool;
+    /// The session id (see `session`) recorded with a kept inode.
+    fn session(&self) -> &str;
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
@@ -239,7 +253,13 @@ impl Fs {
             inodes: Mutex::new(IdPool { next: 0, end: 0 }),
             slices: Mutex::new(IdPool { next: 0, end: 0 }),
             io_parallel: 8,
+            keeper: None,
         }
+    }
+
+    /// Keep inodes this process has open past their last unlink (a mount sets this).
+    pub fn set_keeper(&mut self, keeper: Arc<dyn Keeper>) {
+        self.keeper = Some(keeper);
     }
 
     pub fn settings(&self) -> &Settings {

@@ -81,6 +81,7 @@ impl Fs {
         mode: u32,
         owner: Owner,
         target: Option<&[u8]>,
+        rdev: u32,
     ) -> Result<(Ino, Attr)> {
         check_name(name)?;
         let ino = self.alloc_inode().await?;
@@ -100,6 +101,9 @@ impl Fs {
             if let Some(t) = target {
                 attr.length = t.len() as u64;
                 tx.put(keys::symlink(ino), t.to_vec());
+            }
+            if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
+                tx.put(keys::rdev(ino), rdev.to_be_bytes().to_vec());
             }
             put_attr(&mut tx, ino, &attr);
             tx.put(keys::dentry(parent, name), keys::encode_dentry(ino, kind));
@@ -137,8 +141,41 @@ impl Fs {
         mode: u32,
         owner: Owner,
     ) -> Result<(Ino, Attr)> {
-        self.create_node(parent, name, FileKind::File, mode, owner, None)
+        self.create_node(parent, name, FileKind::File, mode, owner, None, 0)
             .await
+    }
+
+    /// Create a node of any kind but directory and symlink: a regular file, a fifo, a socket,
+    /// or a device node with device number `rdev` (as `mknod(2)` encodes it).
+    pub async fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        owner: Owner,
+    ) -> Result<(Ino, Attr)> {
+        if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+            return Err(invalid(
+                "mknod makes files, fifos, sockets and device nodes",
+            ));
+        }
+        self.create_node(parent, name, kind, mode, owner, None, rdev)
+            .await
+    }
+
+    /// The device number of a device node (0 for every other kind).
+    pub async fn rdev(&self, ino: Ino) -> Result<u32> {
+        Ok(match self.engine.get(&keys::rdev(ino)).await? {
+            Some(v) if v.len() == 4 => u32::from_be_bytes(v[..].try_into().unwrap()),
+            Some(_) => {
+                return Err(crate::error::corrupt(format!(
+                    "device number of inode {ino} does not decode"
+                )))
+            }
+            None => 0,
+        })
     }
 
     pub async fn mkdir(
@@ -148,7 +185,7 @@ impl Fs {
         mode: u32,
         owner: Owner,
     ) -> Result<(Ino, Attr)> {
-        self.create_node(parent, name, FileKind::Dir, mode, owner, None)
+        self.create_node(parent, name, FileKind::Dir, mode, owner, None, 0)
             .await
     }
 
@@ -162,8 +199,16 @@ impl Fs {
         if target.is_empty() || target.len() > 4096 || target.contains(&0) {
             return Err(invalid("symlink target must be 1..4096 bytes without NUL"));
         }
-        self.create_node(parent, name, FileKind::Symlink, 0o777, owner, Some(target))
-            .await
+        self.create_node(
+            parent,
+            name,
+            FileKind::Symlink,
+            0o777,
+            owner,
+            Some(target),
+            0,
+        )
+        .await
     }
 
     pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
@@ -214,8 +259,10 @@ impl Fs {
         Ok(attr)
     }
 
-    /// Drop one link of a non-directory inode; when it was the last, delete the inode and move
-    /// its slices to the pending-delete set. Returns whether the inode was freed.
+    /// Drop one link of a non-directory inode. When it was the last: if this process has the
+    /// file open (see `Keeper`), the inode is *kept* (`O<ino>` names the session) until its
+    /// last close; otherwise it is deleted and its slices go to the pending-delete set.
+    /// Returns whether the inode was freed.
     async fn drop_link(
         &self,
         tx: &mut Txn<'_>,
@@ -229,6 +276,18 @@ impl Fs {
             put_attr(tx, ino, &attr);
             return Ok(false);
         }
+        if let Some(k) = self.keeper.as_ref().filter(|k| k.is_open(ino)) {
+            put_attr(tx, ino, &attr);
+            tx.put(keys::kept(ino), k.session().as_bytes().to_vec());
+            return Ok(false);
+        }
+        self.free_inode(tx, ino, &attr).await?;
+        Ok(true)
+    }
+
+    /// Delete an inode without links: its chunks (slices to pending deletes), xattrs, target,
+    /// device number and attributes.
+    async fn free_inode(&self, tx: &mut Txn<'_>, ino: Ino, attr: &Attr) -> Result<()> {
         self.free_chunks_from(tx, ino, 0).await?;
         for (k, _) in tx
             .scan(
@@ -241,14 +300,59 @@ impl Fs {
             tx.delete(k);
         }
         tx.delete(keys::attr(ino));
-        if attr.kind == FileKind::Symlink {
-            tx.delete(keys::symlink(ino));
-        }
-        if attr.kind == FileKind::File {
-            tx.add(keys::USED_SPACE, -(attr.length as i64));
+        match attr.kind {
+            FileKind::Symlink => tx.delete(keys::symlink(ino)),
+            FileKind::CharDev | FileKind::BlockDev => tx.delete(keys::rdev(ino)),
+            FileKind::File => tx.add(keys::USED_SPACE, -(attr.length as i64)),
+            _ => {}
         }
         tx.add(keys::USED_INODES, -1);
-        Ok(true)
+        Ok(())
+    }
+
+    /// Free a kept inode (unlinked while open) at its last close, or when the session that
+    /// held it is gone. Returns false when `ino` is not kept (already released: releasing
+    /// twice is harmless).
+    pub async fn release_kept(&self, ino: Ino) -> Result<bool> {
+        let (freed, _) = transact!(self, |tx| {
+            if tx.get(&keys::kept(ino)).await?.is_none() {
+                return Ok(false);
+            }
+            tx.delete(keys::kept(ino));
+            match tx.get(&keys::attr(ino)).await? {
+                Some(v) => {
+                    let attr = super::decode_attr(ino, &v)?;
+                    if attr.nlink == 0 {
+                        self.free_inode(&mut tx, ino, &attr).await?;
+                    }
+                }
+                None => {}
+            }
+            tx.set_op(Op::Release { ino });
+            Ok::<_, Error>(true)
+        })?;
+        Ok(freed)
+    }
+
+    /// Inodes kept open after their last unlink, with the session holding each.
+    pub async fn kept_inodes(&self) -> Result<Vec<(Ino, String)>> {
+        let mut out = Vec::new();
+        crate::engine::scan_all(
+            &*self.engine,
+            keys::KEPT_PREFIX,
+            &keys::prefix_end(keys::KEPT_PREFIX),
+            1024,
+            |page| {
+                for (k, v) in page {
+                    if let keys::Key::Kept(ino) = keys::parse(&k) {
+                        out.push((ino, String::from_utf8_lossy(&v).into_owned()));
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(out)
     }
 
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
@@ -486,7 +590,12 @@ impl Fs {
                             format!("inode {ino} is a directory"),
                         ))
                     }
-                    FileKind::Symlink => return Err(invalid(format!("inode {ino} is a symlink"))),
+                    _ => {
+                        return Err(invalid(format!(
+                            "inode {ino} is not a regular file ({:?})",
+                            attr.kind
+                        )))
+                    }
                 }
                 if set.mtime.is_none() {
                     attr.mtime = now;

@@ -358,6 +358,12 @@ impl Kids {
             let Some(name) = name else { return Ok(None) };
             let path = format!("{prefix}{}", name.trim_end_matches('/'));
             match dir.symlink_metadata(&path) {
+                Ok(m) if !(m.is_file() || m.is_dir() || m.is_symlink()) => {
+                    // Opening a fifo would block the copy forever; sockets and devices have
+                    // no content to copy.
+                    tracing::warn!(path = %path, "skipped: not a file, directory or symlink (fifo, socket or device node)");
+                    continue;
+                }
                 Ok(m) => return Ok(Some((name, m))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // gone meanwhile
                 Err(e) => return Err(e).with_context(|| format!("stat {path}")),

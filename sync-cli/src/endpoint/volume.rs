@@ -28,7 +28,8 @@ fn entry(key: String, a: &Attr, target: Option<String>) -> Entry {
     let kind = match a.kind {
         FileKind::Dir => Kind::Dir,
         FileKind::Symlink => Kind::Symlink,
-        FileKind::File => Kind::File,
+        // Special nodes are left out of listings (`children`); a stat of one reads as empty.
+        _ => Kind::File,
     };
     Entry {
         key,
@@ -127,6 +128,10 @@ impl VolumeEndpoint {
             let name = String::from_utf8(e.name)
                 .map_err(|_| anyhow!("a name under {prefix:?} is not UTF-8"))?;
             let a = self.fs.getattr(e.ino).await?;
+            if a.kind.is_special() {
+                tracing::warn!(path = %format!("{prefix}{name}"), kind = ?a.kind, "skipped: not a file, directory or symlink");
+                continue;
+            }
             let key = if a.kind == FileKind::Dir {
                 format!("{prefix}{name}/")
             } else {

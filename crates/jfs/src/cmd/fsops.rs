@@ -10,6 +10,10 @@ fn mode_string(a: &Attr) -> String {
         FileKind::Dir => 'd',
         FileKind::Symlink => 'l',
         FileKind::File => '-',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDev => 'c',
+        FileKind::BlockDev => 'b',
     };
     let mut s = String::from(k);
     for shift in [6, 3, 0] {

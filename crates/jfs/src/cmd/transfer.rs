@@ -326,6 +326,9 @@ fn plan_get<'a>(
                     .with_context(|| format!("creating symlink {}", local.display()))?;
             }
             FileKind::File => jobs.push(GetJob { ino, local, attr }),
+            kind => {
+                tracing::warn!(path = %local.display(), ?kind, "skipped: not a file, directory or symlink");
+            }
         }
         Ok(())
     })

@@ -1,0 +1,170 @@
+//! Client sessions: every mount registers one in the volume's aux records (beside the
+//! metadata, never journaled or replicated) and refreshes its heartbeat while it runs; a clean
+//! unmount removes it. A session is *dead* when its heartbeat is older than the timeout, or at
+//! once when it ran on this host and its process is gone (same pid and start time).
+//!
+//! Sessions are what keeps the inodes a mount unlinked while open (`O<ino>` names the session):
+//! `gc` and every read-write mount at start free the kept inodes of dead sessions and drop
+//! their records. Barriers of later features (storage generations, promotions) wait for every
+//! live session to acknowledge: `acks` holds what each acknowledged.
+
+use crate::engine::Engine;
+use crate::error::{corrupt, Result};
+use crate::types::now_ns;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub const PREFIX: &str = "session.";
+/// How often a mount refreshes its session.
+pub const HEARTBEAT: Duration = Duration::from_secs(12);
+/// A session whose heartbeat is older than this is dead (`jfs gc --session-timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// Random, unique: `[0-9a-f]{16}`.
+    pub id: String,
+    pub host: String,
+    pub pid: u32,
+    /// The process's start time (clock ticks since boot, from /proc), so that a reused pid is
+    /// not taken for the mount that died.
+    #[serde(default)]
+    pub pid_start: u64,
+    pub mountpoint: String,
+    /// Version of the mounting binary.
+    pub version: String,
+    pub read_only: bool,
+    pub start_ns: i64,
+    pub beat_ns: i64,
+    /// What the session acknowledged (e.g. a storage generation), by barrier name.
+    #[serde(default)]
+    pub acks: BTreeMap<String, u64>,
+}
+
+/// This machine's host name (from the kernel).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Start time of process `pid` in clock ticks since boot (field 22 of /proc/PID/stat).
+pub fn process_start(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+impl Session {
+    /// A new session of this process.
+    pub fn new(mountpoint: &str, read_only: bool) -> Session {
+        let now = now_ns();
+        let pid = std::process::id();
+        Session {
+            id: format!("{:016x}", rand::random::<u64>()),
+            host: hostname(),
+            pid,
+            pid_start: process_start(pid).unwrap_or(0),
+            mountpoint: mountpoint.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            read_only,
+            start_ns: now,
+            beat_ns: now,
+            acks: BTreeMap::new(),
+        }
+    }
+
+    fn record(&self) -> String {
+        format!("{PREFIX}{}", self.id)
+    }
+
+    /// Whether this session is alive at `now_ns`, given the heartbeat timeout.
+    pub fn is_live(&self, now_ns: i64, timeout: Duration) -> bool {
+        if self.host == hostname() && self.pid_start != 0 {
+            return process_start(self.pid) == Some(self.pid_start)
+                && now_ns - self.beat_ns < timeout.as_nanos() as i64;
+        }
+        now_ns - self.beat_ns < timeout.as_nanos() as i64
+    }
+}
+
+/// Write (register or refresh) a session, with a fresh heartbeat.
+pub async fn beat(engine: &dyn Engine, s: &mut Session) -> Result<()> {
+    s.beat_ns = now_ns();
+    let v = serde_json::to_vec(s).expect("sessions serialize");
+    engine.aux_put(&s.record(), Some(&v)).await
+}
+
+/// Remove a session's record (clean unmount).
+pub async fn remove(engine: &dyn Engine, id: &str) -> Result<()> {
+    engine.aux_put(&format!("{PREFIX}{id}"), None).await
+}
+
+/// Every session record, live or not, oldest first.
+pub async fn list(engine: &dyn Engine) -> Result<Vec<Session>> {
+    let mut out = Vec::new();
+    for (name, v) in engine.aux_list(PREFIX).await? {
+        let s: Session = serde_json::from_slice(&v)
+            .map_err(|e| corrupt(format!("session record {name} does not decode: {e}")))?;
+        out.push(s);
+    }
+    out.sort_by_key(|s| s.start_ns);
+    Ok(out)
+}
+
+/// What `Fs::reap_sessions` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Reaped {
+    /// Dead sessions whose records were removed.
+    pub sessions: u64,
+    /// Kept inodes of dead sessions that were freed.
+    pub inodes: u64,
+}
+
+impl crate::fs::Fs {
+    /// Free the kept inodes of dead sessions (a kept inode naming no session record at all is
+    /// dead too), then drop the dead sessions' records: inodes first, so a crash in between
+    /// leaves nothing unfreeable.
+    pub async fn reap_sessions(&self, timeout: Duration) -> Result<Reaped> {
+        let now = now_ns();
+        let sessions = list(&**self.engine()).await?;
+        let live: std::collections::HashSet<&str> = sessions
+            .iter()
+            .filter(|s| s.is_live(now, timeout))
+            .map(|s| s.id.as_str())
+            .collect();
+        let mut out = Reaped::default();
+        for (ino, sid) in self.kept_inodes().await? {
+            if !live.contains(sid.as_str()) && self.release_kept(ino).await? {
+                out.inodes += 1;
+            }
+        }
+        for s in sessions.iter().filter(|s| !live.contains(s.id.as_str())) {
+            remove(&**self.engine(), &s.id).await?;
+            out.sessions += 1;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_process_is_live_and_a_reused_pid_is_not() {
+        let mut s = Session::new("/mnt/x", false);
+        let now = now_ns();
+        assert!(s.pid_start > 0, "this process's start time is readable");
+        assert!(s.is_live(now, DEFAULT_TIMEOUT));
+        // The same pid with another start time: a pid reused after the mount died.
+        s.pid_start += 1;
+        assert!(!s.is_live(now, DEFAULT_TIMEOUT));
+        // Another host: judged by its heartbeat alone.
+        s.host = "elsewhere".into();
+        assert!(s.is_live(now, DEFAULT_TIMEOUT));
+        assert!(!s.is_live(now + DEFAULT_TIMEOUT.as_nanos() as i64, DEFAULT_TIMEOUT));
+    }
+}
