@@ -8,8 +8,16 @@
 //!   mirror it is (the engines refuse the commits themselves too, see `fs_core::site`).
 //!
 //! The store stack is composed here, in one place, bottom to top: the backend (OpenDAL, with
-//! its retry and timeout layers), then the layers later issues add (local cache, origin
-//! fallback, dual write).
+//! its retry and timeout layers), the metered layer (what reaches the store: counts, bytes,
+//! latency), then the read layer (the local disk cache when one is configured, and one fetch
+//! per block however many readers want it). The origin fallback and the dual write of later
+//! issues go here too.
+
+mod cache;
+mod metrics;
+
+pub use cache::{CacheConfig, CacheUsage, CachedStore, DiskCache, MeteredStore};
+pub use metrics::StoreMetrics;
 
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::{BlockStore, Engine, Fs};
@@ -39,6 +47,16 @@ pub struct Options {
     pub allow_incomplete: bool,
     /// Block transfers in flight per read or write call (0: fs-core's default).
     pub io_parallel: usize,
+    /// A local disk cache of blocks (the mount, `jfs get`).
+    pub cache: Option<CacheConfig>,
+}
+
+/// An opened volume with the handles on its store stack.
+pub struct Volume {
+    pub fs: Fs,
+    /// The top of the stack (the local cache lives here).
+    pub store: Arc<CachedStore>,
+    pub metrics: Arc<StoreMetrics>,
 }
 
 /// Open the metadata engine alone. `create` makes an empty RocksDB database where none exists
@@ -113,14 +131,37 @@ pub async fn open(meta_url: &str, o: &Options) -> Result<Fs> {
 
 /// `open` over an engine the caller already holds.
 pub async fn open_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Fs> {
+    Ok(open_volume_on(engine, o).await?.fs)
+}
+
+/// Open a volume and keep the handles on its store stack (cache, metrics).
+pub async fn open_volume(meta_url: &str, o: &Options) -> Result<Volume> {
+    let engine = open_engine(meta_url, o.access, o.password_file.clone(), false).await?;
+    open_volume_on(engine, o).await
+}
+
+/// `open_volume` over an engine the caller already holds.
+pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volume> {
     check_site(&*engine, o.access, o.allow_incomplete).await?;
     let settings = Fs::load_settings(&*engine).await?;
     let url = o.block_store.as_deref().unwrap_or(&settings.storage);
-    let store = open_store(url, o.endpoint.as_deref())
+    let backend = open_store(url, o.endpoint.as_deref())
         .map_err(|e| e.context(format!("opening the volume's block store {url}")))?;
-    let mut fs = Fs::open(engine, store).await?;
+    let metrics = Arc::new(StoreMetrics::default());
+    let metered: Arc<dyn BlockStore> = Arc::new(MeteredStore::new(backend, metrics.clone()));
+    let cache = match &o.cache {
+        Some(c) if c.capacity > 0 => Some(DiskCache::open(
+            c,
+            &settings.name,
+            &settings.uuid,
+            metrics.clone(),
+        )?),
+        _ => None,
+    };
+    let store = Arc::new(CachedStore::new(metered, cache, metrics.clone()));
+    let mut fs = Fs::open(engine, store.clone()).await?;
     if o.io_parallel > 0 {
         fs.io_parallel = o.io_parallel;
     }
-    Ok(fs)
+    Ok(Volume { fs, store, metrics })
 }

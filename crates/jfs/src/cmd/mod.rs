@@ -214,6 +214,7 @@ pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> 
         endpoint: g.endpoint.clone(),
         block_store: g.storage.clone(),
         allow_incomplete: false,
+        cache: None,
         io_parallel: g.io_parallel.max(1),
     };
     let engine = open_engine(g, meta_url, read_only).await?;

@@ -1,0 +1,706 @@
+//! The local disk cache of blocks, and the store layer that reads through it.
+//!
+//! Blocks are immutable and named by their key, so a cached block never goes stale: it is
+//! valid until evicted. Each block is one file, `<dir>/<volume uuid>/raw/chunks/A/B/ID_I_LEN`
+//! (the block key without the volume name), holding a 16-byte header (magic `JFSC`, version,
+//! length, CRC32C of the data) and the data. A read checks the header against the file and the
+//! key: a torn, truncated or bit-flipped file is removed and the block refetched, never served.
+//! Files are written to a temporary name and renamed, so a crash leaves either nothing or a
+//! whole file (plus temporaries, removed at the next start).
+//!
+//! The index (key, size, recency) lives in memory and is rebuilt by scanning the directory at
+//! start, oldest first by modification time, so the cache survives restarts. Eviction is LRU,
+//! by capacity (`--cache-size`) and by the disk's free space (`--free-space-ratio`): the cache
+//! never fills the disk it lives on. Only block keys of this volume are cached.
+
+use crate::metrics::StoreMetrics;
+use async_trait::async_trait;
+use bytes::Bytes;
+use fs_core::error::{Error, ErrorKind, Result};
+use fs_core::{BlockStore, ObjectMeta};
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
+use lru::LruCache;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::Semaphore;
+
+const MAGIC: &[u8; 4] = b"JFSC";
+const VERSION: u8 = 1;
+const HEADER: usize = 16;
+/// Background fills in flight at most; more are skipped (the block is simply not cached).
+const FILLS_IN_FLIGHT: usize = 32;
+
+/// Where and how big the cache is.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub dir: PathBuf,
+    /// Bytes of blocks kept at most (headers included).
+    pub capacity: u64,
+    /// Keep at least this share of the disk free (0.1 = 10%).
+    pub free_ratio: f64,
+}
+
+struct Index {
+    lru: LruCache<String, u64>,
+    used: u64,
+}
+
+pub struct DiskCache {
+    root: PathBuf,
+    volume: String,
+    capacity: u64,
+    free_ratio: f64,
+    index: Mutex<Index>,
+    metrics: Arc<StoreMetrics>,
+}
+
+/// What the cache holds of some blocks (`jfs warmup --check`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CacheUsage {
+    pub items: u64,
+    pub bytes: u64,
+    pub capacity: u64,
+}
+
+fn encode(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + data.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&[VERSION, 0, 0, 0]);
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// The data of a cache file, if it is whole and is the block `want_len` long.
+fn decode(mut file: Vec<u8>, want_len: u32) -> Option<Bytes> {
+    if file.len() < HEADER || &file[..4] != MAGIC || file[4] != VERSION {
+        return None;
+    }
+    let len = u32::from_le_bytes(file[8..12].try_into().unwrap());
+    let crc = u32::from_le_bytes(file[12..16].try_into().unwrap());
+    if len != want_len || file.len() != HEADER + len as usize {
+        return None;
+    }
+    let data = Bytes::from(file.split_off(HEADER));
+    (crc32c::crc32c(&data) == crc).then_some(data)
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!("cache: {what} {}: {e}", path.display()),
+    )
+}
+
+impl DiskCache {
+    /// Open (create) the cache of volume `volume` (`uuid`) under `cfg.dir` and rebuild its
+    /// index from the files there.
+    pub fn open(
+        cfg: &CacheConfig,
+        volume: &str,
+        uuid: &str,
+        metrics: Arc<StoreMetrics>,
+    ) -> Result<Arc<DiskCache>> {
+        if !(0.0..1.0).contains(&cfg.free_ratio) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "--free-space-ratio {} must be in 0..1 (e.g. 0.1 keeps 10% of the disk free)",
+                    cfg.free_ratio
+                ),
+            ));
+        }
+        let root = cfg.dir.join(uuid).join("raw");
+        std::fs::create_dir_all(&root).map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                format!(
+                    "cache directory {}: {e}; choose another with --cache-dir",
+                    cfg.dir.display()
+                ),
+            )
+        })?;
+        let c = DiskCache {
+            root,
+            volume: volume.to_string(),
+            capacity: cfg.capacity,
+            free_ratio: cfg.free_ratio,
+            index: Mutex::new(Index {
+                lru: LruCache::unbounded(),
+                used: 0,
+            }),
+            metrics,
+        };
+        c.metrics.cache_capacity.set(cfg.capacity as i64);
+        let t0 = Instant::now();
+        let (found, removed) = c.rebuild()?;
+        c.make_room(0);
+        tracing::info!(
+            dir = %c.root.display(),
+            blocks = found,
+            bytes = c.usage().bytes,
+            removed_partial = removed,
+            ms = t0.elapsed().as_millis() as u64,
+            "local block cache ready"
+        );
+        Ok(Arc::new(c))
+    }
+
+    fn rel_path(&self, key: &str) -> Option<(PathBuf, u32)> {
+        let (_, _, len) = fs_core::keys::parse_block_key(&self.volume, key)?;
+        let rel = key.strip_prefix(&self.volume)?.strip_prefix('/')?;
+        Some((self.root.join(rel), len))
+    }
+
+    /// Whether `key` is a block this cache would hold.
+    pub fn cacheable(&self, key: &str) -> bool {
+        self.rel_path(key).is_some()
+    }
+
+    /// Scan the directory: whole files enter the index (oldest first), temporaries and files
+    /// that cannot be blocks are removed.
+    fn rebuild(&self) -> Result<(u64, u64)> {
+        let mut files: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
+        let mut removed = 0u64;
+        let chunks = self.root.join("chunks");
+        let mut stack = vec![(chunks.clone(), 0usize)];
+        while let Some((dir, depth)) = stack.pop() {
+            let rd = match std::fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("listing", &dir, e)),
+            };
+            for e in rd {
+                let e = e.map_err(|e| io_err("listing", &dir, e))?;
+                let path = e.path();
+                let ft = e.file_type().map_err(|e| io_err("stat", &path, e))?;
+                if ft.is_dir() && depth < 2 {
+                    stack.push((path, depth + 1));
+                    continue;
+                }
+                let key = path
+                    .strip_prefix(&self.root)
+                    .ok()
+                    .and_then(|r| r.to_str())
+                    .map(|r| format!("{}/{r}", self.volume));
+                let meta = e.metadata().map_err(|e| io_err("stat", &path, e))?;
+                match key.as_deref().and_then(|k| self.rel_path(k)) {
+                    Some((_, len)) if ft.is_file() && meta.len() == HEADER as u64 + len as u64 => {
+                        files.push((
+                            meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+                            key.unwrap(),
+                            meta.len(),
+                        ));
+                    }
+                    _ => {
+                        // A temporary left by a crash, a torn file, or something foreign.
+                        let _ = if ft.is_dir() {
+                            std::fs::remove_dir_all(&path)
+                        } else {
+                            std::fs::remove_file(&path)
+                        };
+                        removed += 1;
+                    }
+                }
+            }
+        }
+        files.sort();
+        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, key, size) in &files {
+            ix.lru.put(key.clone(), *size);
+            ix.used += size;
+        }
+        self.publish(&ix);
+        Ok((files.len() as u64, removed))
+    }
+
+    fn publish(&self, ix: &Index) {
+        self.metrics.cache_bytes.set(ix.used as i64);
+        self.metrics.cache_items.set(ix.lru.len() as i64);
+    }
+
+    pub fn usage(&self) -> CacheUsage {
+        let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        CacheUsage {
+            items: ix.lru.len() as u64,
+            bytes: ix.used,
+            capacity: self.capacity,
+        }
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .lru
+            .contains(key)
+    }
+
+    fn forget(&self, key: &str) {
+        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(size) = ix.lru.pop(key) {
+            ix.used -= size;
+        }
+        self.publish(&ix);
+    }
+
+    /// The block, if the cache holds it whole. A damaged file is removed (and counted).
+    pub async fn lookup(&self, key: &str) -> Option<Bytes> {
+        let (path, len) = self.rel_path(key)?;
+        if !self.contains(key) {
+            return None;
+        }
+        let p = path.clone();
+        let read = tokio::task::spawn_blocking(move || std::fs::read(&p)).await;
+        match read {
+            Ok(Ok(file)) => match decode(file, len) {
+                Some(b) => {
+                    // Promote: recently read blocks are evicted last.
+                    self.index
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .lru
+                        .get(key);
+                    Some(b)
+                }
+                None => {
+                    tracing::warn!(key, path = %path.display(), "cache file is damaged (torn or corrupted): removed, the block is fetched from the store");
+                    self.metrics.cache_damaged.inc();
+                    let _ = std::fs::remove_file(&path);
+                    self.forget(key);
+                    None
+                }
+            },
+            Ok(Err(e)) => {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(key, error = %e, "reading the cache failed; fetching from the store");
+                }
+                self.forget(key);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Store a block. `durable`: synced to disk before this returns (warm-up). Returns false
+    /// when the block was not cached (too big for the cache, or the disk is at its floor).
+    pub async fn insert(self: &Arc<Self>, key: &str, data: Bytes, durable: bool) -> Result<bool> {
+        let Some((path, len)) = self.rel_path(key) else {
+            return Ok(false);
+        };
+        if data.len() != len as usize {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("block {key} has {} bytes, its key says {len}", data.len()),
+            ));
+        }
+        if self.contains(key) && !durable {
+            return Ok(true);
+        }
+        let me = self.clone();
+        let key = key.to_string();
+        tokio::task::spawn_blocking(move || me.insert_blocking(&key, &path, &data, durable))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Backend, format!("cache writer: {e}")))?
+    }
+
+    fn insert_blocking(&self, key: &str, path: &Path, data: &[u8], durable: bool) -> Result<bool> {
+        let size = (HEADER + data.len()) as u64;
+        if size > self.capacity || !self.make_room(size) {
+            self.metrics.cache_skipped.inc();
+            return Ok(false);
+        }
+        let dir = path.parent().expect("cache paths have a parent");
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(dir)?;
+            let tmp = dir.join(format!(
+                ".{}.tmp.{:08x}",
+                path.file_name().unwrap().to_string_lossy(),
+                rand::random::<u32>()
+            ));
+            let res = (|| {
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&encode(data))?;
+                if durable {
+                    f.sync_all()?;
+                }
+                std::fs::rename(&tmp, path)?;
+                if durable {
+                    std::fs::File::open(dir)?.sync_all()?;
+                }
+                Ok(())
+            })();
+            if res.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            res
+        };
+        if let Err(e) = write() {
+            self.metrics.cache_write_errors.inc();
+            return Err(io_err("writing", path, e));
+        }
+        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = ix.lru.put(key.to_string(), size) {
+            ix.used -= old;
+        }
+        ix.used += size;
+        self.publish(&ix);
+        Ok(true)
+    }
+
+    /// Share of the disk free now (1.0 when it cannot be told).
+    fn free_share(&self) -> f64 {
+        match rustix::fs::statvfs(&self.root) {
+            Ok(s) if s.f_blocks > 0 => s.f_bavail as f64 / s.f_blocks as f64,
+            _ => 1.0,
+        }
+    }
+
+    /// Evict least recently used blocks until `incoming` more bytes fit under the capacity
+    /// and the disk keeps its free share. False when the disk is at its floor with nothing
+    /// left to evict.
+    fn make_room(&self, incoming: u64) -> bool {
+        loop {
+            let victim = {
+                let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+                let over = ix.used + incoming > self.capacity;
+                if !over && self.free_share() >= self.free_ratio {
+                    return true;
+                }
+                match ix.lru.pop_lru() {
+                    Some((k, size)) => {
+                        ix.used -= size;
+                        self.publish(&ix);
+                        k
+                    }
+                    None => return !over && self.free_share() >= self.free_ratio,
+                }
+            };
+            if let Some((path, _)) = self.rel_path(&victim) {
+                let _ = std::fs::remove_file(path);
+            }
+            self.metrics.cache_evictions.inc();
+        }
+    }
+
+    /// Drop a block from the cache (`jfs warmup --evict`). True if it was there.
+    pub fn remove(&self, key: &str) -> bool {
+        let Some((path, _)) = self.rel_path(key) else {
+            return false;
+        };
+        let was = self.contains(key);
+        let _ = std::fs::remove_file(path);
+        self.forget(key);
+        was
+    }
+}
+
+type Flight = Shared<BoxFuture<'static, Result<Bytes>>>;
+
+/// The read side of the stack: the local cache first, then one fetch per block however many
+/// readers want it at once (singleflight), filling the cache in the background.
+pub struct CachedStore {
+    inner: Arc<dyn BlockStore>,
+    cache: Option<Arc<DiskCache>>,
+    metrics: Arc<StoreMetrics>,
+    flights: Arc<Mutex<HashMap<String, Flight>>>,
+    fills: Arc<Semaphore>,
+}
+
+impl CachedStore {
+    pub fn new(
+        inner: Arc<dyn BlockStore>,
+        cache: Option<Arc<DiskCache>>,
+        metrics: Arc<StoreMetrics>,
+    ) -> CachedStore {
+        CachedStore {
+            inner,
+            cache,
+            metrics,
+            flights: Default::default(),
+            fills: Arc::new(Semaphore::new(FILLS_IN_FLIGHT)),
+        }
+    }
+
+    fn flight(&self, key: &str, fill: bool) -> Flight {
+        let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = m.get(key) {
+            return f.clone();
+        }
+        let inner = self.inner.clone();
+        let flights = self.flights.clone();
+        let cache = self.cache.clone().filter(|_| fill);
+        let fills = self.fills.clone();
+        let metrics = self.metrics.clone();
+        let k = key.to_string();
+        let f = async move {
+            let r = inner.get(&k).await;
+            flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+            if let (Ok(b), Some(c)) = (&r, cache) {
+                match fills.try_acquire_owned() {
+                    Ok(permit) => {
+                        let b = b.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = c.insert(&k, b, false).await {
+                                tracing::warn!(error = %e, "caching a block failed; reads go to the store");
+                            }
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => {
+                        metrics.cache_skipped.inc();
+                    }
+                }
+            }
+            r
+        }
+        .boxed()
+        .shared();
+        m.insert(key.to_string(), f.clone());
+        f
+    }
+
+    /// Make sure block `key` is durably in the local cache. Ok(true): fetched now;
+    /// Ok(false): it was there. An error when there is no cache or the block does not fit.
+    pub async fn warm(&self, key: &str) -> Result<bool> {
+        let Some(c) = &self.cache else {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "this mount has no local cache (mount it with --cache-size above 0)",
+            ));
+        };
+        if c.contains(key) {
+            return Ok(false);
+        }
+        let b = self.flight(key, false).await?;
+        if !c.insert(key, b, true).await? {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "the local cache is full ({} bytes, or its disk is at the free-space floor): block {key} not cached",
+                    c.capacity
+                ),
+            ));
+        }
+        Ok(true)
+    }
+
+    pub fn cache(&self) -> Option<&Arc<DiskCache>> {
+        self.cache.as_ref()
+    }
+}
+
+#[async_trait]
+impl BlockStore for CachedStore {
+    fn display_url(&self) -> String {
+        self.inner.display_url()
+    }
+    async fn check(&self) -> Result<()> {
+        self.inner.check().await
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<()> {
+        self.inner.put(key, data).await
+    }
+    async fn get(&self, key: &str) -> Result<Bytes> {
+        let Some(c) = self.cache.as_ref().filter(|c| c.cacheable(key)) else {
+            return self.inner.get(key).await;
+        };
+        if let Some(b) = c.lookup(key).await {
+            self.metrics.cache_hits.inc();
+            self.metrics.cache_hit_bytes.inc_by(b.len() as u64);
+            return Ok(b);
+        }
+        let b = self.flight(key, true).await?;
+        self.metrics.cache_misses.inc();
+        self.metrics.cache_miss_bytes.inc_by(b.len() as u64);
+        Ok(b)
+    }
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        self.inner.head(key).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        if let Some(c) = &self.cache {
+            c.remove(key);
+        }
+        self.inner.delete(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()> {
+        self.inner.list(prefix, f).await
+    }
+}
+
+/// The bottom of the stack's accounting: every call that reaches the object store.
+pub struct MeteredStore {
+    inner: Arc<dyn BlockStore>,
+    metrics: Arc<StoreMetrics>,
+}
+
+impl MeteredStore {
+    pub fn new(inner: Arc<dyn BlockStore>, metrics: Arc<StoreMetrics>) -> MeteredStore {
+        MeteredStore { inner, metrics }
+    }
+}
+
+#[async_trait]
+impl BlockStore for MeteredStore {
+    fn display_url(&self) -> String {
+        self.inner.display_url()
+    }
+    async fn check(&self) -> Result<()> {
+        self.inner.check().await
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<()> {
+        let n = data.len() as u64;
+        let t0 = Instant::now();
+        let r = self.inner.put(key, data).await;
+        self.metrics.put_seconds.observe(t0.elapsed().as_secs_f64());
+        match &r {
+            Ok(()) => {
+                self.metrics.puts.inc();
+                self.metrics.put_bytes.inc_by(n);
+            }
+            Err(_) => {
+                self.metrics.put_errors.inc();
+            }
+        }
+        r
+    }
+    async fn get(&self, key: &str) -> Result<Bytes> {
+        let t0 = Instant::now();
+        let r = self.inner.get(key).await;
+        self.metrics.get_seconds.observe(t0.elapsed().as_secs_f64());
+        match &r {
+            Ok(b) => {
+                self.metrics.gets.inc();
+                self.metrics.get_bytes.inc_by(b.len() as u64);
+            }
+            Err(_) => {
+                self.metrics.get_errors.inc();
+            }
+        }
+        r
+    }
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        self.inner.head(key).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.inner.delete(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()> {
+        self.inner.list(prefix, f).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: u64, len: u32) -> String {
+        fs_core::keys::block_key("vol", id, 0, len)
+    }
+
+    fn open(dir: &Path, capacity: u64) -> Arc<DiskCache> {
+        DiskCache::open(
+            &CacheConfig {
+                dir: dir.to_path_buf(),
+                capacity,
+                free_ratio: 0.0,
+            },
+            "vol",
+            "uuid1",
+            Arc::new(StoreMetrics::default()),
+        )
+        .unwrap()
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn blocks_survive_a_restart_and_damage_is_never_served() {
+        let d = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let c = open(d.path(), 1 << 20);
+            for id in 1..=3u64 {
+                assert!(c
+                    .insert(&key(id, 1000), Bytes::from(vec![id as u8; 1000]), id == 1)
+                    .await
+                    .unwrap());
+            }
+            assert!(!c.cacheable("vol/other"), "only block keys are cached");
+            assert!(!c.insert("vol/other", Bytes::new(), false).await.unwrap());
+            drop(c);
+            let c = open(d.path(), 1 << 20);
+            assert_eq!(c.usage().items, 3);
+            assert_eq!(c.lookup(&key(2, 1000)).await.unwrap(), vec![2u8; 1000]);
+            // A bit flip, a truncation, a foreign temporary.
+            let paths: Vec<PathBuf> = (0..=3u64)
+                .map(|id| c.rel_path(&key(id, 1000)).unwrap().0)
+                .collect();
+            let p = |id: usize| paths[id].clone();
+            let mut b = std::fs::read(p(1)).unwrap();
+            b[HEADER + 500] ^= 0x10;
+            std::fs::write(p(1), &b).unwrap();
+            let b = std::fs::read(p(3)).unwrap();
+            std::fs::write(p(3), &b[..b.len() - 1]).unwrap();
+            assert!(c.lookup(&key(1, 1000)).await.is_none(), "bit flip caught");
+            assert!(c.lookup(&key(3, 1000)).await.is_none(), "truncation caught");
+            assert!(!p(1).exists() && !p(3).exists(), "damaged files removed");
+            assert_eq!(c.metrics.cache_damaged.get(), 2);
+            assert_eq!(c.usage().items, 1);
+            std::fs::write(p(2).with_file_name(".x.tmp.1234"), b"torn").unwrap();
+            drop(c);
+            let c = open(d.path(), 1 << 20);
+            assert_eq!(c.usage().items, 1);
+            assert!(!p(2).with_file_name(".x.tmp.1234").exists());
+        });
+    }
+
+    #[test]
+    fn the_least_recently_used_go_first_and_the_size_holds() {
+        let d = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let per = (HEADER + 1000) as u64;
+            let c = open(d.path(), 3 * per);
+            for id in 1..=3u64 {
+                c.insert(&key(id, 1000), Bytes::from(vec![0; 1000]), false)
+                    .await
+                    .unwrap();
+            }
+            c.lookup(&key(1, 1000)).await.unwrap(); // 1 is now the most recent
+            c.insert(&key(4, 1000), Bytes::from(vec![0; 1000]), false)
+                .await
+                .unwrap();
+            assert!(c.contains(&key(1, 1000)) && !c.contains(&key(2, 1000)));
+            assert_eq!(c.usage().bytes, 3 * per);
+            assert_eq!(c.metrics.cache_evictions.get(), 1);
+            // Too big for the whole cache: not cached.
+            assert!(!c
+                .insert(&key(5, 4000), Bytes::from(vec![0; 4000]), false)
+                .await
+                .unwrap());
+            // A smaller capacity at the next start evicts down to it.
+            drop(c);
+            let c = open(d.path(), per);
+            assert_eq!(c.usage().items, 1);
+        });
+    }
+}
