@@ -352,7 +352,7 @@ pub struct GcOptions {
     pub session_timeout: std::time::Duration,
 }
 
-#[derive(Serialize, Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcReport {
     pub pending: u64,
     pub pending_due: u64,

@@ -58,6 +58,59 @@ pub struct Global {
     pub io_parallel: usize,
 }
 
+#[derive(Args, Debug, Clone)]
+pub struct MountArgs {
+    pub meta_url: String,
+    pub mountpoint: PathBuf,
+    /// Return once the mount answers; the mount process goes on in the background.
+    #[arg(short = 'd', long)]
+    pub background: bool,
+    /// Log file of a background mount (default: beside its control socket).
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+    /// Mount read-only (writes fail with EROFS); required at a mirror site.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Directory of the local block cache (default: /var/cache/jfs as root, else
+    /// ~/.cache/jfs).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Size of the local block cache (0: no cache).
+    #[arg(long, default_value = "100G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Keep at least this share of the cache disk free.
+    #[arg(long, default_value_t = 0.1)]
+    pub free_space_ratio: f64,
+    /// Memory for write buffers and read-ahead.
+    #[arg(long, default_value = "300M", value_parser = parse_size)]
+    pub buffer_size: u64,
+    /// The largest read-ahead window of one file (grows from one block on sequential reads).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub max_readahead: u64,
+    /// How long the kernel caches file attributes.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub attr_cache: std::time::Duration,
+    /// How long the kernel caches file entries (names).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub entry_cache: std::time::Duration,
+    /// How long the kernel caches directory entries.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub dir_entry_cache: std::time::Duration,
+    /// How long an open trusts the previous open's attributes (0s: ask the metadata at
+    /// every open).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub open_cache: std::time::Duration,
+    /// Serve Prometheus metrics at ADDR/metrics (e.g. 127.0.0.1:9567; off by default).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Let other users use the mount (root always may).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// FUSE request loops.
+    #[arg(long, default_value_t = 4)]
+    pub fuse_threads: usize,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Human,
@@ -182,6 +235,10 @@ pub enum Command {
         meta_url: String,
         #[arg(long)]
         delete: bool,
+        /// Mount sessions silent this long are dead: with --delete, the files they kept open
+        /// after unlinking are freed.
+        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+        session_timeout: std::time::Duration,
         #[arg(long)]
         json: bool,
     },
@@ -195,6 +252,49 @@ pub enum Command {
         #[arg(long, short = 'f')]
         follow: bool,
         /// One JSON object per line: seq, time, op, args, writes.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mount the volume at MOUNTPOINT (FUSE). Foreground unless -d; SIGTERM or `jfs umount`
+    /// commits every open file's buffer and unmounts.
+    Mount(Box<MountArgs>),
+    /// Unmount a `jfs mount` (waits for its process to commit and exit).
+    Umount {
+        mountpoint: PathBuf,
+        /// Detach even while files are open (lazy unmount); also clears a stale mount.
+        #[arg(long, short = 'f')]
+        force: bool,
+    },
+    /// Preload the blocks of files or trees into the local cache of the mount they live in.
+    Warmup {
+        /// Files or directories inside a `jfs mount`.
+        paths: Vec<PathBuf>,
+        /// Read more paths from this file, one per line.
+        #[arg(long, short = 'f', value_name = "LIST")]
+        file: Option<PathBuf>,
+        /// Blocks fetched at once.
+        #[arg(long, default_value_t = 50)]
+        threads: usize,
+        /// Only report how much of the data is cached.
+        #[arg(long, conflicts_with = "evict")]
+        check: bool,
+        /// Drop the data from the local cache.
+        #[arg(long)]
+        evict: bool,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Live statistics of a mount (operations, throughput, cache, store), like `juicefs stats`.
+    Stats {
+        mountpoint: PathBuf,
+        /// Seconds between lines.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+        /// Stop after this many lines (0: until interrupted).
+        #[arg(long, default_value_t = 0)]
+        count: u64,
+        /// Print every metric as one JSON object per interval.
         #[arg(long)]
         json: bool,
     },

@@ -110,12 +110,17 @@ pub async fn fsck(fs: &Fs, json: bool) -> Result<Outcome> {
     })
 }
 
-pub async fn gc(fs: &Fs, delete: bool, json: bool) -> Result<Outcome> {
+pub async fn gc(fs: &Fs, delete: bool, session_timeout: Duration, json: bool) -> Result<Outcome> {
     let opts = GcOptions {
         delete,
+        session_timeout,
         ..maint::gc_defaults()
     };
     let r = fs.gc(&opts).await.context("gc")?;
+    print_gc(&r, delete, json)
+}
+
+pub fn print_gc(r: &maint::GcReport, delete: bool, json: bool) -> Result<Outcome> {
     if json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -123,6 +128,10 @@ pub async fn gc(fs: &Fs, delete: bool, json: bool) -> Result<Outcome> {
             "pending deletes: {} ({} due, {} held for mirrors, {} purged)\nobjects: {} listed, {} leaked ({} bytes, {} deleted), {} too young, {} not block keys\njournal entries trimmed: {}",
             r.pending, r.pending_due, r.pending_held_for_mirrors, r.pending_purged, r.objects, r.leaked, r.leaked_bytes,
             r.leaked_deleted, r.leaked_young, r.foreign, r.journal_trimmed
+        );
+        println!(
+            "sessions: {} live, {} dead ({} removed); kept open after unlink: {} ({} of dead sessions, {} freed)",
+            r.sessions_live, r.sessions_dead, r.sessions_removed, r.kept, r.kept_dead, r.kept_released
         );
         if !delete && (r.pending_due > 0 || r.leaked > 0) {
             println!("(dry run: run with --delete to remove them)");
@@ -239,5 +248,30 @@ pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
         "pending     {} freed slices awaiting gc (trash {}s)",
         s.pending_deletes, s.settings.trash_secs
     );
+    let live = s.sessions.iter().filter(|x| x.live).count();
+    println!(
+        "sessions    {live} live, {} dead; {} inodes kept open after unlink",
+        s.sessions.len() - live,
+        s.kept_inodes
+    );
+    for x in &s.sessions {
+        let m = &x.session;
+        println!(
+            "  {} {} {}:{} pid {} {} since {} last beat {}{}",
+            m.id,
+            if x.live { "live" } else { "DEAD" },
+            m.host,
+            m.mountpoint,
+            m.pid,
+            if m.read_only { "ro" } else { "rw" },
+            time_str(m.start_ns),
+            time_str(m.beat_ns),
+            if m.version.is_empty() {
+                String::new()
+            } else {
+                format!(" (jfs {})", m.version)
+            }
+        );
+    }
     Ok(Outcome::Done)
 }

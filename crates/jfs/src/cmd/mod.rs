@@ -2,6 +2,7 @@
 
 mod admin;
 mod fsops;
+mod mount;
 mod transfer;
 
 use crate::cli::{Cli, Command, Global};
@@ -77,16 +78,10 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             local,
             volpath,
             threads,
-        } => {
-            transfer::put(
-                &open_fs(g, &meta_url, false).await?,
-                &local,
-                &volpath,
-                threads,
-                g.quiet,
-            )
-            .await
-        }
+        } => match mount::writer_or_mount(g, &meta_url).await? {
+            Ok(fs) => transfer::put(&fs, &local, &volpath, threads, g.quiet).await,
+            Err(mp) => mount::through::put(&mp, &local, &volpath),
+        },
         Command::Get {
             meta_url,
             volpath,
@@ -118,37 +113,44 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             meta_url,
             path,
             parents,
-        } => fsops::mkdir(&open_fs(g, &meta_url, false).await?, &path, parents).await,
+        } => match mount::writer_or_mount(g, &meta_url).await? {
+            Ok(fs) => fsops::mkdir(&fs, &path, parents).await,
+            Err(mp) => mount::through::mkdir(&mp, &path, parents),
+        },
         Command::Rm {
             meta_url,
             path,
             recursive,
-        } => fsops::rm(&open_fs(g, &meta_url, false).await?, &path, recursive).await,
+        } => match mount::writer_or_mount(g, &meta_url).await? {
+            Ok(fs) => fsops::rm(&fs, &path, recursive).await,
+            Err(mp) => mount::through::rm(&mp, &path, recursive),
+        },
         Command::Mv {
             meta_url,
             src,
             dst,
             no_clobber,
-        } => fsops::mv(&open_fs(g, &meta_url, false).await?, &src, &dst, no_clobber).await,
+        } => match mount::writer_or_mount(g, &meta_url).await? {
+            Ok(fs) => fsops::mv(&fs, &src, &dst, no_clobber).await,
+            Err(mp) => mount::through::mv(&mp, &src, &dst, no_clobber),
+        },
         Command::Ln {
             meta_url,
             target,
             link,
             symbolic,
-        } => {
-            fsops::ln(
-                &open_fs(g, &meta_url, false).await?,
-                &target,
-                &link,
-                symbolic,
-            )
-            .await
-        }
+        } => match mount::writer_or_mount(g, &meta_url).await? {
+            Ok(fs) => fsops::ln(&fs, &target, &link, symbolic).await,
+            Err(mp) => mount::through::ln(&mp, &target, &link, symbolic),
+        },
         Command::Truncate {
             meta_url,
             path,
             size,
-        } => fsops::truncate(&open_fs(g, &meta_url, false).await?, &path, size).await,
+        } => match mount::writer_or_mount(g, &meta_url).await? {
+            Ok(fs) => fsops::truncate(&fs, &path, size).await,
+            Err(mp) => mount::through::truncate(&mp, &path, size),
+        },
         Command::Dump { meta_url, file } => {
             admin::dump(&*open_engine(g, &meta_url, true).await?, file.as_deref()).await
         }
@@ -161,8 +163,25 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
         Command::Gc {
             meta_url,
             delete,
+            session_timeout,
             json,
-        } => admin::gc(&open_fs(g, &meta_url, !delete).await?, delete, json).await,
+        } => mount::gc(g, &meta_url, delete, session_timeout, json).await,
+        Command::Mount(m) => mount::mount(g, *m).await,
+        Command::Umount { mountpoint, force } => mount::umount(&mountpoint, force).await,
+        Command::Warmup {
+            paths,
+            file,
+            threads,
+            check,
+            evict,
+            json,
+        } => mount::warmup(g, paths, file, threads, check, evict, json).await,
+        Command::Stats {
+            mountpoint,
+            interval,
+            count,
+            json,
+        } => mount::stats(&mountpoint, interval, count, json).await,
         Command::Journal {
             meta_url,
             from,

@@ -1,0 +1,621 @@
+//! `jfs mount`, `umount`, `warmup`, `stats`, and the way write commands reach a RocksDB volume
+//! that a mount holds open (RocksDB admits one writing process): through that mount.
+
+use super::{open_engine, open_fs, Outcome};
+use crate::cli::{Global, MountArgs};
+use anyhow::{anyhow, bail, Context, Result};
+use mount::control::{self, Request, WarmAction, WarmProgress};
+use mount::mounts;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn default_cache_dir() -> PathBuf {
+    if rustix_is_root() {
+        PathBuf::from("/var/cache/jfs")
+    } else {
+        std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".cache/jfs"))
+            .unwrap_or_else(|| PathBuf::from("/tmp/jfs-cache"))
+    }
+}
+
+fn rustix_is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+/// Set in the environment of the process a background mount starts.
+const CHILD: &str = "JFS_MOUNT_CHILD";
+
+pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
+    if !(0.0..1.0).contains(&m.free_space_ratio) {
+        bail!(
+            "--free-space-ratio {} is out of range: give a share from 0 to 0.99",
+            m.free_space_ratio
+        );
+    }
+    if m.buffer_size < (32 << 20) {
+        bail!("--buffer-size must be at least 32M (it holds write buffers and read-ahead)");
+    }
+    if m.background && std::env::var_os(CHILD).is_none() {
+        return background(&m).await;
+    }
+    // Checked before opening anything, so a mistake costs nothing.
+    let mp = mount::prepare_mountpoint(&m.mountpoint)?;
+    let cache = (m.cache_size > 0).then(|| volume::CacheConfig {
+        dir: m.cache_dir.clone().unwrap_or_else(default_cache_dir),
+        capacity: m.cache_size,
+        free_ratio: m.free_space_ratio,
+    });
+    let opts = volume::Options {
+        access: if m.read_only {
+            volume::Access::Read
+        } else {
+            volume::Access::Write
+        },
+        password_file: g.meta_password_file.clone(),
+        endpoint: g.endpoint.clone(),
+        block_store: g.storage.clone(),
+        allow_incomplete: false,
+        io_parallel: g.io_parallel.max(1),
+        cache,
+    };
+    let vol = volume::open_volume(&m.meta_url, &opts)
+        .await
+        .with_context(|| format!("opening volume {}", meta::redact(&m.meta_url)))?;
+    let o = mount::MountOptions {
+        mountpoint: mp.clone(),
+        read_only: m.read_only,
+        buffer_size: m.buffer_size,
+        max_readahead: m.max_readahead,
+        attr_cache: m.attr_cache,
+        entry_cache: m.entry_cache,
+        dir_entry_cache: m.dir_entry_cache,
+        open_cache: m.open_cache,
+        metrics: m.metrics,
+        allow_other: m.allow_other,
+        threads: m.fuse_threads,
+    };
+    mount::run(vol, o, || {
+        eprintln!(
+            "jfs: mounted {} at {}",
+            meta::redact(&m.meta_url),
+            mp.display()
+        );
+    })
+    .await?;
+    Ok(Outcome::Done)
+}
+
+/// Start this same command without -d in a new process group, its output to the log file,
+/// and return once the mount answers on its control socket (or report why it did not).
+async fn background(m: &MountArgs) -> Result<Outcome> {
+    let mp = mount::prepare_mountpoint(&m.mountpoint)?;
+    let log = m
+        .log
+        .clone()
+        .unwrap_or_else(|| control::socket_path(&mp).with_extension("log"));
+    if let Some(d) = log.parent() {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("opening the log file {}", log.display()))?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "-d" && a != "--background")
+        .collect();
+    let exe = std::env::current_exe().context("finding the jfs binary")?;
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new(exe)
+        .args(&args)
+        .env(CHILD, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(logf.try_clone()?)
+        .stderr(logf)
+        .process_group(0)
+        .spawn()
+        .context("starting the mount process")?;
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            bail!(
+                "the mount process exited ({st}) before mounting:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        let up = mounts::find(&mp)?.is_some_and(|e| e.is_jfs())
+            && control::call(&mp, &Request::Stats, |_| {}).await.is_ok();
+        if up {
+            eprintln!(
+                "jfs: mounted at {} (pid {}, log {})",
+                mp.display(),
+                child.id(),
+                log.display()
+            );
+            return Ok(Outcome::Done);
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            bail!(
+                "the mount did not answer within 60 s; see {}",
+                log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
+    let stale =
+        matches!(std::fs::metadata(mp), Err(e) if e.raw_os_error() == Some(libc_enotconn()));
+    if stale {
+        mounts::lazy_unmount(mp)?;
+        eprintln!("jfs: cleared a stale mount at {}", mp.display());
+        return Ok(Outcome::Done);
+    }
+    let canon = mp
+        .canonicalize()
+        .with_context(|| format!("{}", mp.display()))?;
+    match mounts::find(&canon)? {
+        Some(e) if e.is_jfs() => {}
+        Some(e) => bail!(
+            "{} is a {} mount, not a jfs mount: refusing to unmount it",
+            canon.display(),
+            e.fstype
+        ),
+        None => bail!("{} is not mounted", canon.display()),
+    }
+    let sock = control::socket_path(&canon);
+    if force {
+        mounts::lazy_unmount(&canon)?;
+    } else {
+        mounts::unmount(&canon).map_err(|e| {
+            anyhow!("{e:#}\n(files open there? close them, or detach with `jfs umount --force`)")
+        })?;
+    }
+    // The mount process commits, removes its session and its socket, and exits.
+    let t0 = Instant::now();
+    while sock.exists() && t0.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("jfs: unmounted {}", canon.display());
+    Ok(Outcome::Done)
+}
+
+fn libc_enotconn() -> i32 {
+    107
+}
+
+/// Group `paths` (absolute, inside jfs mounts) by their mount.
+fn by_mount(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Vec<String>)>> {
+    let mut out: Vec<(PathBuf, Vec<String>)> = Vec::new();
+    for p in paths {
+        let c = p
+            .canonicalize()
+            .with_context(|| format!("{}", p.display()))?;
+        let Some((m, inner)) = mounts::jfs_mount_of(&c)? else {
+            bail!(
+                "{} is not inside a jfs mount (warmup works on the mount that holds the files)",
+                p.display()
+            );
+        };
+        match out.iter_mut().find(|(mp, _)| *mp == m.mountpoint) {
+            Some((_, v)) => v.push(inner),
+            None => out.push((m.mountpoint, vec![inner])),
+        }
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn warmup(
+    g: &Global,
+    mut paths: Vec<PathBuf>,
+    file: Option<PathBuf>,
+    threads: usize,
+    check: bool,
+    evict: bool,
+    json: bool,
+) -> Result<Outcome> {
+    if let Some(f) = file {
+        let s = std::fs::read_to_string(&f).with_context(|| format!("--file {}", f.display()))?;
+        paths.extend(
+            s.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(PathBuf::from),
+        );
+    }
+    if paths.is_empty() {
+        bail!("nothing to warm up: give paths inside a jfs mount, or --file LIST");
+    }
+    let action = if check {
+        WarmAction::Check
+    } else if evict {
+        WarmAction::Evict
+    } else {
+        WarmAction::Warm
+    };
+    let mut partial = false;
+    for (mp, inner) in by_mount(&paths)? {
+        let t0 = Instant::now();
+        let tty = std::io::stderr().is_terminal() && !g.quiet && !json;
+        let bar = tty.then(|| {
+            let b = indicatif::ProgressBar::new(0);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            b.set_message(format!("{:?}", action).to_lowercase());
+            b
+        });
+        let mut last_log = Instant::now();
+        let last = control::call(
+            &mp,
+            &Request::Warmup {
+                paths: inner,
+                threads,
+                action,
+            },
+            |v| {
+                let Some(p) = v.get("progress") else { return };
+                let Ok(p) = serde_json::from_value::<WarmProgress>(p.clone()) else {
+                    return;
+                };
+                if let Some(b) = &bar {
+                    b.set_length(p.bytes);
+                    b.set_position(p.bytes_done);
+                } else if !json && !g.quiet && last_log.elapsed() > Duration::from_secs(5) {
+                    last_log = Instant::now();
+                    eprintln!(
+                        "warmup: {}/{} blocks, {}/{} bytes",
+                        p.blocks_done, p.blocks, p.bytes_done, p.bytes
+                    );
+                }
+            },
+        )
+        .await?;
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        let s: WarmProgress = serde_json::from_value(last["summary"].clone())
+            .context("the mount's warmup summary does not decode")?;
+        let secs = t0.elapsed().as_secs_f64();
+        partial |= s.failed > 0;
+        if json {
+            let mut v = serde_json::to_value(&s)?;
+            v["mountpoint"] = serde_json::json!(mp);
+            v["action"] = serde_json::json!(action);
+            v["seconds"] = serde_json::json!(secs);
+            println!("{v}");
+            continue;
+        }
+        match action {
+            WarmAction::Warm => println!(
+                "warmed {} files, {} blocks ({} bytes) in {:.1} s ({:.1} MiB/s): {} fetched, {} already cached, {} failed",
+                s.files, s.blocks, s.bytes, secs,
+                s.bytes as f64 / secs.max(1e-9) / 1048576.0,
+                s.fetched, s.cached, s.failed
+            ),
+            WarmAction::Check => println!(
+                "{} files, {} blocks ({} bytes): {} blocks cached ({:.1}%)",
+                s.files,
+                s.blocks,
+                s.bytes,
+                s.cached,
+                if s.blocks == 0 { 100.0 } else { s.cached as f64 * 100.0 / s.blocks as f64 }
+            ),
+            WarmAction::Evict => println!(
+                "{} files, {} blocks: {} evicted from the local cache",
+                s.files, s.blocks, s.evicted
+            ),
+        }
+        for e in &s.errors {
+            eprintln!("jfs: warmup: {e}");
+        }
+    }
+    Ok(if partial {
+        Outcome::Partial
+    } else {
+        Outcome::Done
+    })
+}
+
+/// Parse Prometheus text into name{labels} -> value (histogram buckets left out).
+fn parse_metrics(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.contains("_bucket{"))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn sum_of(m: &std::collections::BTreeMap<String, f64>, prefix: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.as_str() == prefix || k.starts_with(&format!("{prefix}{{")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+pub async fn stats(mp: &Path, interval: Duration, count: u64, json: bool) -> Result<Outcome> {
+    let canon = mp
+        .canonicalize()
+        .with_context(|| format!("{}", mp.display()))?;
+    let mut prev: Option<std::collections::BTreeMap<String, f64>> = None;
+    let mut n = 0u64;
+    if !json {
+        println!(
+            "{:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9} {:>10}",
+            "ops/s",
+            "lat ms",
+            "read MB/s",
+            "write MB/s",
+            "hit/s",
+            "miss/s",
+            "store MB/s",
+            "get ms",
+            "buffer MB"
+        );
+    }
+    loop {
+        let v = control::call(&canon, &Request::Stats, |_| {}).await?;
+        let m = parse_metrics(v["metrics"].as_str().unwrap_or(""));
+        if json {
+            println!("{}", serde_json::to_string(&m)?);
+        } else if let Some(p) = &prev {
+            let d = |k: &str| (sum_of(&m, k) - sum_of(p, k)) / interval.as_secs_f64();
+            let ops = d("jfs_fuse_ops_total");
+            let lat = if ops > 0.0 {
+                d("jfs_fuse_op_seconds_sum") / ops * 1000.0
+            } else {
+                0.0
+            };
+            let gets = d("jfs_blockstore_gets_total");
+            let get_ms = if gets > 0.0 {
+                d("jfs_blockstore_get_seconds_sum") / gets * 1000.0
+            } else {
+                0.0
+            };
+            println!(
+                "{:>9.0} {:>9.3} {:>10.1} {:>10.1} {:>8.0} {:>8.0} {:>10.1} {:>9.2} {:>10.1}",
+                ops,
+                lat,
+                d("jfs_fuse_read_bytes_total") / 1e6,
+                d("jfs_fuse_write_bytes_total") / 1e6,
+                d("jfs_cache_hits_total"),
+                d("jfs_cache_misses_total"),
+                d("jfs_blockstore_get_bytes_total") / 1e6,
+                get_ms,
+                sum_of(&m, "jfs_buffer_used_bytes") / 1e6,
+            );
+        }
+        prev = Some(m);
+        n += 1;
+        if count > 0 && n > count {
+            return Ok(Outcome::Done);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// A live read-write `jfs mount` of this RocksDB volume on this host, if any.
+pub async fn live_mount(g: &Global, meta_url: &str) -> Result<Option<PathBuf>> {
+    if !meta_url.starts_with("rocksdb://") {
+        return Ok(None);
+    }
+    let engine = open_engine(g, meta_url, true).await?;
+    let now = fs_core::now_ns();
+    for s in fs_core::session::list(&*engine).await? {
+        if s.read_only
+            || s.host != fs_core::session::hostname()
+            || !s.is_live(now, fs_core::session::DEFAULT_TIMEOUT)
+        {
+            continue;
+        }
+        let mp = PathBuf::from(&s.mountpoint);
+        if mounts::find(&mp)?.is_some_and(|e| e.is_jfs()) {
+            return Ok(Some(mp));
+        }
+    }
+    Ok(None)
+}
+
+/// For a write command: Ok(None) when the volume can be opened for writing here; the mount
+/// point to go through when a live mount of this host holds the RocksDB volume.
+pub async fn writer_or_mount(
+    g: &Global,
+    meta_url: &str,
+) -> Result<std::result::Result<fs_core::Fs, PathBuf>> {
+    match open_fs(g, meta_url, false).await {
+        Ok(fs) => Ok(Ok(fs)),
+        Err(e) => {
+            let busy = e.chain().any(|c| {
+                c.downcast_ref::<fs_core::Error>()
+                    .is_some_and(|x| x.kind() == fs_core::ErrorKind::Busy)
+            });
+            if busy {
+                if let Some(mp) = live_mount(g, meta_url).await? {
+                    tracing::info!(mountpoint = %mp.display(), "the volume is mounted read-write here: going through the mount");
+                    return Ok(Err(mp));
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `path` (a volume path) under mount point `mp`.
+pub fn in_mount(mp: &Path, path: &str) -> PathBuf {
+    mp.join(path.trim_start_matches('/'))
+}
+
+pub async fn gc(
+    g: &Global,
+    meta_url: &str,
+    delete: bool,
+    session_timeout: Duration,
+    json: bool,
+) -> Result<Outcome> {
+    if !delete {
+        return super::admin::gc(
+            &open_fs(g, meta_url, true).await?,
+            false,
+            session_timeout,
+            json,
+        )
+        .await;
+    }
+    match writer_or_mount(g, meta_url).await? {
+        Ok(fs) => super::admin::gc(&fs, true, session_timeout, json).await,
+        Err(mp) => {
+            let v = control::call(
+                &mp,
+                &Request::Gc {
+                    delete: true,
+                    session_timeout_secs: session_timeout.as_secs(),
+                },
+                |_| {},
+            )
+            .await?;
+            let r: fs_core::maint::GcReport = serde_json::from_value(v["report"].clone())
+                .context("the mount's gc report does not decode")?;
+            super::admin::print_gc(&r, true, json)
+        }
+    }
+}
+
+/// The write commands, done with plain file-system calls through a mount.
+pub mod through {
+    use super::in_mount;
+    use crate::cmd::Outcome;
+    use anyhow::{Context, Result};
+    use std::path::Path;
+
+    pub fn mkdir(mp: &Path, path: &str, parents: bool) -> Result<Outcome> {
+        let p = in_mount(mp, path);
+        if parents {
+            std::fs::create_dir_all(&p)
+        } else {
+            std::fs::create_dir(&p)
+        }
+        .with_context(|| format!("mkdir {path} (through the mount at {})", mp.display()))?;
+        Ok(Outcome::Done)
+    }
+
+    pub fn rm(mp: &Path, path: &str, recursive: bool) -> Result<Outcome> {
+        let p = in_mount(mp, path);
+        if p == mp {
+            anyhow::bail!("rm {path}: refusing to remove the volume's root");
+        }
+        let m = std::fs::symlink_metadata(&p).with_context(|| format!("rm {path}"))?;
+        if m.is_dir() {
+            if recursive {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_dir(&p)
+            }
+        } else {
+            std::fs::remove_file(&p)
+        }
+        .with_context(|| format!("rm {path} (through the mount at {})", mp.display()))?;
+        Ok(Outcome::Done)
+    }
+
+    pub fn mv(mp: &Path, src: &str, dst: &str, no_clobber: bool) -> Result<Outcome> {
+        let s = in_mount(mp, src);
+        let mut d = in_mount(mp, dst);
+        if d.is_dir() && !std::fs::symlink_metadata(&d).is_ok_and(|m| m.file_type().is_symlink()) {
+            if let Some(n) = s.file_name() {
+                d = d.join(n);
+            }
+        }
+        let r = if no_clobber {
+            rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                &s,
+                rustix::fs::CWD,
+                &d,
+                rustix::fs::RenameFlags::NOREPLACE,
+            )
+            .map_err(std::io::Error::from)
+        } else {
+            std::fs::rename(&s, &d)
+        };
+        r.with_context(|| format!("mv {src} {dst} (through the mount at {})", mp.display()))?;
+        Ok(Outcome::Done)
+    }
+
+    pub fn ln(mp: &Path, target: &str, link: &str, symbolic: bool) -> Result<Outcome> {
+        let l = in_mount(mp, link);
+        if symbolic {
+            std::os::unix::fs::symlink(target, &l)
+        } else {
+            std::fs::hard_link(in_mount(mp, target), &l)
+        }
+        .with_context(|| format!("ln {target} {link} (through the mount at {})", mp.display()))?;
+        Ok(Outcome::Done)
+    }
+
+    pub fn truncate(mp: &Path, path: &str, size: u64) -> Result<Outcome> {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(in_mount(mp, path))
+            .with_context(|| format!("truncate {path}"))?;
+        f.set_len(size)
+            .with_context(|| format!("truncate {path} (through the mount at {})", mp.display()))?;
+        Ok(Outcome::Done)
+    }
+
+    /// Copy a local file or tree into the mount, keeping modes and mtimes.
+    pub fn put(mp: &Path, local: &Path, volpath: &str) -> Result<Outcome> {
+        let mut dst = in_mount(mp, volpath);
+        if dst.is_dir() {
+            dst = dst.join(
+                local
+                    .file_name()
+                    .with_context(|| format!("{} has no file name", local.display()))?,
+            );
+        }
+        copy_tree(local, &dst)?;
+        Ok(Outcome::Done)
+    }
+
+    fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
+        let m = std::fs::symlink_metadata(src).with_context(|| format!("{}", src.display()))?;
+        if m.is_dir() {
+            match std::fs::create_dir(dst) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e).with_context(|| format!("mkdir {}", dst.display())),
+            }
+            for e in std::fs::read_dir(src)? {
+                let e = e?;
+                copy_tree(&e.path(), &dst.join(e.file_name()))?;
+            }
+            std::fs::set_permissions(dst, m.permissions())?;
+        } else if m.file_type().is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(src)?, dst)
+                .with_context(|| format!("symlink {}", dst.display()))?;
+        } else if m.is_file() {
+            std::fs::copy(src, dst)
+                .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+            let f = std::fs::OpenOptions::new().write(true).open(dst)?;
+            f.set_modified(m.modified()?)?;
+        } else {
+            tracing::warn!(path = %src.display(), "skipping a special file");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,356 @@
+//! The control channel of a mount: a Unix socket (mode 0600, in the run directory, named
+//! after the mount point) through which `jfs warmup`, `jfs stats` and, for a RocksDB volume
+//! that only this process may write, `jfs gc --delete` reach the mount.
+//!
+//! Protocol: the client writes one JSON request line; the server answers with JSON lines,
+//! progress lines first, and a last line holding `done` or `error`.
+
+use crate::metrics::Exporter;
+use crate::vfs::Vfs;
+use fs_core::fs::{Piece, Plan};
+use fs_core::{FileKind, Ino, CHUNK_SIZE};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+/// Where control sockets live: `JFS_RUN_DIR`, else /run/jfs for root, else
+/// `$XDG_RUNTIME_DIR/jfs`, else /tmp/jfs-UID.
+pub fn run_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("JFS_RUN_DIR") {
+        return PathBuf::from(d);
+    }
+    let uid = rustix::process::geteuid().as_raw();
+    if uid == 0 {
+        return PathBuf::from("/run/jfs");
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(d).join("jfs");
+    }
+    PathBuf::from(format!("/tmp/jfs-{uid}"))
+}
+
+/// The control socket of the mount at `mountpoint` (an absolute, canonical path).
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    // FNV-1a: stable across builds, no dependency.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in mountpoint.as_os_str().as_encoded_bytes() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    run_dir().join(format!("mount-{h:016x}.sock"))
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum WarmAction {
+    /// Fetch blocks durably into the local cache.
+    Warm,
+    /// Count what is cached.
+    Check,
+    /// Drop blocks from the local cache.
+    Evict,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Request {
+    /// Paths inside the volume ("/a/b").
+    Warmup {
+        paths: Vec<String>,
+        threads: usize,
+        action: WarmAction,
+    },
+    Stats,
+    Gc {
+        delete: bool,
+        session_timeout_secs: u64,
+    },
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct WarmProgress {
+    pub files: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    pub blocks_done: u64,
+    pub bytes_done: u64,
+    /// Blocks fetched from the store now (warm), found cached (check, warm), dropped (evict).
+    pub fetched: u64,
+    pub cached: u64,
+    pub evicted: u64,
+    pub failed: u64,
+    /// The first few failures, for the summary.
+    pub errors: Vec<String>,
+}
+
+pub struct Ctl {
+    pub vfs: Arc<Vfs>,
+    pub store: Arc<volume::CachedStore>,
+    pub exporter: Arc<Exporter>,
+    pub mountpoint: PathBuf,
+}
+
+pub async fn serve(listener: UnixListener, ctl: Arc<Ctl>) {
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let ctl = ctl.clone();
+        tokio::spawn(async move {
+            if let Err(e) = handle(sock, ctl).await {
+                tracing::debug!(error = %e, "control connection ended");
+            }
+        });
+    }
+}
+
+async fn send(w: &mut (impl AsyncWriteExt + Unpin), v: &serde_json::Value) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(v)?;
+    line.push(b'\n');
+    w.write_all(&line).await
+}
+
+async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
+    let (r, mut w) = sock.into_split();
+    let mut line = String::new();
+    BufReader::new(r.take(1 << 20)).read_line(&mut line).await?;
+    let req: Request = match serde_json::from_str(&line) {
+        Ok(r) => r,
+        Err(e) => {
+            return send(
+                &mut w,
+                &serde_json::json!({"error": format!("bad request: {e}")}),
+            )
+            .await
+        }
+    };
+    match req {
+        Request::Stats => {
+            let v = serde_json::json!({
+                "done": true,
+                "metrics": ctl.exporter.text(),
+                "known_inodes": ctl.vfs.known_inodes(),
+                "mountpoint": ctl.mountpoint,
+            });
+            send(&mut w, &v).await
+        }
+        Request::Gc {
+            delete,
+            session_timeout_secs,
+        } => {
+            let opts = fs_core::maint::GcOptions {
+                delete,
+                session_timeout: std::time::Duration::from_secs(session_timeout_secs),
+                ..fs_core::maint::gc_defaults()
+            };
+            let v = match ctl.vfs.fs.gc(&opts).await {
+                Ok(r) => serde_json::json!({"done": true, "report": r}),
+                Err(e) => serde_json::json!({"error": format!("gc: {e}")}),
+            };
+            send(&mut w, &v).await
+        }
+        Request::Warmup {
+            paths,
+            threads,
+            action,
+        } => warmup(&ctl, &mut w, paths, threads.clamp(1, 256), action).await,
+    }
+}
+
+use tokio::io::AsyncReadExt;
+
+/// Every block key a file's data shows (visible bytes only), with its length.
+async fn file_blocks(vfs: &Vfs, ino: Ino, len: u64) -> fs_core::Result<Vec<(String, u32)>> {
+    let mut keys = BTreeSet::new();
+    let mut off = 0u64;
+    while off < len {
+        let n = CHUNK_SIZE.min(len - off) as usize;
+        let plan: Plan = vfs.fs.plan_read(ino, off, n).await?;
+        for p in plan.pieces {
+            if let Piece::Block { key, block_len, .. } = p {
+                keys.insert((key, block_len));
+            }
+        }
+        off += n as u64;
+    }
+    Ok(keys.into_iter().collect())
+}
+
+async fn collect(
+    vfs: &Vfs,
+    path: &str,
+    out: &mut Vec<(String, u32)>,
+    p: &mut WarmProgress,
+) -> fs_core::Result<()> {
+    let (ino, a) = vfs.fs.resolve(path).await?;
+    let mut stack = vec![(ino, a)];
+    while let Some((ino, a)) = stack.pop() {
+        match a.kind {
+            FileKind::File => {
+                p.files += 1;
+                for (k, l) in file_blocks(vfs, ino, a.length).await? {
+                    p.blocks += 1;
+                    p.bytes += l as u64;
+                    out.push((k, l));
+                }
+            }
+            FileKind::Dir => {
+                for e in vfs.fs.readdir_all(ino).await? {
+                    if matches!(e.kind, FileKind::File | FileKind::Dir) {
+                        if let Ok(a) = vfs.fs.getattr(e.ino).await {
+                            stack.push((e.ino, a));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+async fn warmup(
+    ctl: &Ctl,
+    w: &mut (impl AsyncWriteExt + Unpin),
+    paths: Vec<String>,
+    threads: usize,
+    action: WarmAction,
+) -> std::io::Result<()> {
+    let Some(cache) = ctl.store.cache().cloned() else {
+        return send(
+            w,
+            &serde_json::json!({"error": "this mount has no local cache (mount it with --cache-size above 0)"}),
+        )
+        .await;
+    };
+    let mut p = WarmProgress::default();
+    let mut blocks = Vec::new();
+    for path in &paths {
+        if let Err(e) = collect(&ctl.vfs, path, &mut blocks, &mut p).await {
+            return send(w, &serde_json::json!({"error": format!("{path}: {e}")})).await;
+        }
+    }
+    blocks.sort();
+    blocks.dedup();
+    let (blocks_done, bytes_done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (fetched, cached, evicted, failed) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let work = futures::stream::iter(blocks.into_iter().map(|(key, len)| {
+        let (store, cache) = (ctl.store.clone(), cache.clone());
+        let (bd, byd, fe, ca, ev, fa, errs) = (
+            blocks_done.clone(),
+            bytes_done.clone(),
+            fetched.clone(),
+            cached.clone(),
+            evicted.clone(),
+            failed.clone(),
+            errors.clone(),
+        );
+        async move {
+            match action {
+                WarmAction::Warm => match store.warm(&key).await {
+                    Ok(true) => {
+                        fe.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(false) => {
+                        ca.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        fa.fetch_add(1, Ordering::Relaxed);
+                        let mut v = errs.lock().unwrap_or_else(|p| p.into_inner());
+                        if v.len() < 10 {
+                            v.push(format!("{key}: {e}"));
+                        }
+                    }
+                },
+                WarmAction::Check => {
+                    if cache.contains(&key) {
+                        ca.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                WarmAction::Evict => {
+                    if cache.remove(&key) {
+                        ev.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            bd.fetch_add(1, Ordering::Relaxed);
+            byd.fetch_add(len as u64, Ordering::Relaxed);
+        }
+    }))
+    .buffer_unordered(threads)
+    .collect::<Vec<()>>();
+    tokio::pin!(work);
+    let snapshot = |p: &WarmProgress| {
+        let mut q = p.clone();
+        q.blocks_done = blocks_done.load(Ordering::Relaxed);
+        q.bytes_done = bytes_done.load(Ordering::Relaxed);
+        q.fetched = fetched.load(Ordering::Relaxed);
+        q.cached = cached.load(Ordering::Relaxed);
+        q.evicted = evicted.load(Ordering::Relaxed);
+        q.failed = failed.load(Ordering::Relaxed);
+        q.errors = errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        q
+    };
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(300));
+    loop {
+        tokio::select! {
+            _ = &mut work => break,
+            _ = tick.tick() => {
+                send(w, &serde_json::json!({"progress": snapshot(&p)})).await?;
+            }
+        }
+    }
+    p = snapshot(&p);
+    send(w, &serde_json::json!({"done": true, "summary": p})).await
+}
+
+/// Send `req` to the mount at `mountpoint`; `on_line` sees every line; returns the last.
+pub async fn call(
+    mountpoint: &Path,
+    req: &Request,
+    mut on_line: impl FnMut(&serde_json::Value),
+) -> anyhow::Result<serde_json::Value> {
+    let path = socket_path(mountpoint);
+    let sock = UnixStream::connect(&path).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach the mount at {} through {} ({e}): is it a `jfs mount` of this host, still running?",
+            mountpoint.display(),
+            path.display()
+        )
+    })?;
+    let (r, mut w) = sock.into_split();
+    let mut line = serde_json::to_vec(req)?;
+    line.push(b'\n');
+    w.write_all(&line).await?;
+    let mut lines = BufReader::new(r).lines();
+    let mut last = serde_json::Value::Null;
+    while let Some(l) = lines.next_line().await? {
+        let v: serde_json::Value = serde_json::from_str(&l)?;
+        on_line(&v);
+        if v.get("done").is_some() || v.get("error").is_some() {
+            last = v;
+            break;
+        }
+    }
+    if let Some(e) = last.get("error").and_then(|e| e.as_str()) {
+        anyhow::bail!("{e}");
+    }
+    if last.is_null() {
+        anyhow::bail!(
+            "the mount at {} closed the control connection",
+            mountpoint.display()
+        );
+    }
+    Ok(last)
+}

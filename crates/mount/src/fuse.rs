@@ -1,0 +1,732 @@
+//! The fuser adapter: every request is answered from a tokio task (fuser replies are `Send`),
+//! so slow requests (a block fetch, a commit) never hold up others. Types are converted here;
+//! the logic is in `vfs.rs`.
+
+use crate::vfs::{VResult, Vfs};
+use fs_core::{Attr, FileKind, Ino, SetAttr};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Clone)]
+pub struct Ttls {
+    pub attr: Duration,
+    pub entry: Duration,
+    pub dir_entry: Duration,
+}
+
+pub struct FuseFs {
+    pub vfs: Arc<Vfs>,
+    pub rt: tokio::runtime::Handle,
+    pub ttl: Ttls,
+    /// Reported as st_blksize (cp and Python size their buffers by it).
+    pub blksize: u32,
+}
+
+/// The FUSE inode number of a volume inode (the root is 1 in both).
+fn ino(i: INodeNo) -> Ino {
+    i.0
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn ns_of(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+impl FuseFs {
+    /// Run `f` on the runtime, time it under `op`, and hand its outcome to `done`.
+    fn go<T, F, D>(&self, op: &'static str, f: F, done: D)
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = VResult<T>> + Send + 'static,
+        D: FnOnce(VResult<T>) + Send + 'static,
+    {
+        let m = self.vfs.metrics.clone();
+        self.rt.spawn(async move {
+            let t0 = Instant::now();
+            let r = f.await;
+            m.observe(op, t0.elapsed().as_secs_f64(), r.is_ok());
+            done(r);
+        });
+    }
+}
+
+/// A cheap copy of what a task needs to build replies.
+#[derive(Clone)]
+struct Out {
+    ttl: Ttls,
+    blksize: u32,
+}
+
+impl Out {
+    fn of(f: &FuseFs) -> Out {
+        Out {
+            ttl: f.ttl.clone(),
+            blksize: f.blksize,
+        }
+    }
+}
+
+fn to_attr(blksize: u32, i: Ino, a: &Attr, rdev: u32) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(i),
+        size: a.length,
+        blocks: a.length.div_ceil(512),
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.ctime),
+        kind: kind(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev,
+        blksize,
+        flags: 0,
+    }
+}
+
+fn entry_reply(o: &Out, r: ReplyEntry, res: VResult<(Ino, Attr, u32)>) {
+    match res {
+        Ok((i, a, rdev)) => {
+            let ettl = if a.kind == FileKind::Dir {
+                o.ttl.dir_entry
+            } else {
+                o.ttl.entry
+            };
+            r.entry_with_ttls(
+                &o.ttl.attr,
+                &ettl,
+                &to_attr(o.blksize, i, &a, rdev),
+                Generation(0),
+            )
+        }
+        Err(e) => r.error(Errno::from_i32(e)),
+    }
+}
+
+fn attr_reply(o: &Out, r: ReplyAttr, i: Ino, res: VResult<(Attr, u32)>) {
+    match res {
+        Ok((a, rdev)) => r.attr(&o.ttl.attr, &to_attr(o.blksize, i, &a, rdev)),
+        Err(e) => r.error(Errno::from_i32(e)),
+    }
+}
+
+fn empty_reply(r: ReplyEmpty, res: VResult<()>) {
+    match res {
+        Ok(()) => r.ok(),
+        Err(e) => r.error(Errno::from_i32(e)),
+    }
+}
+
+fn name_of(n: &OsStr) -> Vec<u8> {
+    n.as_bytes().to_vec()
+}
+
+fn time_ns(t: TimeOrNow) -> i64 {
+    match t {
+        TimeOrNow::SpecificTime(t) => ns_of(t),
+        TimeOrNow::Now => fs_core::now_ns(),
+    }
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let vfs = self.vfs.clone();
+        // Commit what is buffered before the session ends (unmount).
+        let _ = self.rt.block_on(async move { vfs.flush_all().await });
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let (v, o, n) = (self.vfs.clone(), Out::of(self), name_of(name));
+        let p = ino(parent);
+        self.go("lookup", async move { v.lookup(p, &n).await }, move |r| {
+            entry_reply(&o, reply, r)
+        });
+    }
+
+    fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
+        self.vfs.forget(ino(i), nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (v, o, i) = (self.vfs.clone(), Out::of(self), ino(i));
+        self.go("getattr", async move { v.getattr(i).await }, move |r| {
+            attr_reply(&o, reply, i, r)
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let (v, o, i) = (self.vfs.clone(), Out::of(self), ino(i));
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            atime: atime.map(time_ns),
+            mtime: mtime.map(time_ns),
+            length: size,
+        };
+        self.go(
+            "setattr",
+            async move { v.setattr(i, set).await },
+            move |r| attr_reply(&o, reply, i, r),
+        );
+    }
+
+    fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+        let (v, i) = (self.vfs.clone(), ino(i));
+        self.go(
+            "readlink",
+            async move { v.readlink(i).await },
+            move |r| match r {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let (v, o, n, p) = (self.vfs.clone(), Out::of(self), name_of(name), ino(parent));
+        let (uid, gid) = (req.uid(), req.gid());
+        self.go(
+            "mknod",
+            async move { v.mknod(p, &n, mode, rdev, uid, gid).await },
+            move |r| entry_reply(&o, reply, r),
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let (v, o, n, p) = (self.vfs.clone(), Out::of(self), name_of(name), ino(parent));
+        let (uid, gid) = (req.uid(), req.gid());
+        self.go(
+            "mkdir",
+            async move { v.mkdir(p, &n, mode, uid, gid).await.map(|(i, a)| (i, a, 0)) },
+            move |r| entry_reply(&o, reply, r),
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (v, n, p) = (self.vfs.clone(), name_of(name), ino(parent));
+        self.go("unlink", async move { v.unlink(p, &n).await }, move |r| {
+            empty_reply(reply, r)
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (v, n, p) = (self.vfs.clone(), name_of(name), ino(parent));
+        self.go("rmdir", async move { v.rmdir(p, &n).await }, move |r| {
+            empty_reply(reply, r)
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let (v, o, n, p) = (
+            self.vfs.clone(),
+            Out::of(self),
+            name_of(link_name),
+            ino(parent),
+        );
+        let t = target.as_os_str().as_bytes().to_vec();
+        let (uid, gid) = (req.uid(), req.gid());
+        self.go(
+            "symlink",
+            async move { v.symlink(p, &n, &t, uid, gid).await.map(|(i, a)| (i, a, 0)) },
+            move |r| entry_reply(&o, reply, r),
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let v = self.vfs.clone();
+        let (p, n, np, nn) = (ino(parent), name_of(name), ino(newparent), name_of(newname));
+        let flags = flags.bits();
+        self.go(
+            "rename",
+            async move { v.rename(p, &n, np, &nn, flags).await },
+            move |r| empty_reply(reply, r),
+        );
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let (v, o, i, np, nn) = (
+            self.vfs.clone(),
+            Out::of(self),
+            ino(i),
+            ino(newparent),
+            name_of(newname),
+        );
+        self.go(
+            "link",
+            async move { v.link(i, np, &nn).await.map(|(a, rdev)| (i, a, rdev)) },
+            move |r| entry_reply(&o, reply, r),
+        );
+    }
+
+    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let (v, i) = (self.vfs.clone(), ino(i));
+        self.go(
+            "open",
+            async move { v.open(i, flags.0).await },
+            move |r| match r {
+                Ok(o) => reply.opened(
+                    FileHandle(o.fh),
+                    if o.keep_cache {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    },
+                ),
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let v = self.vfs.clone();
+        self.go(
+            "read",
+            async move { v.read(fh.0, offset, size).await },
+            move |r| match r {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let v = self.vfs.clone();
+        let data = data.to_vec();
+        self.go(
+            "write",
+            async move { v.write(fh.0, offset, &data).await },
+            move |r| match r {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let v = self.vfs.clone();
+        self.go("flush", async move { v.flush(fh.0).await }, move |r| {
+            empty_reply(reply, r)
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let v = self.vfs.clone();
+        self.go("release", async move { v.release(fh.0).await }, move |r| {
+            empty_reply(reply, r)
+        });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let v = self.vfs.clone();
+        self.go("fsync", async move { v.fsync(fh.0).await }, move |r| {
+            empty_reply(reply, r)
+        });
+    }
+
+    fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let (v, i) = (self.vfs.clone(), ino(i));
+        self.go(
+            "opendir",
+            async move { v.opendir(i).await },
+            move |r| match r {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let t0 = Instant::now();
+        match self.vfs.dir_entries(fh.0) {
+            Ok(entries) => {
+                for (pos, (name, i, k)) in entries.iter().enumerate().skip(offset as usize) {
+                    if reply.add(
+                        INodeNo(*i),
+                        pos as u64 + 1,
+                        kind(*k),
+                        OsStr::from_bytes(name),
+                    ) {
+                        break;
+                    }
+                }
+                reply.ok();
+                self.vfs
+                    .metrics
+                    .observe("readdir", t0.elapsed().as_secs_f64(), true);
+            }
+            Err(e) => reply.error(Errno::from_i32(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let (v, o) = (self.vfs.clone(), Out::of(self));
+        self.go(
+            "readdirplus",
+            async move {
+                let entries = v.dir_entries(fh.0)?;
+                let mut out = Vec::new();
+                // At most a page's worth of attributes (the reply buffer is a few KiB).
+                for (pos, (name, i, _)) in entries.iter().enumerate().skip(offset as usize).take(64)
+                {
+                    let (a, rdev) = if name == b"." || name == b".." {
+                        v.getattr(*i).await?
+                    } else {
+                        match v.entry_attr(*i).await {
+                            Ok(x) => x,
+                            Err(libc::ENOENT) => continue, // removed since opendir
+                            Err(e) => return Err(e),
+                        }
+                    };
+                    out.push((pos, name.clone(), *i, a, rdev));
+                }
+                Ok(out)
+            },
+            move |r| match r {
+                Ok(list) => {
+                    for (pos, name, i, a, rdev) in list {
+                        let ttl = if a.kind == FileKind::Dir {
+                            o.ttl.dir_entry
+                        } else {
+                            o.ttl.entry
+                        };
+                        if reply.add(
+                            INodeNo(i),
+                            pos as u64 + 1,
+                            OsStr::from_bytes(&name),
+                            &ttl,
+                            &to_attr(o.blksize, i, &a, rdev),
+                            Generation(0),
+                        ) {
+                            break;
+                        }
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.vfs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Every metadata change is committed before it is answered.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+        let v = self.vfs.clone();
+        self.go(
+            "statfs",
+            async move { v.statfs().await },
+            move |r| match r {
+                Ok(s) => {
+                    const BS: u64 = 4096;
+                    let cap = if s.capacity == 0 {
+                        1u64 << 50
+                    } else {
+                        s.capacity
+                    };
+                    let blocks = cap / BS;
+                    let used = s.used_space.div_ceil(BS).min(blocks);
+                    let files = 1u64 << 32;
+                    let ffree = files.saturating_sub(s.used_inodes);
+                    reply.statfs(
+                        blocks,
+                        blocks - used,
+                        blocks - used,
+                        files,
+                        ffree,
+                        BS as u32,
+                        crate::vfs::NAME_MAX as u32,
+                        BS as u32,
+                    )
+                }
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (v, i, n, val) = (self.vfs.clone(), ino(i), name_of(name), value.to_vec());
+        self.go(
+            "setxattr",
+            async move { v.setxattr(i, &n, &val, flags).await },
+            move |r| empty_reply(reply, r),
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let (v, i, n) = (self.vfs.clone(), ino(i), name_of(name));
+        self.go(
+            "getxattr",
+            async move { v.getxattr(i, &n).await },
+            move |r| xattr_reply(reply, size, r),
+        );
+    }
+
+    fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        let (v, i) = (self.vfs.clone(), ino(i));
+        self.go("listxattr", async move { v.listxattr(i).await }, move |r| {
+            xattr_reply(reply, size, r)
+        });
+    }
+
+    fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (v, i, n) = (self.vfs.clone(), ino(i), name_of(name));
+        self.go(
+            "removexattr",
+            async move { v.removexattr(i, &n).await },
+            move |r| empty_reply(reply, r),
+        );
+    }
+
+    fn access(&self, req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let (v, i) = (self.vfs.clone(), ino(i));
+        let (uid, gid, mask) = (req.uid(), req.gid(), mask.bits());
+        self.go(
+            "access",
+            async move { v.access(i, mask, uid, gid).await },
+            move |r| empty_reply(reply, r),
+        );
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (v, o, n, p) = (self.vfs.clone(), Out::of(self), name_of(name), ino(parent));
+        let (uid, gid) = (req.uid(), req.gid());
+        self.go(
+            "create",
+            async move { v.create(p, &n, mode, flags, uid, gid).await },
+            move |r| match r {
+                Ok((i, a, fh)) => {
+                    let ettl = o.ttl.entry;
+                    reply.created(
+                        &ettl,
+                        &to_attr(o.blksize, i, &a, 0),
+                        Generation(0),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                    )
+                }
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let v = self.vfs.clone();
+        self.go(
+            "fallocate",
+            async move { v.fallocate(fh.0, offset, length, mode).await },
+            move |r| empty_reply(reply, r),
+        );
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, r: VResult<Vec<u8>>) {
+    match r {
+        Ok(d) if size == 0 => reply.size(d.len() as u32),
+        Ok(d) if d.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}

@@ -1,0 +1,325 @@
+//! `jfs mount`: a volume as a POSIX file system through FUSE.
+//!
+//! Layers: `vfs` (the operations over fs-core, with the open-file table, write buffers and
+//! readers), `fuse` (the fuser adapter, replies from tokio tasks), `control` (the Unix socket
+//! of warmup, stats and gc), `metrics`. `run` ties them together for one mount: it registers
+//! a session with a heartbeat, mounts, serves until SIGTERM/SIGINT or an unmount, commits
+//! every buffer and removes its session.
+//!
+//! Invariants: data written through the mount is committed (blocks stored, then the slice
+//! referenced) at flush, fsync and close at the latest, and a failure to store it is an
+//! EIO there, never silence; an inode unlinked while open here stays until its last close
+//! (or until gc finds this session dead).
+
+pub mod control;
+pub mod fuse;
+pub mod metrics;
+pub mod mounts;
+pub mod vfs;
+mod writer;
+
+use anyhow::{bail, Context, Result};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    pub mountpoint: PathBuf,
+    pub read_only: bool,
+    pub buffer_size: u64,
+    pub max_readahead: u64,
+    pub attr_cache: Duration,
+    pub entry_cache: Duration,
+    pub dir_entry_cache: Duration,
+    pub open_cache: Duration,
+    pub metrics: Option<SocketAddr>,
+    pub allow_other: bool,
+    /// FUSE request loops.
+    pub threads: usize,
+}
+
+/// Check the mount point: a directory, not mounted by a live process; a stale FUSE mount
+/// (its process killed) is cleared. Returns the canonical path.
+pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
+    match std::fs::metadata(mp) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            tracing::warn!(
+                mountpoint = %mp.display(),
+                "a stale mount (its process is gone) is at the mount point: clearing it"
+            );
+            mounts::lazy_unmount(mp)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "mount point {} does not exist: create the directory first (mkdir -p {})",
+            mp.display(),
+            mp.display()
+        ),
+        Err(e) => bail!("mount point {}: {e}", mp.display()),
+        Ok(m) if !m.is_dir() => bail!("mount point {} is not a directory", mp.display()),
+        Ok(_) => {}
+    }
+    let canon = mp
+        .canonicalize()
+        .with_context(|| format!("mount point {}", mp.display()))?;
+    if let Some(m) = mounts::find(&canon)? {
+        bail!(
+            "{} is already mounted ({} {}): unmount it first (jfs umount {})",
+            canon.display(),
+            m.fstype,
+            m.source,
+            canon.display()
+        );
+    }
+    Ok(canon)
+}
+
+/// Raise the kernel's read-ahead of the mount (its bdi) so sequential reads reach the
+/// daemon as 1 MiB requests; needs root, best effort.
+fn raise_kernel_readahead(mp: &Path, kb: u64) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(mp) else { return };
+    let dev = m.dev();
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let p = format!("/sys/class/bdi/{maj}:{min}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&p, kb.to_string()) {
+        tracing::info!(path = %p, error = %e, "could not raise the kernel read-ahead (needs root); sequential reads use 128 KiB requests");
+    }
+}
+
+/// Mount `vol` at `o.mountpoint` and serve until unmounted or signalled. `ready` is called
+/// once the mount answers.
+pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> Result<()> {
+    let mp = prepare_mountpoint(&o.mountpoint)?;
+    let volume::Volume {
+        mut fs,
+        store,
+        metrics: store_metrics,
+    } = vol;
+    let mut session = fs_core::session::Session::new(&mp.to_string_lossy(), o.read_only);
+    let open = vfs::OpenFiles::new(session.id.clone());
+    fs.set_keeper(open.clone());
+    let fs = Arc::new(fs);
+    let engine = fs.engine().clone();
+    fs_core::session::beat(&*engine, &mut session)
+        .await
+        .context("registering the mount's session in the metadata")?;
+    let sid = session.id.clone();
+    let res = serve(
+        fs.clone(),
+        store,
+        store_metrics,
+        open,
+        &o,
+        &mp,
+        session,
+        ready,
+    )
+    .await;
+    if let Err(e) = fs_core::session::remove(&*engine, &sid).await {
+        tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
+    }
+    res
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    fs: Arc<fs_core::Fs>,
+    store: Arc<volume::CachedStore>,
+    store_metrics: Arc<volume::StoreMetrics>,
+    open: Arc<vfs::OpenFiles>,
+    o: &MountOptions,
+    mp: &Path,
+    mut session: fs_core::session::Session,
+    ready: impl FnOnce(),
+) -> Result<()> {
+    if !o.read_only {
+        let fs = fs.clone();
+        tokio::spawn(async move {
+            match fs.reap_sessions(fs_core::session::DEFAULT_TIMEOUT).await {
+                Ok(r) if r.sessions > 0 || r.inodes > 0 => tracing::info!(
+                    sessions = r.sessions,
+                    inodes = r.inodes,
+                    "freed the files dead mounts kept open"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reaping dead sessions failed"),
+            }
+        });
+    }
+    let mm = Arc::new(metrics::MountMetrics::default());
+    let vfs = Arc::new(vfs::Vfs::new(
+        fs.clone(),
+        open,
+        vfs::VfsConfig {
+            read_only: o.read_only,
+            max_readahead: o.max_readahead,
+            buffer_size: o.buffer_size,
+            open_cache: o.open_cache,
+        },
+        mm.clone(),
+    ));
+    let ffs = fuse::FuseFs {
+        vfs: vfs.clone(),
+        rt: tokio::runtime::Handle::current(),
+        ttl: fuse::Ttls {
+            attr: o.attr_cache,
+            entry: o.entry_cache,
+            dir_entry: o.dir_entry_cache,
+        },
+        blksize: 1 << 20,
+    };
+    let is_root = rustix::process::geteuid().is_root();
+    let mut mopts = vec![
+        fuser::MountOption::FSName(format!("jfs:{}", fs.settings().name)),
+        fuser::MountOption::Subtype("jfs".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoAtime,
+    ];
+    if o.read_only {
+        mopts.push(fuser::MountOption::RO);
+    }
+    let acl = if o.allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::RootAndOwner
+    };
+    // AutoUnmount (fusermount3 removes the mount when this process dies, even by kill -9)
+    // needs allow_other, which a non-root user may only ask for with user_allow_other.
+    let auto = is_root
+        || o.allow_other
+        || std::fs::read_to_string("/etc/fuse.conf")
+            .is_ok_and(|s| s.lines().any(|l| l.trim() == "user_allow_other"));
+    let acl = if auto {
+        mopts.push(fuser::MountOption::AutoUnmount);
+        acl
+    } else {
+        tracing::warn!("no auto-unmount: a killed mount leaves a stale mount point until the next `jfs mount` or `jfs umount` clears it (add user_allow_other to /etc/fuse.conf)");
+        fuser::SessionACL::Owner
+    };
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = mopts;
+    cfg.acl = acl;
+    cfg.n_threads = Some(o.threads.max(1));
+    cfg.clone_fd = o.threads > 1;
+    let mp2 = mp.to_path_buf();
+    let mut fsession = tokio::task::spawn_blocking(move || fuser::Session::new(ffs, &mp2, &cfg))
+        .await?
+        .with_context(|| {
+            format!(
+                "mounting {} (is fuse3 installed, /dev/fuse present?)",
+                mp.display()
+            )
+        })?;
+    let mut unmounter = fsession.unmount_callable();
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || {
+            let r = fsession.run();
+            let _ = done_tx.send(r);
+        })?;
+    raise_kernel_readahead(mp, 4096);
+
+    // The control socket.
+    let exporter = Arc::new(metrics::Exporter::new(&mm, &store_metrics));
+    let sock = control::socket_path(mp);
+    if let Some(d) = sock.parent() {
+        std::fs::create_dir_all(d)
+            .with_context(|| format!("creating the run directory {}", d.display()))?;
+    }
+    let _ = std::fs::remove_file(&sock);
+    let listener = tokio::net::UnixListener::bind(&sock)
+        .with_context(|| format!("binding the control socket {}", sock.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let ctl = Arc::new(control::Ctl {
+        vfs: vfs.clone(),
+        store: store.clone(),
+        exporter: exporter.clone(),
+        mountpoint: mp.to_path_buf(),
+    });
+    let ctl_task = tokio::spawn(control::serve(listener, ctl));
+    let metrics_task = match o.metrics {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --metrics {addr}"))?;
+            let ex = exporter.clone();
+            let app = axum::Router::new().route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let ex = ex.clone();
+                    async move { ex.text() }
+                }),
+            );
+            tracing::info!(%addr, "metrics at http://{addr}/metrics");
+            Some(tokio::spawn(async move {
+                let _ = axum::serve(l, app).await;
+            }))
+        }
+        None => None,
+    };
+    // Heartbeat.
+    let engine = fs.engine().clone();
+    let beat_task = tokio::spawn(async move {
+        let mut t = tokio::time::interval(fs_core::session::HEARTBEAT);
+        t.tick().await;
+        loop {
+            t.tick().await;
+            if let Err(e) = fs_core::session::beat(&*engine, &mut session).await {
+                tracing::warn!(error = %e, "session heartbeat failed");
+            }
+        }
+    });
+    tracing::info!(mountpoint = %mp.display(), read_only = o.read_only, "mounted");
+    ready();
+
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let result = tokio::select! {
+        r = &mut done_rx => Some(r),
+        _ = term.recv() => None,
+        _ = int.recv() => None,
+    };
+    let result = match result {
+        Some(r) => r,
+        None => {
+            tracing::info!("signalled: committing buffers and unmounting");
+            vfs.flush_all().await;
+            if let Err(e) = unmounter.unmount() {
+                tracing::warn!(error = %e, "unmount failed (files open?); detaching lazily");
+                let _ = mounts::lazy_unmount(mp);
+            }
+            // AutoUnmount's fusermount3 unmounts once the session's socket closes; ask
+            // the kernel directly too, so the session loop ends.
+            if mounts::find(mp).ok().flatten().is_some() {
+                let _ = mounts::lazy_unmount(mp);
+            }
+            match tokio::time::timeout(Duration::from_secs(30), &mut done_rx).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!("the FUSE session did not end within 30 s; exiting anyway");
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
+    vfs.flush_all().await;
+    beat_task.abort();
+    ctl_task.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
+    let _ = std::fs::remove_file(&sock);
+    tracing::info!(mountpoint = %mp.display(), "unmounted");
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e).context("the FUSE session failed"),
+        Err(_) => bail!("the FUSE session thread ended without a result"),
+    }
+}
