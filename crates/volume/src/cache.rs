@@ -47,6 +47,8 @@ pub struct CacheConfig {
 struct Index {
     lru: LruCache<String, u64>,
     used: u64,
+    /// Room promised to inserts being written (so concurrent fills never overshoot).
+    reserved: u64,
 }
 
 pub struct DiskCache {
@@ -133,6 +135,7 @@ impl DiskCache {
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
                 used: 0,
+                reserved: 0,
             }),
             metrics,
         };
@@ -340,11 +343,14 @@ impl DiskCache {
             }
             res
         };
-        if let Err(e) = write() {
+        let written = write();
+        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        ix.reserved -= size;
+        if let Err(e) = written {
+            drop(ix);
             self.metrics.cache_write_errors.inc();
             return Err(io_err("writing", path, e));
         }
-        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = ix.lru.put(key.to_string(), size) {
             ix.used -= old;
         }
@@ -368,8 +374,9 @@ impl DiskCache {
         loop {
             let victim = {
                 let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
-                let over = ix.used + incoming > self.capacity;
+                let over = ix.used + ix.reserved + incoming > self.capacity;
                 if !over && self.free_share() >= self.free_ratio {
+                    ix.reserved += incoming;
                     return true;
                 }
                 match ix.lru.pop_lru() {
@@ -378,7 +385,13 @@ impl DiskCache {
                         self.publish(&ix);
                         k
                     }
-                    None => return !over && self.free_share() >= self.free_ratio,
+                    None => {
+                        let ok = !over && self.free_share() >= self.free_ratio;
+                        if ok {
+                            ix.reserved += incoming;
+                        }
+                        return ok;
+                    }
                 }
             };
             if let Some((path, _)) = self.rel_path(&victim) {

@@ -354,7 +354,7 @@ pub async fn stats(mp: &Path, interval: Duration, count: u64, json: bool) -> Res
         .canonicalize()
         .with_context(|| format!("{}", mp.display()))?;
     let mut prev: Option<std::collections::BTreeMap<String, f64>> = None;
-    let mut n = 0u64;
+    let mut lines = 0u64;
     if !json {
         println!(
             "{:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9} {:>10}",
@@ -374,7 +374,9 @@ pub async fn stats(mp: &Path, interval: Duration, count: u64, json: bool) -> Res
         let m = parse_metrics(v["metrics"].as_str().unwrap_or(""));
         if json {
             println!("{}", serde_json::to_string(&m)?);
+            lines += 1;
         } else if let Some(p) = &prev {
+            lines += 1;
             let d = |k: &str| (sum_of(&m, k) - sum_of(p, k)) / interval.as_secs_f64();
             let ops = d("jfs_fuse_ops_total");
             let lat = if ops > 0.0 {
@@ -402,8 +404,7 @@ pub async fn stats(mp: &Path, interval: Duration, count: u64, json: bool) -> Res
             );
         }
         prev = Some(m);
-        n += 1;
-        if count > 0 && n > count {
+        if count > 0 && lines >= count {
             return Ok(Outcome::Done);
         }
         tokio::time::sleep(interval).await;

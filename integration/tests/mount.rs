@@ -1,0 +1,972 @@
+//! `jfs mount` through real FUSE: pjdfstest on every engine, a randomized differential test
+//! against a local directory, two mounts of one volume, kill -9 during writes, a damaged
+//! local cache, warmup, and write commands reaching a RocksDB volume through its mount.
+//!
+//! These need /dev/fuse and fusermount3 (Debian fuse3): without them they fail, never skip.
+
+use integration::{bin, data, meta_url, store_url, unique};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fuse_ready() {
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: these tests need FUSE (a kernel with fuse, or a container with --device /dev/fuse)"
+    );
+    assert!(
+        Command::new("fusermount3")
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success()),
+        "fusermount3 is missing: install Debian's fuse3 (bash integration/install-deps.sh)"
+    );
+}
+
+fn is_mounted(mp: &Path) -> bool {
+    let t = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = mp.to_string_lossy().replace(' ', "\\040");
+    t.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        f.len() > 4 && f[4] == want && l.contains(" - fuse.jfs ")
+    })
+}
+
+/// A volume formatted for a test: its metadata URL and the dirs holding it.
+struct Vol {
+    meta: String,
+    dir: tempfile::TempDir,
+    _keep: Vec<tempfile::TempDir>,
+}
+
+fn new_vol(engine: &str) -> Vol {
+    fuse_ready();
+    let (meta, d1) = meta_url(engine);
+    let (store, d2) = store_url("file");
+    let o = jfs(&["format", &meta, &unique("mv"), "--storage", &store], &[]);
+    assert!(
+        o.status.success(),
+        "format: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Vol {
+        meta,
+        dir: tempfile::tempdir().unwrap(),
+        _keep: d1.into_iter().chain(d2).collect(),
+    }
+}
+
+fn run_dir(v: &Vol) -> PathBuf {
+    v.dir.path().join("run")
+}
+
+fn jfs(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut c = Command::new(bin("jfs"));
+    c.args(args).stdin(Stdio::null());
+    for (k, val) in env {
+        c.env(k, val);
+    }
+    c.output().expect("running jfs")
+}
+
+fn jfs_in(v: &Vol, args: &[&str]) -> std::process::Output {
+    let rd = run_dir(v);
+    jfs(args, &[("JFS_RUN_DIR", rd.to_str().unwrap())])
+}
+
+/// A foreground `jfs mount` process; dropping it unmounts (SIGTERM, then kill -9 and a lazy
+/// unmount if it does not go), whatever the test's outcome.
+struct Mount {
+    child: Option<Child>,
+    mp: PathBuf,
+}
+
+impl Mount {
+    fn start(v: &Vol, name: &str, extra: &[&str]) -> Mount {
+        let mp = v.dir.path().join(name);
+        std::fs::create_dir_all(&mp).unwrap();
+        let log = std::fs::File::create(v.dir.path().join(format!("{name}.log"))).unwrap();
+        let cache = v.dir.path().join(format!("{name}-cache"));
+        let mut args: Vec<String> = vec![
+            "mount".into(),
+            v.meta.clone(),
+            mp.display().to_string(),
+            "--cache-dir".into(),
+            cache.display().to_string(),
+            // Test machines' disks may be fuller than the default 10% floor allows.
+            "--free-space-ratio".into(),
+            "0.01".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(bin("jfs"))
+            .args(&args)
+            .env("JFS_RUN_DIR", run_dir(v))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting jfs mount");
+        let mut m = Mount {
+            child: Some(child),
+            mp: mp.clone(),
+        };
+        let t0 = Instant::now();
+        while !(is_mounted(&mp) && m.sock(v).exists()) {
+            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                let log = std::fs::read_to_string(v.dir.path().join(format!("{name}.log")))
+                    .unwrap_or_default();
+                panic!("jfs mount exited ({st}) before mounting: {log}");
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "mount took over 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    fn sock(&self, v: &Vol) -> PathBuf {
+        // The same name the mount derives (see mount::control::socket_path).
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in self.mp.as_os_str().as_encoded_bytes() {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        run_dir(v).join(format!("mount-{h:016x}.sock"))
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    fn stop(mut self) {
+        let mut c = self.child.take().unwrap();
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                assert!(st.success(), "jfs mount exited with {st} after SIGTERM");
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "jfs mount ignored SIGTERM for 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!is_mounted(&self.mp), "still mounted after SIGTERM");
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let t0 = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if is_mounted(&self.mp) || std::fs::metadata(&self.mp).is_err() {
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.mp)
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// The metrics of a mount, name{labels} -> value.
+fn metrics(v: &Vol, m: &Mount) -> std::collections::BTreeMap<String, f64> {
+    let o = jfs_in(
+        v,
+        &["stats", m.mp.to_str().unwrap(), "--json", "--count", "1"],
+    );
+    assert!(
+        o.status.success(),
+        "stats: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(line.lines().last().expect("a stats line")).expect("stats JSON")
+}
+
+fn metric(m: &std::collections::BTreeMap<String, f64>, name: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.as_str() == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------
+// pjdfstest
+
+fn pjdfstest_bin() -> PathBuf {
+    let p = std::env::var_os("JFS_PJDFSTEST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/jfs-tools/bin/pjdfstest")
+        });
+    assert!(
+        p.exists(),
+        "pjdfstest is missing at {}: `bash integration/install-deps.sh` installs it (cargo install pjdfstest --version 0.2.2 --locked)",
+        p.display()
+    );
+    p
+}
+
+/// Tests that pass on a local directory and may not on the mount, each with its reason
+/// (integration/pjdfstest-exclusions.txt).
+fn exclusions() -> Vec<String> {
+    let s = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("pjdfstest-exclusions.txt"),
+    )
+    .unwrap();
+    s.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+fn pjd_config(dir: &Path) -> PathBuf {
+    let cfg = dir.join("pjd.toml");
+    std::fs::write(
+        &cfg,
+        "[settings]\nnaptime = 0.01\n\n[features]\nposix_fallocate = {}\n\n[dummy_auth]\nentries = [[\"nobody\", \"nogroup\"], [\"daemon\", \"daemon\"]]\n",
+    )
+    .unwrap();
+    cfg
+}
+
+/// Run pjdfstest in `dir`: (passed test names, whole output).
+fn pjdfstest_in(dir: &Path, cfg: &Path) -> (std::collections::BTreeSet<String>, String) {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = Command::new(pjdfstest_bin())
+        .args(["-c", cfg.to_str().unwrap(), "-p", dir.to_str().unwrap()])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        out.lines().any(|l| l.starts_with("Summary:")),
+        "no pjdfstest summary in {}:\n{out}",
+        dir.display()
+    );
+    let ok = out
+        .lines()
+        .filter(|l| l.contains("::") && l.trim_end().ends_with(" ok"))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    (ok, out)
+}
+
+/// What passes on a plain local directory with the same configuration (ext4 here: 356).
+fn local_baseline() -> &'static std::collections::BTreeSet<String> {
+    static B: std::sync::OnceLock<std::collections::BTreeSet<String>> = std::sync::OnceLock::new();
+    B.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = pjd_config(d.path());
+        let root = d.path().join("local");
+        std::fs::create_dir(&root).unwrap();
+        let (ok, out) = pjdfstest_in(&root, &cfg);
+        assert!(
+            ok.len() > 300,
+            "the local baseline passes only {}:\n{out}",
+            ok.len()
+        );
+        ok
+    })
+}
+
+fn pjdfstest_on(engine: &str) {
+    let v = new_vol(engine);
+    let m = Mount::start(&v, "mnt", &["--cache-size", "0", "--allow-other"]);
+    let cfg = pjd_config(v.dir.path());
+    let (ok, out) = pjdfstest_in(&m.mp, &cfg);
+    let base = local_baseline();
+    let excl = exclusions();
+    assert!(
+        excl.len() * 20 <= base.len(),
+        "more than 5% of the suite is excluded ({} of {})",
+        excl.len(),
+        base.len()
+    );
+    let missing: Vec<&String> = base
+        .iter()
+        .filter(|t| !ok.contains(*t) && !excl.contains(*t))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "on {engine}, these pass on a local directory but not on the mount: {missing:?}\n{out}"
+    );
+    assert!(
+        ok.len() + excl.len() >= base.len(),
+        "on {engine} only {} passed (local: {})",
+        ok.len(),
+        base.len()
+    );
+    m.stop();
+}
+
+#[test]
+fn pjdfstest_passes_on_rocksdb() {
+    pjdfstest_on("rocksdb");
+}
+
+#[test]
+fn pjdfstest_passes_on_redis() {
+    pjdfstest_on("redis");
+}
+
+#[test]
+fn pjdfstest_passes_on_postgres() {
+    pjdfstest_on("postgres");
+}
+
+// ---------------------------------------------------------------------------------------
+// Differential: random operations on the mount and on a local directory.
+
+fn outcome<T>(r: std::io::Result<T>) -> Result<T, i32> {
+    r.map_err(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+struct Side {
+    root: PathBuf,
+    open: Vec<(String, std::fs::File)>,
+}
+
+/// One random operation, applied to both sides; the outcomes must match.
+fn step(rng: &mut impl rand::Rng, sides: &mut [Side; 2], i: usize) {
+    let names = ["a", "b", "c", "d/a", "d/b", "d/e/a", "e", "d/e"];
+    let n1 = names[rng.random_range(0..names.len())];
+    let n2 = names[rng.random_range(0..names.len())];
+    let op = rng.random_range(0..15);
+    let off = rng.random_range(0..(3u64 << 20));
+    let len = [1usize, 100, 4096, 70_000, 1 << 20][rng.random_range(0..5)];
+    let payload = data(i as u64, len);
+    let mode = [0o600, 0o644, 0o755, 0o700][rng.random_range(0..4)];
+    let mut res: Vec<String> = Vec::new();
+    for s in sides.iter_mut() {
+        let p1 = s.root.join(n1);
+        let p2 = s.root.join(n2);
+        let r = match op {
+            0 => format!(
+                "{:?}",
+                outcome(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .write(true)
+                        .open(&p1)
+                        .and_then(|f| f.write_all_at(&payload, off))
+                )
+            ),
+            1 => {
+                format!(
+                    "{:?}",
+                    outcome(std::fs::OpenOptions::new().append(true).open(&p1).and_then(
+                        |mut f| {
+                            use std::io::Write;
+                            f.write_all(&payload)
+                        }
+                    ))
+                )
+            }
+            2 => format!(
+                "{:?}",
+                outcome(
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&p1)
+                        .and_then(|f| f.set_len(off / 3))
+                )
+            ),
+            3 => format!("{:?}", outcome(std::fs::rename(&p1, &p2))),
+            4 => format!("{:?}", outcome(std::fs::remove_file(&p1))),
+            5 => format!("{:?}", outcome(std::fs::hard_link(&p1, &p2))),
+            6 => format!("{:?}", outcome(std::os::unix::fs::symlink(n1, &p2))),
+            7 => format!(
+                "{:?}",
+                outcome(std::fs::set_permissions(
+                    &p1,
+                    std::fs::Permissions::from_mode(mode)
+                ))
+            ),
+            8 => format!(
+                "{:?}",
+                outcome(
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&p1)
+                        .and_then(|f| {
+                            f.set_modified(
+                                std::time::UNIX_EPOCH + Duration::from_secs(1_000_000 + i as u64),
+                            )
+                        })
+                )
+            ),
+            9 => format!("{:?}", outcome(std::fs::create_dir(&p1))),
+            10 => format!("{:?}", outcome(std::fs::remove_dir(&p1))),
+            11 => {
+                // Read a range.
+                let r = std::fs::File::open(&p1).and_then(|f| {
+                    let mut b = vec![0u8; len];
+                    let n = f.read_at(&mut b, off / 2)?;
+                    b.truncate(n);
+                    Ok(crc32c::crc32c(&b))
+                });
+                format!("{:?}", outcome(r))
+            }
+            12 => {
+                // Open and keep the handle (then unlink may come).
+                match std::fs::OpenOptions::new().read(true).write(true).open(&p1) {
+                    Ok(f) => {
+                        s.open.push((n1.to_string(), f));
+                        "opened".into()
+                    }
+                    Err(e) => format!("{:?}", e.raw_os_error()),
+                }
+            }
+            13 => {
+                // Through a kept handle (maybe of an unlinked file): write, then read all.
+                if s.open.is_empty() {
+                    "none".into()
+                } else {
+                    let k = i % s.open.len();
+                    let f = &s.open[k].1;
+                    let r = f
+                        .write_all_at(&payload[..len.min(5000)], off % 100_000)
+                        .and_then(|_| {
+                            let l = f.metadata()?.len();
+                            let mut b = vec![0u8; l as usize];
+                            f.read_exact_at(&mut b, 0)?;
+                            Ok((l, crc32c::crc32c(&b)))
+                        });
+                    format!("{:?}", outcome(r))
+                }
+            }
+            _ => {
+                // Close the oldest kept handle.
+                if s.open.is_empty() {
+                    "none".into()
+                } else {
+                    s.open.remove(0);
+                    "closed".into()
+                }
+            }
+        };
+        res.push(r);
+    }
+    assert_eq!(
+        res[0], res[1],
+        "op {i} (kind {op}, {n1} {n2}, off {off}, len {len}) differs: mount {} vs local {}",
+        res[0], res[1]
+    );
+}
+
+/// Files, links and directories under `root` with bytes, modes, mtimes and link counts.
+fn tree(root: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let what = if m.is_dir() {
+                stack.push(p);
+                format!("dir {:o}", m.mode() & 0o7777)
+            } else if m.file_type().is_symlink() {
+                format!("link {}", std::fs::read_link(&p).unwrap().display())
+            } else {
+                let b = std::fs::read(&p).unwrap();
+                format!(
+                    "file {:o} len {} crc {:08x} nlink {}",
+                    m.mode() & 0o7777,
+                    b.len(),
+                    crc32c::crc32c(&b),
+                    m.nlink()
+                )
+            };
+            out.push((rel, what));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn random_operations_match_a_local_directory_and_survive_a_remount() {
+    use rand::SeedableRng;
+    let v = new_vol("rocksdb");
+    let local = tempfile::tempdir().unwrap();
+    let seed: u64 = std::env::var("JFS_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("differential seed {seed} (JFS_DIFF_SEED={seed} repeats it)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let m = Mount::start(
+        &v,
+        "mnt",
+        &[
+            "--attr-cache",
+            "0s",
+            "--entry-cache",
+            "0s",
+            "--dir-entry-cache",
+            "0s",
+        ],
+    );
+    for root in [m.mp.clone(), local.path().to_path_buf()] {
+        std::fs::create_dir_all(root.join("d/e")).unwrap();
+    }
+    let mut sides = [
+        Side {
+            root: m.mp.clone(),
+            open: Vec::new(),
+        },
+        Side {
+            root: local.path().to_path_buf(),
+            open: Vec::new(),
+        },
+    ];
+    for i in 0..2500 {
+        step(&mut rng, &mut sides, i);
+    }
+    sides[0].open.clear();
+    sides[1].open.clear();
+    let (a, b) = (tree(&m.mp), tree(local.path()));
+    assert_eq!(a, b, "final trees differ (seed {seed})");
+    assert!(a.len() >= 3, "the run made too little: {a:?}");
+    m.stop();
+    // The same tree after a remount, and the metadata is consistent.
+    let m = Mount::start(&v, "mnt", &[]);
+    assert_eq!(
+        tree(&m.mp),
+        b,
+        "the tree changed across a remount (seed {seed})"
+    );
+    m.stop();
+    let o = jfs(&["fsck", &v.meta], &[]);
+    assert!(
+        o.status.success(),
+        "fsck: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let o = jfs(&["status", &v.meta, "--json"], &[]);
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        s["kept_inodes"], 0,
+        "unlinked files kept after every close: {s}"
+    );
+    assert_eq!(
+        s["sessions"].as_array().unwrap().len(),
+        0,
+        "sessions left: {s}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Two mounts of one volume.
+
+fn two_mounts(engine: &str) {
+    let v = new_vol(engine);
+    let a = Mount::start(&v, "a", &["--attr-cache", "0s", "--entry-cache", "0s"]);
+    let b = Mount::start(&v, "b", &["--attr-cache", "0s", "--entry-cache", "0s"]);
+    // Close-to-open: closed at A, read whole at B.
+    let payload = data(7, 9 << 20 | 12345);
+    std::fs::write(a.mp.join("model.bin"), &payload).unwrap();
+    assert_eq!(std::fs::read(b.mp.join("model.bin")).unwrap(), payload);
+    // Concurrent appends to different files from both mounts lose nothing.
+    let mut threads = Vec::new();
+    for (k, mp) in [a.mp.clone(), b.mp.clone()].into_iter().enumerate() {
+        threads.push(std::thread::spawn(move || {
+            for f in 0..3 {
+                for r in 0..40 {
+                    let mut h = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(mp.join(format!("log-{k}-{f}")))
+                        .unwrap();
+                    use std::io::Write;
+                    h.write_all(format!("{k} {f} {r:04}\n").as_bytes()).unwrap();
+                }
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    for k in 0..2 {
+        for f in 0..3 {
+            let want: String = (0..40).map(|r| format!("{k} {f} {r:04}\n")).collect();
+            for m in [&a, &b] {
+                let got = std::fs::read_to_string(m.mp.join(format!("log-{k}-{f}"))).unwrap();
+                assert_eq!(got, want, "log-{k}-{f} at {}", m.mp.display());
+            }
+        }
+    }
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn two_mounts_of_a_redis_volume_see_each_others_closed_files() {
+    two_mounts("redis");
+}
+
+#[test]
+fn two_mounts_of_a_postgres_volume_see_each_others_closed_files() {
+    two_mounts("postgres");
+}
+
+// ---------------------------------------------------------------------------------------
+// kill -9
+
+#[test]
+fn kill_9_during_writes_loses_no_closed_file_and_leaves_no_stale_mount() {
+    let v = new_vol("rocksdb");
+    let m = Mount::start(&v, "mnt", &[]);
+    let mut want = Vec::new();
+    for i in 0..12 {
+        let d = data(100 + i, 300_000 * (i as usize + 1));
+        std::fs::write(m.mp.join(format!("closed-{i}")), &d).unwrap();
+        want.push(d);
+    }
+    // A writer still writing when the mount dies.
+    let mp = m.mp.clone();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let Ok(mut f) = std::fs::File::create(mp.join("in-flight")) else {
+            return;
+        };
+        for i in 0..400 {
+            if f.write_all(&data(i, 256 << 10)).is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = m.pid();
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    let _ = writer.join();
+    // fusermount3's auto-unmount removes the mount once the process is gone.
+    let t0 = Instant::now();
+    while is_mounted(&m.mp) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!is_mounted(&m.mp), "a stale mount was left after kill -9");
+    assert!(
+        std::fs::metadata(&m.mp).is_ok(),
+        "the mount point is not usable"
+    );
+    drop(m);
+    let m = Mount::start(&v, "mnt", &[]);
+    for (i, d) in want.iter().enumerate() {
+        assert_eq!(
+            &std::fs::read(m.mp.join(format!("closed-{i}"))).unwrap(),
+            d,
+            "closed-{i} after kill -9"
+        );
+    }
+    m.stop();
+    let o = jfs(&["fsck", &v.meta], &[]);
+    assert!(
+        o.status.success(),
+        "fsck after kill -9: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Local cache
+
+fn cache_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
+    let v = new_vol("rocksdb");
+    let payload = data(5, 20 << 20);
+    let m = Mount::start(&v, "mnt", &[]);
+    std::fs::write(m.mp.join("f"), &payload).unwrap();
+    m.stop();
+    // Warm the cache, then damage it while unmounted: a bit flip and a truncation.
+    let m = Mount::start(&v, "mnt", &[]);
+    let o = jfs_in(&v, &["warmup", m.mp.join("f").to_str().unwrap()]);
+    assert!(
+        o.status.success(),
+        "warmup: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    m.stop();
+    let files = cache_files(&v.dir.path().join("mnt-cache"));
+    assert!(files.len() >= 5, "the file's blocks are cached: {files:?}");
+    let mut b = std::fs::read(&files[0]).unwrap();
+    b[1000] ^= 0x01;
+    std::fs::write(&files[0], &b).unwrap();
+    let b = std::fs::read(&files[1]).unwrap();
+    std::fs::write(&files[1], &b[..b.len() / 2]).unwrap();
+    let m = Mount::start(&v, "mnt", &[]);
+    assert_eq!(
+        std::fs::read(m.mp.join("f")).unwrap(),
+        payload,
+        "damaged cache served"
+    );
+    let mt = metrics(&v, &m);
+    assert!(
+        metric(&mt, "jfs_blockstore_gets_total") >= 1.0,
+        "the damaged blocks were refetched: {mt:?}"
+    );
+    m.stop();
+    // A small cache stays within its size.
+    let m = Mount::start(&v, "small", &["--cache-size", "9M"]);
+    let big = data(6, 40 << 20);
+    std::fs::write(m.mp.join("g"), &big).unwrap();
+    assert_eq!(std::fs::read(m.mp.join("g")).unwrap(), big);
+    // 40 MiB cannot be warmed into 9 MiB: warmup says so (exit 1), the cache keeps its size.
+    let o = jfs_in(&v, &["warmup", m.mp.join("g").to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the local cache is full"));
+    let mt = metrics(&v, &m);
+    assert!(metric(&mt, "jfs_cache_bytes") <= (9 << 20) as f64, "{mt:?}");
+    let on_disk: u64 = cache_files(&v.dir.path().join("small-cache"))
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    assert!(on_disk <= 9 << 20, "cache holds {on_disk} bytes on disk");
+    m.stop();
+}
+
+#[test]
+fn warmed_files_read_without_touching_the_store() {
+    let v = new_vol("rocksdb");
+    let m = Mount::start(&v, "mnt", &[]);
+    std::fs::create_dir(m.mp.join("model")).unwrap();
+    let mut want = Vec::new();
+    for i in 0..4 {
+        let d = data(200 + i, (6 << 20) + i as usize * 1000);
+        std::fs::write(m.mp.join(format!("model/shard-{i}")), &d).unwrap();
+        want.push(d);
+    }
+    m.stop();
+    let m = Mount::start(&v, "mnt", &[]);
+    let check = jfs_in(
+        &v,
+        &[
+            "warmup",
+            "--check",
+            "--json",
+            m.mp.join("model").to_str().unwrap(),
+        ],
+    );
+    let c: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(c["cached"], 0, "{c}");
+    let o = jfs_in(
+        &v,
+        &["warmup", "--json", m.mp.join("model").to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files"], 4, "{s}");
+    assert_eq!(s["blocks"], 8, "{s}");
+    assert_eq!(s["fetched"], 8, "{s}");
+    let check = jfs_in(
+        &v,
+        &[
+            "warmup",
+            "--check",
+            "--json",
+            m.mp.join("model").to_str().unwrap(),
+        ],
+    );
+    let c: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(c["cached"], 8, "{c}");
+    let before = metric(&metrics(&v, &m), "jfs_blockstore_gets_total");
+    for (i, d) in want.iter().enumerate() {
+        assert_eq!(
+            &std::fs::read(m.mp.join(format!("model/shard-{i}"))).unwrap(),
+            d
+        );
+    }
+    let after = metrics(&v, &m);
+    assert_eq!(
+        metric(&after, "jfs_blockstore_gets_total"),
+        before,
+        "warmed reads went to the store"
+    );
+    assert!(metric(&after, "jfs_cache_hits_total") >= 8.0, "{after:?}");
+    // --evict drops them.
+    let o = jfs_in(
+        &v,
+        &[
+            "warmup",
+            "--evict",
+            "--json",
+            m.mp.join("model").to_str().unwrap(),
+        ],
+    );
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["evicted"], 8, "{e}");
+    m.stop();
+}
+
+// ---------------------------------------------------------------------------------------
+// RocksDB: one writing process; jfs write commands go through the mount.
+
+#[test]
+fn jfs_write_commands_reach_a_mounted_rocksdb_volume_through_the_mount() {
+    let v = new_vol("rocksdb");
+    let m = Mount::start(&v, "mnt", &["--attr-cache", "0s", "--entry-cache", "0s"]);
+    let src = v.dir.path().join("src.txt");
+    std::fs::write(&src, b"from jfs put").unwrap();
+    for args in [
+        vec!["mkdir", "-p", &v.meta, "/a/b"],
+        vec!["put", &v.meta, src.to_str().unwrap(), "/a/b"],
+        vec!["mv", &v.meta, "/a/b/src.txt", "/a/moved.txt"],
+        vec!["ln", "-s", &v.meta, "moved.txt", "/a/link"],
+        vec!["truncate", &v.meta, "/a/moved.txt", "4"],
+    ] {
+        let o = jfs_in(&v, &args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(std::fs::read(m.mp.join("a/moved.txt")).unwrap(), b"from");
+    assert_eq!(std::fs::read(m.mp.join("a/link")).unwrap(), b"from");
+    let o = jfs_in(&v, &["rm", "-r", &v.meta, "/a"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!m.mp.join("a").exists());
+    let o = jfs_in(&v, &["gc", &v.meta, "--delete", "--json"]);
+    assert!(
+        o.status.success(),
+        "gc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["sessions_live"], 1, "{r}");
+    m.stop();
+}
+
+#[test]
+fn unlinked_open_files_stay_readable_until_closed_then_are_freed() {
+    let v = new_vol("rocksdb");
+    let m = Mount::start(&v, "mnt", &[]);
+    let d = data(9, 5 << 20);
+    std::fs::write(m.mp.join("tmp"), &d).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.mp.join("tmp"))
+        .unwrap();
+    std::fs::remove_file(m.mp.join("tmp")).unwrap();
+    assert!(!m.mp.join("tmp").exists());
+    let mut b = vec![0u8; d.len()];
+    f.read_exact_at(&mut b, 0).unwrap();
+    assert_eq!(b, d);
+    f.write_all_at(b"tail", d.len() as u64).unwrap();
+    let mut t = [0u8; 4];
+    f.read_exact_at(&mut t, d.len() as u64).unwrap();
+    assert_eq!(&t, b"tail");
+    let o = jfs(&["status", &v.meta, "--json"], &[]);
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["kept_inodes"], 1, "{s}");
+    drop(f);
+    let t0 = Instant::now();
+    loop {
+        let o = jfs(&["status", &v.meta, "--json"], &[]);
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        if s["kept_inodes"] == 0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "still kept after close: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    m.stop();
+}
+
+#[test]
+fn operator_mistakes_are_refused_without_harm() {
+    let v = new_vol("rocksdb");
+    // A missing mount point.
+    let o = jfs_in(&v, &["mount", &v.meta, "/nonexistent/jfs-mnt"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not exist"));
+    let m = Mount::start(&v, "mnt", &[]);
+    std::fs::write(m.mp.join("keep"), b"x").unwrap();
+    // Mounting again on a live mount point.
+    let o = jfs_in(&v, &["mount", &v.meta, m.mp.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already mounted"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // umount of something that is not a jfs mount.
+    let o = jfs_in(&v, &["umount", v.dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    // A typo'd flag.
+    let o = jfs_in(
+        &v,
+        &[
+            "mount",
+            &v.meta,
+            m.mp.to_str().unwrap(),
+            "--cache-szie",
+            "1G",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(std::fs::read(m.mp.join("keep")).unwrap(), b"x");
+    // jfs umount unmounts and the process exits after committing.
+    let o = jfs_in(&v, &["umount", m.mp.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut m = m;
+    let st = m.child.take().unwrap().wait().unwrap();
+    assert!(st.success(), "mount process exit: {st}");
+    assert!(!is_mounted(&m.mp));
+}
