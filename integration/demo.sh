@@ -3,6 +3,8 @@
 # as object stores). A primary volume and a mirror site, each with its own mirror-agent
 # process: files written at the primary appear at the mirror (metadata applied from the
 # journal, blocks copied to the mirror's own store) and read back byte-identical there.
+# The primary is mounted read-write (FUSE) and written through the mount; the mirror is
+# mounted read-only and read through its mount.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash integration/install-deps.sh build
@@ -17,7 +19,11 @@ PRIMARY=rocksdb://$D/primary/meta
 MIRROR=rocksdb://$D/mirror/meta
 say() { printf '\n== %s\n' "$*"; }
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+MOUNTS=()
+cleanup() {
+  for m in "${MOUNTS[@]}"; do $JFS umount "$m" >/dev/null 2>&1 || $JFS umount --force "$m" >/dev/null 2>&1 || true; done
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true
+}
 trap cleanup EXIT
 # The mirror's token: from the environment, never on a command line or in a config file.
 MIRROR_DEMO_TOKEN=$(openssl rand -hex 24)
@@ -63,23 +69,27 @@ $AGENT run --config "$D/primary.toml" > "$D/primary-agent.log" 2>&1 & PIDS+=($!)
 $AGENT run --config "$D/mirror.toml" > "$D/mirror-agent.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 100); do $AGENT status --admin "$MADMIN" >/dev/null 2>&1 && break; sleep 0.1; done
 
-say "write at the primary (jfs put) while the agents run"
-$JFS put "$PRIMARY" "$D/src" /models
-$JFS ls -l "$PRIMARY" /models | head -5
+say "mount the primary read-write at $D/primary-mnt and write through it while the agents run"
+mkdir -p "$D/primary-mnt" "$D/mirror-mnt"
+$JFS mount "$PRIMARY" "$D/primary-mnt" -d --cache-dir "$D/cache" --log "$D/primary-mount.log"
+MOUNTS+=("$D/primary-mnt")
+cp -a "$D/src" "$D/primary-mnt/models"
+ls -l "$D/primary-mnt/models" | head -5
 HEAD=$($JFS status "$PRIMARY" --json | grep -o '"last": *[0-9]*' | grep -o '[0-9]*$')
 
 say "wait until the mirror has applied seq $HEAD and copied every block"
 $AGENT status --admin "$MADMIN" --wait-applied "$HEAD" --timeout 120s
 
-say "read everything back at the mirror (its metadata, its own block store) and compare"
-rm -rf "$D/readback"
-$JFS --block-store "file://$D/mirror/blocks" get "$MIRROR" /models "$D/readback"
-diff -r "$D/src" "$D/readback"
-echo "byte-identical at the mirror: $(find "$D/readback" -type f | wc -l) files"
+say "mount the mirror read-only (its metadata, its own block store) and compare through it"
+$JFS --block-store "file://$D/mirror/blocks" mount "$MIRROR" "$D/mirror-mnt" --read-only -d --cache-dir "$D/cache" --log "$D/mirror-mount.log"
+MOUNTS+=("$D/mirror-mnt")
+diff -r "$D/src" "$D/mirror-mnt/models"
+echo "byte-identical through the mirror's mount: $(find "$D/mirror-mnt/models" -type f | wc -l) files"
+if touch "$D/mirror-mnt/models/x" 2>/dev/null; then echo "a mirror mount accepted a write" >&2; exit 1; fi
+echo "writes at the mirror's mount are refused (read-only)"
 
 say "one more change at the primary: it shows up at the mirror within the window"
-echo "v2 of the notes" > "$D/notes.txt"
-$JFS put "$PRIMARY" "$D/notes.txt" /models/notes.txt
+echo "v2 of the notes" > "$D/primary-mnt/models/notes.txt"
 for _ in $(seq 50); do
   $JFS --block-store "file://$D/mirror/blocks" cat "$MIRROR" /models/notes.txt 2>/dev/null | grep -q v2 && break; sleep 0.1
 done

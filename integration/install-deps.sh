@@ -24,3 +24,15 @@ for c in "${need[@]}"; do
   command -v "$c" >/dev/null 2>&1 || [ -x "$c" ] || { echo "install-deps: $c is still missing after installing packages" >&2; exit 1; }
 done
 [ -e /usr/lib/x86_64-linux-gnu/librocksdb.so ] || { echo "install-deps: librocksdb.so not found (librocksdb-dev)" >&2; exit 1; }
+if [ "$what" = test ]; then
+  # FUSE: the mount tests need the device and fusermount3 (auto-unmount).
+  command -v fusermount3 >/dev/null || { echo "install-deps: fusermount3 is missing (fuse3)" >&2; exit 1; }
+  [ -e /dev/fuse ] || { echo "install-deps: /dev/fuse is missing: the mount tests need FUSE (run with --device /dev/fuse in a container)" >&2; exit 1; }
+  # pjdfstest, pinned, cached outside the clone like the target dir.
+  tools=${JFS_TOOLS_DIR:-$HOME/.cache/jfs-tools}
+  if [ ! -x "$tools/bin/pjdfstest" ]; then
+    echo "install-deps: installing pjdfstest 0.2.2 into $tools"
+    cargo install pjdfstest --version 0.2.2 --locked --root "$tools" --quiet
+  fi
+  [ -x "$tools/bin/pjdfstest" ] || { echo "install-deps: pjdfstest is missing after installing it" >&2; exit 1; }
+fi

@@ -17,5 +17,6 @@ trap cleanup EXIT
 bash integration/services.sh up "$SVC"
 # shellcheck disable=SC1091
 source "$SVC/env"
+export JFS_PJDFSTEST=${JFS_TOOLS_DIR:-$HOME/.cache/jfs-tools}/bin/pjdfstest
 cargo test --workspace --locked --no-fail-fast
 echo "test.sh: whole suite finished in $(( $(date +%s) - t0 ))s"
