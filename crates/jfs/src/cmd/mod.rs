@@ -89,7 +89,7 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             threads,
         } => {
             transfer::get(
-                &open_fs(g, &meta_url, true).await?,
+                Arc::new(open_fs(g, &meta_url, true).await?),
                 &volpath,
                 &local,
                 threads,

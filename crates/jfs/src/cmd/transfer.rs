@@ -343,7 +343,15 @@ fn set_local_times(path: &Path, attr: &fs_core::Attr) -> Result<()> {
     Ok(())
 }
 
-async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
+/// Memory for read-ahead of all files `jfs get` copies at once.
+const GET_BUDGET: u64 = 512 << 20;
+
+async fn get_file(
+    fs: &Arc<Fs>,
+    budget: &fs_core::Budget,
+    job: &GetJob,
+    progress: &Progress,
+) -> Result<()> {
     check_interrupted()?;
     let name = job
         .local
@@ -357,22 +365,47 @@ async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
     );
     let len = job.attr.length;
     file.set_len(len)?;
-    let offsets: Vec<u64> = (0..len.div_ceil(PIECE)).map(|i| i * PIECE).collect();
-    let res: Result<()> = futures::stream::iter(offsets.into_iter().map(|off| {
-        let file = file.clone();
-        async move {
+    // The mount's reader: sequential reads with a growing read-ahead window, blocks fetched
+    // in parallel ahead of the writer; one local write in flight while the next piece reads.
+    let res: Result<()> = async {
+        let reader = fs_core::FileReader::new(
+            fs.clone(),
+            job.ino,
+            fs_core::ReadAhead {
+                max_window: 256 << 20,
+                budget: Some(budget.clone()),
+            },
+        )
+        .await?;
+        let mut off = 0u64;
+        let mut pending: Option<tokio::task::JoinHandle<std::io::Result<()>>> = None;
+        while off < len {
             check_interrupted()?;
-            let buf = fs.read(job.ino, off, PIECE.min(len - off) as usize).await?;
+            let buf = reader.read(off, PIECE.min(len - off) as usize).await?;
+            if buf.is_empty() {
+                anyhow::bail!(
+                    "inode {} ended at {off} of {len} bytes while being read",
+                    job.ino
+                );
+            }
             let n = buf.len() as u64;
-            tokio::task::spawn_blocking(move || file.write_all_at(&buf, off)).await??;
+            if let Some(p) = pending.take() {
+                p.await??;
+            }
+            let file = file.clone();
+            let at = off;
+            pending = Some(tokio::task::spawn_blocking(move || {
+                file.write_all_at(&buf, at)
+            }));
             progress.add_bytes(n);
-            Ok::<_, anyhow::Error>(())
+            off += n;
         }
-    }))
-    .buffer_unordered(PIECES_IN_FLIGHT)
-    .try_collect::<Vec<()>>()
-    .await
-    .map(|_| ());
+        if let Some(p) = pending.take() {
+            p.await??;
+        }
+        Ok(())
+    }
+    .await;
     let res = res.and_then(|_| {
         file.sync_all()?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(job.attr.mode))?;
@@ -389,7 +422,7 @@ async fn get_file(fs: &Fs, job: &GetJob, progress: &Progress) -> Result<()> {
 }
 
 pub async fn get(
-    fs: &Fs,
+    fs: Arc<Fs>,
     volpath: &str,
     local: &Path,
     threads: usize,
@@ -412,12 +445,13 @@ pub async fn get(
     };
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
-    plan_get(fs, ino, attr, dest, &mut jobs, &mut dirs).await?;
+    plan_get(&fs, ino, attr, dest, &mut jobs, &mut dirs).await?;
+    let budget = fs_core::Budget::new(GET_BUDGET);
     let total = jobs.iter().map(|j| j.attr.length).sum();
     let progress = Progress::new("get", total, quiet);
     let t0 = std::time::Instant::now();
     let failures: Vec<anyhow::Error> =
-        futures::stream::iter(jobs.iter().map(|j| get_file(fs, j, &progress)))
+        futures::stream::iter(jobs.iter().map(|j| get_file(&fs, &budget, j, &progress)))
             .buffer_unordered(threads.max(1))
             .filter_map(|r| async move { r.err() })
             .collect()

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Mount benchmarks (BENCHMARKS.md, "Mount"): `jfs mount` against the same work on local disk,
+# in one run, as ratios. A RocksDB volume whose blocks are in a local directory (file://), so
+# the figures measure the mount, not a network. Needs root (drop_caches, bdi read-ahead).
+#   bash integration/bench-mount.sh            # 1 GiB file, 10,000 small files
+#   SIZE_MB=256 SMALL=2000 bash integration/bench-mount.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
+cargo build --release --locked -p jfs >/dev/null
+JFS=$CARGO_TARGET_DIR/release/jfs
+SIZE_MB=${SIZE_MB:-1024}
+SMALL=${SMALL:-10000}
+D=$(mktemp -d /tmp/jfs-bench-mount.XXXXXX)
+MNT=$D/mnt
+mkdir -p "$MNT" "$D/local"
+META=rocksdb://$D/meta
+cleanup() { "$JFS" umount "$MNT" >/dev/null 2>&1 || "$JFS" umount --force "$MNT" >/dev/null 2>&1 || true; rm -rf "$D"; }
+trap cleanup EXIT
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+secs() { python3 -c 'import sys,time; t=time.time(); import subprocess; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(f"{time.time()-t:.3f}")' "$@"; }
+mbps() { python3 -c "print(f'{$SIZE_MB/$1:.0f}')"; }
+ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+mount_it() { "$JFS" mount "$META" "$MNT" -d --cache-dir "$D/cache" --free-space-ratio 0.01 --log "$D/mount.log" "$@" >/dev/null; }
+pid_of_mount() { "$JFS" status "$META" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["sessions"][0]["pid"])'; }
+
+"$JFS" format "$META" bench --storage "file://$D/blocks" >/dev/null
+head -c $((SIZE_MB << 20)) /dev/urandom > "$D/local/src.bin"
+echo "mount benchmark: $SIZE_MB MiB file, $SMALL files of 16 KiB; $(nproc) cores; $(date -u +%F)"
+echo
+
+# --- sequential write
+mount_it
+drop; t_cp_local=$(secs sh -c "cp $D/local/src.bin $D/local/copy.bin && sync $D/local/copy.bin")
+drop; t_cp_mnt=$(secs cp "$D/local/src.bin" "$MNT/a.bin")
+PYW='import sys
+src, dst = sys.argv[1], sys.argv[2]
+with open(src, "rb") as s, open(dst, "wb") as d:
+    while True:
+        b = s.read(65536)
+        if not b: break
+        d.write(b)
+    d.flush()
+    import os; os.fsync(d.fileno())'
+drop; t_py_local=$(secs python3 -c "$PYW" "$D/local/src.bin" "$D/local/py.bin")
+drop; t_py_mnt=$(secs python3 -c "$PYW" "$D/local/src.bin" "$MNT/py.bin")
+cmp "$D/local/src.bin" "$MNT/a.bin"
+echo "| write ${SIZE_MB} MiB | local | mount | mount/local |"
+echo "|---|---|---|---|"
+echo "| cp (local: cp + sync) | $(mbps "$t_cp_local") MiB/s | $(mbps "$t_cp_mnt") MiB/s | $(ratio "$t_cp_local" "$t_cp_mnt") |"
+echo "| Python, 64 KiB writes + fsync | $(mbps "$t_py_local") MiB/s | $(mbps "$t_py_mnt") MiB/s | $(ratio "$t_py_local" "$t_py_mnt") |"
+"$JFS" umount "$MNT" >/dev/null
+
+# --- sequential read, cold (no local cache: blocks from the file store) and warm (cache)
+mount_it --cache-size 0
+PID=$(pid_of_mount)
+PYR='import sys
+with open(sys.argv[1], "rb") as f: f.read()'
+drop; t_dd_local=$(secs dd if="$D/local/src.bin" of=/dev/null bs=1M)
+drop; t_dd_cold=$(secs dd if="$MNT/a.bin" of=/dev/null bs=1M)
+HWM=$(awk '/VmHWM/ {print $2}' /proc/"$PID"/status)
+drop; t_py_local=$(secs python3 -c "$PYR" "$D/local/src.bin")
+drop; t_py_cold=$(secs python3 -c "$PYR" "$MNT/a.bin")
+"$JFS" umount "$MNT" >/dev/null
+mount_it
+"$JFS" warmup "$MNT/a.bin" >/dev/null
+drop; t_dd_warm=$(secs dd if="$MNT/a.bin" of=/dev/null bs=1M)
+drop; t_py_warm=$(secs python3 -c "$PYR" "$MNT/a.bin")
+# A second open of an unchanged file keeps the page cache (FOPEN_KEEP_CACHE).
+t_py_again=$(secs python3 -c "$PYR" "$MNT/a.bin")
+echo
+echo "| read ${SIZE_MB} MiB | local (cold) | mount cold | ratio | mount warm (local cache) | ratio |"
+echo "|---|---|---|---|---|---|"
+echo "| dd bs=1M | $(mbps "$t_dd_local") MiB/s | $(mbps "$t_dd_cold") MiB/s | $(ratio "$t_dd_local" "$t_dd_cold") | $(mbps "$t_dd_warm") MiB/s | $(ratio "$t_dd_local" "$t_dd_warm") |"
+echo "| Python open().read() | $(mbps "$t_py_local") MiB/s | $(mbps "$t_py_cold") MiB/s | $(ratio "$t_py_local" "$t_py_cold") | $(mbps "$t_py_warm") MiB/s | $(ratio "$t_py_local" "$t_py_warm") |"
+echo
+echo "second open of the unchanged file (page cache kept): $(mbps "$t_py_again") MiB/s"
+echo "peak RSS of the mount process during the cold read: $((HWM / 1024)) MiB (buffer 300 MiB + 64 MiB = 364 MiB allowed)"
+
+# --- jfs get vs cp
+drop; t_cp=$(secs cp "$D/local/src.bin" "$D/local/cp-out.bin")
+drop; t_get=$(secs "$JFS" get "$META" /a.bin "$D/local/get-out.bin")
+cmp "$D/local/src.bin" "$D/local/get-out.bin"
+echo
+echo "jfs get of the ${SIZE_MB} MiB file: $(mbps "$t_get") MiB/s; cp: $(mbps "$t_cp") MiB/s; get/cp $(ratio "$t_cp" "$t_get")"
+
+# --- many small files
+PYS='import sys, os, time
+root, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+data = os.urandom(16384)
+t = time.time()
+for i in range(n):
+    p = os.path.join(root, "d%02d" % (i % 50))
+    if mode == "write":
+        if i < 50: os.makedirs(p, exist_ok=True)
+        with open(os.path.join(p, "f%06d" % i), "wb") as f: f.write(data)
+    else:
+        with open(os.path.join(p, "f%06d" % i), "rb") as f: assert len(f.read()) == 16384
+print(f"{time.time()-t:.3f}")'
+mkdir -p "$D/local/small" "$MNT/small"
+w_local=$(python3 -c "$PYS" "$D/local/small" "$SMALL" write); sync
+w_mnt=$(python3 -c "$PYS" "$MNT/small" "$SMALL" write)
+drop
+r_local=$(python3 -c "$PYS" "$D/local/small" "$SMALL" read)
+r_mnt=$(python3 -c "$PYS" "$MNT/small" "$SMALL" read)
+per() { python3 -c "print(f'{$1*1000/$SMALL:.3f}')"; }
+echo
+echo "| $SMALL files of 16 KiB | local | mount | mount/local | mount per file |"
+echo "|---|---|---|---|---|"
+echo "| create+write+close | ${w_local} s | ${w_mnt} s | $(ratio "$w_local" "$w_mnt") | $(per "$w_mnt") ms |"
+echo "| open+read+close (cold) | ${r_local} s | ${r_mnt} s | $(ratio "$r_local" "$r_mnt") | $(per "$r_mnt") ms |"
