@@ -130,13 +130,7 @@ impl Mount {
     }
 
     fn sock(&self, v: &Vol) -> PathBuf {
-        // The same name the mount derives (see mount::control::socket_path).
-        let mut h: u64 = 0xcbf29ce484222325;
-        for b in self.mp.as_os_str().as_encoded_bytes() {
-            h ^= *b as u64;
-            h = h.wrapping_mul(0x100000001b3);
-        }
-        run_dir(v).join(format!("mount-{h:016x}.sock"))
+        mount::control::socket_path_in(&run_dir(v), &self.mp)
     }
 
     fn pid(&self) -> u32 {

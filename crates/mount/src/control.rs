@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 /// Where control sockets live: `JFS_RUN_DIR`, else /run/jfs for root, else
@@ -36,13 +36,18 @@ pub fn run_dir() -> PathBuf {
 
 /// The control socket of the mount at `mountpoint` (an absolute, canonical path).
 pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    socket_path_in(&run_dir(), mountpoint)
+}
+
+/// The control socket of the mount at `mountpoint` in run directory `dir`.
+pub fn socket_path_in(dir: &Path, mountpoint: &Path) -> PathBuf {
     // FNV-1a: stable across builds, no dependency.
     let mut h: u64 = 0xcbf29ce484222325;
     for b in mountpoint.as_os_str().as_encoded_bytes() {
         h ^= *b as u64;
         h = h.wrapping_mul(0x100000001b3);
     }
-    run_dir().join(format!("mount-{h:016x}.sock"))
+    dir.join(format!("mount-{h:016x}.sock"))
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -161,8 +166,6 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
         } => warmup(&ctl, &mut w, paths, threads.clamp(1, 256), action).await,
     }
 }
-
-use tokio::io::AsyncReadExt;
 
 /// Every block key a file's data shows (visible bytes only), with its length.
 async fn file_blocks(vfs: &Vfs, ino: Ino, len: u64) -> fs_core::Result<Vec<(String, u32)>> {

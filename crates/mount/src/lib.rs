@@ -43,14 +43,14 @@ pub struct MountOptions {
 /// Check the mount point: a directory, not mounted by a live process; a stale FUSE mount
 /// (its process killed) is cleared. Returns the canonical path.
 pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
+    if mounts::is_stale(mp) {
+        tracing::warn!(
+            mountpoint = %mp.display(),
+            "a stale mount (its process is gone) is at the mount point: clearing it"
+        );
+        mounts::lazy_unmount(mp)?;
+    }
     match std::fs::metadata(mp) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            tracing::warn!(
-                mountpoint = %mp.display(),
-                "a stale mount (its process is gone) is at the mount point: clearing it"
-            );
-            mounts::lazy_unmount(mp)?;
-        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
             "mount point {} does not exist: create the directory first (mkdir -p {})",
             mp.display(),

@@ -36,6 +36,12 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Whether `mp` is a mount left by a dead FUSE process ("Transport endpoint is not
+/// connected").
+pub fn is_stale(mp: &Path) -> bool {
+    matches!(std::fs::metadata(mp), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
 pub fn table() -> Result<Vec<MountEntry>> {
     let s = std::fs::read_to_string("/proc/self/mountinfo")?;
     let mut out = Vec::new();

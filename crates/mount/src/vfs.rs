@@ -65,6 +65,8 @@ pub struct VfsConfig {
 pub struct Node {
     pub ino: Ino,
     opens: AtomicU64,
+    /// fs-core asked whether to keep this inode at its last unlink (so it may be kept).
+    maybe_kept: std::sync::atomic::AtomicBool,
     pub writer: tokio::sync::Mutex<Writer>,
     /// Bumped whenever this mount changed the file's data (commit, truncate).
     pub gen: AtomicU64,
@@ -94,8 +96,13 @@ impl OpenFiles {
 
 impl Keeper for OpenFiles {
     fn is_open(&self, ino: Ino) -> bool {
-        self.get(ino)
-            .is_some_and(|n| n.opens.load(Ordering::SeqCst) > 0)
+        self.get(ino).is_some_and(|n| {
+            let open = n.opens.load(Ordering::SeqCst) > 0;
+            if open {
+                n.maybe_kept.store(true, Ordering::SeqCst);
+            }
+            open
+        })
     }
     fn session(&self) -> &str {
         &self.session
@@ -433,6 +440,7 @@ impl Vfs {
                 Arc::new(Node {
                     ino,
                     opens: AtomicU64::new(0),
+                    maybe_kept: Default::default(),
                     writer: tokio::sync::Mutex::new(Writer::new(
                         self.fs.clone(),
                         ino,
@@ -658,13 +666,11 @@ impl Vfs {
             }
             left == 0
         };
-        if last {
-            if let Ok(a) = self.fs.getattr(h.ino).await {
-                if a.nlink == 0 {
-                    if let Err(e) = self.fs.release_kept(h.ino).await {
-                        tracing::warn!(ino = h.ino, error = %e, "freeing an unlinked file at its last close failed; gc frees it once this session ends");
-                    }
-                }
+        // Only an inode fs-core kept for this mount needs freeing (release_kept is a no-op
+        // when the last unlink did not keep it after all).
+        if last && h.node.maybe_kept.load(Ordering::SeqCst) {
+            if let Err(e) = self.fs.release_kept(h.ino).await {
+                tracing::warn!(ino = h.ino, error = %e, "freeing an unlinked file at its last close failed; gc frees it once this session ends");
             }
         }
         self.metrics.buffer_used.set(self.budget.used() as i64);

@@ -11,19 +11,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn default_cache_dir() -> PathBuf {
-    if rustix_is_root() {
+    if rustix::process::geteuid().is_root() {
         PathBuf::from("/var/cache/jfs")
     } else {
         std::env::var_os("HOME")
             .map(|h| PathBuf::from(h).join(".cache/jfs"))
             .unwrap_or_else(|| PathBuf::from("/tmp/jfs-cache"))
     }
-}
-
-fn rustix_is_root() -> bool {
-    std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-        .unwrap_or(false)
 }
 
 /// Set in the environment of the process a background mount starts.
@@ -153,9 +147,7 @@ async fn background(m: &MountArgs) -> Result<Outcome> {
 }
 
 pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
-    let stale =
-        matches!(std::fs::metadata(mp), Err(e) if e.raw_os_error() == Some(libc_enotconn()));
-    if stale {
+    if mounts::is_stale(mp) {
         mounts::lazy_unmount(mp)?;
         eprintln!("jfs: cleared a stale mount at {}", mp.display());
         return Ok(Outcome::Done);
@@ -187,10 +179,6 @@ pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
     }
     eprintln!("jfs: unmounted {}", canon.display());
     Ok(Outcome::Done)
-}
-
-fn libc_enotconn() -> i32 {
-    107
 }
 
 /// Group `paths` (absolute, inside jfs mounts) by their mount.
