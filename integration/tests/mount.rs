@@ -82,13 +82,19 @@ fn jfs_in(v: &Vol, args: &[&str]) -> std::process::Output {
 struct Mount {
     child: Option<Child>,
     mp: PathBuf,
+    log: PathBuf,
 }
 
 impl Mount {
     fn start(v: &Vol, name: &str, extra: &[&str]) -> Mount {
         let mp = v.dir.path().join(name);
         std::fs::create_dir_all(&mp).unwrap();
-        let log = std::fs::File::create(v.dir.path().join(format!("{name}.log"))).unwrap();
+        // JFS_TEST_LOG_DIR keeps the mounts' logs past the test (the volume's dir goes).
+        let log_path = match std::env::var_os("JFS_TEST_LOG_DIR") {
+            Some(d) => PathBuf::from(d).join(format!("{}-{name}.log", unique("mount"))),
+            None => v.dir.path().join(format!("{name}.log")),
+        };
+        let log = std::fs::File::create(&log_path).unwrap();
         let cache = v.dir.path().join(format!("{name}-cache"));
         let mut args: Vec<String> = vec![
             "mount".into(),
@@ -112,12 +118,12 @@ impl Mount {
         let mut m = Mount {
             child: Some(child),
             mp: mp.clone(),
+            log: log_path,
         };
         let t0 = Instant::now();
         while !(is_mounted(&mp) && m.sock(v).exists()) {
             if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
-                let log = std::fs::read_to_string(v.dir.path().join(format!("{name}.log")))
-                    .unwrap_or_default();
+                let log = std::fs::read_to_string(&m.log).unwrap_or_default();
                 panic!("jfs mount exited ({st}) before mounting: {log}");
             }
             assert!(
@@ -146,7 +152,11 @@ impl Mount {
         let t0 = Instant::now();
         loop {
             if let Some(st) = c.try_wait().unwrap() {
-                assert!(st.success(), "jfs mount exited with {st} after SIGTERM");
+                assert!(
+                    st.success(),
+                    "jfs mount exited with {st} after SIGTERM: {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
                 break;
             }
             assert!(
@@ -802,8 +812,11 @@ fn warmed_files_read_without_touching_the_store() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(s["files"], 4, "{s}");
-    assert_eq!(s["blocks"], 8, "{s}");
-    assert_eq!(s["fetched"], 8, "{s}");
+    // Two blocks per 6 MiB file, or more where a close elsewhere (a process spawned while
+    // the file was open closes its inherited copy) committed a file's buffer mid-write.
+    let blocks = s["blocks"].as_u64().unwrap();
+    assert!(blocks >= 8, "{s}");
+    assert_eq!(s["fetched"], blocks, "{s}");
     let check = jfs_in(
         &v,
         &[
@@ -814,7 +827,7 @@ fn warmed_files_read_without_touching_the_store() {
         ],
     );
     let c: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
-    assert_eq!(c["cached"], 8, "{c}");
+    assert_eq!(c["cached"], blocks, "{c}");
     let before = metric(&metrics(&v, &m), "jfs_blockstore_gets_total");
     for (i, d) in want.iter().enumerate() {
         assert_eq!(
@@ -828,7 +841,10 @@ fn warmed_files_read_without_touching_the_store() {
         before,
         "warmed reads went to the store"
     );
-    assert!(metric(&after, "jfs_cache_hits_total") >= 8.0, "{after:?}");
+    assert!(
+        metric(&after, "jfs_cache_hits_total") >= blocks as f64,
+        "{after:?}"
+    );
     // --evict drops them.
     let o = jfs_in(
         &v,
@@ -840,7 +856,7 @@ fn warmed_files_read_without_touching_the_store() {
         ],
     );
     let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(e["evicted"], 8, "{e}");
+    assert_eq!(e["evicted"], blocks, "{e}");
     m.stop();
 }
 

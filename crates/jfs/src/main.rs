@@ -11,6 +11,12 @@ use std::process::ExitCode;
 const DESTRUCTIVE: &[&str] = &["--delete", "--force", "rm", "truncate"];
 
 fn main() -> ExitCode {
+    // `jfs mount` starts a copy of itself as its mount guard (see mount::guard).
+    let mut raw = std::env::args_os().skip(1);
+    if raw.next().is_some_and(|a| a == mount::guard::ARG) {
+        let mp = raw.next().map(std::path::PathBuf::from).unwrap_or_default();
+        return ExitCode::from(mount::guard::main(mp) as u8);
+    }
     let (args, _) = cli_common::parse::<cli::Cli>(DESTRUCTIVE);
     init_logging(&args.global);
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -6,9 +6,9 @@ use crate::vfs::{VResult, Vfs};
 use fs_core::{Attr, FileKind, Ino, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -166,6 +166,22 @@ impl Filesystem for FuseFs {
         let _ = config.set_congestion_threshold(48);
         let _ = config.set_max_write(1 << 20);
         Ok(())
+    }
+
+    /// No ioctls (programs probe files with TCGETS to see if they are terminals): ENOTTY,
+    /// the answer a regular file gives, without fuser's warning per call.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn destroy(&mut self) {

@@ -13,6 +13,7 @@
 
 pub mod control;
 pub mod fuse;
+pub mod guard;
 pub mod metrics;
 pub mod mounts;
 pub mod vfs;
@@ -203,6 +204,8 @@ async fn serve(
     cfg.acl = acl;
     cfg.n_threads = Some(o.threads.max(1));
     cfg.clone_fd = o.threads > 1;
+    // Started before mounting, so it holds none of the FUSE descriptors.
+    let mut guard = guard::spawn(mp)?;
     let mp2 = mp.to_path_buf();
     let mut fsession = tokio::task::spawn_blocking(move || fuser::Session::new(ffs, &mp2, &cfg))
         .await?
@@ -221,6 +224,12 @@ async fn serve(
             let _ = done_tx.send(r);
         })?;
     raise_kernel_readahead(mp, 4096);
+    match mounts::find(mp) {
+        Ok(Some(m)) if m.is_jfs() => guard.arm(&m.dev),
+        _ => {
+            tracing::warn!("the new mount is not in the mount table; the mount guard is not armed")
+        }
+    }
 
     // The control socket.
     let exporter = Arc::new(metrics::Exporter::new(&mm, &store_metrics));

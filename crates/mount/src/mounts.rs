@@ -6,6 +6,8 @@ use std::process::{Command, Stdio};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
+    /// The mount's device, "major:minor" (a FUSE connection's own; a remount gets a new one).
+    pub dev: String,
     pub mountpoint: PathBuf,
     pub fstype: String,
     pub source: String,
@@ -55,6 +57,7 @@ pub fn table() -> Result<Vec<MountEntry>> {
             continue;
         }
         out.push(MountEntry {
+            dev: pre[2].to_string(),
             mountpoint: PathBuf::from(unescape(pre[4])),
             fstype: post[0].to_string(),
             source: unescape(post[1]),

@@ -107,6 +107,15 @@ impl Writer {
     async fn write_in_chunk(&mut self, off: u64, data: &[u8]) -> Result<(), String> {
         let continues = matches!(&self.run, Some(r) if r.start + r.buf.len() as u64 == off);
         if !continues {
+            if let Some(r) = &self.run {
+                tracing::trace!(
+                    ino = self.ino,
+                    run_start = r.start,
+                    run_len = r.buf.len(),
+                    off,
+                    "a write elsewhere seals the run"
+                );
+            }
             self.seal();
         }
         if self.run.is_none() {
