@@ -328,6 +328,12 @@ async fn serve(
     tracing::info!(mountpoint = %mp.display(), "unmounted");
     match result {
         Ok(Ok(())) => Ok(()),
+        // A reader that took a request just as an unmount tore the connection down gets
+        // ECONNABORTED instead of ENODEV: the same end (so is an abort through fusectl).
+        Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+            tracing::info!("the FUSE connection was closed while a request was being read");
+            Ok(())
+        }
         Ok(Err(e)) => Err(e).context("the FUSE session failed"),
         Err(_) => bail!("the FUSE session thread ended without a result"),
     }
