@@ -876,7 +876,7 @@ mod cases {
         // A write through another path, then invalidate: the reader sees it.
         fs.write(f, 1000, b"fresh").await.unwrap();
         r.invalidate().await.unwrap();
-        assert_eq!(r.read(1000, 5).await.unwrap(), b"fresh");
+        assert_eq!(&r.read(1000, 5).await.unwrap()[..], b"fresh");
         drop(r);
         drop(r2);
         assert_eq!(budget.used(), 0, "every block held was given back");

@@ -44,8 +44,8 @@ pub struct Global {
     /// S3 endpoint for the volume's store (else from the storage URL or AWS_ENDPOINT_URL).
     #[arg(long, global = true, value_name = "URL")]
     pub endpoint: Option<String>,
-    /// Use this block store instead of the volume's own storage URL (e.g. at a mirror site,
-    /// whose blocks live in the mirror store).
+    /// Use this block store instead of the volume's own storage URL (at a mirror site the
+    /// default is the mirror store its marker records).
     #[arg(
         long = "block-store",
         global = true,
@@ -53,6 +53,14 @@ pub struct Global {
         env = "JFS_BLOCK_STORE"
     )]
     pub storage: Option<String>,
+    /// At a mirror site: read blocks not yet copied from this store (default: the origin
+    /// store the mirror's marker records, else the volume's storage URL).
+    #[arg(long, global = true, value_name = "URL", env = "JFS_ORIGIN_STORE")]
+    pub origin_store: Option<String>,
+    /// At a mirror site: a block not yet copied fails the read (EIO at a mount) instead of
+    /// being read from the origin store.
+    #[arg(long, global = true)]
+    pub no_fallback: bool,
     /// Block transfers in flight per file.
     #[arg(long, global = true, default_value_t = 8)]
     pub io_parallel: usize,

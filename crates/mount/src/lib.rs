@@ -95,9 +95,19 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
     let mp = prepare_mountpoint(&o.mountpoint)?;
     let volume::Volume {
         mut fs,
+        site,
         store,
         metrics: store_metrics,
     } = vol;
+    if let volume::Site::Mirror {
+        name,
+        store,
+        origin,
+        fallback,
+    } = &site
+    {
+        tracing::info!(mirror = %name, %store, %origin, fallback, "a mirror site: blocks come from the mirror store, and those not yet copied from the origin");
+    }
     let mut session = fs_core::session::Session::new(&mp.to_string_lossy(), o.read_only);
     let open = vfs::OpenFiles::new(session.id.clone());
     fs.set_keeper(open.clone());

@@ -579,7 +579,7 @@ impl Vfs {
         Ok(rd)
     }
 
-    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> VResult<Vec<u8>> {
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> VResult<bytes::Bytes> {
         let h = self.handle(fh)?;
         // Buffered writes of this file are committed first, so reads see them.
         let dirty = h.node.writer.lock().await.dirty();

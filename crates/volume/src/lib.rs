@@ -14,9 +14,11 @@
 //! issues go here too.
 
 mod cache;
+mod fallback;
 mod metrics;
 
 pub use cache::{CacheConfig, CacheUsage, CachedStore, DiskCache, MeteredStore};
+pub use fallback::{FallbackStore, ORIGIN_TIMEOUT};
 pub use metrics::StoreMetrics;
 
 use fs_core::error::{Error, ErrorKind, Result};
@@ -49,11 +51,31 @@ pub struct Options {
     pub io_parallel: usize,
     /// A local disk cache of blocks (the mount, `jfs get`).
     pub cache: Option<CacheConfig>,
+    /// At a mirror site: the store blocks not yet copied are read from (else the one the
+    /// mirror marker records, else the volume's storage URL).
+    pub origin_store: Option<String>,
+    /// At a mirror site: a block not yet copied is an error instead of an origin read.
+    pub no_fallback: bool,
+}
+
+/// Where a volume's blocks are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Site {
+    /// The volume's own store (a primary, or a store named with `--storage`).
+    Primary { store: String },
+    /// A mirror site: its own store, falling back to the origin for blocks not yet copied.
+    Mirror {
+        name: String,
+        store: String,
+        origin: String,
+        fallback: bool,
+    },
 }
 
 /// An opened volume with the handles on its store stack.
 pub struct Volume {
     pub fs: Fs,
+    pub site: Site,
     /// The top of the stack (the local cache lives here).
     pub store: Arc<CachedStore>,
     pub metrics: Arc<StoreMetrics>,
@@ -123,6 +145,15 @@ pub async fn check_site(engine: &dyn Engine, access: Access, allow_incomplete: b
     Ok(())
 }
 
+/// The mirror marker of META_URL's metadata, if it is a mirror's (opened read-only).
+pub async fn mirror_marker(
+    meta_url: &str,
+    password_file: Option<PathBuf>,
+) -> Result<Option<fs_core::site::MirrorMarker>> {
+    let engine = open_engine(meta_url, Access::Read, password_file, false).await?;
+    fs_core::site::marker(&*engine).await
+}
+
 /// Open a volume: engine, settings, block store, with the checks above.
 pub async fn open(meta_url: &str, o: &Options) -> Result<Fs> {
     let engine = open_engine(meta_url, o.access, o.password_file.clone(), false).await?;
@@ -144,11 +175,56 @@ pub async fn open_volume(meta_url: &str, o: &Options) -> Result<Volume> {
 pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volume> {
     check_site(&*engine, o.access, o.allow_incomplete).await?;
     let settings = Fs::load_settings(&*engine).await?;
-    let url = o.block_store.as_deref().unwrap_or(&settings.storage);
-    let backend = open_store(url, o.endpoint.as_deref())
-        .map_err(|e| e.context(format!("opening the volume's block store {url}")))?;
+    // A mirror's reads (never its agent's, which opens it `allow_incomplete` and copies with
+    // stores of its own) go to the mirror's store, falling back to the origin.
+    let marker = if o.access == Access::Read && !o.allow_incomplete {
+        fs_core::site::marker(&*engine).await?
+    } else {
+        None
+    };
     let metrics = Arc::new(StoreMetrics::default());
-    let metered: Arc<dyn BlockStore> = Arc::new(MeteredStore::new(backend, metrics.clone()));
+    let (site, metered): (Site, Arc<dyn BlockStore>) = match marker {
+        Some(m) => {
+            let store_url = o.block_store.clone().unwrap_or(m.store.clone());
+            let origin_url = o
+                .origin_store
+                .clone()
+                .or(m.origin_store.clone())
+                .unwrap_or(settings.storage.clone());
+            let mirror = open_store(&store_url, o.endpoint.as_deref()).map_err(|e| {
+                e.context(format!(
+                    "opening mirror {:?}'s block store {store_url}",
+                    m.name
+                ))
+            })?;
+            let mirror: Arc<dyn BlockStore> = Arc::new(MeteredStore::new(mirror, metrics.clone()));
+            let site = Site::Mirror {
+                name: m.name.clone(),
+                store: store_url.clone(),
+                origin: origin_url.clone(),
+                fallback: !o.no_fallback && origin_url != store_url,
+            };
+            if origin_url == store_url {
+                (site, mirror)
+            } else {
+                let origin = open_store(&origin_url, o.endpoint.as_deref())
+                    .map_err(|e| e.context(format!("opening the origin store {origin_url}")))?;
+                let fb = FallbackStore::new(mirror, origin, !o.no_fallback, metrics.clone());
+                (site, Arc::new(fb))
+            }
+        }
+        None => {
+            let url = o.block_store.as_deref().unwrap_or(&settings.storage);
+            let backend = open_store(url, o.endpoint.as_deref())
+                .map_err(|e| e.context(format!("opening the volume's block store {url}")))?;
+            (
+                Site::Primary {
+                    store: url.to_string(),
+                },
+                Arc::new(MeteredStore::new(backend, metrics.clone())),
+            )
+        }
+    };
     let cache = match &o.cache {
         Some(c) if c.capacity > 0 => Some(DiskCache::open(
             c,
@@ -163,5 +239,10 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
     if o.io_parallel > 0 {
         fs.io_parallel = o.io_parallel;
     }
-    Ok(Volume { fs, store, metrics })
+    Ok(Volume {
+        fs,
+        site,
+        store,
+        metrics,
+    })
 }

@@ -30,6 +30,18 @@ pub struct StoreMetrics {
     pub cache_bytes: Gauge,
     pub cache_items: Gauge,
     pub cache_capacity: Gauge,
+    /// Mirror sites: blocks missing at the mirror read from the origin (verified).
+    pub fallback_reads: Counter,
+    pub fallback_bytes: Counter,
+    /// Blocks missing at the mirror while fallback is off (`--no-fallback`): read errors.
+    pub fallback_refused: Counter,
+    /// Origin fetches that failed (unreachable, timed out, wrong length).
+    pub origin_errors: Counter,
+    /// Blocks read from the origin and written to the mirror store.
+    pub fills: Counter,
+    pub fill_errors: Counter,
+    /// Fills skipped (too many in flight): the agent copies those blocks.
+    pub fills_skipped: Counter,
 }
 
 fn latency() -> Histogram {
@@ -59,6 +71,13 @@ impl Default for StoreMetrics {
             cache_bytes: Gauge::default(),
             cache_items: Gauge::default(),
             cache_capacity: Gauge::default(),
+            fallback_reads: Counter::default(),
+            fallback_bytes: Counter::default(),
+            fallback_refused: Counter::default(),
+            origin_errors: Counter::default(),
+            fills: Counter::default(),
+            fill_errors: Counter::default(),
+            fills_skipped: Counter::default(),
         }
     }
 }
@@ -156,6 +175,41 @@ impl StoreMetrics {
             "jfs_cache_capacity_bytes",
             "Capacity of the local cache",
             self.cache_capacity.clone(),
+        );
+        r.register(
+            "jfs_fallback_reads",
+            "Blocks missing at the mirror read from the origin store",
+            self.fallback_reads.clone(),
+        );
+        r.register(
+            "jfs_fallback_bytes",
+            "Bytes read from the origin store for blocks missing at the mirror",
+            self.fallback_bytes.clone(),
+        );
+        r.register(
+            "jfs_fallback_refused",
+            "Reads of blocks missing at the mirror while fallback is off",
+            self.fallback_refused.clone(),
+        );
+        r.register(
+            "jfs_origin_errors",
+            "Failed fetches from the origin store",
+            self.origin_errors.clone(),
+        );
+        r.register(
+            "jfs_fills",
+            "Blocks read from the origin and written to the mirror store",
+            self.fills.clone(),
+        );
+        r.register(
+            "jfs_fill_errors",
+            "Failed writes of fallback blocks to the mirror store",
+            self.fill_errors.clone(),
+        );
+        r.register(
+            "jfs_fills_skipped",
+            "Fallback blocks not written to the mirror store (too many fills in flight)",
+            self.fills_skipped.clone(),
         );
     }
 }

@@ -353,12 +353,13 @@ impl FileReader {
             .shared()
     }
 
-    /// Read up to `len` bytes at `offset` (short at the end of the file).
-    pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+    /// Read up to `len` bytes at `offset` (short at the end of the file). A read that one
+    /// block serves whole is a slice of that block (no copy).
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Bytes> {
         let mut st = self.st.lock().await;
         let end = (offset + len as u64).min(st.length);
         if offset >= end {
-            return Ok(Vec::new());
+            return Ok(Bytes::new());
         }
         // Sequential or not: the window grows while the reader keeps up with it.
         let sequential = offset.abs_diff(st.next) <= NEAR.max(st.window);
@@ -480,16 +481,21 @@ impl FileReader {
             }
         }
         drop(st);
-        let mut out = vec![0u8; plan.len];
         let got = futures::future::try_join_all(
             waits
                 .into_iter()
                 .map(|(f, from, n, d)| async move { f.await.map(|b| (b, from, n, d)) }),
         )
         .await?;
+        if let [(b, from, n, 0)] = got.as_slice() {
+            if *n == plan.len {
+                return Ok(b.slice(*from..*from + *n));
+            }
+        }
+        let mut out = vec![0u8; plan.len];
         for (b, from, n, d) in got {
             out[d..d + n].copy_from_slice(&b[from..from + n]);
         }
-        Ok(out)
+        Ok(Bytes::from(out))
     }
 }

@@ -232,6 +232,8 @@ pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> 
         password_file: g.meta_password_file.clone(),
         endpoint: g.endpoint.clone(),
         block_store: g.storage.clone(),
+        origin_store: g.origin_store.clone(),
+        no_fallback: g.no_fallback,
         allow_incomplete: false,
         cache: None,
         io_parallel: g.io_parallel.max(1),

@@ -43,6 +43,19 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         capacity: m.cache_size,
         free_ratio: m.free_space_ratio,
     });
+    // A mirror's metadata follows its primary: its mounts are read-only.
+    let mut m = m;
+    if !m.read_only {
+        if let Some(mk) = volume::mirror_marker(&m.meta_url, g.meta_password_file.clone()).await? {
+            eprintln!(
+                "jfs: {} is mirror {:?}'s metadata (it follows the primary at {}): mounting read-only",
+                meta::redact(&m.meta_url),
+                mk.name,
+                mk.primary
+            );
+            m.read_only = true;
+        }
+    }
     let opts = volume::Options {
         access: if m.read_only {
             volume::Access::Read
@@ -52,6 +65,8 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         password_file: g.meta_password_file.clone(),
         endpoint: g.endpoint.clone(),
         block_store: g.storage.clone(),
+        origin_store: g.origin_store.clone(),
+        no_fallback: g.no_fallback,
         allow_incomplete: false,
         io_parallel: g.io_parallel.max(1),
         cache,

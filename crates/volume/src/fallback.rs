@@ -1,0 +1,220 @@
+//! The origin fallback layer of a mirror site: blocks are read from the mirror's own store;
+//! a block not there yet (NotFound, and only that) is read from the origin store, verified,
+//! served, and written to the mirror store in the background (a read-through fill), so the
+//! mirror agent's copier finds it there and skips it.
+//!
+//! Invariants:
+//! - a fallback returns the verified block or an error, never wrong or partial bytes: the
+//!   length its key names is checked (and the checksum, where the slice records one);
+//! - concurrent reads of one missing block share one origin fetch;
+//! - a fill writes the block whole or not at all (the store's put is atomic: a temp file
+//!   renamed, or one S3 PUT), so a mount killed during a fill leaves no torn block;
+//! - the mirror store is written only by fills and the agent: `put` and `delete` through
+//!   this layer are refused (a mirror's data is the primary's).
+
+use crate::metrics::StoreMetrics;
+use async_trait::async_trait;
+use bytes::Bytes;
+use fs_core::error::{Error, ErrorKind, Result};
+use fs_core::{BlockStore, ObjectMeta};
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Fills in flight at once; more are skipped (the agent copies those).
+const FILLS_IN_FLIGHT: usize = 16;
+
+/// The longest an origin fetch may take before the read fails (a cut link must give EIO in
+/// bounded time, never a hang).
+pub const ORIGIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+type Flight = Shared<BoxFuture<'static, Result<Bytes>>>;
+
+pub struct FallbackStore {
+    mirror: Arc<dyn BlockStore>,
+    origin: Arc<dyn BlockStore>,
+    /// Where fallback reads are announced (the agent copies them first); None: nowhere.
+    on_fallback: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    enabled: bool,
+    timeout: Duration,
+    flights: Arc<Mutex<HashMap<String, Flight>>>,
+    fills: Arc<Semaphore>,
+    metrics: Arc<StoreMetrics>,
+}
+
+impl FallbackStore {
+    /// `enabled: false` (`--no-fallback`): a block missing at the mirror is an error (counted).
+    pub fn new(
+        mirror: Arc<dyn BlockStore>,
+        origin: Arc<dyn BlockStore>,
+        enabled: bool,
+        metrics: Arc<StoreMetrics>,
+    ) -> FallbackStore {
+        FallbackStore {
+            mirror,
+            origin,
+            on_fallback: None,
+            enabled,
+            timeout: ORIGIN_TIMEOUT,
+            flights: Default::default(),
+            fills: Arc::new(Semaphore::new(FILLS_IN_FLIGHT)),
+            metrics,
+        }
+    }
+
+    pub fn with_timeout(mut self, t: Duration) -> FallbackStore {
+        self.timeout = t;
+        self
+    }
+
+    /// Call `f(key)` for every block read through the origin.
+    pub fn on_fallback(mut self, f: Arc<dyn Fn(&str) + Send + Sync>) -> FallbackStore {
+        self.on_fallback = Some(f);
+        self
+    }
+
+    fn flight(&self, key: &str) -> Flight {
+        let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = m.get(key) {
+            return f.clone();
+        }
+        let (origin, mirror) = (self.origin.clone(), self.mirror.clone());
+        let (flights, fills, metrics) = (
+            self.flights.clone(),
+            self.fills.clone(),
+            self.metrics.clone(),
+        );
+        let timeout = self.timeout;
+        let k = key.to_string();
+        let f = async move {
+            let r = match tokio::time::timeout(timeout, origin.get(&k)).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "the origin store {} did not answer for block {k} within {timeout:?}",
+                        origin.display_url()
+                    ),
+                )),
+            }
+            .and_then(|b| verify(&k, b));
+            flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+            match &r {
+                Ok(b) => {
+                    metrics.fallback_reads.inc();
+                    metrics.fallback_bytes.inc_by(b.len() as u64);
+                    match fills.try_acquire_owned() {
+                        Ok(permit) => {
+                            let b = b.clone();
+                            tokio::spawn(async move {
+                                match mirror.put(&k, b).await {
+                                    Ok(()) => {
+                                        metrics.fills.inc();
+                                    }
+                                    Err(e) => {
+                                        metrics.fill_errors.inc();
+                                        tracing::warn!(block = %k, error = %e, "filling the mirror store with a block read from the origin failed; the agent copies it");
+                                    }
+                                }
+                                drop(permit);
+                            });
+                        }
+                        Err(_) => {
+                            metrics.fills_skipped.inc();
+                        }
+                    }
+                }
+                Err(e) => {
+                    metrics.origin_errors.inc();
+                    tracing::error!(block = %k, error = %e, "a block missing at the mirror could not be read from the origin");
+                }
+            }
+            r
+        }
+        .boxed()
+        .shared();
+        m.insert(key.to_string(), f.clone());
+        f
+    }
+}
+
+/// A block must be as long as its key says (`..._{index}_{len}`).
+fn verify(key: &str, b: Bytes) -> Result<Bytes> {
+    let want = key
+        .rsplit('/')
+        .next()
+        .and_then(|f| f.rsplit('_').next())
+        .and_then(|l| l.parse::<usize>().ok());
+    match want {
+        Some(n) if n != b.len() => Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "block {key} from the origin has {} bytes, its key says {n}",
+                b.len()
+            ),
+        )),
+        _ => Ok(b),
+    }
+}
+
+#[async_trait]
+impl BlockStore for FallbackStore {
+    fn display_url(&self) -> String {
+        format!(
+            "{} (falling back to {})",
+            self.mirror.display_url(),
+            self.origin.display_url()
+        )
+    }
+
+    async fn check(&self) -> Result<()> {
+        self.mirror.check().await
+    }
+
+    async fn put(&self, key: &str, _data: Bytes) -> Result<()> {
+        Err(Error::new(
+            ErrorKind::ReadOnly,
+            format!("block {key}: a mirror site's store is written by its agent only"),
+        ))
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes> {
+        match self.mirror.get(key).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if !self.enabled {
+                    self.metrics.fallback_refused.inc();
+                    return Err(e.context(
+                        "the block is not at the mirror yet and fallback to the origin is off (--no-fallback)".to_string(),
+                    ));
+                }
+                if let Some(f) = &self.on_fallback {
+                    f(key);
+                }
+                self.flight(key).await
+            }
+            r => r,
+        }
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        self.mirror.head(key).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        Err(Error::new(
+            ErrorKind::ReadOnly,
+            format!("block {key}: a mirror site's store is written by its agent only"),
+        ))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()> {
+        self.mirror.list(prefix, f).await
+    }
+}
