@@ -5,6 +5,7 @@
 //! A backend whose URL variable is missing is a test failure with instructions, never a skip.
 
 pub mod mirror;
+pub mod mountproc;
 
 use fs_core::{BlockStore, Engine, Fs, Settings};
 use std::path::PathBuf;

@@ -4,36 +4,12 @@
 //!
 //! These need /dev/fuse and fusermount3 (Debian fuse3): without them they fail, never skip.
 
+use integration::mountproc::{fuse_ready, is_mounted, Mount};
 use integration::{bin, data, meta_url, store_url, unique};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn fuse_ready() {
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "/dev/fuse is missing: these tests need FUSE (a kernel with fuse, or a container with --device /dev/fuse)"
-    );
-    assert!(
-        Command::new("fusermount3")
-            .arg("-V")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()),
-        "fusermount3 is missing: install Debian's fuse3 (bash integration/install-deps.sh)"
-    );
-}
-
-fn is_mounted(mp: &Path) -> bool {
-    let t = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = mp.to_string_lossy().replace(' ', "\\040");
-    t.lines().any(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        f.len() > 4 && f[4] == want && l.contains(" - fuse.jfs ")
-    })
-}
 
 /// A volume formatted for a test: its metadata URL and the dirs holding it.
 struct Vol {
@@ -77,119 +53,8 @@ fn jfs_in(v: &Vol, args: &[&str]) -> std::process::Output {
     jfs(args, &[("JFS_RUN_DIR", rd.to_str().unwrap())])
 }
 
-/// A foreground `jfs mount` process; dropping it unmounts (SIGTERM, then kill -9 and a lazy
-/// unmount if it does not go), whatever the test's outcome.
-struct Mount {
-    child: Option<Child>,
-    mp: PathBuf,
-    log: PathBuf,
-}
-
-impl Mount {
-    fn start(v: &Vol, name: &str, extra: &[&str]) -> Mount {
-        let mp = v.dir.path().join(name);
-        std::fs::create_dir_all(&mp).unwrap();
-        // JFS_TEST_LOG_DIR keeps the mounts' logs past the test (the volume's dir goes).
-        let log_path = match std::env::var_os("JFS_TEST_LOG_DIR") {
-            Some(d) => PathBuf::from(d).join(format!("{}-{name}.log", unique("mount"))),
-            None => v.dir.path().join(format!("{name}.log")),
-        };
-        let log = std::fs::File::create(&log_path).unwrap();
-        let cache = v.dir.path().join(format!("{name}-cache"));
-        let mut args: Vec<String> = vec![
-            "mount".into(),
-            v.meta.clone(),
-            mp.display().to_string(),
-            "--cache-dir".into(),
-            cache.display().to_string(),
-            // Test machines' disks may be fuller than the default 10% floor allows.
-            "--free-space-ratio".into(),
-            "0.01".into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(bin("jfs"))
-            .args(&args)
-            .env("JFS_RUN_DIR", run_dir(v))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting jfs mount");
-        let mut m = Mount {
-            child: Some(child),
-            mp: mp.clone(),
-            log: log_path,
-        };
-        let t0 = Instant::now();
-        while !(is_mounted(&mp) && m.sock(v).exists()) {
-            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
-                let log = std::fs::read_to_string(&m.log).unwrap_or_default();
-                panic!("jfs mount exited ({st}) before mounting: {log}");
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "mount took over 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        m
-    }
-
-    fn sock(&self, v: &Vol) -> PathBuf {
-        mount::control::socket_path_in(&run_dir(v), &self.mp)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    /// SIGTERM and wait for a clean exit.
-    fn stop(mut self) {
-        let mut c = self.child.take().unwrap();
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = c.try_wait().unwrap() {
-                assert!(
-                    st.success(),
-                    "jfs mount exited with {st} after SIGTERM: {}",
-                    std::fs::read_to_string(&self.log).unwrap_or_default()
-                );
-                break;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "jfs mount ignored SIGTERM for 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(!is_mounted(&self.mp), "still mounted after SIGTERM");
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let t0 = Instant::now();
-            while c.try_wait().ok().flatten().is_none() && t0.elapsed() < Duration::from_secs(10) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if is_mounted(&self.mp) || std::fs::metadata(&self.mp).is_err() {
-            let _ = Command::new("fusermount3")
-                .arg("-uz")
-                .arg(&self.mp)
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
+fn mount(v: &Vol, name: &str, extra: &[&str]) -> Mount {
+    Mount::start(&v.meta, v.dir.path(), name, extra)
 }
 
 /// The metrics of a mount, name{labels} -> value.
@@ -297,7 +162,7 @@ fn local_baseline() -> &'static std::collections::BTreeSet<String> {
 
 fn pjdfstest_on(engine: &str) {
     let v = new_vol(engine);
-    let m = Mount::start(&v, "mnt", &["--cache-size", "0", "--allow-other"]);
+    let m = mount(&v, "mnt", &["--cache-size", "0", "--allow-other"]);
     let cfg = pjd_config(v.dir.path());
     let (ok, out) = pjdfstest_in(&m.mp, &cfg);
     let base = local_baseline();
@@ -522,7 +387,7 @@ fn random_operations_match_a_local_directory_and_survive_a_remount() {
         .unwrap_or_else(rand::random);
     eprintln!("differential seed {seed} (JFS_DIFF_SEED={seed} repeats it)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let m = Mount::start(
+    let m = mount(
         &v,
         "mnt",
         &[
@@ -557,7 +422,7 @@ fn random_operations_match_a_local_directory_and_survive_a_remount() {
     assert!(a.len() >= 3, "the run made too little: {a:?}");
     m.stop();
     // The same tree after a remount, and the metadata is consistent.
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     assert_eq!(
         tree(&m.mp),
         b,
@@ -588,8 +453,8 @@ fn random_operations_match_a_local_directory_and_survive_a_remount() {
 
 fn two_mounts(engine: &str) {
     let v = new_vol(engine);
-    let a = Mount::start(&v, "a", &["--attr-cache", "0s", "--entry-cache", "0s"]);
-    let b = Mount::start(&v, "b", &["--attr-cache", "0s", "--entry-cache", "0s"]);
+    let a = mount(&v, "a", &["--attr-cache", "0s", "--entry-cache", "0s"]);
+    let b = mount(&v, "b", &["--attr-cache", "0s", "--entry-cache", "0s"]);
     // Close-to-open: closed at A, read whole at B.
     let payload = data(7, 9 << 20 | 12345);
     std::fs::write(a.mp.join("model.bin"), &payload).unwrap();
@@ -643,7 +508,7 @@ fn two_mounts_of_a_postgres_volume_see_each_others_closed_files() {
 #[test]
 fn kill_9_during_writes_loses_no_closed_file_and_leaves_no_stale_mount() {
     let v = new_vol("rocksdb");
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     let mut want = Vec::new();
     for i in 0..12 {
         let d = data(100 + i, 300_000 * (i as usize + 1));
@@ -681,7 +546,7 @@ fn kill_9_during_writes_loses_no_closed_file_and_leaves_no_stale_mount() {
         "the mount point is not usable"
     );
     drop(m);
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     for (i, d) in want.iter().enumerate() {
         assert_eq!(
             &std::fs::read(m.mp.join(format!("closed-{i}"))).unwrap(),
@@ -726,11 +591,11 @@ fn cache_files(dir: &Path) -> Vec<PathBuf> {
 fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
     let v = new_vol("rocksdb");
     let payload = data(5, 20 << 20);
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     std::fs::write(m.mp.join("f"), &payload).unwrap();
     m.stop();
     // Warm the cache, then damage it while unmounted: a bit flip and a truncation.
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     let o = jfs_in(&v, &["warmup", m.mp.join("f").to_str().unwrap()]);
     assert!(
         o.status.success(),
@@ -745,7 +610,7 @@ fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
     std::fs::write(&files[0], &b).unwrap();
     let b = std::fs::read(&files[1]).unwrap();
     std::fs::write(&files[1], &b[..b.len() / 2]).unwrap();
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     assert_eq!(
         std::fs::read(m.mp.join("f")).unwrap(),
         payload,
@@ -758,7 +623,7 @@ fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
     );
     m.stop();
     // A small cache stays within its size.
-    let m = Mount::start(&v, "small", &["--cache-size", "9M"]);
+    let m = mount(&v, "small", &["--cache-size", "9M"]);
     let big = data(6, 40 << 20);
     std::fs::write(m.mp.join("g"), &big).unwrap();
     assert_eq!(std::fs::read(m.mp.join("g")).unwrap(), big);
@@ -784,7 +649,7 @@ fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
 #[test]
 fn warmed_files_read_without_touching_the_store() {
     let v = new_vol("rocksdb");
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     std::fs::create_dir(m.mp.join("model")).unwrap();
     let mut want = Vec::new();
     for i in 0..4 {
@@ -793,7 +658,7 @@ fn warmed_files_read_without_touching_the_store() {
         want.push(d);
     }
     m.stop();
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     let check = jfs_in(
         &v,
         &[
@@ -866,7 +731,7 @@ fn warmed_files_read_without_touching_the_store() {
 #[test]
 fn jfs_write_commands_reach_a_mounted_rocksdb_volume_through_the_mount() {
     let v = new_vol("rocksdb");
-    let m = Mount::start(&v, "mnt", &["--attr-cache", "0s", "--entry-cache", "0s"]);
+    let m = mount(&v, "mnt", &["--attr-cache", "0s", "--entry-cache", "0s"]);
     let src = v.dir.path().join("src.txt");
     std::fs::write(&src, b"from jfs put").unwrap();
     for args in [
@@ -902,7 +767,7 @@ fn jfs_write_commands_reach_a_mounted_rocksdb_volume_through_the_mount() {
 #[test]
 fn unlinked_open_files_stay_readable_until_closed_then_are_freed() {
     let v = new_vol("rocksdb");
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     let d = data(9, 5 << 20);
     std::fs::write(m.mp.join("tmp"), &d).unwrap();
     let f = std::fs::OpenOptions::new()
@@ -946,7 +811,7 @@ fn operator_mistakes_are_refused_without_harm() {
     let o = jfs_in(&v, &["mount", &v.meta, "/nonexistent/jfs-mnt"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("does not exist"));
-    let m = Mount::start(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &[]);
     std::fs::write(m.mp.join("keep"), b"x").unwrap();
     // Mounting again on a live mount point.
     let o = jfs_in(&v, &["mount", &v.meta, m.mp.to_str().unwrap()]);

@@ -1,0 +1,156 @@
+//! A `jfs mount` process for tests: started in the foreground, waited for, stopped with
+//! SIGTERM (asserting a clean exit), and always unmounted when dropped.
+
+use crate::{bin, unique};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// FUSE must be here: these tests fail, never skip, without it.
+pub fn fuse_ready() {
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: these tests need FUSE (a kernel with fuse, or a container with --device /dev/fuse)"
+    );
+    assert!(
+        Command::new("fusermount3")
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success()),
+        "fusermount3 is missing: install Debian's fuse3 (bash integration/install-deps.sh)"
+    );
+}
+
+/// Whether a `jfs mount` is mounted at `mp`.
+pub fn is_mounted(mp: &Path) -> bool {
+    let t = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = mp.to_string_lossy().replace(' ', "\\040");
+    t.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        f.len() > 4 && f[4] == want && l.contains(" - fuse.jfs ")
+    })
+}
+
+/// A foreground `jfs mount` process; dropping it unmounts (SIGTERM, then kill -9 and a lazy
+/// unmount if it does not go), whatever the test's outcome.
+pub struct Mount {
+    pub child: Option<Child>,
+    pub mp: PathBuf,
+    pub log: PathBuf,
+    pub run_dir: PathBuf,
+}
+
+impl Mount {
+    /// Mount `meta` at `dir/name` (cache `dir/name-cache`, control socket under `dir/run`,
+    /// log `dir/name.log`) in the foreground; returns once it answers.
+    pub fn start(meta: &str, dir: &Path, name: &str, extra: &[&str]) -> Mount {
+        fuse_ready();
+        let mp = dir.join(name);
+        let run_dir = dir.join("run");
+        std::fs::create_dir_all(&mp).unwrap();
+        // JFS_TEST_LOG_DIR keeps the mounts' logs past the test (the volume's dir goes).
+        let log_path = match std::env::var_os("JFS_TEST_LOG_DIR") {
+            Some(d) => PathBuf::from(d).join(format!("{}-{name}.log", unique("mount"))),
+            None => dir.join(format!("{name}.log")),
+        };
+        let log = std::fs::File::create(&log_path).unwrap();
+        let cache = dir.join(format!("{name}-cache"));
+        let mut args: Vec<String> = vec![
+            "mount".into(),
+            meta.to_string(),
+            mp.display().to_string(),
+            "--cache-dir".into(),
+            cache.display().to_string(),
+            // Test machines' disks may be fuller than the default 10% floor allows.
+            "--free-space-ratio".into(),
+            "0.01".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(bin("jfs"))
+            .args(&args)
+            .env("JFS_RUN_DIR", &run_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting jfs mount");
+        let mut m = Mount {
+            child: Some(child),
+            mp: mp.clone(),
+            log: log_path,
+            run_dir,
+        };
+        let t0 = Instant::now();
+        while !(is_mounted(&mp) && m.sock().exists()) {
+            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                let log = std::fs::read_to_string(&m.log).unwrap_or_default();
+                panic!("jfs mount exited ({st}) before mounting: {log}");
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "mount took over 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    /// The mount's control socket.
+    pub fn sock(&self) -> PathBuf {
+        mount::control::socket_path_in(&self.run_dir, &self.mp)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(mut self) {
+        let mut c = self.child.take().unwrap();
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                assert!(
+                    st.success(),
+                    "jfs mount exited with {st} after SIGTERM: {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "jfs mount ignored SIGTERM for 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!is_mounted(&self.mp), "still mounted after SIGTERM");
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let t0 = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if is_mounted(&self.mp) || std::fs::metadata(&self.mp).is_err() {
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.mp)
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
