@@ -61,6 +61,10 @@ pub struct Global {
     /// being read from the origin store.
     #[arg(long, global = true)]
     pub no_fallback: bool,
+    /// At a mirror site: the longest a read waits for a block from the origin store before
+    /// it fails (EIO at a mount).
+    #[arg(long, global = true, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub origin_timeout: std::time::Duration,
     /// Block transfers in flight per file.
     #[arg(long, global = true, default_value_t = 8)]
     pub io_parallel: usize,

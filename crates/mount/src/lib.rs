@@ -89,6 +89,10 @@ fn raise_kernel_readahead(mp: &Path, kb: u64) {
     }
 }
 
+/// How often a read-only mount catches up with its metadata's writer (well inside a
+/// mirror's consistency window, 1 s by default).
+const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+
 /// Mount `vol` at `o.mountpoint` and serve until unmounted or signalled. `ready` is called
 /// once the mount answers.
 pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> Result<()> {
@@ -119,6 +123,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
     let sid = session.id.clone();
     let res = serve(
         fs.clone(),
+        &site,
         store,
         store_metrics,
         open,
@@ -137,6 +142,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     fs: Arc<fs_core::Fs>,
+    site: &volume::Site,
     store: Arc<volume::CachedStore>,
     store_metrics: Arc<volume::StoreMetrics>,
     open: Arc<vfs::OpenFiles>,
@@ -168,6 +174,7 @@ async fn serve(
             max_readahead: o.max_readahead,
             buffer_size: o.buffer_size,
             open_cache: o.open_cache,
+            pin_versions: matches!(site, volume::Site::Mirror { .. }),
         },
         mm.clone(),
     ));
@@ -282,6 +289,32 @@ async fn serve(
         }
         None => None,
     };
+    // A read-only view follows its writer: a RocksDB secondary catches up with it, and the
+    // applied sequence number (a mirror's agent's progress) is published.
+    let follow_task = if o.read_only {
+        let (engine, mm) = (fs.engine().clone(), mm.clone());
+        Some(tokio::spawn(async move {
+            let mut t = tokio::time::interval(FOLLOW_EVERY);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let (mut last, mut moved) = (0u64, std::time::Instant::now());
+            loop {
+                t.tick().await;
+                match engine.journal_bounds().await {
+                    Ok(b) => {
+                        if b.last != last {
+                            last = b.last;
+                            moved = std::time::Instant::now();
+                        }
+                        mm.applied_seq.set(last as i64);
+                        mm.applied_age_seconds.set(moved.elapsed().as_secs_f64());
+                    }
+                    Err(e) => tracing::warn!(error = %e, "reading the journal head failed"),
+                }
+            }
+        }))
+    } else {
+        None
+    };
     // Heartbeat.
     let engine = fs.engine().clone();
     let beat_task = tokio::spawn(async move {
@@ -331,6 +364,9 @@ async fn serve(
     vfs.flush_all().await;
     beat_task.abort();
     ctl_task.abort();
+    if let Some(t) = follow_task {
+        t.abort();
+    }
     if let Some(t) = metrics_task {
         t.abort();
     }

@@ -43,6 +43,11 @@ pub struct MountMetrics {
     pub slices_committed: Counter,
     /// Writes that failed to store (reported as EIO at flush, fsync or close).
     pub write_errors: Counter,
+    /// The journal sequence number this mount's metadata view has reached (a mirror site:
+    /// what its agent has applied; a RocksDB reader: what it has caught up with).
+    pub applied_seq: Gauge,
+    /// Seconds since that number last moved.
+    pub applied_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for MountMetrics {
@@ -61,6 +66,8 @@ impl Default for MountMetrics {
             open_handles: Gauge::default(),
             slices_committed: Counter::default(),
             write_errors: Counter::default(),
+            applied_seq: Gauge::default(),
+            applied_age_seconds: Gauge::default(),
         }
     }
 }
@@ -112,6 +119,16 @@ impl MountMetrics {
             "jfs_buffer_size_bytes",
             "The memory limit of buffers and read-ahead (--buffer-size)",
             self.buffer_size.clone(),
+        );
+        r.register(
+            "jfs_applied_seq",
+            "Journal sequence number the mount's metadata view has reached",
+            self.applied_seq.clone(),
+        );
+        r.register(
+            "jfs_applied_age_seconds",
+            "Seconds since the mount's applied sequence number last moved",
+            self.applied_age_seconds.clone(),
         );
         r.register(
             "jfs_open_handles",

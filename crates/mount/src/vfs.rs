@@ -59,6 +59,8 @@ pub struct VfsConfig {
     /// How long an open may trust the previous open's attributes without asking the
     /// metadata (0: always ask).
     pub open_cache: Duration,
+    /// A mirror site: an open pins the version it opened (every chunk record read at open).
+    pub pin_versions: bool,
 }
 
 /// One open inode of this mount.
@@ -70,6 +72,9 @@ pub struct Node {
     pub writer: tokio::sync::Mutex<Writer>,
     /// Bumped whenever this mount changed the file's data (commit, truncate).
     pub gen: AtomicU64,
+    /// A mirror site: the attributes of the version opened, answered while it stays open
+    /// after the agent applied its deletion.
+    pinned: Mutex<Option<Attr>>,
 }
 
 /// The open-file table: fs-core asks it whether an unlinked inode must be kept.
@@ -212,7 +217,23 @@ impl Vfs {
     }
 
     pub async fn getattr(&self, ino: Ino) -> VResult<(Attr, u32)> {
-        let a = self.fs.getattr(ino).await.map_err(err)?;
+        let a = match self.fs.getattr(ino).await {
+            Ok(a) => a,
+            Err(e) if e.kind() == ErrorKind::NotFound && self.cfg.pin_versions => {
+                // Deleted at the primary, still open here: the version this mount pinned.
+                let pinned = self
+                    .open
+                    .get(ino)
+                    .and_then(|n| n.pinned.lock().unwrap_or_else(|p| p.into_inner()).clone());
+                match pinned {
+                    Some(a) => a,
+                    // Not open here: the kernel looked the name up before the deletion was
+                    // applied; ESTALE makes it look the name up again.
+                    None => return Err(libc::ESTALE),
+                }
+            }
+            Err(e) => return Err(err(e)),
+        };
         let rdev = self.rdev_of(ino, &a).await?;
         Ok((self.attr_of(ino, a).await, rdev))
     }
@@ -227,7 +248,18 @@ impl Vfs {
 
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> VResult<(Ino, Attr, u32)> {
         check_name(name)?;
-        let (ino, a) = self.fs.lookup(parent, name).await.map_err(err)?;
+        let mut r = self.fs.lookup(parent, name).await;
+        // A mirror's agent may delete the inode a name pointed to between the two reads of a
+        // lookup (the file replaced by rename at the primary): read the name again.
+        for _ in 0..3 {
+            match &r {
+                Err(e) if e.kind() == ErrorKind::NotFound && self.cfg.pin_versions => {
+                    r = self.fs.lookup(parent, name).await;
+                }
+                _ => break,
+            }
+        }
+        let (ino, a) = r.map_err(err)?;
         let rdev = self.rdev_of(ino, &a).await?;
         let a = self.attr_of(ino, a).await;
         self.counted_lookup(ino);
@@ -447,6 +479,7 @@ impl Vfs {
                         self.budget.clone(),
                     )),
                     gen: AtomicU64::new(0),
+                    pinned: Mutex::new(None),
                 })
             })
             .clone();
@@ -512,17 +545,45 @@ impl Vfs {
                 });
             }
         }
-        let a = self.fs.getattr(ino).await.map_err(err)?;
+        let a = match self.fs.getattr(ino).await {
+            Ok(a) => a,
+            // At a mirror the agent may have applied the inode's deletion since the kernel
+            // looked its name up (a file replaced by rename at the primary): ESTALE makes
+            // the kernel look the name up again and open what it names now.
+            Err(e) if e.kind() == ErrorKind::NotFound && self.cfg.pin_versions => {
+                return Err(libc::ESTALE)
+            }
+            Err(e) => return Err(err(e)),
+        };
         match a.kind {
             FileKind::Dir => return Err(libc::EISDIR),
             FileKind::File => {}
             _ => return Err(libc::ENXIO),
         }
         let keep_cache = self.keep_cache(ino, &a);
-        Ok(Opened {
-            fh: self.new_handle(ino),
-            keep_cache,
-        })
+        let fh = self.new_handle(ino);
+        if self.cfg.pin_versions {
+            let pinned = async {
+                let h = self.handle(fh)?;
+                let rd = match self.reader(&h).await {
+                    Err(libc::ENOENT) => return Err(libc::ESTALE),
+                    r => r?,
+                };
+                match rd.pin().await {
+                    Err(e) if e.kind() == ErrorKind::NotFound => Err(libc::ESTALE),
+                    r => r.map_err(err),
+                }
+            }
+            .await;
+            if let Err(e) = pinned {
+                let _ = self.release(fh).await;
+                return Err(e);
+            }
+            if let Some(n) = self.open.get(ino) {
+                *n.pinned.lock().unwrap_or_else(|p| p.into_inner()) = Some(a.clone());
+            }
+        }
+        Ok(Opened { fh, keep_cache })
     }
 
     pub async fn create(

@@ -186,8 +186,10 @@ impl BlockStore for FallbackStore {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 if !self.enabled {
                     self.metrics.fallback_refused.inc();
-                    return Err(e.context(
-                        "the block is not at the mirror yet and fallback to the origin is off (--no-fallback)".to_string(),
+                    // Not NotFound: the file exists, its block is not here yet (EIO).
+                    return Err(Error::new(
+                        ErrorKind::Backend,
+                        format!("block {key} is not at the mirror yet and fallback to the origin is off (--no-fallback): {e}"),
                     ));
                 }
                 if let Some(f) = &self.on_fallback {

@@ -56,6 +56,8 @@ pub struct Options {
     pub origin_store: Option<String>,
     /// At a mirror site: a block not yet copied is an error instead of an origin read.
     pub no_fallback: bool,
+    /// At a mirror site: how long an origin read may take (default `ORIGIN_TIMEOUT`).
+    pub origin_timeout: Option<std::time::Duration>,
 }
 
 /// Where a volume's blocks are read from.
@@ -209,7 +211,8 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
             } else {
                 let origin = open_store(&origin_url, o.endpoint.as_deref())
                     .map_err(|e| e.context(format!("opening the origin store {origin_url}")))?;
-                let fb = FallbackStore::new(mirror, origin, !o.no_fallback, metrics.clone());
+                let fb = FallbackStore::new(mirror, origin, !o.no_fallback, metrics.clone())
+                    .with_timeout(o.origin_timeout.unwrap_or(ORIGIN_TIMEOUT));
                 (site, Arc::new(fb))
             }
         }

@@ -332,6 +332,25 @@ impl FileReader {
         Ok(())
     }
 
+    /// Load every chunk record of the file now, so that this reader serves the version it
+    /// opened whole even after the inode is replaced or deleted (a mirror site, where the
+    /// agent applies a primary's deletions without knowing the mirror's open files; the
+    /// blocks stay readable through the origin fallback). Fails with `NotFound` when the
+    /// inode went or changed while loading, instead of serving a mix.
+    pub async fn pin(&self) -> Result<()> {
+        let mut st = self.st.lock().await;
+        let len = st.length;
+        self.ensure_chunks(&mut st, 0, len).await?;
+        let now = self.fs.getattr(self.ino).await?;
+        if now.length != len {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("inode {} changed while it was being opened", self.ino),
+            ));
+        }
+        Ok(())
+    }
+
     async fn ensure_chunks(&self, st: &mut State, from: u64, to: u64) -> Result<()> {
         if from >= to {
             return Ok(());

@@ -234,6 +234,7 @@ pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> 
         block_store: g.storage.clone(),
         origin_store: g.origin_store.clone(),
         no_fallback: g.no_fallback,
+        origin_timeout: Some(g.origin_timeout),
         allow_incomplete: false,
         cache: None,
         io_parallel: g.io_parallel.max(1),

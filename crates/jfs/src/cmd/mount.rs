@@ -67,6 +67,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         block_store: g.storage.clone(),
         origin_store: g.origin_store.clone(),
         no_fallback: g.no_fallback,
+        origin_timeout: Some(g.origin_timeout),
         allow_incomplete: false,
         io_parallel: g.io_parallel.max(1),
         cache,

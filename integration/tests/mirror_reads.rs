@@ -1,0 +1,307 @@
+//! Reads at a mirror site through `jfs mount`: real agents (primary and mirror), a real
+//! FUSE mount of the mirror's metadata, blocks not yet copied read from the origin store.
+//! Every test asserts on bytes, counts and errnos.
+
+use integration::mirror::*;
+use integration::mountproc::Mount;
+use integration::{bin, data, volume_with};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The mirror agent's copier held back: 1 byte/s copies nothing in a test's time.
+const HELD_BACK: &str = "bwlimit = \"1\"";
+
+/// Mount statistics, name{labels} -> value.
+fn stats(m: &Mount) -> std::collections::BTreeMap<String, f64> {
+    let o = Command::new(bin("jfs"))
+        .args(["stats", m.mp.to_str().unwrap(), "--json", "--count", "1"])
+        .env("JFS_RUN_DIR", &m.run_dir)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "stats: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(line.lines().last().expect("a stats line")).expect("stats JSON")
+}
+
+fn stat(m: &std::collections::BTreeMap<String, f64>, name: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// Block objects in a `file://` store.
+fn blocks_in(store_url: &str) -> usize {
+    let root = store_url.trim_start_matches("file://");
+    fn walk(p: &Path, n: &mut usize) {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                let t = e.file_type().unwrap();
+                if t.is_dir() {
+                    walk(&e.path(), n);
+                } else if e.path().to_string_lossy().contains("/chunks/") {
+                    *n += 1;
+                }
+            }
+        }
+    }
+    let mut n = 0;
+    walk(Path::new(root), &mut n);
+    n
+}
+
+async fn wait_applied(pair: &Pair, primary: &dyn fs_core::Engine) {
+    let want = primary.journal_bounds().await.unwrap().last;
+    status_until(&pair.mirror, Duration::from_secs(60), |st| {
+        st["bootstrap"].is_null() && n(st, "applied_seq") >= want
+    })
+    .await;
+}
+
+/// With the copier held back, files written at the primary are read byte-identical at the
+/// mirror mount through the origin, land in the mirror store (read-through fills), and new
+/// files show up within the window; writes are refused; `--no-fallback` makes a block not
+/// yet copied an EIO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_mount_reads_through_the_origin_while_the_copier_is_held_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", HELD_BACK).await;
+    write_files(&vol.fs, "model-", 3, (9 << 20) + 777).await;
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    assert_eq!(blocks_in(&pair.m_store), 0, "the copier was not held back");
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    for i in 0..3u64 {
+        let got = std::fs::read(m.mp.join(format!("model-{i}"))).unwrap();
+        assert!(
+            got == data(i, (9 << 20) + 777),
+            "model-{i} differs at the mirror"
+        );
+    }
+    let s = stats(&m);
+    assert!(stat(&s, "jfs_fallback_reads_total") >= 9.0, "{s:?}");
+    assert_eq!(stat(&s, "jfs_origin_errors_total"), 0.0, "{s:?}");
+    // Read-through fills put every block read into the mirror store.
+    let t0 = Instant::now();
+    while blocks_in(&pair.m_store) < 9 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "fills reached the mirror store: {} of 9 blocks",
+            blocks_in(&pair.m_store)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Read-only: the mirror's data is the primary's.
+    let e = std::fs::write(m.mp.join("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(30 /* EROFS */), "{e}");
+    let e = std::fs::remove_file(m.mp.join("model-0")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(30 /* EROFS */), "{e}");
+    // Fresh within the window (1 s) + 1 s: a file created at the primary appears.
+    let mut worst = Duration::ZERO;
+    for t in 0..20u64 {
+        let name = format!("fresh-{t}");
+        let t0 = Instant::now();
+        write_files(&vol.fs, &name, 1, 1000).await;
+        let path = m.mp.join(format!("{name}0"));
+        loop {
+            if let Ok(b) = std::fs::read(&path) {
+                assert_eq!(b, data(0, 1000));
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(2),
+                "{name} not visible at the mirror mount after 2 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        worst = worst.max(t0.elapsed());
+    }
+    let s = stats(&m);
+    assert!(stat(&s, "jfs_applied_seq") > 0.0, "{s:?}");
+    m.stop();
+    // --no-fallback: copied (filled) blocks read, a block not at the mirror is EIO.
+    write_files(&vol.fs, "late-", 1, 5 << 20).await;
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    let m = Mount::start(
+        &pair.m_meta,
+        dir.path(),
+        "mm",
+        &["--cache-size", "0", "--no-fallback"],
+    );
+    assert!(std::fs::read(m.mp.join("model-1")).unwrap() == data(1, (9 << 20) + 777));
+    let e = std::fs::read(m.mp.join("late-0")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    assert!(stat(&stats(&m), "jfs_fallback_refused_total") >= 1.0);
+    m.stop();
+    eprintln!("mirror mount: 27 MiB read through the origin, 9 blocks filled, fresh within {worst:?} (worst of 20)");
+}
+
+/// The origin behind a harness proxy: with the link cut, blocks already at the mirror read,
+/// blocks not yet there fail with EIO within the origin timeout (never hang); after the
+/// link returns they read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_origin_cut_missing_blocks_fail_in_bounded_time_then_read_again() {
+    let endpoint = std::env::var("JFS_TEST_S3_ENDPOINT")
+        .expect("JFS_TEST_S3_ENDPOINT (run integration/test.sh)");
+    let rgw = endpoint.trim_start_matches("http://").to_string();
+    let proxy = Proxy::start(rgw, Duration::ZERO, 0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "s3", |_| {}).await;
+    let origin = vol
+        .store_url
+        .replace(&endpoint, &format!("http://{}", proxy.addr));
+    let extra = format!("origin_store = \"{origin}\"\n{HELD_BACK}");
+    let pair = Pair::start(dir.path(), &vol.meta_url, "redis", None, "", &extra).await;
+    write_files(&vol.fs, "here-", 2, 3 << 20).await;
+    write_files(&vol.fs, "there-", 2, 3 << 20).await;
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    let flags = ["--cache-size", "0", "--origin-timeout", "4s"];
+    // Read here-* once: the fills bring their blocks to the mirror store.
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &flags);
+    for i in 0..2u64 {
+        assert!(std::fs::read(m.mp.join(format!("here-{i}"))).unwrap() == data(i, 3 << 20));
+    }
+    let t0 = Instant::now();
+    while blocks_in(&pair.m_store) < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "fills did not land");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    m.stop();
+    // Cut the origin; a new mount (cold kernel cache).
+    proxy.cut.store(true, Ordering::SeqCst);
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &flags);
+    for i in 0..2u64 {
+        assert!(
+            std::fs::read(m.mp.join(format!("here-{i}"))).unwrap() == data(i, 3 << 20),
+            "here-{i} (at the mirror) with the origin cut"
+        );
+    }
+    let t0 = Instant::now();
+    let e = std::fs::read(m.mp.join("there-0")).unwrap_err();
+    let took = t0.elapsed();
+    assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    assert!(
+        took < Duration::from_secs(20),
+        "the failed read took {took:?}"
+    );
+    assert!(stat(&stats(&m), "jfs_origin_errors_total") >= 1.0);
+    // The link returns: the same mount reads it.
+    proxy.cut.store(false, Ordering::SeqCst);
+    let t1 = Instant::now();
+    loop {
+        match std::fs::read(m.mp.join("there-0")) {
+            Ok(b) => {
+                assert!(b == data(0, 3 << 20));
+                break;
+            }
+            Err(e) => assert!(
+                t1.elapsed() < Duration::from_secs(30),
+                "there-0 still fails after the link returned: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    m.stop();
+    eprintln!("origin cut: missing block failed with EIO after {took:?}");
+}
+
+/// Publish a version as model publishers do: written under a temporary name, renamed over.
+async fn publish(fs: &fs_core::Fs, v: u64, b: Vec<u8>) {
+    let owner = fs_core::Owner { uid: 0, gid: 0 };
+    let root = fs_core::ROOT_INO;
+    let tmp = format!(".model.tmp{v}");
+    let (ino, _) = fs.create(root, tmp.as_bytes(), 0o644, owner).await.unwrap();
+    fs.write(ino, 0, &b).await.unwrap();
+    fs.rename(root, tmp.as_bytes(), root, b"model.bin", false)
+        .await
+        .unwrap();
+}
+
+/// A file replaced by rename at the primary (new version written under a temporary name,
+/// renamed over the old) in a loop while readers at the mirror open and read it whole: every
+/// read returns one whole version (its embedded checksum matches), never a mix, never an
+/// error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_at_the_mirror_see_whole_versions_of_a_file_replaced_by_rename() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "redis", None, "", "").await;
+    // Version v: 8 bytes of v, then data(v), then the CRC32C of both.
+    let version = |v: u64| {
+        let mut b = v.to_le_bytes().to_vec();
+        b.extend(data(1000 + v, (5 << 20) + (v as usize % 7) * 4096));
+        let c = crc32c::crc32c(&b);
+        b.extend(c.to_le_bytes());
+        b
+    };
+    publish(&vol.fs, 0, version(0)).await;
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    let m = Mount::start(
+        &pair.m_meta,
+        dir.path(),
+        "mm",
+        &[
+            "--cache-size",
+            "0",
+            "--attr-cache",
+            "0s",
+            "--entry-cache",
+            "0s",
+        ],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let (mp, stop, reads) = (m.mp.clone(), stop.clone(), reads.clone());
+        readers.push(std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                let b = std::fs::read(mp.join("model.bin")).expect("a read at the mirror failed");
+                assert!(b.len() > 12, "short read: {} bytes", b.len());
+                let (body, tail) = b.split_at(b.len() - 4);
+                let v = u64::from_le_bytes(body[..8].try_into().unwrap());
+                assert_eq!(
+                    crc32c::crc32c(body).to_le_bytes(),
+                    tail,
+                    "version {v} read as a mix ({} bytes)",
+                    b.len()
+                );
+                seen.insert(v);
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+            seen
+        }));
+    }
+    for v in 1..=12 {
+        publish(&vol.fs, v, version(v)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut versions = std::collections::BTreeSet::new();
+    for r in readers {
+        versions.extend(r.join().expect("a reader failed"));
+    }
+    assert!(
+        versions.len() >= 3,
+        "readers saw too few versions: {versions:?}"
+    );
+    assert!(
+        versions.contains(&12),
+        "the last version was never read: {versions:?}"
+    );
+    m.stop();
+    eprintln!(
+        "rename loop: {} whole reads of versions {versions:?}",
+        reads.load(Ordering::Relaxed)
+    );
+}
