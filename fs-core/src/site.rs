@@ -21,6 +21,10 @@ pub const MARKER: &str = "mirror";
 /// Left by `mirror-agent detach`: this metadata was a mirror and now is a volume of its own.
 pub const DETACHED: &str = "mirror.detached";
 
+/// Written by a running mirror agent about twice a second: how fresh the mirror is, for the
+/// mounts at its site (their staleness policy and metrics).
+pub const PROGRESS: &str = "mirror.progress";
+
 /// Version of the marker record; readers refuse a newer one instead of misreading it.
 pub const MARKER_VERSION: u32 = 1;
 
@@ -38,6 +42,36 @@ pub struct MirrorMarker {
     pub origin_store: Option<String>,
     /// When the agent marked this metadata.
     pub since_ns: i64,
+}
+
+/// What `mirror.progress` records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub version: u32,
+    pub applied_seq: u64,
+    pub primary_head_seq: u64,
+    /// Seconds the mirror is behind (None: unknown, e.g. never connected).
+    pub lag_seconds: Option<f64>,
+    pub window_seconds: f64,
+    pub within_window: bool,
+    /// When the agent wrote this (a record much older than its period means no agent runs).
+    pub at_ns: i64,
+}
+
+/// How often a mirror agent writes its progress record.
+pub const PROGRESS_EVERY_MS: u64 = 500;
+
+/// The progress record of a mirror's metadata, if an agent has written one.
+pub async fn progress(engine: &dyn Engine) -> Result<Option<Progress>> {
+    match aux_exact(engine, PROGRESS).await? {
+        Some(v) => decode(PROGRESS, &v).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub async fn set_progress(engine: &dyn Engine, p: &Progress) -> Result<()> {
+    let v = serde_json::to_vec(p).expect("a progress record serializes");
+    engine.aux_put(PROGRESS, Some(&v)).await
 }
 
 /// What `mirror.detached` records.

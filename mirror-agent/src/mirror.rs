@@ -701,6 +701,7 @@ impl Mirror {
     async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut last_trim = Instant::now();
+        let mut last_progress = Instant::now();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => { let _ = self.refresh().await; return; }
@@ -708,6 +709,12 @@ impl Mirror {
             }
             if let Err(e) = self.refresh().await {
                 tracing::debug!(error = %e, "refreshing status");
+            }
+            if last_progress.elapsed() >= Duration::from_millis(fs_core::site::PROGRESS_EVERY_MS) {
+                last_progress = Instant::now();
+                if let Err(e) = self.publish_progress().await {
+                    tracing::debug!(error = %e, "writing the progress record for the site's mounts");
+                }
             }
             if last_trim.elapsed() >= Duration::from_secs(60) {
                 last_trim = Instant::now();
@@ -722,6 +729,24 @@ impl Mirror {
                 }
             }
         }
+    }
+
+    /// Tell the mounts at this site how fresh the mirror is (the `mirror.progress` record
+    /// beside its metadata), from the figures `refresh` just computed.
+    async fn publish_progress(&self) -> Result<()> {
+        let m = &self.metrics;
+        let lag = m.lag_seconds.get();
+        let p = fs_core::site::Progress {
+            version: fs_core::site::MARKER_VERSION,
+            applied_seq: m.applied_seq.get().max(0) as u64,
+            primary_head_seq: m.primary_head.get().max(0) as u64,
+            lag_seconds: (lag >= 0.0).then_some(lag),
+            window_seconds: m.window_seconds.get(),
+            within_window: m.within_window.get() == 1,
+            at_ns: fs_core::now_ns(),
+        };
+        fs_core::site::set_progress(&*self.engine, &p).await?;
+        Ok(())
     }
 
     /// The mirror keeps the entries it applied (same frames, same numbers) for the volume's

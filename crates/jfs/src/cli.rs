@@ -99,6 +99,11 @@ pub struct MountArgs {
     /// The largest read-ahead window of one file (grows from one block on sequential reads).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub max_readahead: u64,
+    /// At a mirror site, what opens do while the mirror is out of its consistency window:
+    /// serve (what has been applied; counted), wait[=DURATION] (for the window, default 10s,
+    /// then fail with EIO), or fail (EIO).
+    #[arg(long, default_value = "serve", value_name = "POLICY")]
+    pub stale: mount::vfs::Stale,
     /// How long the kernel caches file attributes.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub attr_cache: std::time::Duration,

@@ -39,6 +39,8 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// FUSE request loops.
     pub threads: usize,
+    /// A mirror site: what opens do while the mirror is out of its window.
+    pub stale: vfs::Stale,
 }
 
 /// Check the mount point: a directory, not mounted by a live process; a stale FUSE mount
@@ -175,6 +177,7 @@ async fn serve(
             buffer_size: o.buffer_size,
             open_cache: o.open_cache,
             pin_versions: matches!(site, volume::Site::Mirror { .. }),
+            stale: o.stale,
         },
         mm.clone(),
     ));
@@ -293,6 +296,9 @@ async fn serve(
     // applied sequence number (a mirror's agent's progress) is published.
     let follow_task = if o.read_only {
         let (engine, mm) = (fs.engine().clone(), mm.clone());
+        let mirror = matches!(site, volume::Site::Mirror { .. });
+        mm.mirror_site.set(mirror as i64);
+        let freshness = vfs.freshness.clone();
         Some(tokio::spawn(async move {
             let mut t = tokio::time::interval(FOLLOW_EVERY);
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -309,6 +315,32 @@ async fn serve(
                         mm.applied_age_seconds.set(moved.elapsed().as_secs_f64());
                     }
                     Err(e) => tracing::warn!(error = %e, "reading the journal head failed"),
+                }
+                if mirror {
+                    let stale = match fs_core::site::progress(&*engine).await {
+                        Ok(Some(p)) => {
+                            mm.mirror_lag_seconds.set(p.lag_seconds.unwrap_or(-1.0));
+                            // A record much older than its period: no agent is running.
+                            let age = (fs_core::now_ns() - p.at_ns).max(0) as f64 / 1e9;
+                            let fresh_for = 3.0 * fs_core::site::PROGRESS_EVERY_MS as f64 / 1e3
+                                + p.window_seconds;
+                            !(p.within_window && age <= fresh_for)
+                        }
+                        Ok(None) => true,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading the mirror's progress failed");
+                            true
+                        }
+                    };
+                    if stale != freshness.is_stale() {
+                        if stale {
+                            tracing::warn!("the mirror is out of its consistency window (or its agent is not running): serving by --stale policy");
+                        } else {
+                            tracing::info!("the mirror is within its consistency window again");
+                        }
+                    }
+                    freshness.set_stale(stale);
+                    mm.mirror_within_window.set(!stale as i64);
                 }
             }
         }))

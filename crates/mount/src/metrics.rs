@@ -48,6 +48,16 @@ pub struct MountMetrics {
     pub applied_seq: Gauge,
     /// Seconds since that number last moved.
     pub applied_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// 1 at a mirror site (reads fall back to the origin; the mirror_* figures apply).
+    pub mirror_site: Gauge,
+    /// A mirror site: within its consistency window (1) or not (0), as its agent says.
+    pub mirror_within_window: Gauge,
+    /// A mirror site: seconds behind the primary, as its agent says (-1: unknown).
+    pub mirror_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Opens served while out of the window (`--stale serve`).
+    pub stale_opens: Counter,
+    /// Opens failed while out of the window (`--stale fail`, or `wait` running out).
+    pub stale_refused: Counter,
 }
 
 impl Default for MountMetrics {
@@ -68,6 +78,11 @@ impl Default for MountMetrics {
             write_errors: Counter::default(),
             applied_seq: Gauge::default(),
             applied_age_seconds: Gauge::default(),
+            mirror_site: Gauge::default(),
+            mirror_within_window: Gauge::default(),
+            mirror_lag_seconds: Gauge::default(),
+            stale_opens: Counter::default(),
+            stale_refused: Counter::default(),
         }
     }
 }
@@ -129,6 +144,31 @@ impl MountMetrics {
             "jfs_applied_age_seconds",
             "Seconds since the mount's applied sequence number last moved",
             self.applied_age_seconds.clone(),
+        );
+        r.register(
+            "jfs_mirror_site",
+            "1 when this mount is at a mirror site",
+            self.mirror_site.clone(),
+        );
+        r.register(
+            "jfs_mirror_within_window",
+            "A mirror site: within its consistency window (1) or not (0)",
+            self.mirror_within_window.clone(),
+        );
+        r.register(
+            "jfs_mirror_lag_seconds",
+            "A mirror site: seconds behind the primary (-1: unknown)",
+            self.mirror_lag_seconds.clone(),
+        );
+        r.register(
+            "jfs_stale_opens",
+            "Opens served while the mirror was out of its window",
+            self.stale_opens.clone(),
+        );
+        r.register(
+            "jfs_stale_refused",
+            "Opens failed while the mirror was out of its window",
+            self.stale_refused.clone(),
         );
         r.register(
             "jfs_open_handles",

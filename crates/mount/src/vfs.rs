@@ -61,6 +61,58 @@ pub struct VfsConfig {
     pub open_cache: Duration,
     /// A mirror site: an open pins the version it opened (every chunk record read at open).
     pub pin_versions: bool,
+    /// A mirror site: what opens do while the mirror is out of its consistency window.
+    pub stale: Stale,
+}
+
+/// The staleness policy of a mirror-site mount (`--stale`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stale {
+    /// Serve the state applied so far (counted).
+    #[default]
+    Serve,
+    /// Wait up to this long for the mirror to be within its window, then serve; fail (EIO)
+    /// if it is not by then.
+    Wait(Duration),
+    /// Fail opens (EIO) while the mirror is out of its window.
+    Fail,
+}
+
+impl std::str::FromStr for Stale {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Stale, String> {
+        match s {
+            "serve" => Ok(Stale::Serve),
+            "fail" => Ok(Stale::Fail),
+            "wait" => Ok(Stale::Wait(Duration::from_secs(10))),
+            _ => match s.strip_prefix("wait=") {
+                Some(d) => humantime::parse_duration(d)
+                    .map(Stale::Wait)
+                    .map_err(|e| format!("--stale wait={d}: {e}")),
+                None => Err(format!(
+                    "--stale {s:?}: give serve, fail, wait or wait=DURATION (e.g. wait=30s)"
+                )),
+            },
+        }
+    }
+}
+
+/// Whether the mirror is within its consistency window, as its agent last said.
+#[derive(Default)]
+pub struct Freshness {
+    stale: std::sync::atomic::AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl Freshness {
+    pub fn set_stale(&self, stale: bool) {
+        if self.stale.swap(stale, Ordering::SeqCst) != stale {
+            self.changed.notify_waiters();
+        }
+    }
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::SeqCst)
+    }
 }
 
 /// One open inode of this mount.
@@ -133,6 +185,7 @@ pub struct Vfs {
     next_fh: AtomicU64,
     lookups: Mutex<HashMap<Ino, u64>>,
     seen: Mutex<HashMap<Ino, (i64, u64, Instant)>>,
+    pub freshness: Arc<Freshness>,
 }
 
 /// How many inodes' last-open attributes are remembered for FOPEN_KEEP_CACHE.
@@ -172,6 +225,39 @@ impl Vfs {
             next_fh: AtomicU64::new(1),
             lookups: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
+            freshness: Default::default(),
+        }
+    }
+
+    /// The staleness policy, at an open: serve (counted), wait for the window, or fail.
+    async fn fresh_gate(&self) -> VResult<()> {
+        let f = &self.freshness;
+        if !f.is_stale() {
+            return Ok(());
+        }
+        match self.cfg.stale {
+            Stale::Serve => {
+                self.metrics.stale_opens.inc();
+                Ok(())
+            }
+            Stale::Fail => {
+                self.metrics.stale_refused.inc();
+                Err(libc::EIO)
+            }
+            Stale::Wait(d) => {
+                let deadline = tokio::time::Instant::now() + d;
+                while f.is_stale() {
+                    let n = f.changed.notified();
+                    if !f.is_stale() {
+                        break;
+                    }
+                    if tokio::time::timeout_at(deadline, n).await.is_err() {
+                        self.metrics.stale_refused.inc();
+                        return Err(libc::EIO);
+                    }
+                }
+                Ok(())
+            }
         }
     }
 
@@ -530,6 +616,7 @@ impl Vfs {
         if acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             self.rw()?;
         }
+        self.fresh_gate().await?;
         // --open-cache: a recent open's attributes are trusted without a metadata read.
         if !self.cfg.open_cache.is_zero() {
             let recent = self
@@ -739,6 +826,7 @@ impl Vfs {
     }
 
     pub async fn opendir(&self, ino: Ino) -> VResult<u64> {
+        self.fresh_gate().await?;
         let a = self.fs.getattr(ino).await.map_err(err)?;
         if a.kind != FileKind::Dir {
             return Err(libc::ENOTDIR);

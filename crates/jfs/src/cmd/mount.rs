@@ -87,6 +87,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         metrics: m.metrics,
         allow_other: m.allow_other,
         threads: m.fuse_threads,
+        stale: m.stale,
     };
     mount::run(vol, o, || {
         eprintln!(
@@ -359,23 +360,35 @@ pub async fn stats(mp: &Path, interval: Duration, count: u64, json: bool) -> Res
         .with_context(|| format!("{}", mp.display()))?;
     let mut prev: Option<std::collections::BTreeMap<String, f64>> = None;
     let mut lines = 0u64;
-    if !json {
-        println!(
-            "{:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9} {:>10}",
-            "ops/s",
-            "lat ms",
-            "read MB/s",
-            "write MB/s",
-            "hit/s",
-            "miss/s",
-            "store MB/s",
-            "get ms",
-            "buffer MB"
-        );
-    }
+    let mut mirror = None;
     loop {
         let v = control::call(&canon, &Request::Stats, |_| {}).await?;
         let m = parse_metrics(v["metrics"].as_str().unwrap_or(""));
+        if !json && mirror.is_none() {
+            // At a mirror site: also blocks read from the origin, fills, the applied seq
+            // and the agent's view of the window.
+            let at_mirror = sum_of(&m, "jfs_mirror_site") > 0.0;
+            mirror = Some(at_mirror);
+            print!(
+                "{:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9} {:>10}",
+                "ops/s",
+                "lat ms",
+                "read MB/s",
+                "write MB/s",
+                "hit/s",
+                "miss/s",
+                "store MB/s",
+                "get ms",
+                "buffer MB"
+            );
+            if at_mirror {
+                print!(
+                    " {:>9} {:>8} {:>10} {:>8} {:>7}",
+                    "origin/s", "fills/s", "applied", "lag s", "window"
+                );
+            }
+            println!();
+        }
         if json {
             println!("{}", serde_json::to_string(&m)?);
             lines += 1;
@@ -394,7 +407,7 @@ pub async fn stats(mp: &Path, interval: Duration, count: u64, json: bool) -> Res
             } else {
                 0.0
             };
-            println!(
+            print!(
                 "{:>9.0} {:>9.3} {:>10.1} {:>10.1} {:>8.0} {:>8.0} {:>10.1} {:>9.2} {:>10.1}",
                 ops,
                 lat,
@@ -406,6 +419,26 @@ pub async fn stats(mp: &Path, interval: Duration, count: u64, json: bool) -> Res
                 get_ms,
                 sum_of(&m, "jfs_buffer_used_bytes") / 1e6,
             );
+            if mirror == Some(true) {
+                let lag = sum_of(&m, "jfs_mirror_lag_seconds");
+                print!(
+                    " {:>9.0} {:>8.0} {:>10} {:>8} {:>7}",
+                    d("jfs_fallback_reads_total"),
+                    d("jfs_fills_total"),
+                    sum_of(&m, "jfs_applied_seq") as u64,
+                    if lag < 0.0 {
+                        "?".to_string()
+                    } else {
+                        format!("{lag:.2}")
+                    },
+                    if sum_of(&m, "jfs_mirror_within_window") > 0.0 {
+                        "in"
+                    } else {
+                        "OUT"
+                    }
+                );
+            }
+            println!();
         }
         prev = Some(m);
         if count > 0 && lines >= count {
