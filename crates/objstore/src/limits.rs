@@ -64,6 +64,9 @@ pub struct Limits {
     bytes: RwLock<Option<(u64, Arc<ByteLimiter>)>>,
     requests: RwLock<Option<(u32, Arc<DefaultDirectRateLimiter>)>>,
     schedule: RwLock<Option<BwSchedule>>,
+    /// Woken when a limit changes, so that waiters move to the new limiter (a copy waiting
+    /// for a tiny limit must not keep waiting once the limit is lifted).
+    changed: tokio::sync::Notify,
 }
 
 fn minute_now() -> u32 {
@@ -122,6 +125,7 @@ impl Limits {
             bytes: RwLock::new(None),
             requests: RwLock::new(None),
             schedule: RwLock::new(bw),
+            changed: tokio::sync::Notify::new(),
         };
         l.set_tps(tps);
         l.refresh();
@@ -133,6 +137,7 @@ impl Limits {
         *self.schedule.write().unwrap_or_else(|p| p.into_inner()) = bw;
         self.set_tps(tps);
         self.refresh();
+        self.changed.notify_waiters();
     }
 
     fn set_tps(&self, tps: Option<u32>) {
@@ -174,6 +179,7 @@ impl Limits {
         if cur.as_ref().map(|c| c.0) != want {
             *cur = want.map(|r| (r, byte_limiter(r)));
             tracing::info!(bytes_per_s = ?want, "bandwidth limit in force");
+            self.changed.notify_waiters();
         }
     }
 
@@ -186,39 +192,57 @@ impl Limits {
         }
     }
 
-    /// Wait until `n` bytes may pass.
+    /// Wait until `n` bytes may pass (under the limit in force; when the limit changes
+    /// meanwhile, what is left is charged to the new one).
     pub async fn bytes(&self, n: u64) {
-        let lim = self
-            .bytes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|c| c.1.clone());
-        if let Some(l) = lim {
+        let mut left = n;
+        while left > 0 {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let lim = self
+                .bytes
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|c| c.1.clone());
+            let Some(l) = lim else { return };
             use std::sync::atomic::Ordering;
-            let before = l.total.fetch_add(n, Ordering::Relaxed);
-            let mut cells = (before + n) / l.cell - before / l.cell;
+            let before = l.total.fetch_add(left, Ordering::Relaxed);
+            let mut cells = (before + left) / l.cell - before / l.cell;
+            left = 0;
             while cells > 0 {
                 let take = cells.min(l.burst as u64) as u32;
-                let _ = l
-                    .lim
-                    .until_n_ready(NonZeroU32::new(take).expect(">0"))
-                    .await;
-                cells -= take as u64;
+                tokio::select! {
+                    _ = l.lim.until_n_ready(NonZeroU32::new(take).expect(">0")) => {
+                        cells -= take as u64;
+                    }
+                    _ = &mut changed => {
+                        left = cells * l.cell;
+                        break;
+                    }
+                }
             }
         }
     }
 
-    /// Wait for one request slot.
+    /// Wait for one request slot (under the limit in force, as `bytes`).
     pub async fn request(&self) {
-        let lim = self
-            .requests
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|c| c.1.clone());
-        if let Some(l) = lim {
-            l.until_ready().await;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let lim = self
+                .requests
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|c| c.1.clone());
+            let Some(l) = lim else { return };
+            tokio::select! {
+                _ = l.until_ready() => return,
+                _ = &mut changed => {}
+            }
         }
     }
 }
@@ -267,5 +291,44 @@ mod tests {
         assert_eq!(BwSchedule::parse("1.5M").unwrap().at(0), Some(1572864));
         assert!(BwSchedule::parse("25:00,1M").is_err());
         assert!(BwSchedule::parse("08:00,lots").is_err());
+    }
+
+    /// A copy waiting under a tiny limit goes as soon as the limit is lifted or raised (it
+    /// does not keep waiting on the old limiter), and so does a request slot.
+    #[tokio::test]
+    async fn waiters_move_to_a_changed_limit() {
+        let l = Arc::new(Limits::new(Some(BwSchedule::parse("1").unwrap()), Some(1)).unwrap());
+        l.bytes(1).await; // the burst
+        l.request().await;
+        let (l2, l3) = (l.clone(), l.clone());
+        let bytes = tokio::spawn(async move { l2.bytes(4 << 20).await });
+        let req = tokio::spawn(async move {
+            l3.request().await;
+            l3.request().await;
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(!bytes.is_finished(), "4 MiB passed a 1 byte/s limit");
+        let t0 = std::time::Instant::now();
+        l.set(Some(BwSchedule::parse("off").unwrap()), None);
+        tokio::time::timeout(std::time::Duration::from_secs(2), bytes)
+            .await
+            .expect("the byte waiter kept waiting after the limit was lifted")
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(2), req)
+            .await
+            .expect("the request waiter kept waiting after the limit was lifted")
+            .unwrap();
+        assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+        // Raised, not lifted: the rest is charged to the new limit.
+        l.set(Some(BwSchedule::parse("1").unwrap()), None);
+        l.bytes(1).await;
+        let l4 = l.clone();
+        let w = tokio::spawn(async move { l4.bytes(1 << 20).await });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        l.set(Some(BwSchedule::parse("100M").unwrap()), None);
+        tokio::time::timeout(std::time::Duration::from_secs(2), w)
+            .await
+            .expect("the waiter kept the old limit after a raise")
+            .unwrap();
     }
 }
