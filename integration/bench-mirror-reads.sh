@@ -112,7 +112,7 @@ drop; t_direct=$(secs sh -c "find '$D/primary/blocks' -path '*/chunks/*' -type f
 drop; ttfb_fb=$(python3 -c "$TTFB" "$MM/ttfb.bin")
 FIRST=$(find "$D/primary/blocks" -path '*chunks*' -type f -name '*_0_4194304' | sort | tail -1)
 drop; ttfb_direct=$(python3 -c "$TTFB" "$FIRST" 2>/dev/null || echo "n/a")
-drop; t_fb=$(secs dd if="$MM/model.safetensors" of=/dev/null bs=1M)
+drop; t_fb=$(secs dd if="$MM/model.safetensors" of=/dev/null bs=1M status=none)
 cmp "$D/local/model.safetensors" "$MM/model.safetensors"
 echo "| cold read, all through the origin fallback | origin block files read directly | mirror mount | ratio |"
 echo "|---|---|---|---|"
