@@ -39,6 +39,12 @@ pub trait BlockStore: Send + Sync + 'static {
     /// The whole object or an error (`NotFound`, or `Corrupt` when fewer bytes arrive).
     async fn get(&self, key: &str) -> Result<Bytes>;
     async fn head(&self, key: &str) -> Result<Option<ObjectMeta>>;
+    /// A get for warm-up, which wants the block kept close: by default a get; a mirror
+    /// site's fallback layer also waits until a block read from the origin is in the mirror
+    /// store.
+    async fn get_to_keep(&self, key: &str) -> Result<Bytes> {
+        self.get(key).await
+    }
     async fn delete(&self, key: &str) -> Result<()>;
     /// Every object under `prefix`, recursively, in pages of at most `page` (calls `f` per
     /// page). A listing error is returned, never swallowed: gc relies on this to fail closed.

@@ -140,6 +140,23 @@ async fn a_mirror_mount_reads_through_the_origin_while_the_copier_is_held_back()
     assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
     assert!(stat(&stats(&m), "jfs_fallback_refused_total") >= 1.0);
     m.stop();
+    // jfs warmup at a mirror mount fills the mirror store (not only the local cache) before
+    // it returns.
+    let before = blocks_in(&pair.m_store);
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &[]);
+    let o = Command::new(bin("jfs"))
+        .args(["warmup", "--json", m.mp.join("late-0").to_str().unwrap()])
+        .env("JFS_RUN_DIR", &m.run_dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        blocks_in(&pair.m_store),
+        before + 2,
+        "warmup did not put late-0's 2 blocks in the mirror store"
+    );
+    assert!(std::fs::read(m.mp.join("late-0")).unwrap() == data(0, 5 << 20));
+    m.stop();
     eprintln!("mirror mount: 27 MiB read through the origin, 9 blocks filled, fresh within {worst:?} (worst of 100)");
 }
 

@@ -490,7 +490,7 @@ impl CachedStore {
         if c.contains(key) {
             return Ok(false);
         }
-        let b = self.flight(key, false).await?;
+        let b = self.inner.get_to_keep(key).await?;
         if !c.insert(key, b, true).await? {
             return Err(Error::new(
                 ErrorKind::Backend,

@@ -205,6 +205,27 @@ impl BlockStore for FallbackStore {
         self.mirror.head(key).await
     }
 
+    /// Warm-up at a mirror fills the mirror store, not only the local cache: a block read
+    /// from the origin is written there before this returns.
+    async fn get_to_keep(&self, key: &str) -> Result<Bytes> {
+        match self.mirror.get(key).await {
+            Err(e) if e.kind() == ErrorKind::NotFound && self.enabled => {
+                let b = self.flight(key).await?;
+                match self.mirror.put(key, b.clone()).await {
+                    Ok(()) => self.metrics.fills.inc(),
+                    Err(e) => {
+                        self.metrics.fill_errors.inc();
+                        return Err(e.context(format!(
+                            "warming block {key}: writing it to the mirror store"
+                        )));
+                    }
+                };
+                Ok(b)
+            }
+            _ => self.get(key).await,
+        }
+    }
+
     async fn delete(&self, key: &str) -> Result<()> {
         Err(Error::new(
             ErrorKind::ReadOnly,
