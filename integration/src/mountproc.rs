@@ -23,6 +23,34 @@ pub fn fuse_ready() {
     );
 }
 
+/// A metric of `Mount::stats`, summed over its labels.
+pub fn metric(m: &std::collections::BTreeMap<String, f64>, name: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.as_str() == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// The block objects of a `file://` store: path and length.
+pub fn store_blocks(store_url: &str) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::from(store_url.trim_start_matches("file://"))];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.metadata() {
+                Ok(m) if m.is_dir() => stack.push(p),
+                Ok(m) if p.to_string_lossy().contains("/chunks/") => out.push((p, m.len())),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 /// Whether a `jfs mount` is mounted at `mp`.
 pub fn is_mounted(mp: &Path) -> bool {
     let t = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -100,6 +128,22 @@ impl Mount {
     /// The mount's control socket.
     pub fn sock(&self) -> PathBuf {
         mount::control::socket_path_in(&self.run_dir, &self.mp)
+    }
+
+    /// The mount's statistics (`jfs stats --json`): metric name{labels} -> value.
+    pub fn stats(&self) -> std::collections::BTreeMap<String, f64> {
+        let o = Command::new(bin("jfs"))
+            .args(["stats", self.mp.to_str().unwrap(), "--json", "--count", "1"])
+            .env("JFS_RUN_DIR", &self.run_dir)
+            .output()
+            .expect("running jfs stats");
+        assert!(
+            o.status.success(),
+            "stats: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let line = String::from_utf8_lossy(&o.stdout);
+        serde_json::from_str(line.lines().last().expect("a stats line")).expect("stats JSON")
     }
 
     pub fn pid(&self) -> u32 {

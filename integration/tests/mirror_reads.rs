@@ -3,9 +3,8 @@
 //! Every test asserts on bytes, counts and errnos.
 
 use integration::mirror::*;
-use integration::mountproc::Mount;
+use integration::mountproc::{metric, store_blocks, Mount};
 use integration::{bin, data, volume_with};
-use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,47 +13,9 @@ use std::time::{Duration, Instant};
 /// The mirror agent's copier held back: 1 byte/s copies nothing in a test's time.
 const HELD_BACK: &str = "bwlimit = \"1\"";
 
-/// Mount statistics, name{labels} -> value.
-fn stats(m: &Mount) -> std::collections::BTreeMap<String, f64> {
-    let o = Command::new(bin("jfs"))
-        .args(["stats", m.mp.to_str().unwrap(), "--json", "--count", "1"])
-        .env("JFS_RUN_DIR", &m.run_dir)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "stats: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let line = String::from_utf8_lossy(&o.stdout);
-    serde_json::from_str(line.lines().last().expect("a stats line")).expect("stats JSON")
-}
-
-fn stat(m: &std::collections::BTreeMap<String, f64>, name: &str) -> f64 {
-    m.iter()
-        .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
-        .map(|(_, v)| *v)
-        .sum()
-}
-
 /// Block objects in a `file://` store.
 fn blocks_in(store_url: &str) -> usize {
-    let root = store_url.trim_start_matches("file://");
-    fn walk(p: &Path, n: &mut usize) {
-        if let Ok(rd) = std::fs::read_dir(p) {
-            for e in rd.flatten() {
-                let t = e.file_type().unwrap();
-                if t.is_dir() {
-                    walk(&e.path(), n);
-                } else if e.path().to_string_lossy().contains("/chunks/") {
-                    *n += 1;
-                }
-            }
-        }
-    }
-    let mut n = 0;
-    walk(Path::new(root), &mut n);
-    n
+    store_blocks(store_url).len()
 }
 
 async fn wait_applied(pair: &Pair, primary: &dyn fs_core::Engine) {
@@ -85,9 +46,9 @@ async fn a_mirror_mount_reads_through_the_origin_while_the_copier_is_held_back()
             "model-{i} differs at the mirror"
         );
     }
-    let s = stats(&m);
-    assert!(stat(&s, "jfs_fallback_reads_total") >= 9.0, "{s:?}");
-    assert_eq!(stat(&s, "jfs_origin_errors_total"), 0.0, "{s:?}");
+    let s = m.stats();
+    assert!(metric(&s, "jfs_fallback_reads_total") >= 9.0, "{s:?}");
+    assert_eq!(metric(&s, "jfs_origin_errors_total"), 0.0, "{s:?}");
     // Read-through fills put every block read into the mirror store.
     let t0 = Instant::now();
     while blocks_in(&pair.m_store) < 9 {
@@ -127,8 +88,8 @@ async fn a_mirror_mount_reads_through_the_origin_while_the_copier_is_held_back()
         }
         worst = worst.max(t0.elapsed());
     }
-    let s = stats(&m);
-    assert!(stat(&s, "jfs_applied_seq") > 0.0, "{s:?}");
+    let s = m.stats();
+    assert!(metric(&s, "jfs_applied_seq") > 0.0, "{s:?}");
     m.stop();
     // --no-fallback: copied (filled) blocks read, a block not at the mirror is EIO.
     write_files(&vol.fs, "late-", 1, 5 << 20).await;
@@ -142,7 +103,7 @@ async fn a_mirror_mount_reads_through_the_origin_while_the_copier_is_held_back()
     assert!(std::fs::read(m.mp.join("model-1")).unwrap() == data(1, (9 << 20) + 777));
     let e = std::fs::read(m.mp.join("late-0")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
-    assert!(stat(&stats(&m), "jfs_fallback_refused_total") >= 1.0);
+    assert!(metric(&m.stats(), "jfs_fallback_refused_total") >= 1.0);
     m.stop();
     // jfs warmup at a mirror mount fills the mirror store (not only the local cache) before
     // it returns.
@@ -196,34 +157,17 @@ async fn a_mirror_mount_killed_during_fills_leaves_no_torn_block() {
     }
     drop(m);
     // Every object in the mirror store is a whole block: its length is the one its key names.
-    let root = pair.m_store.trim_start_matches("file://").to_string();
     let mut checked = 0;
-    let mut stack = vec![std::path::PathBuf::from(&root)];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(p);
-                continue;
-            }
-            let name = p.file_name().unwrap().to_string_lossy().to_string();
-            if !p.to_string_lossy().contains("/chunks/") {
-                continue;
-            }
-            let want: u64 = name
-                .rsplit('_')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap_or_else(|_| panic!("a stray object in the mirror store: {}", p.display()));
-            assert_eq!(
-                std::fs::metadata(&p).unwrap().len(),
-                want,
-                "torn block {}",
-                p.display()
-            );
-            checked += 1;
-        }
+    for (p, len) in store_blocks(&pair.m_store) {
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        let want: u64 = name
+            .rsplit('_')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("a stray object in the mirror store: {}", p.display()));
+        assert_eq!(len, want, "torn block {}", p.display());
+        checked += 1;
     }
     assert!(checked >= 1, "no fill landed before the kill");
     let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
@@ -282,7 +226,7 @@ async fn with_the_origin_cut_missing_blocks_fail_in_bounded_time_then_read_again
         took < Duration::from_secs(20),
         "the failed read took {took:?}"
     );
-    assert!(stat(&stats(&m), "jfs_origin_errors_total") >= 1.0);
+    assert!(metric(&m.stats(), "jfs_origin_errors_total") >= 1.0);
     // The link returns: the same mount reads it.
     proxy.cut.store(false, Ordering::SeqCst);
     let t1 = Instant::now();
@@ -401,7 +345,7 @@ async fn readers_at_the_mirror_see_whole_versions_of_a_file_replaced_by_rename()
 fn stat_until(m: &Mount, name: &str, limit: Duration, ok: impl Fn(f64) -> bool) -> f64 {
     let t0 = Instant::now();
     loop {
-        let v = stat(&stats(m), name);
+        let v = metric(&m.stats(), name);
         if ok(v) {
             return v;
         }
@@ -443,9 +387,9 @@ async fn the_staleness_policy_applies_while_the_mirror_is_out_of_its_window() {
     }
     let e = std::fs::read(fail.mp.join("w-0")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
-    assert!(stat(&stats(&fail), "jfs_stale_refused_total") >= 1.0);
+    assert!(metric(&fail.stats(), "jfs_stale_refused_total") >= 1.0);
     assert!(std::fs::read(serve.mp.join("w-0")).unwrap() == data(0, 100_000));
-    assert!(stat(&stats(&serve), "jfs_stale_opens_total") >= 1.0);
+    assert!(metric(&serve.stats(), "jfs_stale_opens_total") >= 1.0);
     // A reader at the wait= mount blocks until the agent is back, then reads.
     let mp = wait.mp.clone();
     let waiter = std::thread::spawn(move || {

@@ -4,7 +4,7 @@
 //!
 //! These need /dev/fuse and fusermount3 (Debian fuse3): without them they fail, never skip.
 
-use integration::mountproc::{fuse_ready, is_mounted, Mount};
+use integration::mountproc::{fuse_ready, is_mounted, metric, Mount};
 use integration::{bin, data, meta_url, store_url, unique};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -55,28 +55,6 @@ fn jfs_in(v: &Vol, args: &[&str]) -> std::process::Output {
 
 fn mount(v: &Vol, name: &str, extra: &[&str]) -> Mount {
     Mount::start(&v.meta, v.dir.path(), name, extra)
-}
-
-/// The metrics of a mount, name{labels} -> value.
-fn metrics(v: &Vol, m: &Mount) -> std::collections::BTreeMap<String, f64> {
-    let o = jfs_in(
-        v,
-        &["stats", m.mp.to_str().unwrap(), "--json", "--count", "1"],
-    );
-    assert!(
-        o.status.success(),
-        "stats: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let line = String::from_utf8_lossy(&o.stdout);
-    serde_json::from_str(line.lines().last().expect("a stats line")).expect("stats JSON")
-}
-
-fn metric(m: &std::collections::BTreeMap<String, f64>, name: &str) -> f64 {
-    m.iter()
-        .filter(|(k, _)| k.as_str() == name || k.starts_with(&format!("{name}{{")))
-        .map(|(_, v)| v)
-        .sum()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -616,7 +594,7 @@ fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
         payload,
         "damaged cache served"
     );
-    let mt = metrics(&v, &m);
+    let mt = m.stats();
     assert!(
         metric(&mt, "jfs_blockstore_gets_total") >= 1.0,
         "the damaged blocks were refetched: {mt:?}"
@@ -636,7 +614,7 @@ fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
         String::from_utf8_lossy(&o.stdout)
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("the local cache is full"));
-    let mt = metrics(&v, &m);
+    let mt = m.stats();
     assert!(metric(&mt, "jfs_cache_bytes") <= (9 << 20) as f64, "{mt:?}");
     let on_disk: u64 = cache_files(&v.dir.path().join("small-cache"))
         .iter()
@@ -693,14 +671,14 @@ fn warmed_files_read_without_touching_the_store() {
     );
     let c: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
     assert_eq!(c["cached"], blocks, "{c}");
-    let before = metric(&metrics(&v, &m), "jfs_blockstore_gets_total");
+    let before = metric(&m.stats(), "jfs_blockstore_gets_total");
     for (i, d) in want.iter().enumerate() {
         assert_eq!(
             &std::fs::read(m.mp.join(format!("model/shard-{i}"))).unwrap(),
             d
         );
     }
-    let after = metrics(&v, &m);
+    let after = m.stats();
     assert_eq!(
         metric(&after, "jfs_blockstore_gets_total"),
         before,

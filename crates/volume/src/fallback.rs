@@ -36,8 +36,6 @@ type Flight = Shared<BoxFuture<'static, Result<Bytes>>>;
 pub struct FallbackStore {
     mirror: Arc<dyn BlockStore>,
     origin: Arc<dyn BlockStore>,
-    /// Where fallback reads are announced (the agent copies them first); None: nowhere.
-    on_fallback: Option<Arc<dyn Fn(&str) + Send + Sync>>,
     enabled: bool,
     timeout: Duration,
     flights: Arc<Mutex<HashMap<String, Flight>>>,
@@ -56,7 +54,6 @@ impl FallbackStore {
         FallbackStore {
             mirror,
             origin,
-            on_fallback: None,
             enabled,
             timeout: ORIGIN_TIMEOUT,
             flights: Default::default(),
@@ -70,13 +67,9 @@ impl FallbackStore {
         self
     }
 
-    /// Call `f(key)` for every block read through the origin.
-    pub fn on_fallback(mut self, f: Arc<dyn Fn(&str) + Send + Sync>) -> FallbackStore {
-        self.on_fallback = Some(f);
-        self
-    }
-
-    fn flight(&self, key: &str) -> Flight {
+    /// The one origin fetch of `key`; `fill`: write the block to the mirror store in the
+    /// background (a warm-up that writes it itself passes false, when it starts the fetch).
+    fn flight(&self, key: &str, fill: bool) -> Flight {
         let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = m.get(key) {
             return f.clone();
@@ -106,24 +99,26 @@ impl FallbackStore {
                 Ok(b) => {
                     metrics.fallback_reads.inc();
                     metrics.fallback_bytes.inc_by(b.len() as u64);
-                    match fills.try_acquire_owned() {
-                        Ok(permit) => {
-                            let b = b.clone();
-                            tokio::spawn(async move {
-                                match mirror.put(&k, b).await {
-                                    Ok(()) => {
-                                        metrics.fills.inc();
+                    if fill {
+                        match fills.try_acquire_owned() {
+                            Ok(permit) => {
+                                let b = b.clone();
+                                tokio::spawn(async move {
+                                    match mirror.put(&k, b).await {
+                                        Ok(()) => {
+                                            metrics.fills.inc();
+                                        }
+                                        Err(e) => {
+                                            metrics.fill_errors.inc();
+                                            tracing::warn!(block = %k, error = %e, "filling the mirror store with a block read from the origin failed; the agent copies it");
+                                        }
                                     }
-                                    Err(e) => {
-                                        metrics.fill_errors.inc();
-                                        tracing::warn!(block = %k, error = %e, "filling the mirror store with a block read from the origin failed; the agent copies it");
-                                    }
-                                }
-                                drop(permit);
-                            });
-                        }
-                        Err(_) => {
-                            metrics.fills_skipped.inc();
+                                    drop(permit);
+                                });
+                            }
+                            Err(_) => {
+                                metrics.fills_skipped.inc();
+                            }
                         }
                     }
                 }
@@ -192,10 +187,7 @@ impl BlockStore for FallbackStore {
                         format!("block {key} is not at the mirror yet and fallback to the origin is off (--no-fallback): {e}"),
                     ));
                 }
-                if let Some(f) = &self.on_fallback {
-                    f(key);
-                }
-                self.flight(key).await
+                self.flight(key, true).await
             }
             r => r,
         }
@@ -210,7 +202,7 @@ impl BlockStore for FallbackStore {
     async fn get_to_keep(&self, key: &str) -> Result<Bytes> {
         match self.mirror.get(key).await {
             Err(e) if e.kind() == ErrorKind::NotFound && self.enabled => {
-                let b = self.flight(key).await?;
+                let b = self.flight(key, false).await?;
                 match self.mirror.put(key, b.clone()).await {
                     Ok(()) => self.metrics.fills.inc(),
                     Err(e) => {

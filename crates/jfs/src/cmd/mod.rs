@@ -227,7 +227,18 @@ fn access(read_only: bool) -> volume::Access {
 /// Open the volume through the `volume` crate: a bootstrapping mirror is refused to everyone,
 /// a mirror's metadata to writers.
 pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> {
-    let opts = volume::Options {
+    let opts = volume_options(g, read_only, None);
+    let engine = open_engine(g, meta_url, read_only).await?;
+    Ok(volume::open_on(engine, &opts).await?)
+}
+
+/// How `jfs` opens a volume: the global flags, the access, and a local cache (the mount).
+pub fn volume_options(
+    g: &Global,
+    read_only: bool,
+    cache: Option<volume::CacheConfig>,
+) -> volume::Options {
+    volume::Options {
         access: access(read_only),
         password_file: g.meta_password_file.clone(),
         endpoint: g.endpoint.clone(),
@@ -236,11 +247,9 @@ pub async fn open_fs(g: &Global, meta_url: &str, read_only: bool) -> Result<Fs> 
         no_fallback: g.no_fallback,
         origin_timeout: Some(g.origin_timeout),
         allow_incomplete: false,
-        cache: None,
         io_parallel: g.io_parallel.max(1),
-    };
-    let engine = open_engine(g, meta_url, read_only).await?;
-    Ok(volume::open_on(engine, &opts).await?)
+        cache,
+    }
 }
 
 /// Split "/a/b/c" into ("/a/b", "c").

@@ -56,22 +56,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
             m.read_only = true;
         }
     }
-    let opts = volume::Options {
-        access: if m.read_only {
-            volume::Access::Read
-        } else {
-            volume::Access::Write
-        },
-        password_file: g.meta_password_file.clone(),
-        endpoint: g.endpoint.clone(),
-        block_store: g.storage.clone(),
-        origin_store: g.origin_store.clone(),
-        no_fallback: g.no_fallback,
-        origin_timeout: Some(g.origin_timeout),
-        allow_incomplete: false,
-        io_parallel: g.io_parallel.max(1),
-        cache,
-    };
+    let opts = super::volume_options(g, m.read_only, cache);
     let vol = volume::open_volume(&m.meta_url, &opts)
         .await
         .with_context(|| format!("opening volume {}", meta::redact(&m.meta_url)))?;
