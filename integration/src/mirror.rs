@@ -390,7 +390,9 @@ pub async fn wait_converged(mirror: &Agent, primary: &dyn Engine, limit: Duratio
     loop {
         let head = primary.journal_bounds().await.expect("bounds").last;
         if let Some(s) = mirror.try_status() {
+            // Every block of every applied entry queued, and the queue empty.
             if n(&s, "applied_seq") >= head
+                && n(&s, "blocks.queued_through") >= head
                 && n(&s, "blocks.pending") == 0
                 && s["bootstrap"].is_null()
             {

@@ -813,6 +813,14 @@ impl Mirror {
             )
         };
         let m = &self.metrics;
+        // Read in this order: a batch records its blocks and `queued_through` in one write,
+        // so a pending count read after `queued_through` covers every block of the entries
+        // up to it (the count kept by the copier's loop may be a moment old).
+        let queued_through = self.state.queued_through()?;
+        let (pending, pending_bytes, failing) = self.state.pending()?;
+        m.blocks_pending.set(pending as i64);
+        m.bytes_pending.set(pending_bytes as i64);
+        m.blocks_failing.set(failing as i64);
         m.applied_seq.set(applied as i64);
         m.primary_head.set(primary_head as i64);
         m.lag_entries.set(lag_e as i64);
@@ -862,9 +870,11 @@ impl Mirror {
             "reconnects": m.reconnects.get(),
             "entries_applied": m.entries_applied.get(),
             "blocks": {
-                "pending": m.blocks_pending.get(),
-                "pending_bytes": m.bytes_pending.get(),
-                "failing": m.blocks_failing.get(),
+                // Blocks of entries up to this seq are queued or at the mirror store.
+                "queued_through": queued_through,
+                "pending": pending,
+                "pending_bytes": pending_bytes,
+                "failing": failing,
                 "copied": m.blocks_copied.get(),
                 "copied_bytes": m.bytes_copied.get(),
                 "skipped": m.blocks_skipped.get(),

@@ -95,7 +95,10 @@ async fn wait_applied(admin: SocketAddr, seq: u64, limit: Duration) -> Result<Va
             let (Some(applied), Some(pending)) = (applied, pending) else {
                 bail!("the status at {admin} has no applied_seq or blocks.pending: is it a mirror agent?");
             };
-            if applied >= seq && pending == 0 && v["bootstrap"].is_null() {
+            // `queued_through` (absent from an older agent's status: applied stands in)
+            // says the blocks of the entries up to `seq` are counted in `pending`.
+            let queued = v["blocks"]["queued_through"].as_u64().unwrap_or(applied);
+            if applied >= seq && queued >= seq && pending == 0 && v["bootstrap"].is_null() {
                 return Ok(v.clone());
             }
             if t0.elapsed() > limit {
