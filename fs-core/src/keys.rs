@@ -14,6 +14,8 @@
 //! | `O<ino:8>`                   | an unlinked inode kept while open: the |
 //! |                              | session holding it                     |
 //! | `D<slice:8><size:4>`         | pending delete: `"<seq> <time_ns>"`    |
+//! | `K<slice:8>`                 | CRC32C of each block of the slice, u32 |
+//! |                              | BE each (format version 2 and later)   |
 //!
 //! Engines keep their own bookkeeping (journal, head) outside this key space.
 
@@ -28,6 +30,7 @@ pub const COUNTER_PREFIX: &[u8] = b"c";
 pub const PENDING_PREFIX: &[u8] = b"D";
 pub const KEPT_PREFIX: &[u8] = b"O";
 pub const INODE_PREFIX: &[u8] = b"A";
+pub const CHECKSUM_PREFIX: &[u8] = b"K";
 
 fn inode_key(ino: Ino, tag: u8, extra: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(10 + extra.len());
@@ -86,6 +89,31 @@ pub fn pending(slice: u64, size: u32) -> Vec<u8> {
     k
 }
 
+/// The block checksums of slice `id` (written with the first reference to the slice, removed
+/// when its pending delete is purged).
+pub fn checksums(id: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(b'K');
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// The value of a `checksums` key: one CRC32C per block, in block order.
+pub fn encode_checksums(crcs: &[u32]) -> Vec<u8> {
+    crcs.iter().flat_map(|c| c.to_be_bytes()).collect()
+}
+
+pub fn decode_checksums(v: &[u8]) -> Option<Vec<u32>> {
+    if v.len() % 4 != 0 {
+        return None;
+    }
+    Some(
+        v.chunks_exact(4)
+            .map(|c| u32::from_be_bytes(c.try_into().unwrap()))
+            .collect(),
+    )
+}
+
 /// The exclusive end of the range of keys starting with `prefix`.
 pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -110,6 +138,7 @@ pub enum Key<'a> {
     Xattr(Ino, &'a [u8]),
     Rdev(Ino),
     Pending(u64, u32),
+    Checksums(u64),
     Kept(Ino),
     Unknown,
 }
@@ -120,6 +149,9 @@ pub fn parse(k: &[u8]) -> Key<'_> {
     }
     match k.first() {
         Some(b'c') => Key::Counter(&k[1..]),
+        Some(b'K') if k.len() == 9 => {
+            Key::Checksums(u64::from_be_bytes(k[1..9].try_into().unwrap()))
+        }
         Some(b'O') if k.len() == 9 => Key::Kept(u64::from_be_bytes(k[1..9].try_into().unwrap())),
         Some(b'D') if k.len() == 13 => Key::Pending(
             u64::from_be_bytes(k[1..9].try_into().unwrap()),
@@ -255,6 +287,12 @@ mod tests {
         assert_eq!(parse(&pending(7, 3)), Key::Pending(7, 3));
         assert_eq!(parse(&rdev(5)), Key::Rdev(5));
         assert_eq!(parse(&kept(9)), Key::Kept(9));
+        assert_eq!(parse(&checksums(7)), Key::Checksums(7));
+        assert_eq!(
+            decode_checksums(&encode_checksums(&[1, 0xdead_beef])),
+            Some(vec![1, 0xdead_beef])
+        );
+        assert_eq!(decode_checksums(b"abc"), None);
         assert_eq!(parse(SETTING), Key::Setting);
         assert_eq!(prefix_end(b"A\x01\xff"), b"A\x02".to_vec());
         assert!(dentry_prefix(1) < dentry(1, b"") || dentry_prefix(1) == dentry(1, b""));

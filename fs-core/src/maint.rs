@@ -5,6 +5,7 @@ use crate::error::{corrupt, Error, ErrorKind, Result};
 use crate::fs::Fs;
 use crate::journal::{parse_counter, parse_stamp, Entry, Op};
 use crate::keys::{self, Key};
+use crate::store::BlockCheck;
 use crate::txn::Txn;
 use crate::types::{now_ns, Attr, Ino, Settings, SliceRec};
 use futures::StreamExt;
@@ -79,6 +80,9 @@ pub struct Dump {
     pub counters: BTreeMap<String, i64>,
     pub pending: Vec<PendingDump>,
     pub inodes: BTreeMap<Ino, InodeDump>,
+    /// Slice id to the CRC32C of each of its blocks (format version 2).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checksums: BTreeMap<u64, Vec<u32>>,
 }
 
 pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
@@ -86,6 +90,7 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
     let mut counters = BTreeMap::new();
     let mut pending = Vec::new();
     let mut inodes: BTreeMap<Ino, InodeDump> = BTreeMap::new();
+    let mut checksums = BTreeMap::new();
     scan_all(engine, b"", &[0xff], PAGE, |page| {
         for (k, v) in page {
             match keys::parse(&k) {
@@ -129,6 +134,12 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
                     })?;
                     inodes.entry(ino).or_default().rdev = Some(u32::from_be_bytes(b));
                 }
+                Key::Checksums(id) => {
+                    let c = keys::decode_checksums(&v).ok_or_else(|| {
+                        corrupt(format!("the checksum record of slice {id} does not decode"))
+                    })?;
+                    checksums.insert(id, c);
+                }
                 Key::Kept(ino) => {
                     inodes.entry(ino).or_default().kept =
                         Some(String::from_utf8_lossy(&v).into_owned())
@@ -158,6 +169,7 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
         counters,
         pending,
         inodes,
+        checksums,
     })
 }
 
@@ -171,6 +183,9 @@ fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     }
     for p in &d.pending {
         out.push((keys::pending(p.slice, p.size), decode_name(&p.stamp)?));
+    }
+    for (&id, c) in &d.checksums {
+        out.push((keys::checksums(id), keys::encode_checksums(c)));
     }
     for (&ino, n) in &d.inodes {
         if let Some(a) = &n.attr {
@@ -226,6 +241,19 @@ pub async fn load(engine: &dyn Engine, d: &Dump) -> Result<u64> {
             ),
         ));
     }
+    d.setting.check_format()?;
+    if d.setting.checksums() {
+        for (ino, n) in &d.inodes {
+            for r in n.chunks.values().flatten().filter(|r| r.id != 0) {
+                if !d.checksums.contains_key(&r.id) {
+                    return Err(corrupt(format!(
+                        "the dump is of a format-{} volume but has no checksums for slice {} (inode {ino}): it would load as unreadable files; dump the volume again with this jfs",
+                        d.setting.format_version, r.id
+                    )));
+                }
+            }
+        }
+    }
     let mut pairs = dump_pairs(d)?;
     pairs.push((
         keys::SETTING.to_vec(),
@@ -266,8 +294,10 @@ pub struct FsckReport {
 }
 
 impl Fs {
-    /// Check that every block the metadata references exists with the length its key says.
-    pub async fn fsck(&self) -> Result<FsckReport> {
+    /// Check that every block the metadata references exists with the length its key says
+    /// and, on a format-2 volume, that its slice has its checksum record. `deep`: read every
+    /// block and check it against its checksum (on a format-1 volume, its length).
+    pub async fn fsck(&self, deep: bool) -> Result<FsckReport> {
         let mut report = FsckReport::default();
         let mut bad: Vec<(Ino, String, String)> = Vec::new();
         let mut from = keys::INODE_PREFIX.to_vec();
@@ -276,7 +306,8 @@ impl Fs {
         loop {
             let page = self.engine.scan(&from, &end, PAGE).await?;
             let n = page.len();
-            let mut want: BTreeMap<String, (Ino, u32)> = BTreeMap::new();
+            let mut want: BTreeMap<String, (Ino, u32, Option<u32>)> = BTreeMap::new();
+            let mut slices: Vec<(Ino, SliceRec)> = Vec::new();
             for (k, v) in &page {
                 if let Key::Chunk(ino, idx) = keys::parse(k) {
                     if ino != last_ino {
@@ -285,16 +316,69 @@ impl Fs {
                     }
                     let recs = SliceRec::decode_list(v)
                         .ok_or_else(|| corrupt(format!("chunk {idx} of inode {ino}")))?;
-                    for r in recs.iter().filter(|r| r.id != 0 && r.len > 0) {
-                        let bs = self.settings.block_size;
-                        for bi in r.off / bs..=(r.off + r.len - 1) / bs {
-                            let blen = keys::block_len(r.size, bs, bi);
-                            want.insert(
-                                keys::block_key(&self.settings.name, r.id, bi, blen),
-                                (ino, blen),
-                            );
+                    slices.extend(
+                        recs.into_iter()
+                            .filter(|r| r.id != 0 && r.len > 0)
+                            .map(|r| (ino, r)),
+                    );
+                }
+            }
+            // The checksum records of the slices on this page (format 2).
+            let mut sums: HashMap<u64, Vec<u32>> = HashMap::new();
+            if self.settings.checksums() {
+                let mut ids: Vec<u64> = slices.iter().map(|(_, r)| r.id).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                for part in ids.chunks(PAGE) {
+                    let got = self
+                        .engine
+                        .get_many(
+                            &part
+                                .iter()
+                                .map(|&id| keys::checksums(id))
+                                .collect::<Vec<_>>(),
+                        )
+                        .await?;
+                    for (&id, v) in part.iter().zip(got) {
+                        match v.as_deref().map(keys::decode_checksums) {
+                            Some(Some(c)) => {
+                                sums.insert(id, c);
+                            }
+                            _ => {}
                         }
                     }
+                }
+            }
+            let bs = self.settings.block_size;
+            for (ino, r) in &slices {
+                let crcs = sums.get(&r.id);
+                if self.settings.checksums() {
+                    let n = r.size.div_ceil(bs) as usize;
+                    if crcs.is_none_or(|c| c.len() != n) {
+                        let key = keys::block_key(
+                            &self.settings.name,
+                            r.id,
+                            0,
+                            keys::block_len(r.size, bs, 0),
+                        );
+                        bad.push((
+                            *ino,
+                            key,
+                            format!(
+                                "slice {} has no valid checksum record (reads of it fail)",
+                                r.id
+                            ),
+                        ));
+                        continue;
+                    }
+                }
+                for bi in r.off / bs..=(r.off + r.len - 1) / bs {
+                    let blen = keys::block_len(r.size, bs, bi);
+                    let crc = crcs.and_then(|c| c.get(bi as usize).copied());
+                    want.insert(
+                        keys::block_key(&self.settings.name, r.id, bi, blen),
+                        (*ino, blen, crc),
+                    );
                 }
             }
             if let Some((k, _)) = page.last() {
@@ -303,20 +387,35 @@ impl Fs {
             }
             report.blocks += want.len() as u64;
             let results: Vec<_> =
-                futures::stream::iter(want.into_iter().map(|(key, (ino, len))| async move {
-                    let r = self.store.head(&key).await;
-                    (key, ino, len, r)
+                futures::stream::iter(want.into_iter().map(|(key, (ino, len, crc))| async move {
+                    let r = if deep {
+                        match self.store.get_block(&key, BlockCheck { len, crc }).await {
+                            Ok(_) => Ok(None),
+                            Err(e) if e.kind() == ErrorKind::NotFound => {
+                                Ok(Some("missing".to_string()))
+                            }
+                            Err(e) if e.kind() == ErrorKind::Corrupt => Ok(Some(e.to_string())),
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        match self.store.head(&key).await {
+                            Ok(Some(m)) if m.size == len as u64 => Ok(None),
+                            Ok(Some(m)) => {
+                                Ok(Some(format!("has {} bytes, expected {len}", m.size)))
+                            }
+                            Ok(None) => Ok(Some("missing".to_string())),
+                            Err(e) => Err(e),
+                        }
+                    };
+                    (key, ino, r)
                 }))
-                .buffer_unordered(32)
+                .buffer_unordered(if deep { 8 } else { 32 })
                 .collect()
                 .await;
-            for (key, ino, len, r) in results {
+            for (key, ino, r) in results {
                 match r {
-                    Ok(Some(m)) if m.size == len as u64 => {}
-                    Ok(Some(m)) => {
-                        bad.push((ino, key, format!("has {} bytes, expected {len}", m.size)))
-                    }
-                    Ok(None) => bad.push((ino, key, "missing".into())),
+                    Ok(None) => {}
+                    Ok(Some(problem)) => bad.push((ino, key, problem)),
                     Err(e) => return Err(e.context(format!("checking block {key}"))),
                 }
             }
@@ -497,6 +596,7 @@ impl Fs {
             let mut tx = Txn::new(&*self.engine);
             for &(id, size) in batch {
                 tx.delete(keys::pending(id, size));
+                tx.delete(keys::checksums(id));
             }
             tx.set_op(Op::Purge {
                 slices: batch.len() as u64,

@@ -1,6 +1,6 @@
 //! The block store interface (implemented over OpenDAL in the `objstore` crate).
 
-use crate::error::Result;
+use crate::error::{corrupt, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 
@@ -31,6 +31,42 @@ impl ObjectMeta {
     }
 }
 
+/// What a block must be: as long as its key names, and with the CRC32C its slice recorded
+/// (format version 2; None on older volumes, which are checked by length only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCheck {
+    pub len: u32,
+    pub crc: Option<u32>,
+}
+
+impl BlockCheck {
+    /// The check for block `key`: its length from the key itself, and `crc` if known.
+    pub fn of_key(key: &str, crc: Option<u32>) -> Option<BlockCheck> {
+        let len = key.rsplit('_').next()?.parse().ok()?;
+        Some(BlockCheck { len, crc })
+    }
+
+    /// `Corrupt` naming the block and what is wrong, unless `data` is the block.
+    pub fn verify(&self, key: &str, data: &[u8]) -> Result<()> {
+        if data.len() != self.len as usize {
+            return Err(corrupt(format!(
+                "block {key} has {} bytes, its key says {}",
+                data.len(),
+                self.len
+            )));
+        }
+        if let Some(want) = self.crc {
+            let got = crc32c::crc32c(data);
+            if got != want {
+                return Err(corrupt(format!(
+                    "block {key} fails its checksum (CRC32C {got:08x}, its slice recorded {want:08x}): damaged at rest or in transit"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 pub trait BlockStore: Send + Sync + 'static {
     /// The store URL, without credentials.
@@ -39,11 +75,19 @@ pub trait BlockStore: Send + Sync + 'static {
     /// The whole object or an error (`NotFound`, or `Corrupt` when fewer bytes arrive).
     async fn get(&self, key: &str) -> Result<Bytes>;
     async fn head(&self, key: &str) -> Result<Option<ObjectMeta>>;
-    /// A get for warm-up, which wants the block kept close: by default a get; a mirror
-    /// site's fallback layer also waits until a block read from the origin is in the mirror
-    /// store.
-    async fn get_to_keep(&self, key: &str) -> Result<Bytes> {
-        self.get(key).await
+    /// Block `key`, verified against `want` (`Corrupt` when it fails). A layer that keeps
+    /// copies (the local cache, a mirror's store) checks its copy and, when it is damaged,
+    /// fetches the block again from below rather than serve it; layers that wrap another
+    /// must pass this call down, not turn it into `get`.
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        let b = self.get(key).await?;
+        want.verify(key, &b)?;
+        Ok(b)
+    }
+    /// `get_block` for warm-up, which wants the block kept close: a mirror site's fallback
+    /// layer also waits until a block read from the origin is in the mirror store.
+    async fn get_block_to_keep(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.get_block(key, want).await
     }
     async fn delete(&self, key: &str) -> Result<()>;
     /// Every object under `prefix`, recursively, in pages of at most `page` (calls `f` per
@@ -61,7 +105,23 @@ pub trait BlockStore: Send + Sync + 'static {
 
 #[cfg(test)]
 mod tests {
-    use super::ObjectMeta;
+    use super::{BlockCheck, ObjectMeta};
+
+    #[test]
+    fn block_checks_name_what_is_wrong() {
+        let key = crate::keys::block_key("v", 1, 0, 5);
+        let c = BlockCheck::of_key(&key, Some(crc32c::crc32c(b"hello"))).unwrap();
+        assert_eq!(c.len, 5);
+        c.verify(&key, b"hello").unwrap();
+        let e = c.verify(&key, b"hellO").unwrap_err().to_string();
+        assert!(e.contains("fails its checksum") && e.contains(&key), "{e}");
+        let e = c.verify(&key, b"hell").unwrap_err().to_string();
+        assert!(e.contains("has 4 bytes"), "{e}");
+        // No recorded checksum (format 1): the length alone.
+        BlockCheck { len: 5, crc: None }
+            .verify(&key, b"hellO")
+            .unwrap();
+    }
 
     #[test]
     fn only_md5_shaped_etags_count_as_checksums() {

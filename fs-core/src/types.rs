@@ -166,7 +166,7 @@ impl Settings {
         Settings {
             name: name.to_string(),
             uuid: format!("{:032x}", rand::random::<u128>()),
-            format_version: 1,
+            format_version: FORMAT_VERSION,
             block_size,
             storage: storage.to_string(),
             capacity: 0,
@@ -179,7 +179,32 @@ impl Settings {
     }
 }
 
+/// The volume format this build writes, and the newest it reads.
+/// - 1: blocks checked by the length their key names only;
+/// - 2: the CRC32C of every block is recorded beside its slice (`keys::checksums`) and
+///   checked by every reader, copier and `fsck --deep`.
+pub const FORMAT_VERSION: u32 = 2;
+
 impl Settings {
+    /// Slices of this volume record block checksums.
+    pub fn checksums(&self) -> bool {
+        self.format_version >= 2
+    }
+
+    /// Refuse a volume this build cannot read correctly (a newer format).
+    pub fn check_format(&self) -> crate::error::Result<()> {
+        if self.format_version == 0 || self.format_version > FORMAT_VERSION {
+            return Err(crate::error::Error::new(
+                crate::error::ErrorKind::Config,
+                format!(
+                    "volume {:?} has format version {}; this build reads versions 1..={FORMAT_VERSION}: use a newer jfs",
+                    self.name, self.format_version
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Check the settings before anything is written anywhere.
     pub fn validate(&self) -> crate::error::Result<()> {
         use crate::error::invalid;
@@ -202,7 +227,7 @@ impl Settings {
                 self.name
             )));
         }
-        Ok(())
+        self.check_format()
     }
 }
 

@@ -574,3 +574,65 @@ fn sigterm_during_put_leaves_no_partial_files() {
     ok(&["get", &meta, "/in", out.to_str().unwrap()]);
     same_tree(&src, &out);
 }
+
+/// Volumes formatted before block checksums (format 1) are read as before, checked by length
+/// (`fsck --deep` says so); a volume of a newer format than this build is refused, naming
+/// the versions, never misread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_1_volume_reads_by_length_and_a_newer_format_is_refused() {
+    use fs_core::keys;
+    let vol = integration::volume_with("rocksdb", "file", |s| s.format_version = 1).await;
+    let (ino, _) = vol
+        .fs
+        .create(fs_core::ROOT_INO, b"old", 0o644, fs_core::Owner::default())
+        .await
+        .unwrap();
+    vol.fs.write(ino, 0, &data(5, 5 << 20)).await.unwrap();
+    let k = keys::CHECKSUM_PREFIX;
+    let recs = vol
+        .fs
+        .engine()
+        .scan(k, &keys::prefix_end(k), 10)
+        .await
+        .unwrap();
+    assert!(recs.is_empty(), "a format-1 volume got checksum records");
+    let id = vol.fs.chunks(ino).await.unwrap()[0].1[0].id;
+    let key1 = keys::block_key(&vol.fs.settings().name, id, 1, 1 << 20);
+    let (meta, store) = (vol.meta_url.clone(), vol.store_url.clone());
+    drop(vol.fs); // RocksDB: one process at a time
+    assert_eq!(ok_bytes(&["cat", &meta, "/old"]), data(5, 5 << 20));
+    let o = jfs(&["fsck", "--deep", &meta]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("format-1 volume: lengths only"),
+        "{out}"
+    );
+    // A short block is still caught (by its length).
+    let p = Path::new(store.trim_start_matches("file://")).join(&key1);
+    let b = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &b[..b.len() - 1]).unwrap();
+    let o = jfs(&["cat", &meta, "/old"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("its key says"));
+    let o = jfs(&["fsck", "--deep", &meta]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("BROKEN /old"));
+    // A newer format than this build knows: refused by every command, naming the versions.
+    {
+        let e = integration::open_engine(&meta).await;
+        let mut s = fs_core::Fs::load_settings(&*e).await.unwrap();
+        s.format_version = fs_core::FORMAT_VERSION + 1;
+        let mut tx = fs_core::txn::Txn::new(&*e);
+        tx.put(keys::SETTING.to_vec(), serde_json::to_vec(&s).unwrap());
+        tx.set_op(fs_core::Op::Settings {
+            what: "format_version (test)".into(),
+        });
+        tx.commit().await.unwrap();
+    }
+    let o = jfs(&["ls", &meta, "/"]);
+    fails_clearly(
+        &o,
+        &format!("has format version {}", fs_core::FORMAT_VERSION + 1),
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("use a newer jfs"));
+}

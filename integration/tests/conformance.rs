@@ -620,16 +620,53 @@ mod cases {
             "a key that is not a block key is never deleted"
         );
         assert!(pending(fs).await.is_empty());
-        // fsck: clean, then a block removed by hand is reported with its path
-        let rep = fs.fsck().await.unwrap();
+        // The purged slice's checksum record went with it; the kept file's is there.
+        let fid = fs.chunks(f).await.unwrap()[0].1[0].id;
+        let e = fs.engine();
+        assert!(
+            e.get(&keys::checksums(gid)).await.unwrap().is_none(),
+            "purged with its slice"
+        );
+        let crcs =
+            keys::decode_checksums(&e.get(&keys::checksums(fid)).await.unwrap().unwrap()).unwrap();
+        let whole = data(7, 5 << 20);
+        assert_eq!(
+            crcs,
+            vec![
+                crc32c::crc32c(&whole[..4 << 20]),
+                crc32c::crc32c(&whole[4 << 20..])
+            ]
+        );
+        // fsck: clean (and deep: every block read and checked against its CRC32C)
+        let rep = fs.fsck(false).await.unwrap();
         assert!(rep.broken.is_empty(), "{:?}", rep.broken);
         assert_eq!(rep.blocks, 2);
-        let fid = fs.chunks(f).await.unwrap()[0].1[0].id;
-        store
-            .delete(&keys::block_key(&fs.settings().name, fid, 1, 1 << 20))
-            .await
-            .unwrap();
-        let rep = fs.fsck().await.unwrap();
+        assert!(fs.fsck(true).await.unwrap().broken.is_empty());
+        // A block damaged at rest (same length, one bit flipped): reads fail rather than
+        // return its bytes, the shallow check cannot see it, the deep one names the file.
+        let k1 = keys::block_key(&fs.settings().name, fid, 1, 1 << 20);
+        let mut bad = whole[4 << 20..].to_vec();
+        bad[12345] ^= 0x04;
+        store.put(&k1, bytes::Bytes::from(bad)).await.unwrap();
+        let e = fs.read(f, 0, 6 << 20).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("fails its checksum"), "{e}");
+        assert_eq!(fs.read(f, 0, 4 << 20).await.unwrap(), whole[..4 << 20]);
+        assert!(fs.fsck(false).await.unwrap().broken.is_empty());
+        let rep = fs.fsck(true).await.unwrap();
+        assert_eq!(rep.broken.len(), 1, "{:?}", rep.broken);
+        assert_eq!(
+            (rep.broken[0].path.as_str(), rep.broken[0].key.as_str()),
+            ("/keep", k1.as_str())
+        );
+        assert!(
+            rep.broken[0].problem.contains("fails its checksum"),
+            "{:?}",
+            rep.broken
+        );
+        // ...then a block removed by hand is reported with its path
+        store.delete(&k1).await.unwrap();
+        let rep = fs.fsck(false).await.unwrap();
         assert_eq!(rep.broken.len(), 1);
         assert_eq!(rep.broken[0].path, "/keep");
         assert!(

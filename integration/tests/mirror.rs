@@ -1021,8 +1021,8 @@ async fn two_mirrors_and_the_age_cap() {
 }
 
 /// Blocks come from an S3 origin (Ceph RGW) through the harness proxy, which flips bytes in
-/// some responses: the MD5 ETag check (or the HTTP layer) rejects the damaged reads, the
-/// copies are retried from the queue, and every block at the mirror is the origin's.
+/// some responses: the blocks' recorded CRC32C (or the HTTP layer) rejects the damaged reads,
+/// the copies are retried from the queue, and every block at the mirror is the origin's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn damaged_block_reads_from_an_s3_origin_are_rejected_and_retried() {
     let endpoint = std::env::var("JFS_TEST_S3_ENDPOINT")
@@ -1050,15 +1050,76 @@ async fn damaged_block_reads_from_an_s3_origin_are_rejected_and_retried() {
         n(&st, "blocks.copy_errors") >= 1,
         "no damaged read was rejected: {st}"
     );
-    assert!(n(&st, "blocks.checksummed") >= 6, "no MD5 checks: {st}");
+    assert!(
+        n(&st, "blocks.checksummed") >= 6,
+        "no checksum checks: {st}"
+    );
     let files = assert_same(&vol.fs, &pair.m_meta, &pair.m_store).await;
     assert_eq!(files, 6);
     eprintln!(
         "damaged origin reads: {} rejected, {} checksummed, mismatch logged: {}",
         n(&st, "blocks.copy_errors"),
         n(&st, "blocks.checksummed"),
-        pair.mirror.log_text().contains("checksum mismatch")
+        pair.mirror.log_text().contains("fails its checksum")
     );
+}
+
+/// A `file://` origin has no entity tags: the copier checks each block against the CRC32C its
+/// slice recorded. A block damaged at rest (same length) is refused and kept in the queue,
+/// never copied; once whole it is copied, and the mirror equals the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_damaged_block_at_a_file_origin_is_refused_by_its_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let pair = Pair::start(
+        dir.path(),
+        &vol.meta_url,
+        "rocksdb",
+        None,
+        "",
+        "bwlimit = \"1\"",
+    )
+    .await;
+    write_files(&vol.fs, "c", 2, 5 << 20).await;
+    let (ino, _) = vol.fs.resolve("/c0").await.unwrap();
+    let id = vol.fs.chunks(ino).await.unwrap()[0].1[0].id;
+    let key = fs_core::keys::block_key(&vol.fs.settings().name, id, 0, 4 << 20);
+    let path = std::path::Path::new(vol.store_url.trim_start_matches("file://")).join(&key);
+    let flip = || {
+        let mut b = std::fs::read(&path).unwrap();
+        b[777] ^= 0x01;
+        std::fs::write(&path, b).unwrap();
+    };
+    flip();
+    let limits = |bw: &str| {
+        let out = Command::new(bin("mirror-agent"))
+            .args(["limits", "--admin", &pair.mirror.admin, "--bwlimit", bw])
+            .env("MIRROR_AGENT_ADMIN_TOKEN", integration::mirror::ADMIN_TOKEN)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    limits("off");
+    let st = status_until(&pair.mirror, Duration::from_secs(60), |st| {
+        n(st, "blocks.pending") == 1 && n(st, "blocks.failing") == 1
+    })
+    .await;
+    assert!(
+        st["blocks"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&key) && e.contains("fails its checksum")),
+        "{st}"
+    );
+    let m_path = std::path::Path::new(pair.m_store.trim_start_matches("file://")).join(&key);
+    assert!(!m_path.exists(), "a damaged block was copied");
+    flip();
+    let st = wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(120)).await;
+    assert_eq!(assert_same(&vol.fs, &pair.m_meta, &pair.m_store).await, 2);
+    assert!(n(&st, "blocks.checksummed") >= 4, "{st}");
 }
 
 /// While a mirror bootstraps its tree is incomplete: `jfs` refuses to read it, saying why.

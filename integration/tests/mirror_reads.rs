@@ -420,3 +420,104 @@ async fn the_staleness_policy_applies_while_the_mirror_is_out_of_its_window() {
     }
     eprintln!("stale policy: a read at the wait= mount waited {took:?} for the agent");
 }
+
+/// Flip one bit of a file's stored block, keeping its length: `path` under a `file://` store.
+fn flip_bit(store_url: &str, key: &str, at: usize) {
+    let p = std::path::Path::new(store_url.trim_start_matches("file://")).join(key);
+    let mut b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    b[at] ^= 0x20;
+    std::fs::write(&p, b).unwrap();
+}
+
+/// Block checksums end to end: a block damaged at the origin is never served at the mirror
+/// (EIO, logged with the block, not filled into the mirror store) and reads again once it is
+/// whole; a damaged mirror-store copy is found by `jfs fsck --deep` (naming the file) and a
+/// mount reads around it from the origin, replacing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn damaged_blocks_are_caught_by_their_checksums_at_the_origin_and_at_the_mirror() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", HELD_BACK).await;
+    write_files(&vol.fs, "w-", 2, 5 << 20).await;
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    let mut keys = Vec::new();
+    for f in ["/w-0", "/w-1"] {
+        let (ino, _) = vol.fs.resolve(f).await.unwrap();
+        let id = vol.fs.chunks(ino).await.unwrap()[0].1[0].id;
+        keys.push(fs_core::keys::block_key(
+            &vol.fs.settings().name,
+            id,
+            0,
+            4 << 20,
+        ));
+    }
+    let (ka, kb) = (keys[0].clone(), keys[1].clone());
+    // 1. Damaged at the origin: EIO, never the flipped bytes; nothing filled for it.
+    flip_bit(&vol.store_url, &ka, 1_000_000);
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let e = std::fs::read(m.mp.join("w-0")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    assert!(std::fs::read(m.mp.join("w-1")).unwrap() == data(1, 5 << 20));
+    assert!(metric(&m.stats(), "jfs_origin_errors_total") >= 1.0);
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.contains(&ka) && log.contains("fails its checksum"),
+        "the mount's log names the block and the cause:\n{log}"
+    );
+    m.stop();
+    assert!(
+        !store_blocks(&pair.m_store)
+            .iter()
+            .any(|(p, _)| p.ends_with(&ka)),
+        "a damaged origin block was filled into the mirror store"
+    );
+    // Whole again at the origin: it reads (and fills).
+    flip_bit(&vol.store_url, &ka, 1_000_000);
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    assert!(std::fs::read(m.mp.join("w-0")).unwrap() == data(0, 5 << 20));
+    m.stop();
+    let t0 = Instant::now();
+    while blocks_in(&pair.m_store) < 4 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "fills: {}",
+            blocks_in(&pair.m_store)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 2. Damaged in the mirror store: the site's deep check names the file...
+    let fsck = |deep: bool| {
+        let mut c = Command::new(bin("jfs"));
+        c.args(["fsck", &pair.m_meta]);
+        if deep {
+            c.arg("--deep");
+        }
+        c.output().unwrap()
+    };
+    assert!(fsck(true).status.success());
+    flip_bit(&pair.m_store, &kb, 4_000_000);
+    let o = fsck(false);
+    assert!(o.status.success(), "a shallow check sees lengths only");
+    let o = fsck(true);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("BROKEN /w-1") && out.contains(&kb) && out.contains("fails its checksum"),
+        "{out}"
+    );
+    assert_eq!(out.matches("BROKEN").count(), 1, "{out}");
+    // ...and a mount reads the block from the origin instead, writing it over the bad copy.
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    assert!(std::fs::read(m.mp.join("w-1")).unwrap() == data(1, 5 << 20));
+    assert!(metric(&m.stats(), "jfs_mirror_damaged_total") >= 1.0);
+    let t0 = Instant::now();
+    while !fsck(true).status.success() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the damaged mirror copy was not replaced"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    m.stop();
+    eprintln!("checksums: origin damage -> EIO (not filled), mirror damage -> named by fsck --deep, re-read from the origin and replaced");
+}

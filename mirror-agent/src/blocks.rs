@@ -1,11 +1,13 @@
 //! Block replication at a mirror: which blocks an applied entry adds, cancels or purges, and
 //! the pool of workers that copies them from the origin store to the mirror store, limited in
-//! bytes/s and requests/s, retried with capped exponential backoff, verified by length.
+//! bytes/s and requests/s, retried with capped exponential backoff, verified by length and by
+//! the CRC32C the slice recorded (format 2; on a format-1 volume, by the origin's MD5 ETag
+//! where it has one).
 
 use crate::metrics::Metrics;
 use crate::state::{Changes, QItem, State};
 use fs_core::keys::{self, Key};
-use fs_core::{BlockStore, Entry, ErrorKind, Mutation, Settings, SliceRec};
+use fs_core::{BlockCheck, BlockStore, Engine, Entry, ErrorKind, Mutation, Settings, SliceRec};
 use objstore::limits::Limits;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -65,6 +67,9 @@ pub fn changes_of_pairs(s: &Settings, pairs: &[(Vec<u8>, Vec<u8>)]) -> Changes {
 
 pub struct Replicator {
     pub state: Arc<State>,
+    /// The mirror's metadata (applied before blocks are queued): the checksums of slices.
+    engine: Arc<dyn Engine>,
+    settings: Settings,
     pub origin: Arc<dyn BlockStore>,
     pub dest: Arc<dyn BlockStore>,
     pub limits: Arc<Limits>,
@@ -83,8 +88,11 @@ fn backoff(attempts: u32) -> Duration {
 }
 
 impl Replicator {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         state: Arc<State>,
+        engine: Arc<dyn Engine>,
+        settings: Settings,
         origin: Arc<dyn BlockStore>,
         dest: Arc<dyn BlockStore>,
         limits: Arc<Limits>,
@@ -93,6 +101,8 @@ impl Replicator {
     ) -> Arc<Self> {
         Arc::new(Replicator {
             state,
+            engine,
+            settings,
             origin,
             dest,
             limits,
@@ -192,7 +202,18 @@ impl Replicator {
 
     async fn copy_one(&self, key: &str, item: QItem) {
         match self.try_copy(key, item.len).await {
-            Ok(copied) => {
+            Ok(None) => {
+                // A snapshot is being installed and its slice's checksum record has not
+                // arrived yet: try again shortly (not an error).
+                let next = QItem {
+                    next_ns: fs_core::now_ns() + 1_000_000_000,
+                    ..item
+                };
+                if let Err(e) = self.state.retry(key, next) {
+                    tracing::error!(error = %e, key, "recording a postponed copy");
+                }
+            }
+            Ok(Some(copied)) => {
                 match self.state.done(key) {
                     Ok(true) => {}
                     Ok(false) => {
@@ -229,26 +250,66 @@ impl Replicator {
         }
     }
 
-    /// Ok(true) when copied, Ok(false) when the mirror already had it.
-    async fn try_copy(&self, key: &str, len: u32) -> anyhow::Result<bool> {
+    /// What block `key` must be: its length, and the CRC32C its slice recorded (read from
+    /// the mirror's metadata, where the entry that referenced the slice was applied). None
+    /// while a snapshot install has not brought the record yet.
+    async fn check_of(&self, key: &str, len: u32) -> anyhow::Result<Option<BlockCheck>> {
+        if !self.settings.checksums() {
+            return Ok(Some(BlockCheck { len, crc: None }));
+        }
+        let Some((id, index, _)) = keys::parse_block_key(&self.settings.name, key) else {
+            anyhow::bail!("{key} is not a block key of volume {}", self.settings.name);
+        };
+        let Some(v) = self.engine.get(&keys::checksums(id)).await? else {
+            if matches!(
+                self.state.bootstrap()?,
+                Some(crate::state::Bootstrap::Installing { .. })
+            ) {
+                return Ok(None);
+            }
+            anyhow::bail!("slice {id} has no checksum record at the mirror (freed meanwhile, or damaged metadata); not copied");
+        };
+        let crc = keys::decode_checksums(&v)
+            .and_then(|c| c.get(index as usize).copied())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the checksum record of slice {id} has no block {index}; not copied"
+                )
+            })?;
+        Ok(Some(BlockCheck {
+            len,
+            crc: Some(crc),
+        }))
+    }
+
+    /// Some(true) when copied, Some(false) when the mirror already had it, None: not yet
+    /// (see `check_of`).
+    async fn try_copy(&self, key: &str, len: u32) -> anyhow::Result<Option<bool>> {
         self.limits.request().await;
         if let Some(m) = self.dest.head(key).await? {
             if m.size == len as u64 {
-                return Ok(false);
+                return Ok(Some(false));
             }
         }
-        // The origin's entity tag, when it is an MD5 (S3 single-part uploads, which blocks
-        // are), is checked against the bytes read: damage at rest or in transit is caught.
-        self.limits.request().await;
-        let want_md5 = self.origin.head(key).await?.and_then(|m| m.md5_etag());
+        let Some(check) = self.check_of(key, len).await? else {
+            return Ok(None);
+        };
+        // Without a recorded checksum (format 1), the origin's entity tag, when it is an MD5
+        // (S3 single-part uploads, which blocks are), is checked against the bytes read.
+        let want_md5 = if check.crc.is_none() {
+            self.limits.request().await;
+            self.origin.head(key).await?.and_then(|m| m.md5_etag())
+        } else {
+            None
+        };
         self.limits.request().await;
         self.limits.bytes(len as u64).await;
         let data = self.origin.get(key).await?;
-        if data.len() != len as usize {
-            anyhow::bail!(
-                "origin returned {} bytes where the block key says {len}; not copied",
-                data.len()
-            );
+        check
+            .verify(key, &data)
+            .map_err(|e| anyhow::anyhow!("{e}; not copied"))?;
+        if check.crc.is_some() {
+            self.metrics.blocks_checksummed.inc();
         }
         if let Some(want) = want_md5 {
             use md5::Digest;
@@ -260,6 +321,6 @@ impl Replicator {
         }
         self.limits.request().await;
         self.dest.put(key, data).await?;
-        Ok(true)
+        Ok(Some(true))
     }
 }

@@ -160,6 +160,8 @@ impl Mirror {
             );
             let r = Replicator::new(
                 self.state.clone(),
+                self.engine.clone(),
+                s.clone(),
                 origin,
                 self.dest.clone(),
                 self.limits.clone(),

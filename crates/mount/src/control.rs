@@ -167,16 +167,26 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
     }
 }
 
-/// Every block key a file's data shows (visible bytes only), with its length.
-async fn file_blocks(vfs: &Vfs, ino: Ino, len: u64) -> fs_core::Result<Vec<(String, u32)>> {
+/// Every block key a file's data shows (visible bytes only), with its length and checksum.
+async fn file_blocks(
+    vfs: &Vfs,
+    ino: Ino,
+    len: u64,
+) -> fs_core::Result<Vec<(String, u32, Option<u32>)>> {
     let mut keys = BTreeSet::new();
     let mut off = 0u64;
     while off < len {
         let n = CHUNK_SIZE.min(len - off) as usize;
         let plan: Plan = vfs.fs.plan_read(ino, off, n).await?;
         for p in plan.pieces {
-            if let Piece::Block { key, block_len, .. } = p {
-                keys.insert((key, block_len));
+            if let Piece::Block {
+                key,
+                block_len,
+                crc,
+                ..
+            } = p
+            {
+                keys.insert((key, block_len, crc));
             }
         }
         off += n as u64;
@@ -187,7 +197,7 @@ async fn file_blocks(vfs: &Vfs, ino: Ino, len: u64) -> fs_core::Result<Vec<(Stri
 async fn collect(
     vfs: &Vfs,
     path: &str,
-    out: &mut Vec<(String, u32)>,
+    out: &mut Vec<(String, u32, Option<u32>)>,
     p: &mut WarmProgress,
 ) -> fs_core::Result<()> {
     let (ino, a) = vfs.fs.resolve(path).await?;
@@ -196,10 +206,10 @@ async fn collect(
         match a.kind {
             FileKind::File => {
                 p.files += 1;
-                for (k, l) in file_blocks(vfs, ino, a.length).await? {
+                for (k, l, crc) in file_blocks(vfs, ino, a.length).await? {
                     p.blocks += 1;
                     p.bytes += l as u64;
-                    out.push((k, l));
+                    out.push((k, l, crc));
                 }
             }
             FileKind::Dir => {
@@ -248,7 +258,7 @@ async fn warmup(
         Arc::new(AtomicU64::new(0)),
     );
     let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let work = futures::stream::iter(blocks.into_iter().map(|(key, len)| {
+    let work = futures::stream::iter(blocks.into_iter().map(|(key, len, crc)| {
         let (store, cache) = (ctl.store.clone(), cache.clone());
         let (bd, byd, fe, ca, ev, fa, errs) = (
             blocks_done.clone(),
@@ -261,21 +271,23 @@ async fn warmup(
         );
         async move {
             match action {
-                WarmAction::Warm => match store.warm(&key).await {
-                    Ok(true) => {
-                        fe.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(false) => {
-                        ca.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        fa.fetch_add(1, Ordering::Relaxed);
-                        let mut v = errs.lock().unwrap_or_else(|p| p.into_inner());
-                        if v.len() < 10 {
-                            v.push(format!("{key}: {e}"));
+                WarmAction::Warm => {
+                    match store.warm(&key, fs_core::BlockCheck { len, crc }).await {
+                        Ok(true) => {
+                            fe.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(false) => {
+                            ca.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            fa.fetch_add(1, Ordering::Relaxed);
+                            let mut v = errs.lock().unwrap_or_else(|p| p.into_inner());
+                            if v.len() < 10 {
+                                v.push(format!("{key}: {e}"));
+                            }
                         }
                     }
-                },
+                }
                 WarmAction::Check => {
                     if cache.contains(&key) {
                         ca.fetch_add(1, Ordering::Relaxed);

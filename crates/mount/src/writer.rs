@@ -26,8 +26,7 @@ struct Run {
 
 struct Pending {
     start: u64,
-    len: u32,
-    task: JoinHandle<fs_core::Result<u64>>,
+    task: JoinHandle<fs_core::Result<fs_core::NewSlice>>,
     _permits: Vec<OwnedSemaphorePermit>,
 }
 
@@ -164,12 +163,10 @@ impl Writer {
             return;
         }
         let fs = self.fs.clone();
-        let len = r.buf.len() as u32;
         let data = bytes::Bytes::from(r.buf);
         let task = tokio::spawn(async move { fs.upload_slice(data).await });
         self.pending.push_back(Pending {
             start: r.start,
-            len,
             task,
             _permits: r.permits,
         });
@@ -196,10 +193,10 @@ impl Writer {
                 return;
             }
             let r = match p.task.await {
-                Ok(Ok(id)) => {
+                Ok(Ok(slice)) => {
                     let idx = (p.start / CHUNK_SIZE) as u32;
                     let pos = (p.start % CHUNK_SIZE) as u32;
-                    self.fs.commit_slice(self.ino, idx, pos, id, p.len).await
+                    self.fs.commit_slice(self.ino, idx, pos, &slice).await
                 }
                 Ok(Err(e)) => Err(e),
                 Err(e) => Err(fs_core::Error::new(

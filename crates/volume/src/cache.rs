@@ -17,7 +17,7 @@ use crate::metrics::StoreMetrics;
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::error::{Error, ErrorKind, Result};
-use fs_core::{BlockStore, ObjectMeta};
+use fs_core::{BlockCheck, BlockStore, ObjectMeta};
 use futures::future::{BoxFuture, Shared};
 use futures::FutureExt;
 use lru::LruCache;
@@ -78,8 +78,9 @@ fn encode(data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The data of a cache file, if it is whole and is the block `want_len` long.
-fn decode(mut file: Vec<u8>, want_len: u32) -> Option<Bytes> {
+/// The data of a cache file, if it is whole and is the block `want_len` long, with the
+/// CRC32C it was stored with (checked here against the data).
+fn decode(mut file: Vec<u8>, want_len: u32) -> Option<(Bytes, u32)> {
     if file.len() < HEADER || &file[..4] != MAGIC || file[4] != VERSION {
         return None;
     }
@@ -89,7 +90,7 @@ fn decode(mut file: Vec<u8>, want_len: u32) -> Option<Bytes> {
         return None;
     }
     let data = Bytes::from(file.split_off(HEADER));
-    (crc32c::crc32c(&data) == crc).then_some(data)
+    (crc32c::crc32c(&data) == crc).then_some((data, crc))
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -253,7 +254,9 @@ impl DiskCache {
     }
 
     /// The block, if the cache holds it whole. A damaged file is removed (and counted).
-    pub async fn lookup(&self, key: &str) -> Option<Bytes> {
+    /// The cached block `key`, if its cache file is whole and, when `crc` is given (the
+    /// checksum its slice recorded), holds that very block; a failing file is removed.
+    pub async fn lookup(&self, key: &str, crc: Option<u32>) -> Option<Bytes> {
         let (path, len) = self.rel_path(key)?;
         if !self.contains(key) {
             return None;
@@ -261,8 +264,8 @@ impl DiskCache {
         let p = path.clone();
         let read = tokio::task::spawn_blocking(move || std::fs::read(&p)).await;
         match read {
-            Ok(Ok(file)) => match decode(file, len) {
-                Some(b) => {
+            Ok(Ok(file)) => match decode(file, len).filter(|(_, c)| crc.is_none_or(|w| w == *c)) {
+                Some((b, _)) => {
                     // Promote: recently read blocks are evicted last.
                     self.index
                         .lock()
@@ -272,7 +275,7 @@ impl DiskCache {
                     Some(b)
                 }
                 None => {
-                    tracing::warn!(key, path = %path.display(), "cache file is damaged (torn or corrupted): removed, the block is fetched from the store");
+                    tracing::warn!(key, path = %path.display(), "cache file is damaged (torn, corrupted, or not the block its slice's checksum names): removed, the block is fetched from the store");
                     self.metrics.cache_damaged.inc();
                     let _ = std::fs::remove_file(&path);
                     self.forget(key);
@@ -440,7 +443,8 @@ impl CachedStore {
         }
     }
 
-    fn flight(&self, key: &str, fill: bool) -> Flight {
+    /// The one fetch of `key` from below (checked against `want` when given).
+    fn flight(&self, key: &str, fill: bool, want: Option<BlockCheck>) -> Flight {
         let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = m.get(key) {
             return f.clone();
@@ -452,7 +456,10 @@ impl CachedStore {
         let metrics = self.metrics.clone();
         let k = key.to_string();
         let f = async move {
-            let r = inner.get(&k).await;
+            let r = match want {
+                Some(w) => inner.get_block(&k, w).await,
+                None => inner.get(&k).await,
+            };
             flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
             if let (Ok(b), Some(c)) = (&r, cache) {
                 match fills.try_acquire_owned() {
@@ -480,7 +487,7 @@ impl CachedStore {
 
     /// Make sure block `key` is durably in the local cache. Ok(true): fetched now;
     /// Ok(false): it was there. An error when there is no cache or the block does not fit.
-    pub async fn warm(&self, key: &str) -> Result<bool> {
+    pub async fn warm(&self, key: &str, want: BlockCheck) -> Result<bool> {
         let Some(c) = &self.cache else {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -490,7 +497,7 @@ impl CachedStore {
         if c.contains(key) {
             return Ok(false);
         }
-        let b = self.inner.get_to_keep(key).await?;
+        let b = self.inner.get_block_to_keep(key, want).await?;
         if !c.insert(key, b, true).await? {
             return Err(Error::new(
                 ErrorKind::Backend,
@@ -506,6 +513,26 @@ impl CachedStore {
     pub fn cache(&self) -> Option<&Arc<DiskCache>> {
         self.cache.as_ref()
     }
+
+    /// The cache first (its copy checked against the slice's checksum when `want` has
+    /// one), then one fetch from below.
+    async fn read(&self, key: &str, want: Option<BlockCheck>) -> Result<Bytes> {
+        let Some(c) = self.cache.as_ref().filter(|c| c.cacheable(key)) else {
+            return match want {
+                Some(w) => self.inner.get_block(key, w).await,
+                None => self.inner.get(key).await,
+            };
+        };
+        if let Some(b) = c.lookup(key, want.and_then(|w| w.crc)).await {
+            self.metrics.cache_hits.inc();
+            self.metrics.cache_hit_bytes.inc_by(b.len() as u64);
+            return Ok(b);
+        }
+        let b = self.flight(key, true, want).await?;
+        self.metrics.cache_misses.inc();
+        self.metrics.cache_miss_bytes.inc_by(b.len() as u64);
+        Ok(b)
+    }
 }
 
 #[async_trait]
@@ -520,18 +547,13 @@ impl BlockStore for CachedStore {
         self.inner.put(key, data).await
     }
     async fn get(&self, key: &str) -> Result<Bytes> {
-        let Some(c) = self.cache.as_ref().filter(|c| c.cacheable(key)) else {
-            return self.inner.get(key).await;
-        };
-        if let Some(b) = c.lookup(key).await {
-            self.metrics.cache_hits.inc();
-            self.metrics.cache_hit_bytes.inc_by(b.len() as u64);
-            return Ok(b);
-        }
-        let b = self.flight(key, true).await?;
-        self.metrics.cache_misses.inc();
-        self.metrics.cache_miss_bytes.inc_by(b.len() as u64);
-        Ok(b)
+        self.read(key, None).await
+    }
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.read(key, Some(want)).await
+    }
+    async fn get_block_to_keep(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.inner.get_block_to_keep(key, want).await
     }
     async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
         self.inner.head(key).await
@@ -588,19 +610,10 @@ impl BlockStore for MeteredStore {
         r
     }
     async fn get(&self, key: &str) -> Result<Bytes> {
-        let t0 = Instant::now();
-        let r = self.inner.get(key).await;
-        self.metrics.get_seconds.observe(t0.elapsed().as_secs_f64());
-        match &r {
-            Ok(b) => {
-                self.metrics.gets.inc();
-                self.metrics.get_bytes.inc_by(b.len() as u64);
-            }
-            Err(_) => {
-                self.metrics.get_errors.inc();
-            }
-        }
-        r
+        self.timed_get(key, None).await
+    }
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.timed_get(key, Some(want)).await
     }
     async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
         self.inner.head(key).await
@@ -614,6 +627,27 @@ impl BlockStore for MeteredStore {
         f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
     ) -> Result<()> {
         self.inner.list(prefix, f).await
+    }
+}
+
+impl MeteredStore {
+    async fn timed_get(&self, key: &str, want: Option<BlockCheck>) -> Result<Bytes> {
+        let t0 = Instant::now();
+        let r = match want {
+            Some(w) => self.inner.get_block(key, w).await,
+            None => self.inner.get(key).await,
+        };
+        self.metrics.get_seconds.observe(t0.elapsed().as_secs_f64());
+        match &r {
+            Ok(b) => {
+                self.metrics.gets.inc();
+                self.metrics.get_bytes.inc_by(b.len() as u64);
+            }
+            Err(_) => {
+                self.metrics.get_errors.inc();
+            }
+        }
+        r
     }
 }
 
@@ -663,7 +697,10 @@ mod tests {
             drop(c);
             let c = open(d.path(), 1 << 20);
             assert_eq!(c.usage().items, 3);
-            assert_eq!(c.lookup(&key(2, 1000)).await.unwrap(), vec![2u8; 1000]);
+            assert_eq!(
+                c.lookup(&key(2, 1000), None).await.unwrap(),
+                vec![2u8; 1000]
+            );
             // A bit flip, a truncation, a foreign temporary.
             let paths: Vec<PathBuf> = (0..=3u64)
                 .map(|id| c.rel_path(&key(id, 1000)).unwrap().0)
@@ -674,8 +711,14 @@ mod tests {
             std::fs::write(p(1), &b).unwrap();
             let b = std::fs::read(p(3)).unwrap();
             std::fs::write(p(3), &b[..b.len() - 1]).unwrap();
-            assert!(c.lookup(&key(1, 1000)).await.is_none(), "bit flip caught");
-            assert!(c.lookup(&key(3, 1000)).await.is_none(), "truncation caught");
+            assert!(
+                c.lookup(&key(1, 1000), None).await.is_none(),
+                "bit flip caught"
+            );
+            assert!(
+                c.lookup(&key(3, 1000), None).await.is_none(),
+                "truncation caught"
+            );
             assert!(!p(1).exists() && !p(3).exists(), "damaged files removed");
             assert_eq!(c.metrics.cache_damaged.get(), 2);
             assert_eq!(c.usage().items, 1);
@@ -684,6 +727,12 @@ mod tests {
             let c = open(d.path(), 1 << 20);
             assert_eq!(c.usage().items, 1);
             assert!(!p(2).with_file_name(".x.tmp.1234").exists());
+            // A whole cache file that is not the block its slice's checksum names (cached
+            // from a damaged source) is refused and removed too.
+            let good = crc32c::crc32c(&[2u8; 1000]);
+            assert!(c.lookup(&key(2, 1000), Some(good)).await.is_some());
+            assert!(c.lookup(&key(2, 1000), Some(good ^ 1)).await.is_none());
+            assert!(!p(2).exists());
         });
     }
 
@@ -698,7 +747,7 @@ mod tests {
                     .await
                     .unwrap();
             }
-            c.lookup(&key(1, 1000)).await.unwrap(); // 1 is now the most recent
+            c.lookup(&key(1, 1000), None).await.unwrap(); // 1 is now the most recent
             c.insert(&key(4, 1000), Bytes::from(vec![0; 1000]), false)
                 .await
                 .unwrap();

@@ -5,7 +5,9 @@
 //!
 //! Invariants:
 //! - a fallback returns the verified block or an error, never wrong or partial bytes: the
-//!   length its key names is checked (and the checksum, where the slice records one);
+//!   length its key names is checked, and the CRC32C its slice recorded (format 2);
+//! - a mirror-store copy that fails its checksum is not served: the block is read again
+//!   from the origin, served, and written over the damaged copy (counted);
 //! - concurrent reads of one missing block share one origin fetch;
 //! - a fill writes the block whole or not at all (the store's put is atomic: a temp file
 //!   renamed, or one S3 PUT), so a mount killed during a fill leaves no torn block;
@@ -16,7 +18,7 @@ use crate::metrics::StoreMetrics;
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::error::{Error, ErrorKind, Result};
-use fs_core::{BlockStore, ObjectMeta};
+use fs_core::{BlockCheck, BlockStore, ObjectMeta};
 use futures::future::{BoxFuture, Shared};
 use futures::FutureExt;
 use std::collections::HashMap;
@@ -67,9 +69,10 @@ impl FallbackStore {
         self
     }
 
-    /// The one origin fetch of `key`; `fill`: write the block to the mirror store in the
-    /// background (a warm-up that writes it itself passes false, when it starts the fetch).
-    fn flight(&self, key: &str, fill: bool) -> Flight {
+    /// The one origin fetch of `key`, checked against `want`; `fill`: write the block to the
+    /// mirror store in the background (a warm-up that writes it itself passes false, when it
+    /// starts the fetch).
+    fn flight(&self, key: &str, fill: bool, want: BlockCheck) -> Flight {
         let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = m.get(key) {
             return f.clone();
@@ -83,7 +86,7 @@ impl FallbackStore {
         let timeout = self.timeout;
         let k = key.to_string();
         let f = async move {
-            let r = match tokio::time::timeout(timeout, origin.get(&k)).await {
+            let r = match tokio::time::timeout(timeout, origin.get_block(&k, want)).await {
                 Ok(r) => r,
                 Err(_) => Err(Error::new(
                     ErrorKind::Backend,
@@ -92,8 +95,7 @@ impl FallbackStore {
                         origin.display_url()
                     ),
                 )),
-            }
-            .and_then(|b| verify(&k, b));
+            };
             flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
             match &r {
                 Ok(b) => {
@@ -136,22 +138,33 @@ impl FallbackStore {
     }
 }
 
-/// A block must be as long as its key says (`..._{index}_{len}`).
-fn verify(key: &str, b: Bytes) -> Result<Bytes> {
-    let want = key
-        .rsplit('/')
-        .next()
-        .and_then(|f| f.rsplit('_').next())
-        .and_then(|l| l.parse::<usize>().ok());
-    match want {
-        Some(n) if n != b.len() => Err(Error::new(
-            ErrorKind::Corrupt,
-            format!(
-                "block {key} from the origin has {} bytes, its key says {n}",
-                b.len()
-            ),
-        )),
-        _ => Ok(b),
+impl FallbackStore {
+    /// The mirror's copy, checked; None when the origin must be read instead (missing, or
+    /// damaged: counted and logged, and the fill then writes over it).
+    async fn mirror_copy(&self, key: &str, want: BlockCheck) -> Result<Option<Bytes>> {
+        match self.mirror.get_block(key, want).await {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if !self.enabled {
+                    self.metrics.fallback_refused.inc();
+                    // Not NotFound: the file exists, its block is not here yet (EIO).
+                    return Err(Error::new(
+                        ErrorKind::Backend,
+                        format!("block {key} is not at the mirror yet and fallback to the origin is off (--no-fallback): {e}"),
+                    ));
+                }
+                Ok(None)
+            }
+            Err(e) if e.kind() == ErrorKind::Corrupt => {
+                self.metrics.mirror_damaged.inc();
+                if !self.enabled {
+                    return Err(e);
+                }
+                tracing::warn!(block = %key, error = %e, "the mirror store's copy is damaged: reading the block from the origin and replacing it");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -176,20 +189,18 @@ impl BlockStore for FallbackStore {
         ))
     }
 
+    /// Block keys are checked by the length they name at least.
     async fn get(&self, key: &str) -> Result<Bytes> {
-        match self.mirror.get(key).await {
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                if !self.enabled {
-                    self.metrics.fallback_refused.inc();
-                    // Not NotFound: the file exists, its block is not here yet (EIO).
-                    return Err(Error::new(
-                        ErrorKind::Backend,
-                        format!("block {key} is not at the mirror yet and fallback to the origin is off (--no-fallback): {e}"),
-                    ));
-                }
-                self.flight(key, true).await
-            }
-            r => r,
+        match BlockCheck::of_key(key, None) {
+            Some(want) => self.get_block(key, want).await,
+            None => self.mirror.get(key).await,
+        }
+    }
+
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        match self.mirror_copy(key, want).await? {
+            Some(b) => Ok(b),
+            None => self.flight(key, true, want).await,
         }
     }
 
@@ -199,10 +210,11 @@ impl BlockStore for FallbackStore {
 
     /// Warm-up at a mirror fills the mirror store, not only the local cache: a block read
     /// from the origin is written there before this returns.
-    async fn get_to_keep(&self, key: &str) -> Result<Bytes> {
-        match self.mirror.get(key).await {
-            Err(e) if e.kind() == ErrorKind::NotFound && self.enabled => {
-                let b = self.flight(key, false).await?;
+    async fn get_block_to_keep(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        match self.mirror_copy(key, want).await? {
+            Some(b) => Ok(b),
+            None => {
+                let b = self.flight(key, false, want).await?;
                 match self.mirror.put(key, b.clone()).await {
                     Ok(()) => self.metrics.fills.inc(),
                     Err(e) => {
@@ -214,7 +226,6 @@ impl BlockStore for FallbackStore {
                 };
                 Ok(b)
             }
-            _ => self.get(key).await,
         }
     }
 

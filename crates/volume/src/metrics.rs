@@ -42,6 +42,9 @@ pub struct StoreMetrics {
     pub fill_errors: Counter,
     /// Fills skipped (too many in flight): the agent copies those blocks.
     pub fills_skipped: Counter,
+    /// Mirror-store copies that failed their checksum: read again from the origin and
+    /// replaced.
+    pub mirror_damaged: Counter,
 }
 
 fn latency() -> Histogram {
@@ -78,6 +81,7 @@ impl Default for StoreMetrics {
             fills: Counter::default(),
             fill_errors: Counter::default(),
             fills_skipped: Counter::default(),
+            mirror_damaged: Counter::default(),
         }
     }
 }
@@ -190,6 +194,11 @@ impl StoreMetrics {
             "jfs_fallback_refused",
             "Reads of blocks missing at the mirror while fallback is off",
             self.fallback_refused.clone(),
+        );
+        r.register(
+            "jfs_mirror_damaged",
+            "Mirror-store blocks that failed their checksum, read again from the origin",
+            self.mirror_damaged.clone(),
         );
         r.register(
             "jfs_origin_errors",

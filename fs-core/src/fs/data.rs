@@ -68,6 +68,23 @@ pub(crate) fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec
     }
 }
 
+/// A slice whose blocks are in the store, not yet referenced (see `Fs::upload_slice`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSlice {
+    pub id: u64,
+    pub len: u32,
+    /// CRC32C of each block, in block order (empty on a format-1 volume).
+    pub crcs: Vec<u32>,
+}
+
+impl NewSlice {
+    fn record_checksums(&self, tx: &mut Txn<'_>) {
+        if !self.crcs.is_empty() {
+            tx.put(keys::checksums(self.id), keys::encode_checksums(&self.crcs));
+        }
+    }
+}
+
 /// Buffers contiguous writes (as `torch.save` and many writers issue: small appends) and
 /// commits them as few large slices. `flush` (or dropping past a chunk boundary) commits.
 pub struct FileWriter<'a> {
@@ -119,10 +136,11 @@ impl Fs {
         keys::slice_block_keys(&self.settings.name, id, size, self.settings.block_size).collect()
     }
 
-    /// Upload `data` as a new slice; returns its id once every block is in the store. The
+    /// Upload `data` as a new slice; returns it once every block is in the store. The
     /// slice is referenced by nothing until `commit_slice` (a crash in between leaves
-    /// unreferenced blocks for gc).
-    pub async fn upload_slice(&self, data: Bytes) -> Result<u64> {
+    /// unreferenced blocks for gc). The checksum of each block is taken from the bytes
+    /// handed to the store, before they leave this process.
+    pub async fn upload_slice(&self, data: Bytes) -> Result<NewSlice> {
         let id = self.alloc_slice().await?;
         let bs = self.settings.block_size as usize;
         let blocks: Vec<(String, Bytes)> =
@@ -133,6 +151,11 @@ impl Fs {
                     (k, data.slice(off..off + l as usize))
                 })
                 .collect();
+        let crcs = if self.settings.checksums() {
+            blocks.iter().map(|(_, b)| crc32c::crc32c(b)).collect()
+        } else {
+            Vec::new()
+        };
         futures::stream::iter(
             blocks
                 .into_iter()
@@ -141,7 +164,11 @@ impl Fs {
         .buffer_unordered(self.io_parallel)
         .try_collect::<Vec<()>>()
         .await?;
-        Ok(id)
+        Ok(NewSlice {
+            id,
+            len: data.len() as u32,
+            crcs,
+        })
     }
 
     /// Write `data` at `offset`: one slice per chunk touched, each committed after its blocks.
@@ -176,22 +203,16 @@ impl Fs {
                 format!("inode {ino} is not a regular file"),
             ));
         }
-        let len = data.len() as u32;
-        let id = self.upload_slice(data).await?;
-        self.commit_slice(ino, idx, pos, id, len).await
+        let slice = self.upload_slice(data).await?;
+        self.commit_slice(ino, idx, pos, &slice).await
     }
 
-    /// Reference slice `id` (`len` bytes, uploaded by `upload_slice`) at `pos` in chunk `idx`
-    /// of `ino`: later slices win where they overlap, so commits of overlapping writes must
-    /// come in write order. Compacts the chunk when it has many slices.
-    pub async fn commit_slice(
-        &self,
-        ino: Ino,
-        idx: u32,
-        pos: u32,
-        id: u64,
-        len: u32,
-    ) -> Result<()> {
+    /// Reference `slice` (uploaded by `upload_slice`) at `pos` in chunk `idx` of `ino`, and
+    /// record its block checksums in the same transaction: later slices win where they
+    /// overlap, so commits of overlapping writes must come in write order. Compacts the
+    /// chunk when it has many slices.
+    pub async fn commit_slice(&self, ino: Ino, idx: u32, pos: u32, slice: &NewSlice) -> Result<()> {
+        let (id, len) = (slice.id, slice.len);
         let rec = SliceRec {
             pos,
             id,
@@ -211,6 +232,7 @@ impl Fs {
             let mut recs = decode_chunk(ino, idx, tx.get(&key).await?)?;
             recs.push(rec);
             tx.put(key, SliceRec::encode_list(&recs));
+            slice.record_checksums(&mut tx);
             let end = idx as u64 * CHUNK_SIZE + (pos + len) as u64;
             if end > attr.length {
                 tx.add(keys::USED_SPACE, (end - attr.length) as i64);
@@ -246,10 +268,13 @@ impl Fs {
         self.fetch(&plan).await
     }
 
-    /// Fill `dst` with chunk bytes `[from, to)` of the view of `recs` (compaction).
+    /// Fill `dst` with chunk bytes `[from, to)` of the view of `recs` (compaction); every
+    /// block read is checked against its checksum, so damage is never copied into a new
+    /// slice with a fresh checksum over it.
     async fn read_view(&self, recs: &[SliceRec], from: u32, to: u32, dst: &mut [u8]) -> Result<()> {
+        let chunk = self.with_sums(recs.to_vec()).await?;
         let mut pieces = Vec::new();
-        super::read::plan_chunk(&self.settings, recs, from, to, 0, &mut pieces);
+        super::read::plan_chunk(&self.settings, &chunk, from, to, 0, &mut pieces);
         let plan = super::read::Plan {
             offset: 0,
             len: dst.len(),
@@ -347,7 +372,8 @@ impl Fs {
         let len = (attr.length - chunk_start).min(CHUNK_SIZE) as u32;
         let mut data = vec![0u8; len as usize];
         self.read_view(&recs, 0, len, &mut data).await?;
-        let id = self.upload_slice(Bytes::from(data)).await?;
+        let slice = self.upload_slice(Bytes::from(data)).await?;
+        let id = slice.id;
         let mut tx = Txn::new(&*self.engine);
         // Both reads are validated at commit: any write, truncate or compaction in between wins.
         let attr2 = get_attr(&mut tx, ino).await?;
@@ -365,6 +391,7 @@ impl Fs {
                 len,
             }]),
         );
+        slice.record_checksums(&mut tx);
         let freed: BTreeSet<(u64, u32)> = recs
             .iter()
             .filter(|r| r.id != 0)

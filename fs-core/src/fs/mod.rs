@@ -5,8 +5,8 @@ mod data;
 pub mod namespace;
 mod read;
 
-pub use data::FileWriter;
-pub use read::{Budget, FileReader, Piece, Plan, ReadAhead, ReadStats};
+pub use data::{FileWriter, NewSlice};
+pub use read::{Budget, Chunk, FileReader, Piece, Plan, ReadAhead, ReadStats};
 
 use crate::engine::{CommitOutcome, Engine};
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
@@ -236,8 +236,13 @@ impl Fs {
                     engine.display_url()
                 ),
             )),
-            Some(v) => serde_json::from_slice(&v)
-                .map_err(|e| crate::error::corrupt(format!("volume settings do not decode: {e}"))),
+            Some(v) => {
+                let s: Settings = serde_json::from_slice(&v).map_err(|e| {
+                    crate::error::corrupt(format!("volume settings do not decode: {e}"))
+                })?;
+                s.check_format()?;
+                Ok(s)
+            }
         }
     }
 

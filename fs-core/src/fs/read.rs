@@ -13,6 +13,7 @@ use super::data::{build_view, decode_chunk};
 use super::Fs;
 use crate::error::{corrupt, Error, ErrorKind, Result};
 use crate::keys;
+use crate::store::BlockCheck;
 use crate::types::{FileKind, Ino, Settings, SliceRec, CHUNK_SIZE};
 use bytes::Bytes;
 use futures::future::{BoxFuture, Shared};
@@ -26,10 +27,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub enum Piece {
     /// A hole: zeros.
     Zeros { dst: usize, len: usize },
-    /// `len` bytes of block `key` (`block_len` long) from `from`, to `dst` in the result.
+    /// `len` bytes of block `key` (`block_len` long, CRC32C `crc` where the slice recorded
+    /// one) from `from`, to `dst` in the result.
     Block {
         key: String,
         block_len: u32,
+        crc: Option<u32>,
         from: usize,
         len: usize,
         dst: usize,
@@ -44,18 +47,32 @@ pub struct Plan {
     pub pieces: Vec<Piece>,
 }
 
-/// Plan chunk bytes `[from, to)` of the view of `recs` into `out`, `dst_base` being where
+/// One chunk's slice records, with the block checksums of the slices they name.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub recs: Vec<SliceRec>,
+    /// Slice id to the CRC32C of each of its blocks (empty on a format-1 volume).
+    pub sums: HashMap<u64, Vec<u32>>,
+}
+
+impl Chunk {
+    fn crc(&self, slice: u64, block: u32) -> Option<u32> {
+        self.sums.get(&slice)?.get(block as usize).copied()
+    }
+}
+
+/// Plan chunk bytes `[from, to)` of the view of `c` into `out`, `dst_base` being where
 /// chunk byte `from` goes in the result. Regions no slice covers are left out (zeros).
 pub(crate) fn plan_chunk(
     s: &Settings,
-    recs: &[SliceRec],
+    c: &Chunk,
     from: u32,
     to: u32,
     dst_base: usize,
     out: &mut Vec<Piece>,
 ) {
     let bs = s.block_size;
-    for g in build_view(recs) {
+    for g in build_view(&c.recs) {
         let (a, b) = (g.start.max(from), g.end.min(to));
         if a >= b {
             continue;
@@ -78,6 +95,7 @@ pub(crate) fn plan_chunk(
             out.push(Piece::Block {
                 key: keys::block_key(&s.name, g.id, bi, blen),
                 block_len: blen,
+                crc: c.crc(g.id, bi),
                 from: in_block as usize,
                 len: n as usize,
                 dst: d,
@@ -133,6 +151,44 @@ impl Fs {
         decode_chunk(ino, idx, self.engine.get(&keys::chunk(ino, idx)).await?)
     }
 
+    /// Chunk `idx` of `ino` with the checksums of its slices.
+    pub async fn load_chunk(&self, ino: Ino, idx: u32) -> Result<Chunk> {
+        let recs = self.chunk_records(ino, idx).await?;
+        self.with_sums(recs).await
+    }
+
+    /// `recs` with the block checksums of the slices they name (none on a format-1 volume).
+    /// A format-2 slice without its record is damaged metadata, refused rather than read
+    /// unchecked.
+    pub async fn with_sums(&self, recs: Vec<SliceRec>) -> Result<Chunk> {
+        let mut sums = HashMap::new();
+        if self.settings.checksums() {
+            let mut ids: Vec<u64> = recs.iter().filter(|r| r.id != 0).map(|r| r.id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            if !ids.is_empty() {
+                let got = self
+                    .engine
+                    .get_many(
+                        &ids.iter()
+                            .map(|&id| keys::checksums(id))
+                            .collect::<Vec<_>>(),
+                    )
+                    .await?;
+                for (id, v) in ids.into_iter().zip(got) {
+                    let v = v.ok_or_else(|| {
+                        corrupt(format!("slice {id} has no checksum record (this volume records one per slice): damaged metadata; `jfs fsck` names the files"))
+                    })?;
+                    let c = keys::decode_checksums(&v).ok_or_else(|| {
+                        corrupt(format!("the checksum record of slice {id} does not decode"))
+                    })?;
+                    sums.insert(id, c);
+                }
+            }
+        }
+        Ok(Chunk { recs, sums })
+    }
+
     /// Plan a read of up to `len` bytes at `offset` of `ino` (short at the end of the file).
     pub async fn plan_read(&self, ino: Ino, offset: u64, len: usize) -> Result<Plan> {
         let attr = self.getattr(ino).await?;
@@ -146,7 +202,7 @@ impl Fs {
         let end = (offset + len as u64).min(attr.length);
         let mut i = (offset / CHUNK_SIZE) as u32;
         while offset < end && (i as u64) * CHUNK_SIZE < end {
-            chunks.insert(i, Arc::new(self.chunk_records(ino, i).await?));
+            chunks.insert(i, Arc::new(self.load_chunk(ino, i).await?));
             i += 1;
         }
         Ok(self.plan_with(&chunks, attr.length, offset, len))
@@ -156,7 +212,7 @@ impl Fs {
     /// touches; a missing one reads as a hole).
     pub fn plan_with(
         &self,
-        chunks: &HashMap<u32, Arc<Vec<SliceRec>>>,
+        chunks: &HashMap<u32, Arc<Chunk>>,
         length: u64,
         offset: u64,
         len: usize,
@@ -172,10 +228,10 @@ impl Fs {
             let idx = (off / CHUNK_SIZE) as u32;
             let cstart = (off % CHUNK_SIZE) as u32;
             let cend = (((idx as u64 + 1) * CHUNK_SIZE).min(end) - idx as u64 * CHUNK_SIZE) as u32;
-            if let Some(recs) = chunks.get(&idx) {
+            if let Some(c) = chunks.get(&idx) {
                 plan_chunk(
                     &self.settings,
-                    recs,
+                    c,
                     cstart,
                     cend,
                     (off - offset) as usize,
@@ -187,38 +243,41 @@ impl Fs {
         plan
     }
 
-    /// One block, checked against the length its key gives.
-    pub async fn get_block(&self, key: &str, block_len: u32) -> Result<Bytes> {
-        let b = self.store.get(key).await?;
-        if b.len() != block_len as usize {
-            return Err(corrupt(format!(
-                "block {key} has {} bytes, its key says {block_len}",
-                b.len()
-            )));
-        }
-        Ok(b)
+    /// One block, checked against the length its key gives and its recorded checksum.
+    pub async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.store.get_block(key, want).await
     }
 
     /// Fetch a plan's blocks (in parallel) and assemble its bytes.
     pub async fn fetch(&self, plan: &Plan) -> Result<Vec<u8>> {
         let mut out = vec![0u8; plan.len];
-        let wanted: Vec<(String, u32, usize, usize, usize)> = plan
+        let wanted: Vec<(String, BlockCheck, usize, usize, usize)> = plan
             .pieces
             .iter()
             .filter_map(|p| match p {
                 Piece::Block {
                     key,
                     block_len,
+                    crc,
                     from,
                     len,
                     dst,
-                } => Some((key.clone(), *block_len, *from, *len, *dst)),
+                } => Some((
+                    key.clone(),
+                    BlockCheck {
+                        len: *block_len,
+                        crc: *crc,
+                    },
+                    *from,
+                    *len,
+                    *dst,
+                )),
                 Piece::Zeros { .. } => None,
             })
             .collect();
         let fetched: Vec<(Bytes, usize, usize, usize)> = futures::stream::iter(wanted)
-            .map(|(key, block_len, from, len, dst)| async move {
-                let b = self.get_block(&key, block_len).await?;
+            .map(|(key, want, from, len, dst)| async move {
+                let b = self.get_block(&key, want).await?;
                 Ok::<_, Error>((b, from, len, dst))
             })
             .buffered(self.io_parallel)
@@ -252,7 +311,7 @@ struct Held {
 }
 
 struct State {
-    chunks: HashMap<u32, Arc<Vec<SliceRec>>>,
+    chunks: HashMap<u32, Arc<Chunk>>,
     length: u64,
     /// Where the next sequential read starts.
     next: u64,
@@ -358,16 +417,16 @@ impl FileReader {
         let (a, b) = ((from / CHUNK_SIZE) as u32, ((to - 1) / CHUNK_SIZE) as u32);
         for i in a..=b {
             if let std::collections::hash_map::Entry::Vacant(e) = st.chunks.entry(i) {
-                e.insert(Arc::new(self.fs.chunk_records(self.ino, i).await?));
+                e.insert(Arc::new(self.fs.load_chunk(self.ino, i).await?));
             }
         }
         Ok(())
     }
 
-    fn fetch_of(&self, key: &str, block_len: u32) -> Fetch {
+    fn fetch_of(&self, key: &str, want: BlockCheck) -> Fetch {
         let fs = self.fs.clone();
         let key = key.to_string();
-        async move { fs.get_block(&key, block_len).await }
+        async move { fs.get_block(&key, want).await }
             .boxed()
             .shared()
     }
@@ -405,11 +464,16 @@ impl FileReader {
             if let Piece::Block {
                 key,
                 block_len,
+                crc,
                 from,
                 len,
                 dst,
             } = p
             {
+                let want = BlockCheck {
+                    len: *block_len,
+                    crc: *crc,
+                };
                 let piece_end = offset + (*dst + *len) as u64;
                 let f = match st.held.get_mut(key) {
                     Some(h) => {
@@ -422,7 +486,7 @@ impl FileReader {
                         h.fetch.clone()
                     }
                     None => {
-                        let f = self.fetch_of(key, *block_len);
+                        let f = self.fetch_of(key, want);
                         self.stats.lock().unwrap_or_else(|p| p.into_inner()).fetched += 1;
                         // Keep it while later reads may need the rest of it.
                         let permit = self
@@ -460,6 +524,7 @@ impl FileReader {
                     if let Piece::Block {
                         key,
                         block_len,
+                        crc,
                         len,
                         dst,
                         ..
@@ -479,7 +544,13 @@ impl FileReader {
                         else {
                             break; // out of memory for read-ahead: read less ahead
                         };
-                        let f = self.fetch_of(&key, block_len);
+                        let f = self.fetch_of(
+                            &key,
+                            BlockCheck {
+                                len: block_len,
+                                crc,
+                            },
+                        );
                         // Start it now: a shared future only runs when polled.
                         tokio::spawn(f.clone().map(|_| ()));
                         self.stats.lock().unwrap_or_else(|p| p.into_inner()).fetched += 1;

@@ -88,8 +88,8 @@ pub async fn load(engine: &dyn Engine, file: &Path) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-pub async fn fsck(fs: &Fs, json: bool) -> Result<Outcome> {
-    let r = fs.fsck().await.context("fsck")?;
+pub async fn fsck(fs: &Fs, deep: bool, json: bool) -> Result<Outcome> {
+    let r = fs.fsck(deep).await.context("fsck")?;
     if json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -97,9 +97,16 @@ pub async fn fsck(fs: &Fs, json: bool) -> Result<Outcome> {
             println!("BROKEN {}: block {} {}", b.path, b.key, b.problem);
         }
         println!(
-            "checked {} files, {} blocks: {} broken",
+            "checked {} files, {} blocks{}: {} broken",
             r.files,
             r.blocks,
+            if !deep {
+                ""
+            } else if fs.settings().checksums() {
+                " (read and checked against their CRC32C)"
+            } else {
+                " (read; format-1 volume: lengths only, no checksums recorded)"
+            },
             r.broken.len()
         );
     }
@@ -236,6 +243,15 @@ pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
     }
     println!("metadata    {} ({})", s.meta_url, s.engine);
     println!("storage     {}  block size {}", s.storage, s.block_size);
+    println!(
+        "format      version {}{}",
+        s.settings.format_version,
+        if s.settings.checksums() {
+            " (block checksums recorded)"
+        } else {
+            " (no block checksums: blocks checked by length)"
+        }
+    );
     println!(
         "usage       {} bytes in {} inodes",
         s.used_space, s.used_inodes

@@ -157,8 +157,18 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
         Command::Load { meta_url, file } => {
             admin::load(&*open_engine_with(g, &meta_url, false, true).await?, &file).await
         }
-        Command::Fsck { meta_url, json } => {
-            admin::fsck(&open_fs(g, &meta_url, true).await?, json).await
+        Command::Fsck {
+            meta_url,
+            deep,
+            json,
+        } => {
+            // A site's check is of its own store: at a mirror, a missing or damaged block is
+            // reported, not read from (or repaired from) the origin.
+            let g = Global {
+                no_fallback: true,
+                ..g.clone()
+            };
+            admin::fsck(&open_fs(&g, &meta_url, true).await?, deep, json).await
         }
         Command::Gc {
             meta_url,
