@@ -6,8 +6,13 @@
 #  2. time to first byte of a 4 MiB read through the fallback vs a direct read of the block;
 #  3. once the copier has copied everything: loading a safetensors-shaped model file (header
 #     + tensors, read through mmap as safetensors does) through the mirror mount vs from
-#     local disk.
-# Needs root (drop_caches).   bash integration/bench-mirror-reads.sh    SIZE_MB=256 bash ...
+#     local disk;
+#  4. the origin behind a 100 Mbit/s `tc tbf` link (served over HTTP in one network
+#     namespace, the mirror mount in another, an empty mirror store): a cold read all through
+#     the fallback, and `jfs warmup` of the same file, vs curl fetching the blocks over the
+#     same link.
+# Needs root (drop_caches, netns, tc).   bash integration/bench-mirror-reads.sh
+# SIZE_MB=256 (model file, default 1024), LINK_MB=128 (file read over the link, default 256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
@@ -15,7 +20,9 @@ cargo build --release --locked -p jfs -p mirror-agent >/dev/null
 JFS=$CARGO_TARGET_DIR/release/jfs
 AGENT=$CARGO_TARGET_DIR/release/mirror-agent
 SIZE_MB=${SIZE_MB:-1024}
+LINK_MB=${LINK_MB:-256}
 D=$(mktemp -d /tmp/jfs-bench-mirror.XXXXXX)
+NSA=jfsbrA$$ NSB=jfsbrB$$
 PRIMARY=rocksdb://$D/primary/meta
 MIRROR=rocksdb://$D/mirror/meta
 MM=$D/mirror-mnt
@@ -23,6 +30,7 @@ PIDS=()
 cleanup() {
   "$JFS" umount "$MM" >/dev/null 2>&1 || "$JFS" umount --force "$MM" >/dev/null 2>&1 || true
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true
+  ip netns del "$NSA" 2>/dev/null || true; ip netns del "$NSB" 2>/dev/null || true
   rm -rf "$D"
 }
 trap cleanup EXIT
@@ -54,6 +62,7 @@ with open(path, "wb") as f:
         f.write(os.urandom(per))
 PY
 head -c $((8 << 20)) /dev/urandom > "$D/local/ttfb.bin"
+head -c $((LINK_MB << 20)) /dev/urandom > "$D/local/link.bin"
 LOAD='import json, mmap, struct, sys
 with open(sys.argv[1], "rb") as f:
     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -73,6 +82,7 @@ print(f"{(time.time() - t) * 1000:.1f}")'
 "$JFS" format "$PRIMARY" bench --storage "file://$D/primary/blocks" >/dev/null
 "$JFS" put "$PRIMARY" "$D/local/model.safetensors" /model.safetensors
 "$JFS" put "$PRIMARY" "$D/local/ttfb.bin" /ttfb.bin
+"$JFS" put "$PRIMARY" "$D/local/link.bin" /link.bin
 HEAD=$("$JFS" status "$PRIMARY" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["journal"]["last"])')
 cat > "$D/primary.toml" <<TOML
 role = "primary"
@@ -131,3 +141,45 @@ echo
 echo "| load a $SIZE_MB MiB safetensors-shaped model (mmap, every tensor copied) | local disk | mirror mount (blocks at the mirror) | ratio |"
 echo "|---|---|---|---|"
 echo "| cold (page cache dropped) | $(mbps "$t_load_local") MiB/s | $(mbps "$t_load_mm") MiB/s | $(ratio "$t_load_local" "$t_load_mm") |"
+
+# 4: the origin behind a 100 Mbit/s link. Namespace A serves the origin's block directory over
+# HTTP, its side of the veth shaped by tbf; the mirror mount runs in namespace B (its own
+# mount namespace too, so the reads run in the same `ip netns exec`), over an empty mirror
+# store so that every block crosses the link.
+ip netns add "$NSA"; ip netns add "$NSB"
+ip link add "va$$" type veth peer name "vb$$"
+ip link set "va$$" netns "$NSA"; ip link set "vb$$" netns "$NSB"
+ip -n "$NSA" addr add 10.79.0.1/24 dev "va$$"; ip -n "$NSB" addr add 10.79.0.2/24 dev "vb$$"
+for ns in "$NSA" "$NSB"; do ip -n "$ns" link set lo up; done
+ip -n "$NSA" link set "va$$" up; ip -n "$NSB" link set "vb$$" up
+ip netns exec "$NSA" tc qdisc add dev "va$$" root tbf rate 100mbit burst 256kb latency 100ms
+ip netns exec "$NSA" python3 -m http.server 8080 --bind 10.79.0.1 --directory "$D/primary/blocks" >/dev/null 2>&1 & PIDS+=($!)
+for _ in $(seq 50); do ip netns exec "$NSB" curl -s -o /dev/null http://10.79.0.1:8080/ && break; sleep 0.1; done
+ORIGIN="opendal+http://?endpoint=http://10.79.0.1:8080"
+LINKKEYS=$(cd "$D/primary/blocks" && find . -path '*chunks*' -type f -size +1M | sort | head -$((LINK_MB / 4)) | sed 's|^\./||')
+export JFS MIRROR ORIGIN D LINK_MB LINKKEYS
+ip netns exec "$NSB" bash -euo pipefail -c '
+  t() { python3 -c "import sys,time,subprocess; t=time.time(); subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(f\"{time.time()-t:.3f}\")" "$@"; }
+  # Peer: curl, one stream, as many 4 MiB blocks as the file has.
+  t_curl=$(t sh -c "for k in $LINKKEYS; do curl -sS -o /dev/null http://10.79.0.1:8080/\$k; done")
+  mkdir -p "$D/mm-link"
+  "$JFS" --storage "file://$D/empty-1" --origin-store "$ORIGIN" mount "$MIRROR" "$D/mm-link" -d --cache-size 0 --log "$D/link-mount.log" >/dev/null
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  t_read=$(t dd if="$D/mm-link/link.bin" of=/dev/null bs=1M status=none)
+  cmp "$D/local/link.bin" "$D/mm-link/link.bin"
+  "$JFS" umount "$D/mm-link" >/dev/null
+  "$JFS" --storage "file://$D/empty-2" --origin-store "$ORIGIN" mount "$MIRROR" "$D/mm-link" -d --cache-dir "$D/link-cache" --cache-size 2G --free-space-ratio 0.01 --log "$D/link-mount.log" >/dev/null
+  t_warm=$(t "$JFS" warmup "$D/mm-link/link.bin" --threads 16)
+  "$JFS" umount "$D/mm-link" >/dev/null
+  python3 - "$LINK_MB" "$t_curl" "$t_read" "$t_warm" <<PY
+import sys
+mb, c, r, w = int(sys.argv[1]), *map(float, sys.argv[2:])
+mbit = lambda s: mb * 8 * 1.048576 / s
+print()
+print(f"| origin behind a 100 Mbit/s tbf link, {mb} MiB file, empty mirror store | Mbit/s | share of the link (100) | vs curl |")
+print("|---|---|---|---|")
+print(f"| curl, the same blocks one after another | {mbit(c):.1f} | {mbit(c):.0f}% | 1.00 |")
+print(f"| cold read through the mirror mount (dd bs=1M), all fallback | {mbit(r):.1f} | {mbit(r):.0f}% | {c / r:.2f} |")
+print(f"| jfs warmup of the file at the mirror mount (local cache + mirror store filled) | {mbit(w):.1f} | {mbit(w):.0f}% | {c / w:.2f} |")
+PY
+'

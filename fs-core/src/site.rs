@@ -74,6 +74,44 @@ pub async fn set_progress(engine: &dyn Engine, p: &Progress) -> Result<()> {
     engine.aux_put(PROGRESS, Some(&v)).await
 }
 
+/// `mirror.want.<session>`: blocks a mount at this site read from the origin (or was asked
+/// to warm up and could not), which the agent copies ahead of its background queue. Each
+/// mount rewrites its own record with its latest `WANT_MAX` blocks; the agent reads them.
+pub const WANT_PREFIX: &str = "mirror.want.";
+pub const WANT_MAX: usize = 1024;
+/// A record older than this is a dead mount's: ignored.
+pub const WANT_TTL_NS: i64 = 600 * 1_000_000_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Want {
+    pub version: u32,
+    /// Block keys, oldest first.
+    pub keys: Vec<String>,
+    pub at_ns: i64,
+}
+
+pub async fn set_want(engine: &dyn Engine, session: &str, w: Option<&Want>) -> Result<()> {
+    let v = w.map(|w| serde_json::to_vec(w).expect("a want record serializes"));
+    engine
+        .aux_put(&format!("{WANT_PREFIX}{session}"), v.as_deref())
+        .await
+}
+
+/// Every live want record, by name (records that do not decode are skipped with a warning:
+/// they only order copies).
+pub async fn wants(engine: &dyn Engine) -> Result<Vec<(String, Want)>> {
+    let now = crate::types::now_ns();
+    let mut out = Vec::new();
+    for (name, v) in engine.aux_list(WANT_PREFIX).await? {
+        match decode::<Want>(&name, &v) {
+            Ok(w) if now - w.at_ns <= WANT_TTL_NS => out.push((name, w)),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(record = %name, error = %e, "skipping a want record"),
+        }
+    }
+    Ok(out)
+}
+
 /// What `mirror.detached` records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Detached {

@@ -521,3 +521,36 @@ async fn damaged_blocks_are_caught_by_their_checksums_at_the_origin_and_at_the_m
     m.stop();
     eprintln!("checksums: origin damage -> EIO (not filled), mirror damage -> named by fsck --deep, re-read from the origin and replaced");
 }
+
+/// Blocks a mirror mount reads from the origin are published to the agent
+/// (`mirror.want.<session>`), which moves their queued copies ahead of its background queue:
+/// with a slow copier (1 MiB/s, one worker, 12 blocks queued in file order), the last file's
+/// block is dealt with (found at the mirror store, filled by the read) seconds after the
+/// read, not after the 11 blocks queued before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blocks_read_at_a_mirror_mount_are_copied_ahead_of_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let extra = "bwlimit = \"1M\"\nworkers = 1";
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", extra).await;
+    write_files(&vol.fs, "q-", 12, 4 << 20).await;
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let t0 = Instant::now();
+    assert!(std::fs::read(m.mp.join("q-11")).unwrap() == data(11, 4 << 20));
+    let st = status_until(&pair.mirror, Duration::from_secs(20), |st| {
+        n(st, "blocks.prioritized") >= 1 && n(st, "blocks.skipped") >= 1
+    })
+    .await;
+    assert!(
+        n(&st, "blocks.copied") <= 4,
+        "the read block waited behind the queue: {st}"
+    );
+    assert!(n(&st, "blocks.pending") >= 6, "{st}");
+    eprintln!(
+        "a block read at the mirror was taken off the copy queue {:?} after the read ({} of 11 earlier blocks copied by then)",
+        t0.elapsed(),
+        n(&st, "blocks.copied")
+    );
+    m.stop();
+}

@@ -127,11 +127,20 @@ impl Replicator {
             if let Err(e) = self.purge_some().await {
                 tracing::warn!(error = %e, "deleting purged blocks at the mirror store");
             }
+            // Take from the queue only what free workers start now, so that a copy moved
+            // ahead (a reader wants it) is next, not behind a batch taken earlier.
+            let free = sem.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tasks.join_next() => {}
+                }
+                continue;
+            }
             let due = {
                 let inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-                self.state.due(fs_core::now_ns(), self.workers * 4, &|k| {
-                    inflight.contains(k)
-                })
+                self.state
+                    .due(fs_core::now_ns(), free, &|k| inflight.contains(k))
             };
             let due = match due {
                 Ok(d) => d,
@@ -151,9 +160,8 @@ impl Replicator {
                 continue;
             }
             for (key, item) in due {
-                let permit = tokio::select! {
-                    _ = stop.cancelled() => break,
-                    p = sem.clone().acquire_owned() => p.expect("semaphore open"),
+                let Ok(permit) = sem.clone().try_acquire_owned() else {
+                    break; // not reached: `due` asked for no more than the free workers
                 };
                 self.inflight
                     .lock()

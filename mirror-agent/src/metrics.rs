@@ -37,6 +37,8 @@ pub struct Metrics {
     pub bytes_copied: Counter,
     pub blocks_skipped: Counter,
     pub blocks_checksummed: Counter,
+    /// Queued copies moved ahead of the queue because a mount at the site read them.
+    pub blocks_prioritized: Counter,
     pub blocks_deleted: Counter,
     pub copy_errors: Counter,
     // primary role
@@ -225,8 +227,13 @@ impl Metrics {
                 );
                 r.register(
                     "blocks_checksummed",
-                    "Copied blocks whose bytes matched the origin's MD5 ETag",
+                    "Copied blocks checked against their recorded CRC32C (or the origin's MD5 ETag)",
                     m.blocks_checksummed.clone(),
+                );
+                r.register(
+                    "blocks_prioritized",
+                    "Queued copies moved ahead because a mount at this site read them from the origin",
+                    m.blocks_prioritized.clone(),
                 );
                 r.register(
                     "blocks_deleted",

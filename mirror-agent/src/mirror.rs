@@ -15,7 +15,7 @@ use fs_core::engine::Engine;
 use fs_core::{keys, BlockStore, Entry, Settings};
 use futures::StreamExt;
 use objstore::limits::Limits;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -704,6 +704,7 @@ impl Mirror {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut last_trim = Instant::now();
         let mut last_progress = Instant::now();
+        let mut wants_seen: HashMap<String, i64> = HashMap::new();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => { let _ = self.refresh().await; return; }
@@ -716,6 +717,9 @@ impl Mirror {
                 last_progress = Instant::now();
                 if let Err(e) = self.publish_progress().await {
                     tracing::debug!(error = %e, "writing the progress record for the site's mounts");
+                }
+                if let Err(e) = self.prioritize_wants(&mut wants_seen).await {
+                    tracing::debug!(error = %format!("{e:#}"), "reading the blocks the site's mounts want first");
                 }
             }
             if last_trim.elapsed() >= Duration::from_secs(60) {
@@ -748,6 +752,30 @@ impl Mirror {
             at_ns: fs_core::now_ns(),
         };
         fs_core::site::set_progress(&*self.engine, &p).await?;
+        Ok(())
+    }
+
+    /// Copy first what the site's mounts read from the origin (their `mirror.want.*`
+    /// records; each is looked at again only when its mount rewrote it).
+    async fn prioritize_wants(&self, seen: &mut HashMap<String, i64>) -> Result<()> {
+        let wants = fs_core::site::wants(&*self.engine).await?;
+        seen.retain(|name, _| wants.iter().any(|(n, _)| n == name));
+        let mut moved = 0;
+        for (name, w) in wants {
+            if seen.get(&name) == Some(&w.at_ns) {
+                continue;
+            }
+            moved += self.state.prioritize(&w.keys)?;
+            seen.insert(name, w.at_ns);
+        }
+        if moved > 0 {
+            self.metrics.blocks_prioritized.inc_by(moved);
+            tracing::debug!(
+                blocks = moved,
+                "copies moved ahead: the site's mounts read them"
+            );
+            self.notify_blocks();
+        }
         Ok(())
     }
 
@@ -881,6 +909,7 @@ impl Mirror {
                 "copied_bytes": m.bytes_copied.get(),
                 "skipped": m.blocks_skipped.get(),
                 "checksummed": m.blocks_checksummed.get(),
+                "prioritized": m.blocks_prioritized.get(),
                 "deleted": m.blocks_deleted.get(),
                 "copy_errors": m.copy_errors.get(),
                 "last_error": repl_err,

@@ -351,6 +351,27 @@ impl State {
         Ok(true)
     }
 
+    /// Move the queued copies of `keys` ahead of the queue (due at time 0, attempts kept):
+    /// readers at the site want them. Keys not queued (copied, cancelled) are left alone.
+    /// Returns how many moved.
+    pub fn prioritize(&self, keys: &[String]) -> Result<u64> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wb = WriteBatch::default();
+        let mut n = 0;
+        for key in keys {
+            if let Some(old) = self.item(key)? {
+                if old.next_ns > 0 {
+                    put_item(&mut wb, key, Some(&old), &QItem { next_ns: 0, ..old });
+                    n += 1;
+                }
+            }
+        }
+        if n > 0 {
+            self.write(wb)?;
+        }
+        Ok(n)
+    }
+
     /// A failed attempt: try again at `next_ns` (unless the item is gone meanwhile).
     pub fn retry(&self, key: &str, item: QItem) -> Result<()> {
         let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -390,6 +411,43 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prioritized_copies_come_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = State::open(dir.path()).unwrap();
+        let add = (0..10)
+            .map(|i| (format!("v/{i}"), 1u32))
+            .collect::<Vec<_>>();
+        for (i, a) in add.iter().enumerate() {
+            let ch = Changes {
+                add: vec![a.clone()],
+                ..Default::default()
+            };
+            s.record(&ch, None, 100 + i as i64).unwrap();
+        }
+        let order = |s: &State| {
+            s.due(1_000, 100, &|_| false)
+                .unwrap()
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(&s)[0], "v/0");
+        assert_eq!(
+            s.prioritize(&["v/7".into(), "v/nope".into(), "v/3".into()])
+                .unwrap(),
+            2
+        );
+        assert_eq!(&order(&s)[..3], &["v/3", "v/7", "v/0"]);
+        assert!(s.done("v/3").unwrap());
+        assert_eq!(
+            s.prioritize(&["v/3".into()]).unwrap(),
+            0,
+            "copied: left alone"
+        );
+        assert_eq!(s.scan_counts().unwrap(), *s.lock.lock().unwrap());
+    }
 
     #[test]
     fn queue_survives_reopen_and_cancel_beats_done() {

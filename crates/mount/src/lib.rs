@@ -94,6 +94,8 @@ fn raise_kernel_readahead(mp: &Path, kb: u64) {
 /// How often a read-only mount catches up with its metadata's writer (well inside a
 /// mirror's consistency window, 1 s by default).
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+/// How often a mirror mount publishes the blocks it read from the origin.
+const WANT_EVERY: Duration = Duration::from_millis(250);
 
 /// Mount `vol` at `o.mountpoint` and serve until unmounted or signalled. `ready` is called
 /// once the mount answers.
@@ -104,6 +106,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         site,
         store,
         metrics: store_metrics,
+        wanted,
     } = vol;
     if let volume::Site::Mirror {
         name,
@@ -123,6 +126,28 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         .await
         .context("registering the mount's session in the metadata")?;
     let sid = session.id.clone();
+    // At a mirror: publish the blocks read from the origin, for the agent to copy first.
+    let want_task = wanted.map(|w| {
+        let (engine, sid) = (engine.clone(), sid.clone());
+        tokio::spawn(async move {
+            let mut seen = 0u64;
+            let mut t = tokio::time::interval(WANT_EVERY);
+            loop {
+                t.tick().await;
+                if let Some((g, keys)) = w.changed_since(seen) {
+                    let rec = fs_core::site::Want {
+                        version: 1,
+                        keys,
+                        at_ns: fs_core::now_ns(),
+                    };
+                    match fs_core::site::set_want(&*engine, &sid, Some(&rec)).await {
+                        Ok(()) => seen = g,
+                        Err(e) => tracing::warn!(error = %e, "publishing the blocks read from the origin (for the agent's copy priority) failed"),
+                    }
+                }
+            }
+        })
+    });
     let res = serve(
         fs.clone(),
         &site,
@@ -135,6 +160,10 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         ready,
     )
     .await;
+    if let Some(t) = want_task {
+        t.abort();
+        let _ = fs_core::site::set_want(&*engine, &sid, None).await;
+    }
     if let Err(e) = fs_core::session::remove(&*engine, &sid).await {
         tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
     }

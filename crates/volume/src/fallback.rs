@@ -35,6 +35,34 @@ pub const ORIGIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes>>>;
 
+/// The blocks this site's readers fetched from the origin, newest last, at most
+/// `fs_core::site::WANT_MAX`: the mount publishes them (`mirror.want.<session>`) so that the
+/// agent copies them ahead of its background queue.
+#[derive(Default)]
+pub struct Wanted {
+    inner: Mutex<(std::collections::VecDeque<String>, u64)>,
+}
+
+impl Wanted {
+    fn push(&self, key: &str) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0.iter().rev().take(64).any(|k| k == key) {
+            return;
+        }
+        if g.0.len() >= fs_core::site::WANT_MAX {
+            g.0.pop_front();
+        }
+        g.0.push_back(key.to_string());
+        g.1 += 1;
+    }
+
+    /// The blocks, if they changed since generation `seen`, with the new generation.
+    pub fn changed_since(&self, seen: u64) -> Option<(u64, Vec<String>)> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (g.1 != seen).then(|| (g.1, g.0.iter().cloned().collect()))
+    }
+}
+
 pub struct FallbackStore {
     mirror: Arc<dyn BlockStore>,
     origin: Arc<dyn BlockStore>,
@@ -43,6 +71,7 @@ pub struct FallbackStore {
     flights: Arc<Mutex<HashMap<String, Flight>>>,
     fills: Arc<Semaphore>,
     metrics: Arc<StoreMetrics>,
+    wanted: Arc<Wanted>,
 }
 
 impl FallbackStore {
@@ -61,7 +90,13 @@ impl FallbackStore {
             flights: Default::default(),
             fills: Arc::new(Semaphore::new(FILLS_IN_FLIGHT)),
             metrics,
+            wanted: Default::default(),
         }
+    }
+
+    /// The blocks readers fetched from the origin (for the agent's copy priority).
+    pub fn wanted(&self) -> Arc<Wanted> {
+        self.wanted.clone()
     }
 
     pub fn with_timeout(mut self, t: Duration) -> FallbackStore {
@@ -78,10 +113,11 @@ impl FallbackStore {
             return f.clone();
         }
         let (origin, mirror) = (self.origin.clone(), self.mirror.clone());
-        let (flights, fills, metrics) = (
+        let (flights, fills, metrics, wanted) = (
             self.flights.clone(),
             self.fills.clone(),
             self.metrics.clone(),
+            self.wanted.clone(),
         );
         let timeout = self.timeout;
         let k = key.to_string();
@@ -101,6 +137,7 @@ impl FallbackStore {
                 Ok(b) => {
                     metrics.fallback_reads.inc();
                     metrics.fallback_bytes.inc_by(b.len() as u64);
+                    wanted.push(&k);
                     if fill {
                         match fills.try_acquire_owned() {
                             Ok(permit) => {

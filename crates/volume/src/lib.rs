@@ -18,7 +18,7 @@ mod fallback;
 mod metrics;
 
 pub use cache::{CacheConfig, CacheUsage, CachedStore, DiskCache, MeteredStore};
-pub use fallback::{FallbackStore, ORIGIN_TIMEOUT};
+pub use fallback::{FallbackStore, Wanted, ORIGIN_TIMEOUT};
 pub use metrics::StoreMetrics;
 
 use fs_core::error::{Error, ErrorKind, Result};
@@ -81,6 +81,8 @@ pub struct Volume {
     /// The top of the stack (the local cache lives here).
     pub store: Arc<CachedStore>,
     pub metrics: Arc<StoreMetrics>,
+    /// At a mirror site with fallback: the blocks read from the origin (see `Wanted`).
+    pub wanted: Option<Arc<Wanted>>,
 }
 
 /// Open the metadata engine alone. `create` makes an empty RocksDB database where none exists
@@ -185,6 +187,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         None
     };
     let metrics = Arc::new(StoreMetrics::default());
+    let mut wanted = None;
     let (site, metered): (Site, Arc<dyn BlockStore>) = match marker {
         Some(m) => {
             let store_url = o.block_store.clone().unwrap_or(m.store.clone());
@@ -213,6 +216,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
                     .map_err(|e| e.context(format!("opening the origin store {origin_url}")))?;
                 let fb = FallbackStore::new(mirror, origin, !o.no_fallback, metrics.clone())
                     .with_timeout(o.origin_timeout.unwrap_or(ORIGIN_TIMEOUT));
+                wanted = Some(fb.wanted());
                 (site, Arc::new(fb))
             }
         }
@@ -247,5 +251,6 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         site,
         store,
         metrics,
+        wanted,
     })
 }
