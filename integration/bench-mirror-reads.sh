@@ -156,19 +156,19 @@ ip netns exec "$NSA" tc qdisc add dev "va$$" root tbf rate 100mbit burst 256kb l
 ip netns exec "$NSA" python3 -m http.server 8080 --bind 10.79.0.1 --directory "$D/primary/blocks" >/dev/null 2>&1 & PIDS+=($!)
 for _ in $(seq 50); do ip netns exec "$NSB" curl -s -o /dev/null http://10.79.0.1:8080/ && break; sleep 0.1; done
 ORIGIN="opendal+http://?endpoint=http://10.79.0.1:8080"
-LINKKEYS=$(cd "$D/primary/blocks" && find . -path '*chunks*' -type f -size +1M | sort | head -$((LINK_MB / 4)) | sed 's|^\./||')
+LINKKEYS=$(cd "$D/primary/blocks" && find . -path '*chunks*' -type f -size +1M | sort | head -$((LINK_MB / 4)) | sed 's|^\./||' | tr '\n' ' ')
 export JFS MIRROR ORIGIN D LINK_MB LINKKEYS
 ip netns exec "$NSB" bash -euo pipefail -c '
   t() { python3 -c "import sys,time,subprocess; t=time.time(); subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(f\"{time.time()-t:.3f}\")" "$@"; }
   # Peer: curl, one stream, as many 4 MiB blocks as the file has.
   t_curl=$(t sh -c "for k in $LINKKEYS; do curl -sS -o /dev/null http://10.79.0.1:8080/\$k; done")
-  mkdir -p "$D/mm-link"
-  "$JFS" --storage "file://$D/empty-1" --origin-store "$ORIGIN" mount "$MIRROR" "$D/mm-link" -d --cache-size 0 --log "$D/link-mount.log" >/dev/null
+  mkdir -p "$D/mm-link" "$D/empty-1" "$D/empty-2"
+  "$JFS" --block-store "file://$D/empty-1" --origin-store "$ORIGIN" mount "$MIRROR" "$D/mm-link" -d --cache-size 0 --log "$D/link-mount.log" >/dev/null
   sync; echo 3 > /proc/sys/vm/drop_caches
   t_read=$(t dd if="$D/mm-link/link.bin" of=/dev/null bs=1M status=none)
   cmp "$D/local/link.bin" "$D/mm-link/link.bin"
   "$JFS" umount "$D/mm-link" >/dev/null
-  "$JFS" --storage "file://$D/empty-2" --origin-store "$ORIGIN" mount "$MIRROR" "$D/mm-link" -d --cache-dir "$D/link-cache" --cache-size 2G --free-space-ratio 0.01 --log "$D/link-mount.log" >/dev/null
+  "$JFS" --block-store "file://$D/empty-2" --origin-store "$ORIGIN" mount "$MIRROR" "$D/mm-link" -d --cache-dir "$D/link-cache" --cache-size 2G --free-space-ratio 0.01 --log "$D/link-mount.log" >/dev/null
   t_warm=$(t "$JFS" warmup "$D/mm-link/link.bin" --threads 16)
   "$JFS" umount "$D/mm-link" >/dev/null
   python3 - "$LINK_MB" "$t_curl" "$t_read" "$t_warm" <<PY
