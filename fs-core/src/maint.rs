@@ -324,31 +324,12 @@ impl Fs {
                 }
             }
             // The checksum records of the slices on this page (format 2).
-            let mut sums: HashMap<u64, Vec<u32>> = HashMap::new();
-            if self.settings.checksums() {
-                let mut ids: Vec<u64> = slices.iter().map(|(_, r)| r.id).collect();
-                ids.sort_unstable();
-                ids.dedup();
-                for part in ids.chunks(PAGE) {
-                    let got = self
-                        .engine
-                        .get_many(
-                            &part
-                                .iter()
-                                .map(|&id| keys::checksums(id))
-                                .collect::<Vec<_>>(),
-                        )
-                        .await?;
-                    for (&id, v) in part.iter().zip(got) {
-                        match v.as_deref().map(keys::decode_checksums) {
-                            Some(Some(c)) => {
-                                sums.insert(id, c);
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-            }
+            let sums = if self.settings.checksums() {
+                let ids: Vec<u64> = slices.iter().map(|(_, r)| r.id).collect();
+                crate::fs::slice_checksums(&*self.engine, &ids).await?
+            } else {
+                HashMap::new()
+            };
             let bs = self.settings.block_size;
             for (ino, r) in &slices {
                 let crcs = sums.get(&r.id);

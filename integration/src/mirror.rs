@@ -414,6 +414,38 @@ pub async fn wait_converged(mirror: &Agent, primary: &dyn Engine, limit: Duratio
     }
 }
 
+impl Agent {
+    /// `mirror-agent limits --admin ADDR ARGS...` (with the admin token), which must succeed.
+    pub fn set_limits(&self, args: &[&str]) {
+        let out = Command::new(crate::bin("mirror-agent"))
+            .args(["limits", "--admin", &self.admin])
+            .args(args)
+            .env("MIRROR_AGENT_ADMIN_TOKEN", ADMIN_TOKEN)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mirror-agent limits {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A volume on the test S3 server (Ceph RGW) and a harness proxy in front of it: the proxy
+/// and the store URL through it (an origin whose link a test can cut or damage).
+pub async fn s3_volume_behind_proxy() -> (crate::TestVol, Proxy, String) {
+    let endpoint = std::env::var("JFS_TEST_S3_ENDPOINT")
+        .expect("JFS_TEST_S3_ENDPOINT (run integration/test.sh)");
+    let rgw = endpoint.trim_start_matches("http://").to_string();
+    let proxy = Proxy::start(rgw, Duration::ZERO, 0).await;
+    let vol = crate::volume_with("rocksdb", "s3", |_| {}).await;
+    let origin = vol
+        .store_url
+        .replace(&endpoint, &format!("http://{}", proxy.addr));
+    assert_ne!(origin, vol.store_url);
+    (vol, proxy, origin)
+}
+
 pub fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")

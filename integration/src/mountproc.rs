@@ -51,6 +51,30 @@ pub fn store_blocks(store_url: &str) -> Vec<(PathBuf, u64)> {
     out
 }
 
+/// Wait (20 s at most) until a `file://` store holds at least `n` blocks (fills landing).
+pub fn wait_store_blocks(store_url: &str, n: usize) {
+    let t0 = Instant::now();
+    loop {
+        let have = store_blocks(store_url).len();
+        if have >= n {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{store_url} holds {have} blocks after 20 s, {n} expected"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Flip one bit of block `key` in a `file://` store, keeping its length (damage at rest).
+pub fn flip_bit(store_url: &str, key: &str, at: usize) {
+    let p = Path::new(store_url.trim_start_matches("file://")).join(key);
+    let mut b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    b[at] ^= 0x20;
+    std::fs::write(&p, b).unwrap();
+}
+
 /// Whether a `jfs mount` is mounted at `mp`.
 pub fn is_mounted(mp: &Path) -> bool {
     let t = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -98,24 +98,7 @@ async fn converge_pair(p: &'static str, m: &'static str) {
         String::from_utf8_lossy(&out.stderr)
     );
     // Copy limits change while running.
-    let out = Command::new(bin("mirror-agent"))
-        .args([
-            "limits",
-            "--admin",
-            &s.mirror.admin,
-            "--bwlimit",
-            "50M",
-            "--tps",
-            "200",
-        ])
-        .env("MIRROR_AGENT_ADMIN_TOKEN", integration::mirror::ADMIN_TOKEN)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    s.mirror.set_limits(&["--bwlimit", "50M", "--tps", "200"]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let st = s.mirror.status();
     assert_eq!(n(&st, "limits.bytes_per_s"), 50 << 20, "{st}");
@@ -1025,16 +1008,8 @@ async fn two_mirrors_and_the_age_cap() {
 /// the copies are retried from the queue, and every block at the mirror is the origin's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn damaged_block_reads_from_an_s3_origin_are_rejected_and_retried() {
-    let endpoint = std::env::var("JFS_TEST_S3_ENDPOINT")
-        .expect("JFS_TEST_S3_ENDPOINT (run integration/test.sh)");
-    let rgw = endpoint.trim_start_matches("http://").to_string();
-    let proxy = Proxy::start(rgw, Duration::ZERO, 0).await;
+    let (vol, proxy, origin) = s3_volume_behind_proxy().await;
     let dir = tempfile::tempdir().unwrap();
-    let vol = volume_with("rocksdb", "s3", |_| {}).await;
-    let origin = vol
-        .store_url
-        .replace(&endpoint, &format!("http://{}", proxy.addr));
-    assert_ne!(origin, vol.store_url);
     let extra = format!("origin_store = \"{origin}\"\nworkers = 4");
     let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", &extra).await;
     wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
@@ -1084,26 +1059,8 @@ async fn a_damaged_block_at_a_file_origin_is_refused_by_its_checksum() {
     let (ino, _) = vol.fs.resolve("/c0").await.unwrap();
     let id = vol.fs.chunks(ino).await.unwrap()[0].1[0].id;
     let key = fs_core::keys::block_key(&vol.fs.settings().name, id, 0, 4 << 20);
-    let path = std::path::Path::new(vol.store_url.trim_start_matches("file://")).join(&key);
-    let flip = || {
-        let mut b = std::fs::read(&path).unwrap();
-        b[777] ^= 0x01;
-        std::fs::write(&path, b).unwrap();
-    };
-    flip();
-    let limits = |bw: &str| {
-        let out = Command::new(bin("mirror-agent"))
-            .args(["limits", "--admin", &pair.mirror.admin, "--bwlimit", bw])
-            .env("MIRROR_AGENT_ADMIN_TOKEN", integration::mirror::ADMIN_TOKEN)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    limits("off");
+    integration::mountproc::flip_bit(&vol.store_url, &key, 777);
+    pair.mirror.set_limits(&["--bwlimit", "off"]);
     let st = status_until(&pair.mirror, Duration::from_secs(60), |st| {
         n(st, "blocks.pending") == 1 && n(st, "blocks.failing") == 1
     })
@@ -1116,7 +1073,7 @@ async fn a_damaged_block_at_a_file_origin_is_refused_by_its_checksum() {
     );
     let m_path = std::path::Path::new(pair.m_store.trim_start_matches("file://")).join(&key);
     assert!(!m_path.exists(), "a damaged block was copied");
-    flip();
+    integration::mountproc::flip_bit(&vol.store_url, &key, 777);
     let st = wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(120)).await;
     assert_eq!(assert_same(&vol.fs, &pair.m_meta, &pair.m_store).await, 2);
     assert!(n(&st, "blocks.checksummed") >= 4, "{st}");

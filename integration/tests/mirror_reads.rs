@@ -3,7 +3,7 @@
 //! Every test asserts on bytes, counts and errnos.
 
 use integration::mirror::*;
-use integration::mountproc::{metric, store_blocks, Mount};
+use integration::mountproc::{flip_bit, metric, store_blocks, wait_store_blocks, Mount};
 use integration::{bin, data, volume_with};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,15 +50,7 @@ async fn a_mirror_mount_reads_through_the_origin_while_the_copier_is_held_back()
     assert!(metric(&s, "jfs_fallback_reads_total") >= 9.0, "{s:?}");
     assert_eq!(metric(&s, "jfs_origin_errors_total"), 0.0, "{s:?}");
     // Read-through fills put every block read into the mirror store.
-    let t0 = Instant::now();
-    while blocks_in(&pair.m_store) < 9 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "fills reached the mirror store: {} of 9 blocks",
-            blocks_in(&pair.m_store)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_store_blocks(&pair.m_store, 9);
     // Read-only: the mirror's data is the primary's.
     let e = std::fs::write(m.mp.join("new"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(30 /* EROFS */), "{e}");
@@ -183,15 +175,8 @@ async fn a_mirror_mount_killed_during_fills_leaves_no_torn_block() {
 /// link returns they read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_the_origin_cut_missing_blocks_fail_in_bounded_time_then_read_again() {
-    let endpoint = std::env::var("JFS_TEST_S3_ENDPOINT")
-        .expect("JFS_TEST_S3_ENDPOINT (run integration/test.sh)");
-    let rgw = endpoint.trim_start_matches("http://").to_string();
-    let proxy = Proxy::start(rgw, Duration::ZERO, 0).await;
+    let (vol, proxy, origin) = s3_volume_behind_proxy().await;
     let dir = tempfile::tempdir().unwrap();
-    let vol = volume_with("rocksdb", "s3", |_| {}).await;
-    let origin = vol
-        .store_url
-        .replace(&endpoint, &format!("http://{}", proxy.addr));
     let extra = format!("origin_store = \"{origin}\"\n{HELD_BACK}");
     let pair = Pair::start(dir.path(), &vol.meta_url, "redis", None, "", &extra).await;
     write_files(&vol.fs, "here-", 2, 3 << 20).await;
@@ -203,11 +188,7 @@ async fn with_the_origin_cut_missing_blocks_fail_in_bounded_time_then_read_again
     for i in 0..2u64 {
         assert!(std::fs::read(m.mp.join(format!("here-{i}"))).unwrap() == data(i, 3 << 20));
     }
-    let t0 = Instant::now();
-    while blocks_in(&pair.m_store) < 2 {
-        assert!(t0.elapsed() < Duration::from_secs(20), "fills did not land");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_store_blocks(&pair.m_store, 2);
     m.stop();
     // Cut the origin; a new mount (cold kernel cache).
     proxy.cut.store(true, Ordering::SeqCst);
@@ -421,14 +402,6 @@ async fn the_staleness_policy_applies_while_the_mirror_is_out_of_its_window() {
     eprintln!("stale policy: a read at the wait= mount waited {took:?} for the agent");
 }
 
-/// Flip one bit of a file's stored block, keeping its length: `path` under a `file://` store.
-fn flip_bit(store_url: &str, key: &str, at: usize) {
-    let p = std::path::Path::new(store_url.trim_start_matches("file://")).join(key);
-    let mut b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    b[at] ^= 0x20;
-    std::fs::write(&p, b).unwrap();
-}
-
 /// Block checksums end to end: a block damaged at the origin is never served at the mirror
 /// (EIO, logged with the block, not filled into the mirror store) and reads again once it is
 /// whole; a damaged mirror-store copy is found by `jfs fsck --deep` (naming the file) and a
@@ -476,15 +449,7 @@ async fn damaged_blocks_are_caught_by_their_checksums_at_the_origin_and_at_the_m
     let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
     assert!(std::fs::read(m.mp.join("w-0")).unwrap() == data(0, 5 << 20));
     m.stop();
-    let t0 = Instant::now();
-    while blocks_in(&pair.m_store) < 4 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "fills: {}",
-            blocks_in(&pair.m_store)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_store_blocks(&pair.m_store, 4);
     // 2. Damaged in the mirror store: the site's deep check names the file...
     let fsck = |deep: bool| {
         let mut c = Command::new(bin("jfs"));

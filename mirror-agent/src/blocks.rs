@@ -123,7 +123,6 @@ impl Replicator {
             if stop.is_cancelled() {
                 break;
             }
-            self.refresh_pending();
             if let Err(e) = self.purge_some().await {
                 tracing::warn!(error = %e, "deleting purged blocks at the mirror store");
             }
@@ -184,15 +183,6 @@ impl Replicator {
             while tasks.join_next().await.is_some() {}
         })
         .await;
-        self.refresh_pending();
-    }
-
-    pub fn refresh_pending(&self) {
-        if let Ok((n, bytes, failing)) = self.state.pending() {
-            self.metrics.blocks_pending.set(n as i64);
-            self.metrics.bytes_pending.set(bytes as i64);
-            self.metrics.blocks_failing.set(failing as i64);
-        }
     }
 
     async fn purge_some(&self) -> anyhow::Result<()> {
@@ -268,22 +258,16 @@ impl Replicator {
         let Some((id, index, _)) = keys::parse_block_key(&self.settings.name, key) else {
             anyhow::bail!("{key} is not a block key of volume {}", self.settings.name);
         };
-        let Some(v) = self.engine.get(&keys::checksums(id)).await? else {
+        let sums = fs_core::fs::slice_checksums(&*self.engine, &[id]).await?;
+        let Some(crc) = sums.get(&id).and_then(|c| c.get(index as usize).copied()) else {
             if matches!(
                 self.state.bootstrap()?,
                 Some(crate::state::Bootstrap::Installing { .. })
             ) {
                 return Ok(None);
             }
-            anyhow::bail!("slice {id} has no checksum record at the mirror (freed meanwhile, or damaged metadata); not copied");
+            anyhow::bail!("slice {id} has no valid checksum record for block {index} at the mirror (freed meanwhile, or damaged metadata); not copied");
         };
-        let crc = keys::decode_checksums(&v)
-            .and_then(|c| c.get(index as usize).copied())
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "the checksum record of slice {id} has no block {index}; not copied"
-                )
-            })?;
         Ok(Some(BlockCheck {
             len,
             crc: Some(crc),

@@ -6,7 +6,7 @@ pub mod namespace;
 mod read;
 
 pub use data::{FileWriter, NewSlice};
-pub use read::{Budget, Chunk, FileReader, Piece, Plan, ReadAhead, ReadStats};
+pub use read::{slice_checksums, Budget, Chunk, FileReader, Piece, Plan, ReadAhead, ReadStats};
 
 use crate::engine::{CommitOutcome, Engine};
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
