@@ -15,8 +15,9 @@
 //! `ReadOnly` on metadata that does not carry it.
 
 use crate::error::Result;
-use crate::journal::{CommitRequest, Entry};
+use crate::journal::{CommitRequest, Entry, Mutation};
 use async_trait::async_trait;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +118,119 @@ pub trait Engine: Send + Sync + 'static {
     /// Step 3: set the head to the snapshot's sequence number; the journal stays empty, so
     /// the next `apply` must start at `head + 1`.
     async fn install_head(&self, head: u64) -> Result<()>;
+
+    /// Snapshot install *beside* the live state (a mirror that already serves a consistent
+    /// state resyncs into a staging copy, see `diff`), last step: in one atomic write, apply
+    /// `writes` (puts and deletes), replace the whole journal by `frames` (ascending and
+    /// gap-free) and set the head to `head` (the last frame's seq, or the snapshot's when
+    /// there are none). Readers see the state before or after, never a mix. Refused with
+    /// `ReadOnly` unless the metadata carries the mirror marker.
+    async fn install_switch(
+        &self,
+        writes: &[Mutation],
+        frames: &[(u64, Vec<u8>)],
+        head: u64,
+    ) -> Result<()>;
+}
+
+/// Check the arguments of `install_switch`: puts and deletes only, frames ascending without
+/// a gap, ending at `head`.
+pub fn check_switch(writes: &[Mutation], frames: &[(u64, Vec<u8>)], head: u64) -> Result<()> {
+    if writes
+        .iter()
+        .any(|m| !matches!(m, Mutation::Put { .. } | Mutation::Delete { .. }))
+    {
+        return Err(crate::Error::new(
+            crate::ErrorKind::InvalidArgument,
+            "install_switch takes puts and deletes only",
+        ));
+    }
+    let ok = frames.windows(2).all(|w| w[1].0 == w[0].0 + 1)
+        && frames.last().is_none_or(|(s, _)| *s == head);
+    if !ok {
+        return Err(crate::Error::new(
+            crate::ErrorKind::InvalidArgument,
+            format!(
+                "install_switch: the frames ({:?}..{:?}) are not gap-free up to head {head}",
+                frames.first().map(|f| f.0),
+                frames.last().map(|f| f.0)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a whole key space in key order, a page at a time.
+struct Pager<'a> {
+    engine: &'a dyn Engine,
+    buf: VecDeque<KvPair>,
+    from: Option<Vec<u8>>,
+}
+
+impl<'a> Pager<'a> {
+    const PAGE: usize = 4096;
+
+    fn new(engine: &'a dyn Engine) -> Self {
+        Pager {
+            engine,
+            buf: VecDeque::new(),
+            from: Some(Vec::new()),
+        }
+    }
+
+    async fn next(&mut self) -> Result<Option<KvPair>> {
+        if self.buf.is_empty() {
+            if let Some(from) = self.from.take() {
+                let page = self.engine.scan(&from, &[0xff], Self::PAGE).await?;
+                if page.len() == Self::PAGE {
+                    let mut after = page.last().expect("a full page").0.clone();
+                    after.push(0);
+                    self.from = Some(after);
+                }
+                self.buf.extend(page);
+            }
+        }
+        Ok(self.buf.pop_front())
+    }
+}
+
+/// The writes that make `live`'s key space equal to `staged`'s: a put for every key that is
+/// new or changed, a delete for every key `staged` lacks (one ordered pass over both; the
+/// result holds only what differs). Neither engine may change meanwhile.
+pub async fn diff(live: &dyn Engine, staged: &dyn Engine) -> Result<Vec<Mutation>> {
+    let (mut a, mut b) = (Pager::new(live), Pager::new(staged));
+    let (mut x, mut y) = (a.next().await?, b.next().await?);
+    let mut out = Vec::new();
+    loop {
+        let order = match (&x, &y) {
+            (None, None) => break,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some((ka, _)), Some((kb, _))) => ka.cmp(kb),
+        };
+        match order {
+            std::cmp::Ordering::Less => {
+                let (key, _) = x.take().expect("present");
+                out.push(Mutation::Delete { key });
+                x = a.next().await?;
+            }
+            std::cmp::Ordering::Greater => {
+                let (key, value) = y.take().expect("present");
+                out.push(Mutation::Put { key, value });
+                y = b.next().await?;
+            }
+            std::cmp::Ordering::Equal => {
+                let (_, va) = x.take().expect("present");
+                let (key, value) = y.take().expect("present");
+                if va != value {
+                    out.push(Mutation::Put { key, value });
+                }
+                x = a.next().await?;
+                y = b.next().await?;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Check an aux record name (it becomes a file name with RocksDB).

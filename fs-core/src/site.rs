@@ -56,6 +56,10 @@ pub struct Progress {
     pub within_window: bool,
     /// When the agent wrote this (a record much older than its period means no agent runs).
     pub at_ns: i64,
+    /// A resync is being installed beside the metadata: it serves its previous state (stale)
+    /// until the agent switches it to the new one.
+    #[serde(default)]
+    pub resyncing: bool,
 }
 
 /// How often a mirror agent writes its progress record.

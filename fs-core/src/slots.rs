@@ -13,6 +13,13 @@ use crate::error::{corrupt, Result};
 use serde::{Deserialize, Serialize};
 
 pub const PREFIX: &str = "slot.";
+/// The slot record's version: readers refuse a newer one instead of misreading it (new
+/// fields come with serde defaults; a record of the first release has none and reads as 1).
+pub const SLOT_VERSION: u32 = 1;
+
+fn version_one() -> u32 {
+    1
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -23,6 +30,8 @@ pub enum SlotState {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Slot {
+    #[serde(default = "version_one")]
+    pub version: u32,
     pub name: String,
     pub acked: u64,
     pub acked_ns: i64,
@@ -35,11 +44,22 @@ pub struct Slot {
 pub async fn list(engine: &dyn Engine) -> Result<Vec<Slot>> {
     let mut out = Vec::new();
     for (name, v) in engine.aux_list(PREFIX).await? {
-        let s: Slot = serde_json::from_slice(&v)
-            .map_err(|e| corrupt(format!("replication slot record {name}: {e}")))?;
-        out.push(s);
+        out.push(decode(&name, &v)?);
     }
     Ok(out)
+}
+
+/// A slot record, or an error naming it (damaged, or of a newer version).
+fn decode(name: &str, v: &[u8]) -> Result<Slot> {
+    let s: Slot = serde_json::from_slice(v)
+        .map_err(|e| corrupt(format!("replication slot record {name}: {e}")))?;
+    if s.version > SLOT_VERSION {
+        return Err(corrupt(format!(
+            "replication slot record {name} is of version {} (written by a newer release; this one reads up to {SLOT_VERSION}): upgrade this binary",
+            s.version
+        )));
+    }
+    Ok(s)
 }
 
 pub async fn get(engine: &dyn Engine, name: &str) -> Result<Option<Slot>> {
@@ -78,6 +98,7 @@ mod tests {
 
     fn slot(name: &str, acked: u64, state: SlotState) -> Slot {
         Slot {
+            version: SLOT_VERSION,
             name: name.into(),
             acked,
             acked_ns: 0,
@@ -85,6 +106,16 @@ mod tests {
             reason: None,
             registered_ns: 0,
         }
+    }
+
+    #[test]
+    fn a_slot_record_of_the_first_release_reads_and_a_newer_one_is_refused() {
+        let old = r#"{"name":"eu","acked":7,"acked_ns":1,"state":"active","registered_ns":1}"#;
+        let s = decode("slot.eu", old.as_bytes()).unwrap();
+        assert_eq!((s.version, s.acked, s.reason), (1, 7, None));
+        let newer = old.replace('{', r#"{"version":9,"#);
+        let e = decode("slot.eu", newer.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("version 9") && e.contains("slot.eu"), "{e}");
     }
 
     #[test]

@@ -415,19 +415,26 @@ pub async fn wait_converged(mirror: &Agent, primary: &dyn Engine, limit: Duratio
 }
 
 impl Agent {
-    /// `mirror-agent limits --admin ADDR ARGS...` (with the admin token), which must succeed.
-    pub fn set_limits(&self, args: &[&str]) {
+    /// `mirror-agent SUB --admin ADDR ARGS...` with the admin token, which must succeed; its
+    /// output.
+    pub fn admin_change(&self, sub: &str, args: &[&str]) -> String {
         let out = Command::new(crate::bin("mirror-agent"))
-            .args(["limits", "--admin", &self.admin])
+            .args([sub, "--admin", &self.admin])
             .args(args)
             .env("MIRROR_AGENT_ADMIN_TOKEN", ADMIN_TOKEN)
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "mirror-agent limits {args:?}: {}",
+            "mirror-agent {sub} {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `mirror-agent limits ARGS...`.
+    pub fn set_limits(&self, args: &[&str]) {
+        self.admin_change("limits", args);
     }
 }
 

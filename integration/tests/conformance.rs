@@ -962,6 +962,111 @@ mod cases {
             assert_eq!(read_all(&loaded, lf).await, data(1, 5000));
         }
     }
+
+    /// A staged resync's last step (`install_switch`): the live metadata becomes exactly the
+    /// staged key space, journal and head in one write; refused on a primary's metadata.
+    pub async fn install_switch_makes_the_live_state_the_staged_one(v: &TestVol) {
+        let fs = &v.fs;
+        let (d, _) = fs.mkdir(ROOT_INO, b"d", 0o755, O).await.unwrap();
+        let (f, _) = fs.create(d, b"f", 0o644, O).await.unwrap();
+        fs.write(f, 0, &data(3, 10_000)).await.unwrap();
+        fs.create(ROOT_INO, b"gone-later", 0o644, O).await.unwrap();
+        // A mirror's metadata that applied everything so far.
+        let (url, _dir) = integration::meta_url(v.engine);
+        let m = integration::open_engine(&url).await;
+        let marker = fs_core::site::MirrorMarker {
+            version: 1,
+            name: "m".into(),
+            primary: "127.0.0.1:1".into(),
+            store: "file:///nowhere".into(),
+            origin_store: None,
+            since_ns: 0,
+        };
+        fs_core::site::set_marker(&*m, &marker).await.unwrap();
+        m.apply(&journal(&**fs.engine()).await).await.unwrap();
+        let old_head = head(fs).await;
+        // The primary goes on: changed, new and deleted keys.
+        fs.write(f, 5_000, &data(4, 9_000)).await.unwrap();
+        fs.unlink(ROOT_INO, b"gone-later").await.unwrap();
+        fs.mkdir(d, b"new", 0o700, O).await.unwrap();
+        let all = |e: std::sync::Arc<dyn fs_core::Engine>| async move {
+            e.scan(b"", &[0xff], 1_000_000).await.unwrap()
+        };
+        let writes = fs_core::engine::diff(&*m, &**fs.engine()).await.unwrap();
+        assert!(
+            writes
+                .iter()
+                .any(|w| matches!(w, fs_core::Mutation::Delete { .. }))
+                && writes
+                    .iter()
+                    .any(|w| matches!(w, fs_core::Mutation::Put { .. })),
+            "the difference has puts and deletes: {}",
+            writes.len()
+        );
+        assert!(
+            writes.len() < all(fs.engine().clone()).await.len(),
+            "only what differs is written"
+        );
+        let b = fs.engine().journal_bounds().await.unwrap();
+        let frames = fs
+            .engine()
+            .journal_read(old_head + 1, 100_000)
+            .await
+            .unwrap();
+        assert!(!frames.is_empty());
+        // Gaps and a wrong head are refused before anything is written.
+        let mut gapped = frames.clone();
+        gapped.remove(0);
+        gapped.insert(0, (old_head - 5, vec![]));
+        assert_eq!(
+            kind_of(m.install_switch(&writes, &gapped, b.last).await),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            kind_of(m.install_switch(&writes, &frames, b.last + 1).await),
+            ErrorKind::InvalidArgument
+        );
+        // Never on a primary's (unmarked) metadata.
+        assert_eq!(
+            kind_of(fs.engine().install_switch(&[], &[], b.last).await),
+            ErrorKind::ReadOnly
+        );
+        m.install_switch(&writes, &frames, b.last).await.unwrap();
+        assert!(
+            all(m.clone()).await == all(fs.engine().clone()).await,
+            "the key spaces differ after the switch"
+        );
+        let mb = m.journal_bounds().await.unwrap();
+        assert_eq!((mb.first, mb.last), (old_head + 1, b.last));
+        assert_eq!(m.journal_read(old_head + 1, 100_000).await.unwrap(), frames);
+        // Idempotent: again, nothing differs, the same journal.
+        assert!(fs_core::engine::diff(&*m, &**fs.engine())
+            .await
+            .unwrap()
+            .is_empty());
+        m.install_switch(&[], &frames, b.last).await.unwrap();
+        assert_eq!(m.journal_read(old_head + 1, 100_000).await.unwrap(), frames);
+        // Replication goes on after it.
+        let (g, _) = fs.create(ROOT_INO, b"after", 0o644, O).await.unwrap();
+        let next = journal(&**fs.engine()).await;
+        assert_eq!(m.apply(&next).await.unwrap(), head(fs).await);
+        let mfs = Fs::open(m.clone(), fs.store().clone()).await.unwrap();
+        assert_eq!(mfs.resolve("/after").await.unwrap().0, g);
+        assert_eq!(read_all(&mfs, f).await, read_all(fs, f).await);
+        assert_eq!(
+            kind_of(mfs.resolve("/gone-later").await),
+            ErrorKind::NotFound
+        );
+        // A switch with no frames: the journal is emptied, the head set.
+        m.install_switch(&[], &[], head(fs).await + 3)
+            .await
+            .unwrap();
+        let mb = m.journal_bounds().await.unwrap();
+        assert_eq!(
+            (mb.first, mb.last),
+            (head(fs).await + 4, head(fs).await + 3)
+        );
+    }
 }
 
 macro_rules! backend {
@@ -994,6 +1099,7 @@ macro_rules! backend {
             case!(special_nodes);
             case!(unlinked_open_files_are_kept_until_released);
             case!(the_file_reader_matches_plain_reads);
+            case!(install_switch_makes_the_live_state_the_staged_one);
         }
     };
 }

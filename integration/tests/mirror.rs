@@ -1309,3 +1309,143 @@ async fn a_full_disk_at_the_mirror_stalls_then_recovers() {
         n(&st, "blocks.copied")
     );
 }
+
+/// `mirror-agent resync` of a mirror that serves a consistent state, killed with -9 during
+/// the staged install or catch-up, three times, while the primary keeps writing: the live
+/// metadata is never fenced or reset (it keeps its previous state until the switch), and the
+/// mirror ends exactly equal to the primary, key space and journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_staged_resync_survives_kill_9_and_never_fences_the_live_metadata() {
+    use rand::Rng;
+    let mut s = setup("rocksdb", "postgres", "", "").await;
+    workload(&s.vol.fs, 1_000, 1, None).await;
+    // A larger tree, so that the staged phases last long enough to be killed in.
+    let o = fs_core::Owner { uid: 0, gid: 0 };
+    let (bulk, _) = s
+        .vol
+        .fs
+        .mkdir(fs_core::ROOT_INO, b"bulk", 0o755, o)
+        .await
+        .unwrap();
+    let mut makers = Vec::new();
+    for w in 0..8u64 {
+        let fs = s.vol.client().await;
+        makers.push(tokio::spawn(async move {
+            for j in (w..20_000).step_by(8) {
+                fs.create(bulk, format!("b-{j}").as_bytes(), 0o644, o)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in makers {
+        t.await.unwrap();
+    }
+    wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(120)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (fs2, st2) = (s.vol.client().await, stop.clone());
+    let w = tokio::spawn(async move { workload(&fs2, 1_000_000, 2, Some(&st2)).await });
+    // Fast metadata writers too: entries pile up during a snapshot, so the catch-up after
+    // it lasts long enough to be killed in.
+    let mut writers = Vec::new();
+    for k in 0..6u64 {
+        let (fs, stop) = (s.vol.client().await, stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                fs.create(bulk, format!("n-{k}-{n}").as_bytes(), 0o644, o)
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let live = open_ro(&s.m_meta).await;
+    // An operator's mistakes: the primary's address, no token, a wrong token.
+    let resync = |admin: &str, token: Option<&str>| {
+        let mut c = Command::new(bin("mirror-agent"));
+        c.args(["resync", "--admin", admin])
+            .env_remove("MIRROR_AGENT_ADMIN_TOKEN");
+        if let Some(t) = token {
+            c.env("MIRROR_AGENT_ADMIN_TOKEN", t);
+        }
+        c.output().unwrap()
+    };
+    let o = resync(&s.primary.admin, Some("whatever"));
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is a primary agent"),
+        "{o:?}"
+    );
+    let o = resync(&s.mirror.admin, None);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("needs the agent's admin token"),
+        "{o:?}"
+    );
+    let o = resync(&s.mirror.admin, Some("not-the-token"));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("wrong admin token"),
+        "{o:?}"
+    );
+    assert!(
+        s.mirror.status()["bootstrap"].is_null(),
+        "a refused request started a resync"
+    );
+    let mut kills = Vec::new();
+    for round in 0..3 {
+        // (After a kill during the install, the restarted agent installs again by itself.)
+        let out = s.pair.mirror.admin_change("resync", &[]);
+        assert!(
+            out.contains("beside the live metadata") || out.contains("staged: true"),
+            "{out}"
+        );
+        // Round 1 is killed in the catch-up (the staging reopened at the restart), the others
+        // as soon as the resync is staged (mostly during the install).
+        let st = status_until(&s.mirror, Duration::from_secs(60), |st| {
+            st["resync"].is_object() && (round != 1 || st["bootstrap"]["CatchingUp"].is_object())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(0..400))).await;
+        s.pair.mirror.kill9();
+        kills.push(st["bootstrap"].to_string());
+        assert_eq!(
+            fs_core::slots::incomplete(&*live).await.unwrap(),
+            None,
+            "round {round}: the live metadata was fenced"
+        );
+        // The live metadata still holds a whole tree.
+        let ls = Command::new(bin("jfs"))
+            .args(["--block-store", &s.m_store, "ls", &s.m_meta, "/bulk"])
+            .output()
+            .unwrap();
+        assert!(
+            ls.status.success() && String::from_utf8_lossy(&ls.stdout).lines().count() > 19_000,
+            "round {round}: jfs ls at the mirror: {}",
+            String::from_utf8_lossy(&ls.stderr)
+        );
+        s.pair.mirror.restart();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut ops = w.await.unwrap();
+    for t in writers {
+        ops += t.await.unwrap();
+    }
+    let st = wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(180)).await;
+    assert!(st["resync"].is_null(), "{st}");
+    // The restart after the kill in the catch-up went on with the staging it had.
+    assert!(kills[1].contains("CatchingUp"), "{kills:?}");
+    assert!(!s.mirror.log_text().contains("the resync staging is gone"));
+    let files = assert_same(&s.vol.fs, &s.m_meta, &s.m_store).await;
+    assert_same_journal(&**s.vol.fs.engine(), &*open_ro(&s.m_meta).await).await;
+    assert!(
+        s.mirror.log_text().contains("switched the live metadata"),
+        "{}",
+        tail(&s.mirror.log_text(), 20)
+    );
+    assert!(
+        !s.mirror.log_text().contains("being installed\""),
+        "an install in place happened"
+    );
+    eprintln!("staged resync killed at {kills:?}; {ops} operations meanwhile; {files} files equal");
+}

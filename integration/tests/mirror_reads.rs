@@ -230,14 +230,200 @@ async fn with_the_origin_cut_missing_blocks_fail_in_bounded_time_then_read_again
 
 /// Publish a version as model publishers do: written under a temporary name, renamed over.
 async fn publish(fs: &fs_core::Fs, v: u64, b: Vec<u8>) {
+    replace(fs, "model.bin", v, &b).await
+}
+
+/// Replace `name` in the root by version `v`: `.name.tmpV` written, then renamed over it.
+async fn replace(fs: &fs_core::Fs, name: &str, v: u64, b: &[u8]) {
     let owner = fs_core::Owner { uid: 0, gid: 0 };
     let root = fs_core::ROOT_INO;
-    let tmp = format!(".model.tmp{v}");
+    let tmp = format!(".{name}.tmp{v}");
     let (ino, _) = fs.create(root, tmp.as_bytes(), 0o644, owner).await.unwrap();
-    fs.write(ino, 0, &b).await.unwrap();
-    fs.rename(root, tmp.as_bytes(), root, b"model.bin", false)
+    fs.write(ino, 0, b).await.unwrap();
+    fs.rename(root, tmp.as_bytes(), root, name.as_bytes(), false)
         .await
         .unwrap();
+}
+
+/// Version `v` of file `i`: (i, v) in 16 bytes, data, then the CRC32C of both.
+fn versioned(i: u64, v: u64, len: usize) -> Vec<u8> {
+    let mut b = i.to_le_bytes().to_vec();
+    b.extend(v.to_le_bytes());
+    b.extend(data(i * 1000 + v, len));
+    let c = crc32c::crc32c(&b);
+    b.extend(c.to_le_bytes());
+    b
+}
+
+/// A whole version of file `i` (checked by its CRC), or a panic naming what is wrong.
+fn check_versioned(i: u64, b: &[u8]) -> u64 {
+    assert!(b.len() > 20, "f-{i}: short read: {} bytes", b.len());
+    let (body, tail) = b.split_at(b.len() - 4);
+    let fi = u64::from_le_bytes(body[..8].try_into().unwrap());
+    let v = u64::from_le_bytes(body[8..16].try_into().unwrap());
+    assert_eq!(fi, i, "f-{i} holds file {fi}'s data");
+    assert_eq!(
+        crc32c::crc32c(body).to_le_bytes(),
+        tail,
+        "f-{i} version {v} read as a mix ({} bytes)",
+        b.len()
+    );
+    v
+}
+
+/// A forced resync (`mirror-agent resync`) while readers loop over files at the mirror
+/// mount and the primary keeps replacing them and deleting others: the snapshot goes in
+/// beside the live metadata, the mount keeps serving the previous state (reported as stale,
+/// `jfs_mirror_resyncing`), and the switch is one write. Every read returns a whole version;
+/// none fails (no ENOENT for files that exist on both sides); afterwards the mount shows
+/// exactly the primary's tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forced_resync_keeps_serving_the_previous_state_until_the_switch() {
+    const FILES: u64 = 12;
+    const BULK: u64 = 30_000;
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", "").await;
+    for i in 0..FILES {
+        replace(&vol.fs, &format!("f-{i}"), 0, &versioned(i, 0, 300_000)).await;
+    }
+    // A big tree, so that the snapshot takes a while to install and catch up.
+    let owner = fs_core::Owner { uid: 0, gid: 0 };
+    let (bulk, _) = vol
+        .fs
+        .mkdir(fs_core::ROOT_INO, b"bulk", 0o755, owner)
+        .await
+        .unwrap();
+    let mut makers = Vec::new();
+    for w in 0..8u64 {
+        let fs = vol.client().await;
+        makers.push(tokio::spawn(async move {
+            for j in (w..BULK).step_by(8) {
+                fs.create(bulk, format!("b-{j}").as_bytes(), 0o644, owner)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in makers {
+        t.await.unwrap();
+    }
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::new();
+    for r in 0..3u64 {
+        let (mp, stop, reads) = (m.mp.clone(), stop.clone(), reads.clone());
+        readers.push(std::thread::spawn(move || {
+            let mut newest = 0;
+            let mut i = r;
+            while !stop.load(Ordering::Relaxed) {
+                i = (i + 1) % FILES;
+                let p = mp.join(format!("f-{i}"));
+                let b = std::fs::read(&p)
+                    .unwrap_or_else(|e| panic!("reading {} at the mirror: {e}", p.display()));
+                newest = newest.max(check_versioned(i, &b));
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+            newest
+        }));
+    }
+    // The primary goes on: files replaced by rename, bulk files deleted.
+    let pub_stop = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let (fs, stop) = (vol.client().await, pub_stop.clone());
+        tokio::spawn(async move {
+            let mut v = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                v += 1;
+                let i = v % FILES;
+                replace(&fs, &format!("f-{i}"), v, &versioned(i, v, 300_000)).await;
+                fs.unlink(bulk, format!("b-{v}").as_bytes()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            v
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let out = pair.mirror.admin_change("resync", &[]);
+    assert!(out.contains("beside the live metadata"), "{out}");
+    // Watch the staged phase: the mirror status, the mount's view, reads going on.
+    let (mut staged_at, mut switched_at) = (None, None);
+    let mut mount_resyncing = false;
+    let t0 = Instant::now();
+    while switched_at.is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no switch: {}",
+            tail(&pair.mirror.log_text(), 15)
+        );
+        let st = pair.mirror.status();
+        if staged_at.is_none() && st["resync"].is_object() {
+            staged_at = Some(reads.load(Ordering::Relaxed));
+        }
+        if metric(&m.stats(), "jfs_mirror_resyncing") == 1.0 {
+            mount_resyncing = true;
+        }
+        if pair
+            .mirror
+            .log_text()
+            .contains("switched the live metadata")
+        {
+            switched_at = Some(reads.load(Ordering::Relaxed));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (staged_at, switched_at) = (
+        staged_at.expect("the status never showed the staged resync"),
+        switched_at.unwrap(),
+    );
+    assert!(
+        switched_at > staged_at,
+        "no read completed while the resync was staged ({staged_at} -> {switched_at})"
+    );
+    assert!(mount_resyncing, "the mount never reported the resync");
+    // Reads go on after the switch, then everything converges.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pub_stop.store(true, Ordering::Relaxed);
+    let last_v = publisher.await.unwrap();
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().expect("a reader failed at the mirror");
+    }
+    let after = reads.load(Ordering::Relaxed);
+    assert!(after > switched_at, "reads stopped at the switch");
+    // The mount now shows exactly the primary's tree.
+    for i in 0..FILES {
+        let (ino, _) = vol.fs.resolve(&format!("/f-{i}")).await.unwrap();
+        let want = integration::read_all(&vol.fs, ino).await;
+        let got = std::fs::read(m.mp.join(format!("f-{i}"))).unwrap();
+        assert!(
+            got == want,
+            "f-{i} differs from the primary's after the resync"
+        );
+    }
+    let listed = std::fs::read_dir(m.mp.join("bulk")).unwrap().count() as u64;
+    assert_eq!(
+        listed,
+        BULK - last_v,
+        "bulk files at the mirror after the resync"
+    );
+    let st = pair.mirror.status();
+    assert!(st["resync"].is_null() && st["bootstrap"].is_null(), "{st}");
+    assert!(pair
+        .mirror
+        .metrics()
+        .contains("jfs_mirror_resync_switches_total 1"));
+    m.stop();
+    eprintln!(
+        "resync: {} reads before the staged phase, {} during it, {} after the switch; {last_v} replacements at the primary",
+        staged_at,
+        switched_at - staged_at,
+        after - switched_at
+    );
 }
 
 /// A file replaced by rename at the primary (new version written under a temporary name,

@@ -1,14 +1,15 @@
 //! The admin endpoint: `GET /metrics` (Prometheus text) and `GET /status` (JSON) for anyone
 //! who can reach it; changes need the admin token (`Authorization: Bearer TOKEN`, from
-//! `admin_token_env` / `admin_token_file`): `PUT /limits?bwlimit=RATE&tps=N` at a mirror,
-//! `DELETE /slots/NAME` at a primary. Without a configured token, changes are refused.
+//! `admin_token_env` / `admin_token_file`): `PUT /limits?bwlimit=RATE&tps=N` and
+//! `POST /resync` at a mirror, `DELETE /slots/NAME` at a primary. Without a configured token,
+//! changes are refused.
 
 use crate::metrics::Metrics;
 use async_trait::async_trait;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use hmac::{Hmac, Mac};
 use objstore::limits::{BwSchedule, Limits};
@@ -25,6 +26,13 @@ pub trait SlotAdmin: Send + Sync {
     async fn drop_slot(&self, name: &str) -> anyhow::Result<String>;
 }
 
+/// What a mirror lets an operator ask for through the admin address.
+#[async_trait]
+pub trait ResyncAdmin: Send + Sync {
+    /// Bootstrap again from a snapshot; a line saying what was done.
+    async fn resync(&self) -> anyhow::Result<String>;
+}
+
 #[derive(Clone)]
 pub struct Admin {
     pub metrics: Arc<Metrics>,
@@ -34,6 +42,8 @@ pub struct Admin {
     pub limits: Option<Arc<Limits>>,
     /// A primary's slots.
     pub slots: Option<Arc<dyn SlotAdmin>>,
+    /// A mirror's resync.
+    pub resync: Option<Arc<dyn ResyncAdmin>>,
 }
 
 pub async fn serve(
@@ -49,6 +59,7 @@ pub async fn serve(
         .route("/status", get(status_h))
         .route("/limits", put(limits_h))
         .route("/slots/{name}", delete(drop_slot_h))
+        .route("/resync", post(resync_h))
         .with_state(app);
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, router)
@@ -176,6 +187,22 @@ async fn drop_slot_h(
     match s.drop_slot(&name).await {
         Ok(msg) => (StatusCode::OK, format!("{msg}\n")),
         Err(e) => (StatusCode::NOT_FOUND, format!("{e:#}\n")),
+    }
+}
+
+async fn resync_h(State(a): State<Admin>, headers: HeaderMap) -> (StatusCode, String) {
+    if let Err(r) = authorized(&a, &headers) {
+        return r;
+    }
+    let Some(r) = &a.resync else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "a resync is asked of a mirror agent\n".into(),
+        );
+    };
+    match r.resync().await {
+        Ok(msg) => (StatusCode::OK, format!("{msg}\n")),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")),
     }
 }
 

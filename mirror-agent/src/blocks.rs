@@ -5,9 +5,10 @@
 //! where it has one).
 
 use crate::metrics::Metrics;
+use crate::staging::Meta;
 use crate::state::{Changes, QItem, State};
 use fs_core::keys::{self, Key};
-use fs_core::{BlockCheck, BlockStore, Engine, Entry, ErrorKind, Mutation, Settings, SliceRec};
+use fs_core::{BlockCheck, BlockStore, Entry, ErrorKind, Mutation, Settings, SliceRec};
 use objstore::limits::Limits;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -67,8 +68,9 @@ pub fn changes_of_pairs(s: &Settings, pairs: &[(Vec<u8>, Vec<u8>)]) -> Changes {
 
 pub struct Replicator {
     pub state: Arc<State>,
-    /// The mirror's metadata (applied before blocks are queued): the checksums of slices.
-    engine: Arc<dyn Engine>,
+    /// The mirror's metadata (applied before blocks are queued), and the resync staging
+    /// while there is one: the checksums of slices.
+    meta: Arc<Meta>,
     settings: Settings,
     pub origin: Arc<dyn BlockStore>,
     pub dest: Arc<dyn BlockStore>,
@@ -91,7 +93,7 @@ impl Replicator {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         state: Arc<State>,
-        engine: Arc<dyn Engine>,
+        meta: Arc<Meta>,
         settings: Settings,
         origin: Arc<dyn BlockStore>,
         dest: Arc<dyn BlockStore>,
@@ -101,7 +103,7 @@ impl Replicator {
     ) -> Arc<Self> {
         Arc::new(Replicator {
             state,
-            engine,
+            meta,
             settings,
             origin,
             dest,
@@ -186,6 +188,11 @@ impl Replicator {
     }
 
     async fn purge_some(&self) -> anyhow::Result<()> {
+        // During a staged resync the live metadata, which mounts read, may still reference
+        // what the staging's entries purge: deletions wait for the switch.
+        if self.state.bootstrap()?.is_some_and(|b| b.staged()) {
+            return Ok(());
+        }
         for key in self.state.purges(256)? {
             match self.dest.delete(&key).await {
                 Ok(()) => {}
@@ -258,8 +265,21 @@ impl Replicator {
         let Some((id, index, _)) = keys::parse_block_key(&self.settings.name, key) else {
             anyhow::bail!("{key} is not a block key of volume {}", self.settings.name);
         };
-        let sums = fs_core::fs::slice_checksums(&*self.engine, &[id]).await?;
-        let Some(crc) = sums.get(&id).and_then(|c| c.get(index as usize).copied()) else {
+        // The staging (a resync's newer state) first, then the live metadata.
+        let mut crc = None;
+        for e in self
+            .meta
+            .staging()
+            .into_iter()
+            .chain([self.meta.live.clone()])
+        {
+            let sums = fs_core::fs::slice_checksums(&*e, &[id]).await?;
+            crc = sums.get(&id).and_then(|c| c.get(index as usize).copied());
+            if crc.is_some() {
+                break;
+            }
+        }
+        let Some(crc) = crc else {
             if matches!(
                 self.state.bootstrap()?,
                 Some(crate::state::Bootstrap::Installing { .. })

@@ -11,5 +11,6 @@ pub mod mirror;
 pub mod primary;
 pub mod proto;
 pub mod site;
+pub mod staging;
 pub mod state;
 pub mod tls;

@@ -85,6 +85,13 @@ enum Cmd {
         #[arg(long)]
         tps: Option<u32>,
     },
+    /// Make a running mirror bootstrap again from a snapshot (needs the admin token). A mirror
+    /// that serves a consistent state installs it beside its metadata and keeps serving the
+    /// previous state (stale) until it switches, in one atomic write, once caught up.
+    Resync {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Check a config (and the environment over it) with every check `run` makes before it
     /// starts: URLs, secrets, TLS files, the state directory, plaintext across a network.
     CheckConfig {
@@ -143,6 +150,7 @@ fn main() -> ExitCode {
                 bwlimit,
                 tps,
             } => cmd::client::limits(&admin, bwlimit, tps).await,
+            Cmd::Resync { admin } => cmd::client::resync(&admin).await,
             Cmd::CheckConfig { config, connect } => {
                 cmd::check::check_config(config.as_deref(), connect).await
             }

@@ -26,6 +26,12 @@ pub struct Metrics {
     pub connected: Gauge,
     pub needs_resync: Gauge,
     pub bootstrapping: Gauge,
+    /// 1 while a resync is staged beside the live metadata (which serves its previous state).
+    pub resync_staged: Gauge,
+    /// The staging's applied seq during a staged resync (0 otherwise).
+    pub staged_seq: Gauge,
+    /// Staged resyncs switched into the live metadata.
+    pub resync_switches: Counter,
     pub entries_applied: Counter,
     pub apply_batches: Counter,
     pub frame_errors: Counter,
@@ -174,6 +180,21 @@ impl Metrics {
                     "bootstrapping",
                     "1 while a snapshot is installed or caught up",
                     m.bootstrapping.clone(),
+                );
+                r.register(
+                    "resync_staged",
+                    "1 while a resync is installed beside the live metadata, which serves its previous state",
+                    m.resync_staged.clone(),
+                );
+                r.register(
+                    "staged_seq",
+                    "During a staged resync: the seq the staging has applied",
+                    m.staged_seq.clone(),
+                );
+                r.register(
+                    "resync_switches",
+                    "Staged resyncs switched into the live metadata (one atomic write each)",
+                    m.resync_switches.clone(),
                 );
                 r.register(
                     "entries_applied",

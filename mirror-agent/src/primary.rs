@@ -152,6 +152,7 @@ impl Primary {
                 slots::put(
                     &*self.engine,
                     &Slot {
+                        version: slots::SLOT_VERSION,
                         name: name.clone(),
                         acked: head,
                         acked_ns: now,

@@ -4,6 +4,7 @@
 //! |---------------------|------------------------------------------------------------|
 //! | `m/queued_through`  | u64: blocks of entries up to here are queued (or done)     |
 //! | `m/bootstrap`       | JSON `Bootstrap` while a snapshot is installed/caught up   |
+//! | `m/format`          | u32: the format of the records below (absent: 1)           |
 //! | `q/<block key>`     | `QItem`: a copy still to do (length, attempts, next try)   |
 //! | `t/<next:8><key>`   | index of `q/` by next try time, so finding due copies costs |
 //! |                     | what is due, not the queue's length                         |
@@ -11,9 +12,13 @@
 //! | `x/<block key>`     | the mirror copy must be deleted (its slice was purged)     |
 //!
 //! Every change is one WriteBatch with the WAL synced, so a kill -9 loses no queued copy.
+//!
+//! Versions: `QItem`s are postcard (positional), so each record starts with the format's
+//! version byte (format 2; format 1, the first release's, had none). A state directory of an
+//! older format is migrated at open in one atomic batch; a newer one is refused, naming both.
 
 use anyhow::{Context, Result};
-use rocksdb::{IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Mutex;
@@ -28,13 +33,34 @@ pub struct QItem {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Bootstrap {
     /// A snapshot taken at `s0` is being installed: a restart starts it over.
-    Installing { s0: u64 },
-    /// Installed; the mirror is consistent once `applied >= s_end`.
-    CatchingUp { s0: u64, s_end: u64 },
+    Installing {
+        s0: u64,
+        /// Into the resync staging beside the live metadata (see `staging`), not into it.
+        #[serde(default)]
+        staged: bool,
+    },
+    /// Installed; the mirror is consistent once `applied >= s_end` (staged: once the
+    /// staging has, and the live metadata has been switched to it).
+    CatchingUp {
+        s0: u64,
+        s_end: u64,
+        #[serde(default)]
+        staged: bool,
+    },
+}
+
+impl Bootstrap {
+    /// A resync beside the live state, which keeps serving meanwhile.
+    pub fn staged(&self) -> bool {
+        match self {
+            Bootstrap::Installing { staged, .. } | Bootstrap::CatchingUp { staged, .. } => *staged,
+        }
+    }
 }
 
 pub struct State {
     db: DB,
+    dir: std::path::PathBuf,
     /// Serializes read-modify-write of queue items (enqueue/cancel vs. worker results), and
     /// holds the queue's counts, kept up to date by every change (one scan at open), so
     /// status costs nothing however long the queue is.
@@ -70,6 +96,27 @@ pub struct Changes {
 
 const QUEUED: &[u8] = b"m/queued_through";
 const BOOT: &[u8] = b"m/bootstrap";
+const FORMAT: &[u8] = b"m/format";
+/// The format this release writes.
+pub const STATE_FORMAT: u32 = 2;
+
+fn encode_item(q: &QItem) -> Vec<u8> {
+    let mut v = vec![STATE_FORMAT as u8];
+    v.extend(postcard::to_allocvec(q).expect("serializes"));
+    v
+}
+
+/// A queue record of format `format` (1: bare postcard; 2: version byte, then postcard).
+fn decode_item(v: &[u8], format: u32) -> Result<QItem> {
+    let body = match format {
+        1 => v,
+        _ => match v.split_first() {
+            Some((2, rest)) => rest,
+            _ => anyhow::bail!("a queue item of an unknown version ({:?})", v.first()),
+        },
+    };
+    postcard::from_bytes(body).context("a queue item does not decode")
+}
 
 fn k(prefix: &str, key: &str) -> Vec<u8> {
     format!("{prefix}{key}").into_bytes()
@@ -87,10 +134,7 @@ fn put_item(wb: &mut WriteBatch, key: &str, old: Option<&QItem>, new: &QItem) {
     if let Some(o) = old {
         wb.delete(tkey(o.next_ns, key));
     }
-    wb.put(
-        k("q/", key),
-        postcard::to_allocvec(new).expect("serializes"),
-    );
+    wb.put(k("q/", key), encode_item(new));
     wb.put(tkey(new.next_ns, key), b"");
 }
 
@@ -106,7 +150,7 @@ impl State {
     pub fn open(dir: &Path) -> Result<State> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the state directory {}", dir.display()))?;
-        let mut o = Options::default();
+        let mut o = meta::base_options();
         o.create_if_missing(true);
         o.set_write_buffer_size(8 << 20);
         let db = DB::open(&o, dir.join("agent.db")).map_err(|e| {
@@ -119,14 +163,66 @@ impl State {
         })?;
         let st = State {
             db,
+            dir: dir.to_path_buf(),
             lock: Mutex::new(Counts::default()),
         };
+        st.migrate(dir)?;
         let c = st.load_queue()?;
         *st.lock.lock().unwrap_or_else(|p| p.into_inner()) = c;
         Ok(st)
     }
 
+    fn format(&self) -> Result<u32> {
+        Ok(match self.get(FORMAT)? {
+            None => 1,
+            Some(v) => u32::from_be_bytes(
+                v.as_slice()
+                    .try_into()
+                    .map_err(|_| anyhow::anyhow!("the agent state's format record is damaged"))?,
+            ),
+        })
+    }
+
+    /// Bring a state directory of an older format to this one (one atomic batch, so a kill
+    /// leaves it old or new), or refuse one of a newer format.
+    fn migrate(&self, dir: &Path) -> Result<()> {
+        let f = self.format()?;
+        if f > STATE_FORMAT {
+            anyhow::bail!(
+                "the state directory {} was written by a newer mirror-agent (state format {f}; this one reads up to {STATE_FORMAT}): run that release, or see runbooks/lost-agent-state.md to start from an empty state directory",
+                dir.display()
+            );
+        }
+        if f == STATE_FORMAT {
+            return Ok(());
+        }
+        let mut wb = WriteBatch::default();
+        let mut n = 0u64;
+        self.each_queued_as(f, |key, q| {
+            wb.put(k("q/", key), encode_item(&q));
+            n += 1;
+            Ok(())
+        })?;
+        wb.put(FORMAT, STATE_FORMAT.to_be_bytes());
+        // A new state directory has nothing to migrate: it is only stamped.
+        let fresh = n == 0 && self.get(QUEUED)?.is_none() && self.get(BOOT)?.is_none();
+        self.write(wb)?;
+        if fresh {
+            return Ok(());
+        }
+        tracing::info!(
+            from = f,
+            to = STATE_FORMAT,
+            items = n,
+            "agent state migrated to the current format"
+        );
+        Ok(())
+    }
+
     fn write(&self, b: WriteBatch) -> Result<()> {
+        // Refused short of a full disk (see `meta::check_room`): nothing written, retried.
+        meta::check_room(&self.dir, b.size_in_bytes() as u64)
+            .map_err(|m| anyhow::anyhow!("writing the agent state: {m}"))?;
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.db
@@ -167,7 +263,7 @@ impl State {
 
     /// Start of a snapshot install: forget pending copies (the snapshot re-queues what it
     /// references); verified copies stay known.
-    pub fn begin_install(&self, s0: u64) -> Result<()> {
+    pub fn begin_install(&self, s0: u64, staged: bool) -> Result<()> {
         let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut wb = WriteBatch::default();
         wb.delete_range(&b"q/"[..], &b"q0"[..]);
@@ -175,7 +271,7 @@ impl State {
         wb.put(QUEUED, 0u64.to_be_bytes());
         wb.put(
             BOOT,
-            serde_json::to_vec(&Bootstrap::Installing { s0 }).expect("serializes"),
+            serde_json::to_vec(&Bootstrap::Installing { s0, staged }).expect("serializes"),
         );
         self.write(wb)?;
         *g = Counts::default();
@@ -184,7 +280,7 @@ impl State {
 
     fn item(&self, key: &str) -> Result<Option<QItem>> {
         self.get(&k("q/", key))?
-            .map(|v| postcard::from_bytes(&v).context("a queue item does not decode"))
+            .map(|v| decode_item(&v, STATE_FORMAT))
             .transpose()
     }
 
@@ -279,7 +375,15 @@ impl State {
     }
 
     /// Every queued item, in key order.
-    fn each_queued(&self, mut f: impl FnMut(&str, QItem) -> Result<()>) -> Result<()> {
+    fn each_queued(&self, f: impl FnMut(&str, QItem) -> Result<()>) -> Result<()> {
+        self.each_queued_as(STATE_FORMAT, f)
+    }
+
+    fn each_queued_as(
+        &self,
+        format: u32,
+        mut f: impl FnMut(&str, QItem) -> Result<()>,
+    ) -> Result<()> {
         for item in self
             .db
             .iterator(IteratorMode::From(b"q/", rocksdb::Direction::Forward))
@@ -289,7 +393,7 @@ impl State {
             if !key.starts_with(b"q/") {
                 break;
             }
-            let q: QItem = postcard::from_bytes(&v).context("a queue item does not decode")?;
+            let q = decode_item(&v, format)?;
             f(&String::from_utf8_lossy(&key[2..]), q)?;
         }
         Ok(())
@@ -411,6 +515,87 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bootstrap_record_of_the_previous_release_reads_as_in_place() {
+        let b: Bootstrap = serde_json::from_str(r#"{"CatchingUp":{"s0":3,"s_end":9}}"#).unwrap();
+        assert_eq!(
+            b,
+            Bootstrap::CatchingUp {
+                s0: 3,
+                s_end: 9,
+                staged: false
+            }
+        );
+        let b: Bootstrap = serde_json::from_str(r#"{"Installing":{"s0":3}}"#).unwrap();
+        assert!(!b.staged());
+        let d = tempfile::tempdir().unwrap();
+        let st = State::open(d.path()).unwrap();
+        st.begin_install(7, true).unwrap();
+        assert!(st.bootstrap().unwrap().unwrap().staged());
+    }
+
+    /// A state directory as the previous release wrote it (format 1: bare postcard queue
+    /// items, no format record) opens, is migrated, and serves its queue; one of a newer
+    /// format is refused.
+    #[test]
+    fn a_state_of_the_previous_release_opens_and_a_newer_one_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let mut o = rocksdb::Options::default();
+            o.create_if_missing(true);
+            let db = DB::open(&o, d.path().join("agent.db")).unwrap();
+            let old = QItem {
+                len: 4096,
+                attempts: 2,
+                next_ns: 5,
+            };
+            db.put(
+                b"q/vol/chunks/0/0/7_0_4096",
+                postcard::to_allocvec(&old).unwrap(),
+            )
+            .unwrap();
+            db.put(
+                b"q/vol/chunks/0/0/8_0_100",
+                postcard::to_allocvec(&QItem {
+                    len: 100,
+                    attempts: 0,
+                    next_ns: 0,
+                })
+                .unwrap(),
+            )
+            .unwrap();
+            db.put(QUEUED, 42u64.to_be_bytes()).unwrap();
+            db.put(BOOT, br#"{"CatchingUp":{"s0":40,"s_end":44}}"#)
+                .unwrap();
+        }
+        let st = State::open(d.path()).unwrap();
+        assert_eq!(st.format().unwrap(), STATE_FORMAT);
+        assert_eq!(st.pending().unwrap(), (2, 4196, 1));
+        assert_eq!(st.queued_through().unwrap(), 42);
+        assert!(!st.bootstrap().unwrap().unwrap().staged());
+        let due = st.due(10, 10, &|_| false).unwrap();
+        assert_eq!(due.len(), 2, "{due:?}");
+        assert_eq!(
+            due.iter().find(|(k, _)| k.ends_with("7_0_4096")).unwrap().1,
+            QItem {
+                len: 4096,
+                attempts: 2,
+                next_ns: 5
+            }
+        );
+        drop(st);
+        // Opens again (already migrated), then refuses a newer format.
+        let st = State::open(d.path()).unwrap();
+        assert_eq!(st.pending().unwrap().0, 2);
+        st.db.put(FORMAT, 9u32.to_be_bytes()).unwrap();
+        drop(st);
+        let e = State::open(d.path()).err().unwrap().to_string();
+        assert!(
+            e.contains("newer mirror-agent") && e.contains("format 9"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn prioritized_copies_come_first() {

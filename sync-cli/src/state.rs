@@ -6,7 +6,7 @@
 //! OS has, and a lost tail only means a few objects are copied again.
 
 use anyhow::{Context, Result};
-use rocksdb::{Options, WriteBatch, DB};
+use rocksdb::{WriteBatch, DB};
 use std::path::{Path, PathBuf};
 
 pub struct State {
@@ -47,7 +47,7 @@ impl State {
     pub fn open(path: &Path) -> Result<Self> {
         std::fs::create_dir_all(path)
             .with_context(|| format!("creating the state dir {}", path.display()))?;
-        let mut o = Options::default();
+        let mut o = meta::base_options();
         o.create_if_missing(true);
         // Small memtables: a million done-keys should not cost 64 MiB buffers of RAM.
         o.set_write_buffer_size(8 << 20);

@@ -14,7 +14,7 @@ mod rocks;
 
 pub use postgres::PgEngine;
 pub use redis_engine::RedisEngine;
-pub use rocks::{RocksEngine, RocksMode};
+pub use rocks::{base_options, check_room, RocksEngine, RocksMode, DISK_FLOOR};
 
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::Engine;

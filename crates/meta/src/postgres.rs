@@ -74,6 +74,19 @@ fn pool_err(e: deadpool_postgres::PoolError, what: &str) -> Error {
 }
 
 impl PgEngine {
+    /// Replay and installs: take the commit section's lock on the head row and check the
+    /// mirror marker in the same statement (refused, and rolled back, without it). The head.
+    async fn lock_head_of_mirror(&self, tx: &deadpool_postgres::Transaction<'_>) -> Result<u64> {
+        let row = tx
+            .query_one(HEAD_AND_MARKER, &[&fs_core::site::MARKER])
+            .await
+            .map_err(|e| map_err(e, "locking head"))?;
+        if row.get::<_, Option<Vec<u8>>>(1).is_none() {
+            return Err(fs_core::site::replay_refused(&self.display));
+        }
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+
     pub async fn connect(
         cfg: tokio_postgres::Config,
         schema: &str,
@@ -397,15 +410,7 @@ impl Engine for PgEngine {
     async fn apply(&self, entries: &[Entry]) -> Result<u64> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| map_err(e, "begin"))?;
-        let row = tx
-            .query_one(HEAD_AND_MARKER, &[&fs_core::site::MARKER])
-            .await
-            .map_err(|e| map_err(e, "locking head"))?;
-        if row.get::<_, Option<Vec<u8>>>(1).is_none() {
-            let _ = tx.rollback().await;
-            return Err(fs_core::site::replay_refused(&self.display));
-        }
-        let head = row.get::<_, i64>(0) as u64;
+        let head = self.lock_head_of_mirror(&tx).await?;
         let todo = fs_core::engine::entries_after(head, entries)?;
         if todo.is_empty() {
             return Ok(head);
@@ -485,6 +490,37 @@ impl Engine for PgEngine {
         )
         .await
         .map_err(|e| map_err(e, "setting the head"))?;
+        Ok(())
+    }
+
+    async fn install_switch(
+        &self,
+        writes: &[Mutation],
+        frames: &[(u64, Vec<u8>)],
+        head: u64,
+    ) -> Result<()> {
+        fs_core::engine::check_switch(writes, frames, head)?;
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| map_err(e, "begin"))?;
+        self.lock_head_of_mirror(&tx).await?;
+        let refs: Vec<&Mutation> = writes.iter().collect();
+        write_set(&tx, &refs).await?;
+        tx.execute("DELETE FROM jfs_journal", &[])
+            .await
+            .map_err(|e| map_err(e, "clearing the journal"))?;
+        if frames.is_empty() {
+            tx.execute(
+                "UPDATE jfs_head SET seq = $1 WHERE id = 1",
+                &[&(head as i64)],
+            )
+            .await
+            .map_err(|e| map_err(e, "setting the head"))?;
+        } else {
+            let seqs: Vec<i64> = frames.iter().map(|(s, _)| *s as i64).collect();
+            let fr: Vec<Vec<u8>> = frames.iter().map(|(_, f)| f.clone()).collect();
+            append(&tx, &self.channel, &seqs, &fr).await?;
+        }
+        tx.commit().await.map_err(|e| map_err(e, "commit"))?;
         Ok(())
     }
 }

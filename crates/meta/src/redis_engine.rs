@@ -555,4 +555,47 @@ impl Engine for RedisEngine {
         self.head_hint.store(head, Ordering::SeqCst);
         Ok(())
     }
+
+    async fn install_switch(
+        &self,
+        writes: &[Mutation],
+        frames: &[(u64, Vec<u8>)],
+        head: u64,
+    ) -> Result<()> {
+        fs_core::engine::check_switch(writes, frames, head)?;
+        fs_core::site::require_mirror(self).await?;
+        // One MULTI/EXEC: Redis runs it whole, with no other client's command in between.
+        let mut p = redis::pipe();
+        p.atomic();
+        for m in writes {
+            match m {
+                Mutation::Put { key, value } => {
+                    p.set(self.k(key), value.as_slice()).ignore();
+                    p.zadd(self.index_key(), key.as_slice(), 0).ignore();
+                }
+                Mutation::Delete { key } => {
+                    p.del(self.k(key)).ignore();
+                    p.zrem(self.index_key(), key.as_slice()).ignore();
+                }
+                _ => unreachable!("checked by check_switch"),
+            }
+        }
+        p.del(self.journal_key()).ignore();
+        for (seq, f) in frames {
+            p.cmd("XADD")
+                .arg(self.journal_key())
+                .arg(format!("{seq}-0"))
+                .arg("f")
+                .arg(f.as_slice())
+                .ignore();
+        }
+        p.set(self.head_key(), head).ignore();
+        let mut c = self.conn.clone();
+        let _: () = p
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "switching to the installed snapshot"))?;
+        self.head_hint.store(head, Ordering::SeqCst);
+        Ok(())
+    }
 }

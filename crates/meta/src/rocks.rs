@@ -34,6 +34,47 @@ fn err(e: rocksdb::Error, what: &str) -> Error {
     Error::new(ErrorKind::Backend, format!("rocksdb {what}: {msg}"))
 }
 
+/// Options every RocksDB this project opens starts from (volumes, secondaries, the agent's and
+/// jfs-sync's state). Debian's librocksdb is built without NDEBUG: it logs at DEBUG level
+/// (a line in `LOG` for every WAL sync) and asserts, aborting the process, on the next line
+/// after one `LOG` write failed. On a full disk that write fails, so the info log is kept to
+/// fatal events only and never grows; errors reach our own logs through the returned status.
+pub fn base_options() -> Options {
+    let mut o = Options::default();
+    o.set_log_level(rocksdb::LogLevel::Fatal);
+    o.set_keep_log_file_num(2);
+    o.set_max_log_file_size(1 << 20);
+    o
+}
+
+/// Free bytes a RocksDB directory keeps: writes are refused ("disk full") below it, before
+/// RocksDB's own write fails. A WAL write that fails on ENOSPC leaves its log writer in an
+/// error state, and Debian's librocksdb (built with assertions) aborts the process on the
+/// next sync of that writer; stopping short of a full disk keeps the process up, so it
+/// recovers by itself once room is made.
+pub const DISK_FLOOR: u64 = 64 << 20;
+
+/// Err("disk full ...") when the file system of `dir` has less than `DISK_FLOOR` free for
+/// unprivileged writers (or `need` more than that); a directory that cannot be examined
+/// passes (the write itself then reports).
+pub fn check_room(dir: &Path, need: u64) -> std::result::Result<(), String> {
+    match rustix::fs::statvfs(dir) {
+        Ok(s) => {
+            let free = s.f_bavail.saturating_mul(s.f_frsize);
+            if free < DISK_FLOOR.saturating_add(need) {
+                return Err(format!(
+                    "disk full: {} has {} MiB free, under the {} MiB kept free; make room there (nothing was written)",
+                    dir.display(),
+                    free >> 20,
+                    (DISK_FLOOR + need) >> 20
+                ));
+            }
+            Ok(())
+        }
+        Err(_) => Ok(()),
+    }
+}
+
 struct Inner {
     db: DB,
     path: PathBuf,
@@ -60,13 +101,13 @@ pub enum RocksMode {
 fn cfs() -> Vec<ColumnFamilyDescriptor> {
     [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META]
         .into_iter()
-        .map(|n| ColumnFamilyDescriptor::new(n, Options::default()))
+        .map(|n| ColumnFamilyDescriptor::new(n, base_options()))
         .collect()
 }
 
 impl RocksEngine {
     pub fn open(path: &Path, mode: RocksMode, create: bool, sync: bool) -> Result<Self> {
-        let mut opts = Options::default();
+        let mut opts = base_options();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_max_open_files(512);
@@ -89,7 +130,7 @@ impl RocksEngine {
                     .prefix(&format!("{SECONDARY_PREFIX}{}-", std::process::id()))
                     .tempdir()
                     .map_err(|e| Error::new(ErrorKind::Backend, format!("creating a secondary dir: {e}")))?;
-                let mut so = Options::default();
+                let mut so = base_options();
                 so.set_max_open_files(-1);
                 let db = DB::open_cf_as_secondary(&so, path, dir.path(), [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META])
                     .map_err(|e| err(e, &format!("opening {} read-only", path.display())))?;
@@ -202,6 +243,8 @@ impl Inner {
     }
 
     fn write(&self, batch: WriteBatch) -> Result<()> {
+        check_room(&self.path, batch.size_in_bytes() as u64)
+            .map_err(|m| Error::new(ErrorKind::Backend, format!("rocksdb: {m}")))?;
         let mut wo = WriteOptions::default();
         wo.set_sync(false);
         self.db.write_opt(batch, &wo).map_err(|e| err(e, "commit"))
@@ -534,6 +577,51 @@ impl Engine for RocksEngine {
             .map_err(|e| err(e, "syncing the WAL"))?;
         self.inner.tx.send_replace(head);
         Ok(())
+    }
+
+    async fn install_switch(
+        &self,
+        writes: &[fs_core::Mutation],
+        frames: &[(u64, Vec<u8>)],
+        head: u64,
+    ) -> Result<()> {
+        self.read_only()?;
+        fs_core::engine::check_switch(writes, frames, head)?;
+        let inner = self.inner.clone();
+        let writes = writes.to_vec();
+        let frames = frames.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let guard = inner.commit.lock().unwrap_or_else(|p| p.into_inner());
+            inner.require_mirror()?;
+            let mut batch = WriteBatch::default();
+            for m in &writes {
+                match m {
+                    fs_core::Mutation::Put { key, value } => batch.put(key, value),
+                    fs_core::Mutation::Delete { key } => batch.delete(key),
+                    _ => unreachable!("checked by check_switch"),
+                }
+            }
+            batch.delete_range_cf(
+                inner.cf(CF_JOURNAL),
+                0u64.to_be_bytes(),
+                u64::MAX.to_be_bytes(),
+            );
+            for (seq, f) in &frames {
+                batch.put_cf(inner.cf(CF_JOURNAL), seq.to_be_bytes(), f);
+            }
+            batch.put_cf(inner.cf(CF_META), HEAD, head.to_be_bytes());
+            inner.write(batch)?;
+            inner.head.store(head, Ordering::SeqCst);
+            drop(guard);
+            inner
+                .db
+                .flush_wal(true)
+                .map_err(|e| err(e, "syncing the WAL"))?;
+            inner.tx.send_replace(head);
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::new(ErrorKind::Backend, format!("install task failed: {e}")))?
     }
 }
 

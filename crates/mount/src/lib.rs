@@ -332,6 +332,7 @@ async fn serve(
             let mut t = tokio::time::interval(FOLLOW_EVERY);
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let (mut last, mut moved) = (0u64, std::time::Instant::now());
+            let mut resyncing = false;
             loop {
                 t.tick().await;
                 match engine.journal_bounds().await {
@@ -349,6 +350,15 @@ async fn serve(
                     let stale = match fs_core::site::progress(&*engine).await {
                         Ok(Some(p)) => {
                             mm.mirror_lag_seconds.set(p.lag_seconds.unwrap_or(-1.0));
+                            if p.resyncing != resyncing {
+                                resyncing = p.resyncing;
+                                if resyncing {
+                                    tracing::warn!(seq = p.applied_seq, "the mirror is resyncing: serving its previous state until the agent switches to the new one");
+                                } else {
+                                    tracing::info!("the mirror's resync is over");
+                                }
+                            }
+                            mm.mirror_resyncing.set(p.resyncing as i64);
                             // A record much older than its period: no agent is running.
                             let age = (fs_core::now_ns() - p.at_ns).max(0) as f64 / 1e9;
                             let fresh_for = 3.0 * fs_core::site::PROGRESS_EVERY_MS as f64 / 1e3

@@ -54,6 +54,9 @@ pub struct MountMetrics {
     pub mirror_within_window: Gauge,
     /// A mirror site: seconds behind the primary, as its agent says (-1: unknown).
     pub mirror_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// A mirror site: 1 while its agent installs a resync beside the metadata (this mount
+    /// serves the previous state until the switch).
+    pub mirror_resyncing: Gauge,
     /// Opens served while out of the window (`--stale serve`).
     pub stale_opens: Counter,
     /// Opens failed while out of the window (`--stale fail`, or `wait` running out).
@@ -81,6 +84,7 @@ impl Default for MountMetrics {
             mirror_site: Gauge::default(),
             mirror_within_window: Gauge::default(),
             mirror_lag_seconds: Gauge::default(),
+            mirror_resyncing: Gauge::default(),
             stale_opens: Counter::default(),
             stale_refused: Counter::default(),
         }
@@ -159,6 +163,11 @@ impl MountMetrics {
             "jfs_mirror_lag_seconds",
             "A mirror site: seconds behind the primary (-1: unknown)",
             self.mirror_lag_seconds.clone(),
+        );
+        r.register(
+            "jfs_mirror_resyncing",
+            "A mirror site: 1 while a resync is installed beside the metadata (the previous state is served)",
+            self.mirror_resyncing.clone(),
         );
         r.register(
             "jfs_stale_opens",

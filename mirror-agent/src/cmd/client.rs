@@ -234,6 +234,13 @@ pub fn human(v: &Value) -> String {
         },
         yes(&v["needs_resync"])
     ));
+    if v["resync"].is_object() {
+        line(format!(
+            "resync: staged beside the live metadata, which serves seq {} (stale) until the switch; staging at seq {}",
+            num(&v["resync"]["serving_seq"]),
+            num(&v["resync"]["staged_seq"]),
+        ));
+    }
     if let Some(r) = v["refused"].as_str() {
         line(format!("REFUSED by the primary: {r}"));
     }
@@ -273,18 +280,36 @@ pub async fn limits(a: &AdminArgs, bwlimit: Option<String>, tps: Option<u32>) ->
     if q.is_empty() {
         bail!("give --bwlimit and/or --tps");
     }
+    change_mirror(a, "changing copy limits", |c, addr| {
+        c.put(format!("http://{addr}/limits")).query(&q)
+    })
+    .await
+}
+
+/// `mirror-agent resync`: the running mirror bootstraps again from a snapshot.
+pub async fn resync(a: &AdminArgs) -> Result<()> {
+    change_mirror(a, "a resync", |c, addr| {
+        c.post(format!("http://{addr}/resync"))
+    })
+    .await
+}
+
+/// Send a change to a running *mirror* agent with the admin token, and print its answer.
+async fn change_mirror(
+    a: &AdminArgs,
+    what: &str,
+    req: impl FnOnce(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+) -> Result<()> {
     let (addrs, token) = target(a)?;
     let (addr, v) = fetch_status(&addrs).await?;
     if v["role"] != "mirror" {
-        bail!("the agent at {addr} is a primary agent: copy limits belong to a mirror agent (its default admin address is {MIRROR_ADMIN})");
+        bail!("the agent at {addr} is a primary agent: {what} is for a mirror agent (its default admin address is {MIRROR_ADMIN})");
     }
     let Some(token) = token else {
-        bail!("changing limits needs the agent's admin token: --admin-token-file FILE, MIRROR_AGENT_ADMIN_TOKEN, or --config with admin_token_env/admin_token_file");
+        bail!("{what} needs the agent's admin token: --admin-token-file FILE, MIRROR_AGENT_ADMIN_TOKEN, or --config with admin_token_env/admin_token_file");
     };
-    let r = client()
-        .put(format!("http://{addr}/limits"))
+    let r = req(&client(), &addr.to_string())
         .bearer_auth(token)
-        .query(&q)
         .send()
         .await
         .map_err(|e| anyhow!("no agent answers at {addr}: {e}"))?;

@@ -173,6 +173,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
                 token,
                 limits: None,
                 slots: Some(p.clone()),
+                resync: None,
             };
             let admin = admin::serve(admin_addr, app, stop.clone()).await?;
             tracing::info!(admin = %admin_addr, "admin endpoint: /metrics /status, DELETE /slots/NAME");
@@ -193,6 +194,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
                 c.mirror.clone().expect("checked"),
                 engine,
                 state,
+                &c.state_dir,
                 metrics.clone(),
             )
             .await?;
@@ -201,11 +203,12 @@ pub async fn run(a: RunArgs) -> Result<()> {
                 token,
                 limits: Some(m.limits_arc()),
                 slots: None,
+                resync: Some(m.clone()),
             };
             let admin = admin::serve(admin_addr, app, stop.clone()).await?;
             // Started: what this start created is the agent's now.
             std::mem::take(&mut created.0);
-            tracing::info!(admin = %admin_addr, "admin endpoint: /metrics /status /limits");
+            tracing::info!(admin = %admin_addr, "admin endpoint: /metrics /status /limits /resync");
             let r = m.run(stop.clone()).await;
             stop.cancel();
             let _ = admin.await;

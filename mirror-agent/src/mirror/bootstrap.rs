@@ -1,0 +1,147 @@
+//! Bootstrap: a snapshot installed in place (a mirror with nothing consistent) or beside the
+//! live metadata (a resync, see `staging`), the switch once caught up, and resync requests.
+
+use super::*;
+
+impl Mirror {
+    pub(super) async fn install_snapshot<R>(
+        &self,
+        stream: &mut R,
+        stop: &CancellationToken,
+    ) -> Result<()>
+    where
+        R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin,
+    {
+        let (s0, settings) = match recv_within(stream, Duration::from_secs(120)).await? {
+            ToMirror::SnapshotBegin { seq, settings } => (seq, settings),
+            other => bail!("expected a snapshot, got {}", proto::msg_name(&other)),
+        };
+        let settings: Settings =
+            serde_json::from_slice(&settings).context("the snapshot's settings do not decode")?;
+        // A mirror that serves a consistent state keeps serving it: the snapshot goes into a
+        // staging beside it (see `staging`). One with nothing consistent installs in place.
+        let staged = self.serves_a_consistent_state().await?;
+        tracing::info!(
+            seq = s0,
+            staged,
+            "installing a snapshot{}",
+            if staged {
+                " beside the live metadata (which serves its previous state until the switch)"
+            } else {
+                ""
+            }
+        );
+        self.metrics.bootstrapping.set(1);
+        self.state.begin_install(s0, staged)?;
+        let target = if staged {
+            self.meta.begin().await?
+        } else {
+            self.meta.discard()?;
+            // Readers are fenced off until the mirror is consistent.
+            self.engine
+                .aux_put(
+                    fs_core::slots::MIRROR_INCOMPLETE,
+                    Some(format!("snapshot at seq {s0} being installed").as_bytes()),
+                )
+                .await?;
+            self.engine.install_reset().await?;
+            self.engine.clone()
+        };
+        let mut n = 0u64;
+        loop {
+            if stop.is_cancelled() {
+                bail!("stopped during the snapshot (it starts over next time)");
+            }
+            match recv_within(stream, Duration::from_secs(120)).await? {
+                ToMirror::SnapshotPairs { pairs } => {
+                    n += pairs.len() as u64;
+                    target.install_put(&pairs).await?;
+                    let ch = blocks::changes_of_pairs(&settings, &pairs);
+                    self.state.record(&ch, None, fs_core::now_ns())?;
+                }
+                ToMirror::SnapshotEnd { seq: s_end } => {
+                    target.install_head(s0).await?;
+                    self.state
+                        .record(&Changes::default(), Some(s0), fs_core::now_ns())?;
+                    if s_end > s0 {
+                        self.state.set_bootstrap(Some(&Bootstrap::CatchingUp {
+                            s0,
+                            s_end,
+                            staged,
+                        }))?;
+                    } else {
+                        self.complete_bootstrap().await?;
+                    }
+                    tracing::info!(keys = n, s0, s_end, "snapshot installed; catching up");
+                    break;
+                }
+                other => bail!(
+                    "unexpected message during the snapshot: {}",
+                    proto::msg_name(&other)
+                ),
+            }
+        }
+        self.set_settings(settings)?;
+        self.notify_blocks();
+        Ok(())
+    }
+
+    /// Whether the live metadata holds a whole consistent state that its mounts may go on
+    /// serving during a resync: it has a volume, and no install in place is unfinished.
+    pub(super) async fn serves_a_consistent_state(&self) -> Result<bool> {
+        if matches!(
+            self.state.bootstrap()?,
+            Some(Bootstrap::Installing { staged: false, .. })
+                | Some(Bootstrap::CatchingUp { staged: false, .. })
+        ) {
+            return Ok(false);
+        }
+        Ok(self.engine.get(keys::SETTING).await?.is_some()
+            && fs_core::slots::incomplete(&*self.engine).await?.is_none()
+            && self.engine.journal_bounds().await?.last > 0)
+    }
+
+    pub(super) async fn complete_bootstrap(&self) -> Result<()> {
+        if self.meta.staging().is_some() {
+            let t0 = Instant::now();
+            let sw = self.meta.switch().await?;
+            self.metrics.resync_switches.inc();
+            tracing::info!(
+                keys_changed = sw.changed,
+                seq = sw.head,
+                took = ?t0.elapsed(),
+                "switched the live metadata to the resynced state (one atomic write)"
+            );
+        }
+        self.state.set_bootstrap(None)?;
+        self.engine
+            .aux_put(fs_core::slots::MIRROR_INCOMPLETE, None)
+            .await?;
+        self.meta.discard()?;
+        self.metrics.bootstrapping.set(0);
+        let seq = self.engine.journal_bounds().await?.last;
+        tracing::info!(seq, "the mirror is consistent (bootstrap complete)");
+        Ok(())
+    }
+
+    /// An operator's `mirror-agent resync`: bootstrap again from a snapshot, beside the live
+    /// state when it is consistent (mounts keep serving it).
+    pub async fn request_resync(&self) -> Result<String> {
+        if let Some(b @ Bootstrap::Installing { .. }) = self.state.bootstrap()? {
+            return Ok(format!("a snapshot is being installed already ({b:?})"));
+        }
+        self.force_snapshot
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.kick.notify_one();
+        let staged = self.serves_a_consistent_state().await?;
+        tracing::warn!(
+            staged,
+            "resync requested by an operator: bootstrapping again from a snapshot"
+        );
+        Ok(if staged {
+            "resync started: the snapshot is installed beside the live metadata, which serves its previous state (stale) until the switch".into()
+        } else {
+            "resync started: this mirror has no consistent state yet, the snapshot is installed in place".into()
+        })
+    }
+}

@@ -1,0 +1,377 @@
+//! The mirror role: connects to the primary agent, bootstraps from a snapshot when it has
+//! nothing (or its slot was dropped), applies journal entries strictly in order, many per
+//! engine transaction (the engine stores the applied sequence number as its head in the same
+//! atomic write: exactly-once apply), acknowledges what is durable, and queues the blocks
+//! each applied entry references for the replicator.
+//!
+//! By concern: `session` (connect, handshake, the frame pipeline), `bootstrap` (snapshots in
+//! place or beside the live state, the switch, resync requests), `apply` (batches, block
+//! queuing, re-queuing after a restart), `status` (status, progress for the mounts, read
+//! priority, journal trim); here the agent's state, its start and its reconnect loop.
+
+mod apply;
+mod bootstrap;
+mod session;
+mod status;
+
+use crate::blocks::{self, Replicator};
+use crate::config::MirrorConfig;
+use crate::handshake::{self, recv_within};
+use crate::metrics::Metrics;
+use crate::proto::{self, ToMirror, ToPrimary, Want};
+use crate::staging::Meta;
+use crate::state::{Bootstrap, Changes, State};
+use anyhow::{anyhow, bail, Context, Result};
+use fs_core::engine::Engine;
+use fs_core::{keys, BlockStore, Entry, Settings};
+use futures::StreamExt;
+use objstore::limits::Limits;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct Live {
+    connected: bool,
+    primary_head: u64,
+    last_contact: Option<Instant>,
+    /// Received, not yet applied: (seq, commit time).
+    received: VecDeque<(u64, i64)>,
+    /// Last instant the mirror was known to have applied everything the primary had.
+    caught_up_at: Option<Instant>,
+    needs_resync: bool,
+    last_error: Option<String>,
+    /// Why the primary keeps refusing this mirror (a configuration problem), if it does.
+    refused: Option<String>,
+    volume_uuid: Option<String>,
+}
+
+pub struct Mirror {
+    cfg: MirrorConfig,
+    token: String,
+    /// The live metadata, which the site's mounts read (`meta.live`).
+    engine: Arc<dyn Engine>,
+    /// The live metadata and, during a staged resync, the staging beside it.
+    meta: Arc<Meta>,
+    state: Arc<State>,
+    metrics: Arc<Metrics>,
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        tokio_rustls::rustls::pki_types::ServerName<'static>,
+    )>,
+    dest: Arc<dyn BlockStore>,
+    limits: Arc<Limits>,
+    settings: RwLock<Option<Settings>>,
+    repl: RwLock<Option<Arc<Replicator>>>,
+    /// The replicator's task, awaited at shutdown (it drains copies in flight).
+    repl_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    live: Mutex<Live>,
+    stop_blocks: CancellationToken,
+    /// Set when the primary asked for a resync; cleared once a snapshot is installed.
+    force_snapshot: std::sync::atomic::AtomicBool,
+    /// Ends the current replication session (an operator asked for a resync).
+    kick: tokio::sync::Notify,
+}
+
+enum End {
+    /// Reconnect after a short pause.
+    Retry(anyhow::Error),
+    /// The primary wants a snapshot-based resync.
+    Resync(String),
+    /// Clean stop (SIGTERM).
+    Stopped,
+    /// An operator asked for a resync: reconnect at once, asking for a snapshot.
+    Kicked,
+}
+
+impl Mirror {
+    pub async fn new(
+        cfg: MirrorConfig,
+        engine: Arc<dyn Engine>,
+        state: Arc<State>,
+        state_dir: &std::path::Path,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>> {
+        let token = cfg.secret().load("[mirror]")?;
+        let tls = match &cfg.tls_ca {
+            Some(ca) => {
+                let host = cfg.tls_server_name.clone().unwrap_or_else(|| {
+                    cfg.primary
+                        .rsplit_once(':')
+                        .map_or(cfg.primary.clone(), |(h, _)| {
+                            h.trim_matches(['[', ']']).to_string()
+                        })
+                });
+                Some(crate::tls::connector(ca, &host)?)
+            }
+            None => None,
+        };
+        let dest: Arc<dyn BlockStore> = Arc::new(
+            objstore::OpendalStore::open(
+                &cfg.store,
+                &objstore::StoreOptions {
+                    create: true,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| anyhow!("[mirror] store: {e}"))?,
+        );
+        dest.check()
+            .await
+            .map_err(|e| anyhow!("[mirror] store {}: {e}", cfg.store))?;
+        let bw = cfg
+            .bwlimit
+            .as_deref()
+            .map(objstore::limits::BwSchedule::parse)
+            .transpose()?;
+        let limits = Arc::new(Limits::new(bw, Some(cfg.tps))?);
+        crate::site::claim(&*engine, &state, &cfg).await?;
+        let settings = match engine.get(keys::SETTING).await? {
+            Some(v) => Some(
+                serde_json::from_slice::<Settings>(&v)
+                    .context("the mirror's volume settings do not decode")?,
+            ),
+            None => None,
+        };
+        let meta = Meta::new(engine.clone(), state_dir);
+        let mut force = false;
+        match state.bootstrap()? {
+            Some(b @ Bootstrap::CatchingUp { staged: true, .. }) => {
+                if !meta.reopen()? {
+                    tracing::warn!(bootstrap = ?b, "the resync staging is gone: the resync starts over (the live metadata keeps serving meanwhile)");
+                    force = true;
+                }
+            }
+            // An install starts over; nothing staged otherwise: a leftover is removed.
+            _ => meta.discard()?,
+        }
+        let m = Arc::new(Mirror {
+            cfg,
+            token,
+            engine,
+            meta,
+            state,
+            metrics,
+            tls,
+            dest,
+            limits,
+            settings: RwLock::new(None),
+            repl: RwLock::new(None),
+            repl_task: Mutex::new(None),
+            live: Mutex::new(Live::default()),
+            stop_blocks: CancellationToken::new(),
+            force_snapshot: std::sync::atomic::AtomicBool::new(force),
+            kick: tokio::sync::Notify::new(),
+        });
+        if let Some(s) = settings {
+            m.set_settings(s)?;
+        }
+        Ok(m)
+    }
+
+    pub fn limits_arc(&self) -> Arc<Limits> {
+        self.limits.clone()
+    }
+
+    /// Known settings start the replicator (once).
+    fn set_settings(&self, s: Settings) -> Result<()> {
+        let mut repl = self.repl.write().unwrap_or_else(|p| p.into_inner());
+        if repl.is_none() {
+            let origin_url = self
+                .cfg
+                .origin_store
+                .clone()
+                .unwrap_or_else(|| s.storage.clone());
+            let origin: Arc<dyn BlockStore> = Arc::new(
+                objstore::OpendalStore::open(&origin_url, &Default::default())
+                    .map_err(|e| anyhow!("origin store {origin_url}: {e}"))?,
+            );
+            let r = Replicator::new(
+                self.state.clone(),
+                self.meta.clone(),
+                s.clone(),
+                origin,
+                self.dest.clone(),
+                self.limits.clone(),
+                self.cfg.workers,
+                self.metrics.clone(),
+            );
+            let task = tokio::spawn(r.clone().run(self.stop_blocks.clone()));
+            *self.repl_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+            tracing::info!(origin = %origin_url, dest = %self.cfg.store, workers = self.cfg.workers, "block replication started");
+            *repl = Some(r);
+        }
+        let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        lv.volume_uuid = Some(s.uuid.clone());
+        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        Ok(())
+    }
+
+    fn settings(&self) -> Option<Settings> {
+        self.settings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn notify_blocks(&self) {
+        if let Some(r) = self.repl.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            r.notify.notify_one();
+        }
+    }
+
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
+        self.requeue()
+            .await
+            .context("re-queuing blocks after a restart")?;
+        // Killed between catching up and recording it (or during a staged switch).
+        if let Some(Bootstrap::CatchingUp { s_end, .. }) = self.state.bootstrap()? {
+            if self.meta.target().journal_bounds().await?.last >= s_end {
+                self.complete_bootstrap()
+                    .await
+                    .context("completing the bootstrap after a restart")?;
+            }
+        }
+        let status = tokio::spawn(self.clone().status_loop(stop.clone()));
+        let mut backoff = Duration::from_millis(200);
+        let mut first = true;
+        let mut refusals = 0u32;
+        let mut foreign = 0u32;
+        loop {
+            if stop.is_cancelled() {
+                break;
+            }
+            if !first {
+                self.metrics.reconnects.inc();
+            }
+            first = false;
+            let started = Instant::now();
+            let end = self.session(&stop).await;
+            if started.elapsed() > Duration::from_secs(3) {
+                backoff = Duration::from_millis(200); // it was working: retry soon
+            }
+            {
+                let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                lv.connected = false;
+                lv.received.clear();
+            }
+            let not_primary =
+                matches!(&end, End::Retry(e) if e.chain().any(|c| c.is::<handshake::NotPrimary>()));
+            foreign = if not_primary { foreign + 1 } else { 0 };
+            // Three first replies in a row that are not the protocol: the peer is something
+            // else, a configuration problem like a refusal.
+            let end = match end {
+                End::Retry(e) if not_primary && foreign >= 3 => {
+                    End::Retry(anyhow::Error::new(handshake::Permanent(format!("{e:#}"))))
+                }
+                other => other,
+            };
+            if !matches!(&end, End::Retry(e) if e.chain().any(|c| c.is::<handshake::Permanent>())) {
+                refusals = 0;
+            }
+            match end {
+                End::Stopped => break,
+                End::Kicked => {
+                    backoff = Duration::from_millis(200);
+                    continue;
+                }
+                End::Resync(reason) => {
+                    self.live
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .needs_resync = true;
+                    if self.cfg.auto_resync {
+                        tracing::error!(%reason, "the primary requires a resync: bootstrapping again from a snapshot (auto_resync)");
+                        self.force_snapshot
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                        backoff = Duration::from_millis(200);
+                    } else {
+                        tracing::error!(%reason, "the primary requires a resync and auto_resync is off: this mirror is stale until an operator resyncs it (runbooks/resync-mirror.md)");
+                        backoff = Duration::from_secs(30);
+                    }
+                }
+                End::Retry(e) if replay_fenced(&e) => {
+                    // The marker is gone (`mirror-agent detach`, or a promotion): this
+                    // metadata is no longer a mirror's, and replaying into it would fork it.
+                    self.stop_blocks.cancel();
+                    return Err(e.context(
+                        "this metadata is no longer a mirror's (detached?): the mirror agent stops",
+                    ));
+                }
+                End::Retry(e) if e.chain().any(|c| c.is::<handshake::Permanent>()) => {
+                    // A configuration problem (a wrong token or name, a foreign volume, not a
+                    // primary agent at all): retried, since the other side may be fixed, but
+                    // seldom, loudly, and shown in `status` as the reason.
+                    refusals += 1;
+                    let wait = Duration::from_secs(30)
+                        .saturating_mul(1 << (refusals - 1).min(5))
+                        .min(Duration::from_secs(600));
+                    let msg = format!("{e:#}");
+                    tracing::error!(reason = %msg, retry_in = ?wait, "the primary refuses this mirror; fix the configuration (retrying seldom until then)");
+                    {
+                        let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                        lv.refused = Some(msg.clone());
+                        lv.last_error = Some(msg);
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    continue;
+                }
+                End::Retry(e) => {
+                    if e.chain()
+                        .any(|c| c.downcast_ref::<proto::Corrupt>().is_some())
+                    {
+                        self.metrics.frame_errors.inc();
+                        tracing::error!(error = %format!("{e:#}"), "damaged message from the primary: nothing of it applied; re-requesting");
+                    }
+                    let msg = format!("{e:#}");
+                    tracing::warn!(error = %msg, retry_in = ?backoff, "replication connection lost; reconnecting");
+                    self.live
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .last_error = Some(msg);
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+        // Drain: stop the copy workers (copies in flight finish or stay queued).
+        self.stop_blocks.cancel();
+        let _ = status.await;
+        let task = self
+            .repl_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(t) = task {
+            // It lets copies in flight finish for up to 10 s; the rest stay queued.
+            let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::admin::ResyncAdmin for Mirror {
+    async fn resync(&self) -> Result<String> {
+        self.request_resync().await
+    }
+}
+
+/// An apply or snapshot install refused because the metadata lost its mirror marker.
+fn replay_fenced(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<fs_core::Error>()
+            .is_some_and(|f| f.kind() == fs_core::ErrorKind::ReadOnly)
+    })
+}

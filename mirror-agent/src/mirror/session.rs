@@ -1,0 +1,207 @@
+//! One replication session with the primary: connect (TLS), the handshake, then the
+//! pipeline that reads and checks frames, applies them and acknowledges what is durable.
+
+use super::*;
+
+impl Mirror {
+    pub(super) async fn connect(&self) -> Result<proto::Wire> {
+        let sock = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect(&self.cfg.primary),
+        )
+        .await
+        .map_err(|_| {
+            anyhow!(
+                "connecting to the primary at {}: timed out",
+                self.cfg.primary
+            )
+        })?
+        .with_context(|| format!("connecting to the primary at {}", self.cfg.primary))?;
+        let _ = sock.set_nodelay(true);
+        let io: Box<dyn proto::Io> = match &self.tls {
+            Some((c, name)) => Box::new(
+                tokio::time::timeout(CONNECT_TIMEOUT, c.connect(name.clone(), sock))
+                    .await
+                    .map_err(|_| anyhow!("TLS handshake with {} timed out", self.cfg.primary))?
+                    .with_context(|| format!("TLS handshake with {}", self.cfg.primary))?,
+            ),
+            None => Box::new(sock),
+        };
+        Ok(proto::wire(io))
+    }
+
+    pub(super) async fn session(self: &Arc<Self>, stop: &CancellationToken) -> End {
+        let force = self
+            .force_snapshot
+            .load(std::sync::atomic::Ordering::SeqCst);
+        match self.session_inner(force, stop).await {
+            Ok(e) => e,
+            Err(e) => End::Retry(e),
+        }
+    }
+
+    pub(super) async fn session_inner(
+        self: &Arc<Self>,
+        force_snapshot: bool,
+        stop: &CancellationToken,
+    ) -> Result<End> {
+        let boot = self.state.bootstrap()?;
+        let target = self.meta.target();
+        let head = target.journal_bounds().await?.last;
+        let has_volume = self.settings().is_some();
+        let want = if force_snapshot
+            || matches!(boot, Some(Bootstrap::Installing { .. }))
+            || !has_volume
+        {
+            Want::Snapshot
+        } else {
+            Want::From(head + 1)
+        };
+        let mut wire = tokio::select! {
+            _ = stop.cancelled() => return Ok(End::Stopped),
+            w = self.connect() => w?,
+        };
+        let nonce_m = proto::nonce();
+        // The frame at our head lets the primary check that our histories agree.
+        let prev_crc = match want {
+            Want::From(s) if s > 1 => target
+                .journal_read(s - 1, 1)
+                .await
+                .ok()
+                .and_then(|v| v.into_iter().next())
+                .filter(|(seq, _)| *seq == s - 1)
+                .map(|(_, f)| crc32c::crc32c(&f)),
+            _ => None,
+        };
+        let uuid = if want == Want::Snapshot {
+            None
+        } else {
+            self.settings().map(|s| s.uuid)
+        };
+        let hello = ToPrimary::Hello {
+            proto: proto::PROTO_VERSION,
+            mirror: self.cfg.name.clone(),
+            volume_uuid: uuid,
+            nonce: nonce_m,
+            want,
+            prev_crc,
+        };
+        let primary_head = match handshake::connect(
+            &mut wire,
+            &self.cfg.primary,
+            &self.token,
+            hello,
+            READ_TIMEOUT,
+        )
+        .await?
+        {
+            handshake::Welcome::In { head } => head,
+            handshake::Welcome::Resync(reason) => return Ok(End::Resync(reason)),
+        };
+        let (mut sink, mut stream) = wire.split();
+        {
+            let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            lv.connected = true;
+            lv.primary_head = lv.primary_head.max(primary_head);
+            lv.last_contact = Some(Instant::now());
+            lv.last_error = None;
+            lv.refused = None;
+        }
+        tracing::info!(primary = %self.cfg.primary, ?want, primary_head, "connected to the primary");
+        if want == Want::Snapshot {
+            self.install_snapshot(&mut stream, stop).await?;
+            self.force_snapshot
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+            self.live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .needs_resync = false;
+        }
+        // Pipeline: this task reads and checks frames, an applier applies them in batches,
+        // and acknowledgements go back as they become durable.
+        let (tx, rx) = mpsc::channel::<Vec<Entry>>(16);
+        let (ack_tx, mut ack_rx) = watch::channel(0u64);
+        let applier = tokio::spawn(self.clone().apply_loop(rx, ack_tx));
+        let acker = async {
+            while ack_rx.changed().await.is_ok() {
+                let seq = *ack_rx.borrow_and_update();
+                proto::send(&mut sink, &ToPrimary::Ack { seq }).await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        };
+        let mut expected = self.meta.target().journal_bounds().await?.last + 1;
+        let reader = async {
+            loop {
+                let msg = recv_within(&mut stream, READ_TIMEOUT).await?;
+                self.live
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .last_contact = Some(Instant::now());
+                match msg {
+                    ToMirror::Entries { frames } => {
+                        let mut batch = Vec::with_capacity(frames.len());
+                        for (seq, f) in frames {
+                            let e = match Entry::decode(&f) {
+                                Ok(e) => e,
+                                Err(err) => {
+                                    self.metrics.frame_errors.inc();
+                                    tracing::error!(seq, error = %err, "corrupt journal frame: not applied; re-requesting from {expected}");
+                                    bail!("corrupt frame at seq {seq}");
+                                }
+                            };
+                            if e.seq != seq || seq != expected {
+                                self.metrics.frame_errors.inc();
+                                tracing::error!(
+                                    seq,
+                                    entry_seq = e.seq,
+                                    expected,
+                                    "out-of-order journal frame: not applied; re-requesting"
+                                );
+                                bail!("frame {seq} where {expected} was expected");
+                            }
+                            expected += 1;
+                            batch.push(e);
+                        }
+                        {
+                            let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                            for e in &batch {
+                                lv.received.push_back((e.seq, e.time_ns));
+                            }
+                            lv.primary_head = lv.primary_head.max(expected - 1);
+                        }
+                        if tx.send(batch).await.is_err() {
+                            bail!("the applier stopped");
+                        }
+                    }
+                    ToMirror::Heartbeat { head, .. } => {
+                        let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
+                        lv.primary_head = lv.primary_head.max(head);
+                    }
+                    ToMirror::Refused {
+                        reason,
+                        resync: true,
+                    } => return Ok(End::Resync(reason)),
+                    ToMirror::Refused { reason, .. } => {
+                        bail!("the primary ended the stream: {reason}")
+                    }
+                    other => bail!("unexpected message {}", proto::msg_name(&other)),
+                }
+            }
+        };
+        let end = tokio::select! {
+            r = reader => r,
+            r = acker => r.and(Err(anyhow!("acknowledgements stopped"))),
+            _ = stop.cancelled() => Ok(End::Stopped),
+            _ = self.kick.notified() => Ok(End::Kicked),
+        };
+        // Entries already received are applied (drain), then the session ends.
+        drop(tx);
+        match tokio::time::timeout(Duration::from_secs(60), applier).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => return Err(e.context("applying entries")),
+            Ok(Err(e)) => bail!("the applier panicked: {e}"),
+            Err(_) => bail!("the applier did not finish within 60 s"),
+        }
+        end
+    }
+}
