@@ -34,6 +34,8 @@ pub enum ErrorKind {
     /// The volume is in use elsewhere (e.g. a RocksDB lock held by another process).
     Busy,
     ReadOnly,
+    /// A writer of an older storage generation or primary epoch: its commit is refused.
+    Fenced,
 }
 
 #[derive(Debug, Clone)]

@@ -16,6 +16,9 @@
 //! | `D<slice:8><size:4>`         | pending delete: `"<seq> <time_ns>"`    |
 //! | `K<slice:8>`                 | CRC32C of each block of the slice, u32 |
 //! |                              | BE each (format version 2 and later)   |
+//! | `storage`                    | JSON `storage::StorageState`: where    |
+//! |                              | blocks go, the cutover, its generation |
+//! | `H<at_ns:8><gen:8>`          | JSON `storage::Audit` of a transition  |
 //!
 //! Engines keep their own bookkeeping (journal, head) outside this key space.
 
@@ -31,6 +34,17 @@ pub const PENDING_PREFIX: &[u8] = b"D";
 pub const KEPT_PREFIX: &[u8] = b"O";
 pub const INODE_PREFIX: &[u8] = b"A";
 pub const CHECKSUM_PREFIX: &[u8] = b"K";
+pub const STORAGE: &[u8] = b"storage";
+pub const AUDIT_PREFIX: &[u8] = b"H";
+
+/// The audit record of a storage transition at `at_ns` to generation `gen`.
+pub fn audit(at_ns: i64, gen: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.push(b'H');
+    k.extend_from_slice(&(at_ns as u64).to_be_bytes());
+    k.extend_from_slice(&gen.to_be_bytes());
+    k
+}
 
 fn inode_key(ino: Ino, tag: u8, extra: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(10 + extra.len());
@@ -140,6 +154,8 @@ pub enum Key<'a> {
     Pending(u64, u32),
     Checksums(u64),
     Kept(Ino),
+    Storage,
+    Audit(u64, u64),
     Unknown,
 }
 
@@ -147,7 +163,14 @@ pub fn parse(k: &[u8]) -> Key<'_> {
     if k == SETTING {
         return Key::Setting;
     }
+    if k == STORAGE {
+        return Key::Storage;
+    }
     match k.first() {
+        Some(b'H') if k.len() == 17 => Key::Audit(
+            u64::from_be_bytes(k[1..9].try_into().unwrap()),
+            u64::from_be_bytes(k[9..17].try_into().unwrap()),
+        ),
         Some(b'c') => Key::Counter(&k[1..]),
         Some(b'K') if k.len() == 9 => {
             Key::Checksums(u64::from_be_bytes(k[1..9].try_into().unwrap()))
@@ -294,6 +317,8 @@ mod tests {
         );
         assert_eq!(decode_checksums(b"abc"), None);
         assert_eq!(parse(SETTING), Key::Setting);
+        assert_eq!(parse(STORAGE), Key::Storage);
+        assert_eq!(parse(&audit(5, 7)), Key::Audit(5, 7));
         assert_eq!(prefix_end(b"A\x01\xff"), b"A\x02".to_vec());
         assert!(dentry_prefix(1) < dentry(1, b"") || dentry_prefix(1) == dentry(1, b""));
         assert!(dentry(1, b"\xff\xff") < prefix_end(&dentry_prefix(1)));

@@ -11,6 +11,7 @@ pub mod maint;
 pub mod session;
 pub mod site;
 pub mod slots;
+pub mod storage;
 pub mod store;
 pub mod txn;
 pub mod types;

@@ -83,6 +83,12 @@ pub struct Dump {
     /// Slice id to the CRC32C of each of its blocks (format version 2).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub checksums: BTreeMap<u64, Vec<u32>>,
+    /// Where the blocks are (absent: in `setting.storage` alone, never cut over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<crate::storage::StorageState>,
+    /// The storage transitions, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audit: Vec<crate::storage::Audit>,
 }
 
 pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
@@ -91,6 +97,8 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
     let mut pending = Vec::new();
     let mut inodes: BTreeMap<Ino, InodeDump> = BTreeMap::new();
     let mut checksums = BTreeMap::new();
+    let mut storage = None;
+    let mut audit = Vec::new();
     scan_all(engine, b"", &[0xff], PAGE, |page| {
         for (k, v) in page {
             match keys::parse(&k) {
@@ -151,6 +159,11 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
                         .xattrs
                         .insert(encode_name(name), hex(&v));
                 }
+                Key::Storage => storage = Some(crate::storage::decode(&v)?),
+                Key::Audit(..) => audit.push(
+                    serde_json::from_slice(&v)
+                        .map_err(|e| corrupt(format!("an audit record does not decode: {e}")))?,
+                ),
                 Key::Unknown => {
                     return Err(corrupt(format!(
                         "unknown metadata key {:?}",
@@ -170,6 +183,8 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
         pending,
         inodes,
         checksums,
+        storage,
+        audit,
     })
 }
 
@@ -186,6 +201,15 @@ fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     }
     for (&id, c) in &d.checksums {
         out.push((keys::checksums(id), keys::encode_checksums(c)));
+    }
+    if let Some(st) = &d.storage {
+        out.push((keys::STORAGE.to_vec(), crate::storage::encode(st)));
+    }
+    for a in &d.audit {
+        out.push((
+            keys::audit(a.at_ns, a.gen),
+            serde_json::to_vec(a).expect("audit records serialize"),
+        ));
     }
     for (&ino, n) in &d.inodes {
         if let Some(a) = &n.attr {

@@ -107,6 +107,8 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         store,
         metrics: store_metrics,
         wanted,
+        storage,
+        follower,
     } = vol;
     if let volume::Site::Mirror {
         name,
@@ -117,15 +119,23 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
     {
         tracing::info!(mirror = %name, %store, %origin, fallback, "a mirror site: blocks come from the mirror store, and those not yet copied from the origin");
     }
-    let mut session = fs_core::session::Session::new(&mp.to_string_lossy(), o.read_only);
-    let open = vfs::OpenFiles::new(session.id.clone());
+    // The session (heartbeat, and at a primary the storage generation it acknowledges):
+    // opened with the volume when the caller named it, else registered here.
+    let engine = fs.engine().clone();
+    let follower = match follower {
+        Some(f) => f,
+        None => volume::Follower::start(
+            engine.clone(),
+            storage,
+            fs_core::session::Session::new(&mp.to_string_lossy(), o.read_only),
+        )
+        .await
+        .context("registering the mount's session in the metadata")?,
+    };
+    let sid = follower.session_id().to_string();
+    let open = vfs::OpenFiles::new(sid.clone());
     fs.set_keeper(open.clone());
     let fs = Arc::new(fs);
-    let engine = fs.engine().clone();
-    fs_core::session::beat(&*engine, &mut session)
-        .await
-        .context("registering the mount's session in the metadata")?;
-    let sid = session.id.clone();
     // At a mirror: publish the blocks read from the origin, for the agent to copy first.
     let want_task = wanted.map(|w| {
         let (engine, sid) = (engine.clone(), sid.clone());
@@ -156,7 +166,6 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         open,
         &o,
         &mp,
-        session,
         ready,
     )
     .await;
@@ -164,9 +173,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         t.abort();
         let _ = fs_core::site::set_want(&*engine, &sid, None).await;
     }
-    if let Err(e) = fs_core::session::remove(&*engine, &sid).await {
-        tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
-    }
+    follower.close().await;
     res
 }
 
@@ -179,7 +186,6 @@ async fn serve(
     open: Arc<vfs::OpenFiles>,
     o: &MountOptions,
     mp: &Path,
-    mut session: fs_core::session::Session,
     ready: impl FnOnce(),
 ) -> Result<()> {
     if !o.read_only {
@@ -386,18 +392,6 @@ async fn serve(
     } else {
         None
     };
-    // Heartbeat.
-    let engine = fs.engine().clone();
-    let beat_task = tokio::spawn(async move {
-        let mut t = tokio::time::interval(fs_core::session::HEARTBEAT);
-        t.tick().await;
-        loop {
-            t.tick().await;
-            if let Err(e) = fs_core::session::beat(&*engine, &mut session).await {
-                tracing::warn!(error = %e, "session heartbeat failed");
-            }
-        }
-    });
     tracing::info!(mountpoint = %mp.display(), read_only = o.read_only, "mounted");
     ready();
 
@@ -433,7 +427,6 @@ async fn serve(
         }
     };
     vfs.flush_all().await;
-    beat_task.abort();
     ctl_task.abort();
     if let Some(t) = follow_task {
         t.abort();

@@ -10,16 +10,23 @@
 //! The store stack is composed here, in one place, bottom to top: the backend (OpenDAL, with
 //! its retry and timeout layers), the metered layer (what reaches the store: counts, bytes,
 //! latency), then the read layer (the local disk cache when one is configured, and one fetch
-//! per block however many readers want it). The origin fallback and the dual write of later
-//! issues go here too.
+//! per block however many readers want it). At a primary the backend is a `StorageHolder`
+//! that follows the volume's storage record (one store, or the dual write of a cutover; see
+//! `placement`); at a mirror, the mirror's store with the origin fallback below the cache.
+//!
+//! Writers register a session that acknowledges the storage generation they write by (the
+//! cutover's barrier waits for it); a caller that wants a session for a reader (a mount)
+//! names it with `Options::session`.
 
 mod cache;
 mod fallback;
 mod metrics;
+pub mod placement;
 
 pub use cache::{CacheConfig, CacheUsage, CachedStore, DiskCache, MeteredStore};
 pub use fallback::{FallbackStore, Wanted, ORIGIN_TIMEOUT};
 pub use metrics::StoreMetrics;
+pub use placement::{DualStore, Follower, Opener, StorageHolder};
 
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::{BlockStore, Engine, Fs};
@@ -58,6 +65,9 @@ pub struct Options {
     pub no_fallback: bool,
     /// At a mirror site: how long an origin read may take (default `ORIGIN_TIMEOUT`).
     pub origin_timeout: Option<std::time::Duration>,
+    /// Register a session under this label (a mount point; writers get one anyway, labelled
+    /// by their command line).
+    pub session: Option<String>,
 }
 
 /// Where a volume's blocks are read from.
@@ -83,6 +93,26 @@ pub struct Volume {
     pub metrics: Arc<StoreMetrics>,
     /// At a mirror site with fallback: the blocks read from the origin (see `Wanted`).
     pub wanted: Option<Arc<Wanted>>,
+    /// At a primary: the stores of the current storage generation.
+    pub storage: Option<Arc<StorageHolder>>,
+    /// The session of this opener, when it has one.
+    pub follower: Option<Follower>,
+}
+
+impl Volume {
+    /// Remove the session record (the process goes on without one).
+    pub async fn close(&mut self) {
+        if let Some(f) = self.follower.take() {
+            f.close().await;
+        }
+    }
+}
+
+/// The label of a writer's session: its command line, shortened.
+fn process_label() -> String {
+    let mut s: String = std::env::args().take(3).collect::<Vec<_>>().join(" ");
+    s.truncate(120);
+    s
 }
 
 /// Open the metadata engine alone. `create` makes an empty RocksDB database where none exists
@@ -164,9 +194,14 @@ pub async fn open(meta_url: &str, o: &Options) -> Result<Fs> {
     open_on(engine, o).await
 }
 
-/// `open` over an engine the caller already holds.
+/// `open` over an engine the caller already holds. A writer's session lives as long as the
+/// returned `Fs` (its storage holder keeps it).
 pub async fn open_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Fs> {
-    Ok(open_volume_on(engine, o).await?.fs)
+    let mut v = open_volume_on(engine, o).await?;
+    if let (Some(h), Some(f)) = (&v.storage, v.follower.take()) {
+        h.keep(f);
+    }
+    Ok(v.fs)
 }
 
 /// Open a volume and keep the handles on its store stack (cache, metrics).
@@ -188,6 +223,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
     };
     let metrics = Arc::new(StoreMetrics::default());
     let mut wanted = None;
+    let mut holder: Option<Arc<StorageHolder>> = None;
     let (site, metered): (Site, Arc<dyn BlockStore>) = match marker {
         Some(m) => {
             let store_url = o.block_store.clone().unwrap_or(m.store.clone());
@@ -220,17 +256,31 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
                 (site, Arc::new(fb))
             }
         }
-        None => {
-            let url = o.block_store.as_deref().unwrap_or(&settings.storage);
-            let backend = open_store(url, o.endpoint.as_deref())
-                .map_err(|e| e.context(format!("opening the volume's block store {url}")))?;
-            (
-                Site::Primary {
-                    store: url.to_string(),
-                },
-                Arc::new(MeteredStore::new(backend, metrics.clone())),
-            )
-        }
+        None => match &o.block_store {
+            // A store named by hand: that store alone (writes are fenced during a cutover).
+            Some(url) => {
+                let backend = open_store(url, o.endpoint.as_deref())
+                    .map_err(|e| e.context(format!("opening the volume's block store {url}")))?;
+                (
+                    Site::Primary { store: url.clone() },
+                    Arc::new(MeteredStore::new(backend, metrics.clone())),
+                )
+            }
+            None => {
+                let opener = Opener {
+                    endpoint: o.endpoint.clone(),
+                    metrics: metrics.clone(),
+                };
+                let h = StorageHolder::open(engine.clone(), opener, &settings.storage).await?;
+                holder = Some(h.clone());
+                (
+                    Site::Primary {
+                        store: settings.storage.clone(),
+                    },
+                    h,
+                )
+            }
+        },
     };
     let cache = match &o.cache {
         Some(c) if c.capacity > 0 => Some(DiskCache::open(
@@ -242,15 +292,38 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         _ => None,
     };
     let store = Arc::new(CachedStore::new(metered, cache, metrics.clone()));
-    let mut fs = Fs::open(engine, store.clone()).await?;
+    let mut fs = match &holder {
+        Some(h) => Fs::open_following(engine.clone(), store.clone(), h.clone()).await?,
+        None => Fs::open(engine.clone(), store.clone()).await?,
+    };
     if o.io_parallel > 0 {
         fs.io_parallel = o.io_parallel;
     }
+    // Writers register a session (the cutover's barrier waits for it); readers when asked.
+    let label = match (&o.session, o.access) {
+        (Some(l), _) => Some(l.clone()),
+        (None, Access::Write) if !o.allow_incomplete => Some(process_label()),
+        _ => None,
+    };
+    let follower = match label {
+        Some(l) => Some(
+            Follower::start(
+                engine,
+                holder.clone(),
+                fs_core::session::Session::new(&l, o.access == Access::Read),
+            )
+            .await
+            .map_err(|e| e.context("registering this process's session in the metadata"))?,
+        ),
+        None => None,
+    };
     Ok(Volume {
         fs,
         site,
         store,
         metrics,
         wanted,
+        storage: holder,
+        follower,
     })
 }

@@ -45,6 +45,8 @@ pub struct StoreMetrics {
     /// Mirror-store copies that failed their checksum: read again from the origin and
     /// replaced.
     pub mirror_damaged: Counter,
+    /// Blocks a cutover's dual write could not put in the other store: recorded for repair.
+    pub dual_repairs: Counter,
 }
 
 fn latency() -> Histogram {
@@ -82,6 +84,7 @@ impl Default for StoreMetrics {
             fill_errors: Counter::default(),
             fills_skipped: Counter::default(),
             mirror_damaged: Counter::default(),
+            dual_repairs: Counter::default(),
         }
     }
 }
@@ -199,6 +202,11 @@ impl StoreMetrics {
             "jfs_mirror_damaged",
             "Mirror-store blocks that failed their checksum, read again from the origin",
             self.mirror_damaged.clone(),
+        );
+        r.register(
+            "jfs_dual_write_repairs",
+            "Blocks a storage cutover's dual write could not put in the other store (recorded for repair)",
+            self.dual_repairs.clone(),
         );
         r.register(
             "jfs_origin_errors",

@@ -8,11 +8,14 @@ use super::{get_attr, put_attr, transact, Fs};
 use crate::error::{corrupt, invalid, Error, ErrorKind, Result};
 use crate::journal::Op;
 use crate::keys;
+use crate::storage::{self, Placement};
+use crate::store::BlockCheck;
 use crate::txn::Txn;
 use crate::types::{now_ns, Attr, FileKind, Ino, SliceRec, CHUNK_SIZE, MAX_FILE_LEN};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// A run of the chunk `[start, end)` showing bytes of slice `id` from `slice_off` (id 0: zeros).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +63,16 @@ pub(crate) fn build_view(recs: &[SliceRec]) -> Vec<Seg> {
     segs
 }
 
+/// Fence a commit that references blocks placed under generation `gen` (read in the
+/// transaction, so a transition committed meanwhile makes it conflict and re-check).
+pub(crate) async fn check_generation(tx: &mut Txn<'_>, gen: u64) -> Result<()> {
+    let now = storage::gen_of(tx.get(keys::STORAGE).await?.as_deref())?;
+    if now != gen {
+        return Err(storage::fenced(gen, now));
+    }
+    Ok(())
+}
+
 pub(crate) fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec<SliceRec>> {
     match v {
         None => Ok(Vec::new()),
@@ -69,12 +82,21 @@ pub(crate) fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec
 }
 
 /// A slice whose blocks are in the store, not yet referenced (see `Fs::upload_slice`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct NewSlice {
     pub id: u64,
     pub len: u32,
     /// CRC32C of each block, in block order (empty on a format-1 volume).
     pub crcs: Vec<u32>,
+    /// Where its blocks were put: a commit is fenced unless this is still the volume's
+    /// storage generation (see `storage`).
+    pub placed: Arc<Placement>,
+}
+
+impl PartialEq for NewSlice {
+    fn eq(&self, o: &Self) -> bool {
+        (self.id, self.len, &self.crcs, self.placed.gen) == (o.id, o.len, &o.crcs, o.placed.gen)
+    }
 }
 
 impl NewSlice {
@@ -141,6 +163,7 @@ impl Fs {
     /// unreferenced blocks for gc). The checksum of each block is taken from the bytes
     /// handed to the store, before they leave this process.
     pub async fn upload_slice(&self, data: Bytes) -> Result<NewSlice> {
+        let placed = self.placement.current();
         let id = self.alloc_slice().await?;
         let bs = self.settings.block_size as usize;
         let blocks: Vec<(String, Bytes)> =
@@ -156,10 +179,11 @@ impl Fs {
         } else {
             Vec::new()
         };
+        let store = &placed.store;
         futures::stream::iter(
             blocks
                 .into_iter()
-                .map(|(k, b)| async move { self.store.put(&k, b).await }),
+                .map(|(k, b)| async move { store.put(&k, b).await }),
         )
         .buffer_unordered(self.io_parallel)
         .try_collect::<Vec<()>>()
@@ -168,7 +192,31 @@ impl Fs {
             id,
             len: data.len() as u32,
             crcs,
+            placed,
         })
+    }
+
+    /// A slice uploaded under an older storage generation: copy its blocks (read back
+    /// through the stores they were put in) to where generation `to` places blocks.
+    async fn place_again(&self, slice: &NewSlice, to: &Placement) -> Result<()> {
+        let from = &slice.placed.store;
+        let blocks: Vec<(usize, (String, u32))> = self
+            .slice_block_keys(slice.id, slice.len)
+            .into_iter()
+            .enumerate()
+            .collect();
+        futures::stream::iter(blocks.into_iter().map(|(i, (k, len))| async move {
+            let want = BlockCheck {
+                len,
+                crc: slice.crcs.get(i).copied(),
+            };
+            let b = from.get_block(&k, want).await?;
+            to.store.put(&k, b).await
+        }))
+        .buffer_unordered(self.io_parallel)
+        .try_collect::<Vec<()>>()
+        .await?;
+        Ok(())
     }
 
     /// Write `data` at `offset`: one slice per chunk touched, each committed after its blocks.
@@ -212,6 +260,30 @@ impl Fs {
     /// overlap, so commits of overlapping writes must come in write order. Compacts the
     /// chunk when it has many slices.
     pub async fn commit_slice(&self, ino: Ino, idx: u32, pos: u32, slice: &NewSlice) -> Result<()> {
+        let mut slice = slice.clone();
+        // The storage generation changed after the upload (a cutover step): follow it, put
+        // the blocks where the new generation wants them, and commit again. Bounded: each
+        // round needs another transition to fail.
+        for round in 0.. {
+            match self.commit_placed(ino, idx, pos, &slice).await {
+                Err(e) if e.kind() == ErrorKind::Fenced && round < 8 => {
+                    let to = self.placement.reload().await?;
+                    tracing::info!(
+                        slice = slice.id,
+                        from = slice.placed.gen,
+                        to = to.gen,
+                        "storage generation changed under a write; placing its blocks again"
+                    );
+                    self.place_again(&slice, &to).await?;
+                    slice.placed = to;
+                }
+                r => return r,
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    async fn commit_placed(&self, ino: Ino, idx: u32, pos: u32, slice: &NewSlice) -> Result<()> {
         let (id, len) = (slice.id, slice.len);
         let rec = SliceRec {
             pos,
@@ -221,6 +293,7 @@ impl Fs {
             len,
         };
         let (nrecs, _) = transact!(self, |tx| {
+            check_generation(&mut tx, slice.placed.gen).await?;
             let mut attr = get_attr(&mut tx, ino).await?;
             if attr.kind != FileKind::File {
                 return Err(Error::new(
@@ -375,6 +448,10 @@ impl Fs {
         let slice = self.upload_slice(Bytes::from(data)).await?;
         let id = slice.id;
         let mut tx = Txn::new(&*self.engine);
+        if let Err(e) = check_generation(&mut tx, slice.placed.gen).await {
+            tracing::debug!(ino, chunk = idx, error = %e, "compaction dropped: the storage generation changed");
+            return Ok(());
+        }
         // Both reads are validated at commit: any write, truncate or compaction in between wins.
         let attr2 = get_attr(&mut tx, ino).await?;
         if tx.get(&key).await? != raw || attr2.length != attr.length {

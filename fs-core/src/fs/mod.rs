@@ -12,6 +12,7 @@ use crate::engine::{CommitOutcome, Engine};
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
 use crate::journal::Op;
 use crate::keys;
+use crate::storage::{self, StorageFollow};
 use crate::store::BlockStore;
 use crate::txn::Txn;
 use crate::types::{now_ns, Attr, FileKind, Ino, Settings, MAX_NAME_LEN, ROOT_INO};
@@ -86,6 +87,8 @@ pub struct Fs {
     pub io_parallel: usize,
     /// Which files this process has open (a mount): their last unlink keeps them.
     pub(crate) keeper: Option<Arc<dyn Keeper>>,
+    /// Where uploads go, by storage generation (see `storage`).
+    pub(crate) placement: Arc<dyn StorageFollow>,
 }
 
 /// What a mount tells fs-core about its open files, so that unlinking the last name of an
@@ -214,7 +217,16 @@ impl Fs {
             name: settings.name.clone(),
         });
         match tx.commit().await? {
-            CommitOutcome::Committed { .. } => Ok(Fs::with_settings(engine, store, settings)),
+            CommitOutcome::Committed { .. } => {
+                let placement =
+                    storage::Fixed::new(engine.clone(), store.clone(), &settings.storage).await?;
+                Ok(Fs::with_settings(
+                    engine,
+                    store,
+                    settings,
+                    Arc::new(placement),
+                ))
+            }
             CommitOutcome::Conflict => Err(Error::new(
                 ErrorKind::AlreadyExists,
                 "another format of this volume won the race",
@@ -222,9 +234,30 @@ impl Fs {
         }
     }
 
+    /// Open over one store. Writes are fenced once the volume is in a storage cutover (one
+    /// store is not where blocks go then): writers open through `volume`, which follows it.
     pub async fn open(engine: Arc<dyn Engine>, store: Arc<dyn BlockStore>) -> Result<Fs> {
         let settings = Self::load_settings(&*engine).await?;
-        Ok(Fs::with_settings(engine, store, settings))
+        let placement =
+            storage::Fixed::new(engine.clone(), store.clone(), &settings.storage).await?;
+        Ok(Fs::with_settings(
+            engine,
+            store,
+            settings,
+            Arc::new(placement),
+        ))
+    }
+
+    /// Open with a placement that follows the volume's storage record: reads go through
+    /// `store` (which should delegate to the current placement's stores), uploads through the
+    /// placement.
+    pub async fn open_following(
+        engine: Arc<dyn Engine>,
+        store: Arc<dyn BlockStore>,
+        placement: Arc<dyn StorageFollow>,
+    ) -> Result<Fs> {
+        let settings = Self::load_settings(&*engine).await?;
+        Ok(Fs::with_settings(engine, store, settings, placement))
     }
 
     pub async fn load_settings(engine: &dyn Engine) -> Result<Settings> {
@@ -250,6 +283,7 @@ impl Fs {
         engine: Arc<dyn Engine>,
         store: Arc<dyn BlockStore>,
         settings: Settings,
+        placement: Arc<dyn StorageFollow>,
     ) -> Fs {
         Fs {
             engine,
@@ -259,7 +293,13 @@ impl Fs {
             slices: Mutex::new(IdPool { next: 0, end: 0 }),
             io_parallel: 8,
             keeper: None,
+            placement,
         }
+    }
+
+    /// Where uploads go now.
+    pub fn placement(&self) -> &Arc<dyn StorageFollow> {
+        &self.placement
     }
 
     /// Keep inodes this process has open past their last unlink (a mount sets this).

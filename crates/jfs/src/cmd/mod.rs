@@ -259,6 +259,7 @@ pub fn volume_options(
         allow_incomplete: false,
         io_parallel: g.io_parallel.max(1),
         cache,
+        session: None,
     }
 }
 

@@ -56,7 +56,8 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
             m.read_only = true;
         }
     }
-    let opts = super::volume_options(g, m.read_only, cache);
+    let mut opts = super::volume_options(g, m.read_only, cache);
+    opts.session = Some(mp.to_string_lossy().into_owned());
     let vol = volume::open_volume(&m.meta_url, &opts)
         .await
         .with_context(|| format!("opening volume {}", meta::redact(&m.meta_url)))?;

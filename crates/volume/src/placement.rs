@@ -1,0 +1,403 @@
+//! The stores a volume's `storage` record names (see `fs_core::storage`), composed for the
+//! current generation, behind a holder that follows the record as it changes.
+//!
+//! - `single(X)`: X.
+//! - `dual(A, B)` and `switched(B, A)`: a `DualStore` over (primary, secondary). A put goes
+//!   to both at once and returns when the primary has it; the secondary gets a little longer
+//!   (as long again as the primary took, at least `SECONDARY_GRACE`), and a block it did not
+//!   take by then is recorded in the repair list before the put returns, so it is never
+//!   dropped (`jfs cutover verify` and `abort` copy it). Reads go to the primary, and to the
+//!   secondary for what the primary lacks (NotFound only). Deletes go to both.
+//!
+//! `StorageHolder` is the block store the volume's layers above (cache, readers) see: it
+//! delegates to the current placement, and `reload` swaps in a new one when the record's
+//! generation changed. `follow` keeps a session's acknowledgement of the generation current
+//! (polling the record every `FOLLOW_EVERY`) and its heartbeat.
+
+use crate::metrics::StoreMetrics;
+use crate::MeteredStore;
+use async_trait::async_trait;
+use bytes::Bytes;
+use fs_core::error::{ErrorKind, Result};
+use fs_core::session::Session;
+use fs_core::storage::{self, Phase, Placement, Role, StorageFollow, StorageState};
+use fs_core::{keys, BlockCheck, BlockStore, Engine, ObjectMeta};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// The least time a secondary store gets after the primary took a block.
+pub const SECONDARY_GRACE: Duration = Duration::from_secs(2);
+/// How often a session re-reads the storage record (a transition's barrier waits about this
+/// long for live writers).
+pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+
+/// Writes to two stores, reads from the first that has the block.
+pub struct DualStore {
+    primary: Arc<dyn BlockStore>,
+    secondary: Arc<dyn BlockStore>,
+    /// The secondary's role, as repair records name it.
+    secondary_role: Role,
+    engine: Arc<dyn Engine>,
+    metrics: Arc<StoreMetrics>,
+}
+
+impl DualStore {
+    pub fn new(
+        primary: Arc<dyn BlockStore>,
+        secondary: Arc<dyn BlockStore>,
+        secondary_role: Role,
+        engine: Arc<dyn Engine>,
+        metrics: Arc<StoreMetrics>,
+    ) -> DualStore {
+        DualStore {
+            primary,
+            secondary,
+            secondary_role,
+            engine,
+            metrics,
+        }
+    }
+}
+
+#[async_trait]
+impl BlockStore for DualStore {
+    fn display_url(&self) -> String {
+        format!(
+            "{} + {}",
+            self.primary.display_url(),
+            self.secondary.display_url()
+        )
+    }
+
+    async fn put(&self, key: &str, data: Bytes) -> Result<()> {
+        let t0 = Instant::now();
+        let mut second = Box::pin(self.secondary.put(key, data.clone()));
+        let mut first = Box::pin(self.primary.put(key, data));
+        // Both at once; the primary decides the outcome.
+        let mut second_done = None;
+        let first = loop {
+            tokio::select! {
+                r = &mut first => break r,
+                r = &mut second, if second_done.is_none() => second_done = Some(r),
+            }
+        };
+        first?;
+        let grace = SECONDARY_GRACE.max(t0.elapsed());
+        let second = match second_done {
+            Some(r) => Ok(r),
+            None => tokio::time::timeout(grace, second).await,
+        };
+        let err = match second {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {grace:?} after the primary store had it"),
+        };
+        self.metrics.dual_repairs.inc();
+        tracing::warn!(block = key, store = %self.secondary.display_url(), error = %err, "writing a block to the cutover's other store failed; recorded for repair");
+        storage::repair_add(&*self.engine, self.secondary_role, key, &err)
+            .await
+            .map_err(|e| e.context(format!("recording block {key} for repair")))
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes> {
+        match self.primary.get(key).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => self.secondary.get(key).await,
+            r => r,
+        }
+    }
+
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        match self.primary.get_block(key, want).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => self.secondary.get_block(key, want).await,
+            r => r,
+        }
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        match self.primary.head(key).await? {
+            Some(m) => Ok(Some(m)),
+            None => self.secondary.head(key).await,
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        let (a, b) = tokio::join!(self.primary.delete(key), self.secondary.delete(key));
+        a.and(b)
+    }
+
+    async fn check(&self) -> Result<()> {
+        self.primary.check().await?;
+        self.secondary.check().await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()> {
+        self.primary.list(prefix, f).await
+    }
+}
+
+/// How the holder opens a store named by URL.
+#[derive(Clone)]
+pub struct Opener {
+    pub endpoint: Option<String>,
+    pub metrics: Arc<StoreMetrics>,
+}
+
+impl Opener {
+    pub fn open(&self, url: &str) -> Result<Arc<dyn BlockStore>> {
+        let s = crate::open_store(url, self.endpoint.as_deref())
+            .map_err(|e| e.context(format!("opening the block store {url}")))?;
+        Ok(Arc::new(MeteredStore::new(s, self.metrics.clone())))
+    }
+
+    /// The stores of `state`, composed.
+    pub fn build(
+        &self,
+        state: &StorageState,
+        engine: &Arc<dyn Engine>,
+    ) -> Result<Arc<dyn BlockStore>> {
+        let primary = self.open(state.phase.primary())?;
+        Ok(match (state.phase.secondary(), state.phase.roles()) {
+            (Some(sec), Some((_, role))) => Arc::new(DualStore::new(
+                primary,
+                self.open(sec)?,
+                role,
+                engine.clone(),
+                self.metrics.clone(),
+            )),
+            _ => primary,
+        })
+    }
+}
+
+/// The store a volume's layers see: the current placement's, swapped when the record changes.
+pub struct StorageHolder {
+    engine: Arc<dyn Engine>,
+    opener: Opener,
+    settings_store: String,
+    current: RwLock<Arc<Placement>>,
+    gen_tx: watch::Sender<u64>,
+    reloading: tokio::sync::Mutex<()>,
+    /// The session that follows this holder, when the holder outlives its `Volume`.
+    kept: std::sync::Mutex<Option<Follower>>,
+}
+
+impl StorageHolder {
+    /// Read the record and compose its stores.
+    pub async fn open(
+        engine: Arc<dyn Engine>,
+        opener: Opener,
+        settings_store: &str,
+    ) -> Result<Arc<StorageHolder>> {
+        let state = storage::current(&*engine, settings_store).await?;
+        let store = opener.build(&state, &engine)?;
+        let (gen_tx, _) = watch::channel(state.gen);
+        Ok(Arc::new(StorageHolder {
+            engine,
+            opener,
+            settings_store: settings_store.to_string(),
+            current: RwLock::new(Arc::new(Placement {
+                gen: state.gen,
+                state,
+                store,
+            })),
+            gen_tx,
+            reloading: tokio::sync::Mutex::new(()),
+            kept: std::sync::Mutex::new(None),
+        }))
+    }
+
+    pub fn gen(&self) -> u64 {
+        self.current().gen
+    }
+
+    /// Turns to the new generation whenever this holder moves to one.
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.gen_tx.subscribe()
+    }
+
+    fn store(&self) -> Arc<dyn BlockStore> {
+        self.current().store.clone()
+    }
+
+    /// Keep `f` running as long as this holder lives.
+    pub fn keep(&self, f: Follower) {
+        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+}
+
+#[async_trait]
+impl StorageFollow for StorageHolder {
+    fn current(&self) -> Arc<Placement> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    async fn reload(&self) -> Result<Arc<Placement>> {
+        let _one = self.reloading.lock().await;
+        let state = storage::current(&*self.engine, &self.settings_store).await?;
+        let cur = self.current();
+        if state.gen == cur.gen {
+            return Ok(cur);
+        }
+        let store = self.opener.build(&state, &self.engine)?;
+        tracing::info!(
+            from = cur.gen,
+            to = state.gen,
+            placement = %state.phase.describe(),
+            "following the volume's storage"
+        );
+        let p = Arc::new(Placement {
+            gen: state.gen,
+            state,
+            store,
+        });
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = p.clone();
+        self.gen_tx.send_replace(p.gen);
+        Ok(p)
+    }
+}
+
+#[async_trait]
+impl BlockStore for StorageHolder {
+    fn display_url(&self) -> String {
+        self.store().display_url()
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<()> {
+        self.store().put(key, data).await
+    }
+    async fn get(&self, key: &str) -> Result<Bytes> {
+        self.store().get(key).await
+    }
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.store().get_block(key, want).await
+    }
+    async fn get_block_to_keep(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.store().get_block_to_keep(key, want).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        self.store().head(key).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.store().delete(key).await
+    }
+    async fn check(&self) -> Result<()> {
+        self.store().check().await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()> {
+        self.store().list(prefix, f).await
+    }
+}
+
+/// A registered session that follows the storage record: it re-reads the record every
+/// `FOLLOW_EVERY`, moves the holder to a new generation, and acknowledges it at once; it
+/// beats every `fs_core::session::HEARTBEAT`. Dropping it stops it (the record stays until
+/// `close`, or until it is found dead).
+pub struct Follower {
+    task: tokio::task::JoinHandle<()>,
+    engine: Arc<dyn Engine>,
+    id: String,
+}
+
+impl Follower {
+    /// Register `session` (acknowledging the holder's generation) and follow.
+    pub async fn start(
+        engine: Arc<dyn Engine>,
+        holder: Option<Arc<StorageHolder>>,
+        mut session: Session,
+    ) -> Result<Follower> {
+        if let Some(h) = &holder {
+            session.acks.insert(storage::ACK.into(), h.gen());
+        }
+        fs_core::session::beat(&*engine, &mut session).await?;
+        let id = session.id.clone();
+        let e = engine.clone();
+        let mut gens = holder.as_ref().map(|h| h.watch());
+        // Weak: the holder may keep this follower (see `keep`).
+        let holder = holder.map(|h| Arc::downgrade(&h));
+        let task = tokio::spawn(async move {
+            let mut poll = tokio::time::interval(FOLLOW_EVERY);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_beat = Instant::now();
+            loop {
+                tokio::select! {
+                    _ = poll.tick() => {}
+                    _ = async { match gens.as_mut() { Some(g) => g.changed().await.ok(), None => std::future::pending().await } } => {}
+                }
+                let mut beat = last_beat.elapsed() >= fs_core::session::HEARTBEAT;
+                let h = match &holder {
+                    Some(w) => match w.upgrade() {
+                        Some(h) => Some(h),
+                        None => return,
+                    },
+                    None => None,
+                };
+                if let Some(h) = &h {
+                    match e
+                        .get(keys::STORAGE)
+                        .await
+                        .map(|r| storage::gen_of(r.as_deref()))
+                    {
+                        Ok(Ok(g)) if g != h.gen() => {
+                            if let Err(err) = h.reload().await {
+                                tracing::warn!(error = %err, "following the volume's storage failed; retrying");
+                            }
+                        }
+                        Ok(Ok(_)) => {}
+                        Ok(Err(err)) | Err(err) => {
+                            tracing::warn!(error = %err, "reading the volume's storage record failed")
+                        }
+                    }
+                    let g = h.gen();
+                    if session.acks.get(storage::ACK) != Some(&g) {
+                        session.acks.insert(storage::ACK.into(), g);
+                        beat = true;
+                    }
+                }
+                if beat {
+                    match fs_core::session::beat(&*e, &mut session).await {
+                        Ok(()) => last_beat = Instant::now(),
+                        Err(err) => tracing::warn!(error = %err, "session heartbeat failed"),
+                    }
+                }
+            }
+        });
+        Ok(Follower { task, engine, id })
+    }
+
+    pub fn session_id(&self) -> &str {
+        &self.id
+    }
+
+    /// Stop following and remove the session record.
+    pub async fn close(self) {
+        self.task.abort();
+        if let Err(e) = fs_core::session::remove(&*self.engine, &self.id).await {
+            tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
+        }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The phase a placement is in, for status lines.
+pub fn describe(p: &Placement) -> String {
+    match &p.state.phase {
+        Phase::Single { store } => format!("{store} (generation {})", p.gen),
+        other => format!("{} (generation {})", other.describe(), p.gen),
+    }
+}
