@@ -479,6 +479,9 @@ pub struct GcReport {
     pub kept_dead: u64,
     pub kept_released: u64,
     pub sessions_removed: u64,
+    /// A storage cutover in progress (its phase): gc deletes no block from either store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cutover: Option<String>,
 }
 
 impl Fs {
@@ -583,6 +586,13 @@ impl Fs {
         rep.leaked_young = young;
         rep.leaked = leaked.len() as u64;
         rep.leaked_bytes = leaked.iter().map(|(_, n)| n).sum();
+        // A storage cutover copies what the metadata references from one store to the other
+        // and may still go back: no block is deleted from either until it is over.
+        let st = crate::storage::current(&*self.engine, &s.storage).await?;
+        if !matches!(st.phase, crate::storage::Phase::Single { .. }) {
+            rep.cutover = Some(st.phase.describe());
+            return Ok(rep);
+        }
         if !opts.delete {
             return Ok(rep);
         }

@@ -98,7 +98,8 @@ pub struct StorageState {
 }
 
 /// What an operator asks of the cutover.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     /// Begin moving to `to`.
     Start { to: String },

@@ -11,6 +11,7 @@ pub use objstore::limits;
 pub mod listing;
 pub mod overlap;
 pub mod plan;
+pub mod progress;
 pub mod run;
 pub mod state;
 pub mod stats;

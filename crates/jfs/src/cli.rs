@@ -128,6 +128,95 @@ pub struct MountArgs {
     pub fuse_threads: usize,
 }
 
+/// How long a cutover step waits for the volume's live sessions to follow it.
+#[derive(Args, Debug, Clone)]
+pub struct BarrierArgs {
+    /// Wait this long for every live session (mounts, writers) to acknowledge the new
+    /// storage generation, then fail naming those that did not (the step stays done; run
+    /// it again to wait again).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub wait: std::time::Duration,
+    /// A session silent this long is dead and no longer waited for (fencing refuses its
+    /// writes).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub session_timeout: std::time::Duration,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CutoverCmd {
+    /// Where the blocks are, the cutover's phase and generation, sessions that have not
+    /// followed yet, the repair lists, and the audit log.
+    Status {
+        meta_url: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Begin moving to STORE: every writer puts new blocks in both stores from now on
+    /// (returns once every live session follows).
+    Start {
+        meta_url: String,
+        /// The store to move to (file:///dir, s3://bucket/prefix?endpoint=URL, ...).
+        #[arg(long, value_name = "STORE_URL")]
+        to: String,
+        #[command(flatten)]
+        barrier: BarrierArgs,
+    },
+    /// Copy every block the metadata references into the new store (jfs-sync's engine:
+    /// resumable, rate-limited; a killed run resumes where it stopped).
+    Backfill {
+        meta_url: String,
+        /// Blocks copied at once.
+        #[arg(long, default_value_t = 16)]
+        threads: usize,
+        /// Bandwidth limit (e.g. 100M = 100 MiB/s).
+        #[arg(long)]
+        bwlimit: Option<String>,
+        /// Requests per second.
+        #[arg(long)]
+        tps: Option<u32>,
+        /// Resume state (default ~/.cache/jfs/cutover/<volume uuid>-<generation>).
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        barrier: BarrierArgs,
+    },
+    /// Read every referenced block in the new store and check its length and checksum;
+    /// copy what is missing or damaged from the old one, and drain its repair list.
+    Verify {
+        meta_url: String,
+        /// Blocks checked at once.
+        #[arg(long, default_value_t = 32)]
+        threads: usize,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        barrier: BarrierArgs,
+    },
+    /// Make the new store the primary one (reads go there first; writes still go to both,
+    /// so abort stays possible).
+    Switch {
+        meta_url: String,
+        #[command(flatten)]
+        barrier: BarrierArgs,
+    },
+    /// Drop the old store: the volume's blocks are in the new one alone.
+    Finish {
+        meta_url: String,
+        #[command(flatten)]
+        barrier: BarrierArgs,
+    },
+    /// Go back to the old store alone (from dual, or from switched through dual), copying
+    /// back what only the new one has.
+    Abort {
+        meta_url: String,
+        #[command(flatten)]
+        barrier: BarrierArgs,
+    },
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Human,
@@ -320,6 +409,13 @@ pub enum Command {
         /// Print every metric as one JSON object per interval.
         #[arg(long)]
         json: bool,
+    },
+    /// Move the volume's blocks to another store while it is in use: start (dual write),
+    /// backfill, verify, switch, finish; abort goes back. Each step is safe to run again.
+    /// See runbooks/storage-cutover.md.
+    Cutover {
+        #[command(subcommand)]
+        cmd: CutoverCmd,
     },
     /// Show settings, counters, journal head and retention.
     Status {

@@ -1,6 +1,6 @@
 //! The control channel of a mount: a Unix socket (mode 0600, in the run directory, named
 //! after the mount point) through which `jfs warmup`, `jfs stats` and, for a RocksDB volume
-//! that only this process may write, `jfs gc --delete` reach the mount.
+//! that only this process may write, `jfs gc --delete` and `jfs cutover` steps reach the mount.
 //!
 //! Protocol: the client writes one JSON request line; the server answers with JSON lines,
 //! progress lines first, and a last line holding `done` or `error`.
@@ -74,6 +74,11 @@ pub enum Request {
     Gc {
         delete: bool,
         session_timeout_secs: u64,
+    },
+    /// A storage cutover step (`jfs cutover`), committed by this process (the one RocksDB
+    /// writer); answers the states before and after.
+    Cutover {
+        event: fs_core::storage::Event,
     },
 }
 
@@ -156,6 +161,15 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
             let v = match ctl.vfs.fs.gc(&opts).await {
                 Ok(r) => serde_json::json!({"done": true, "report": r}),
                 Err(e) => serde_json::json!({"error": format!("gc: {e}")}),
+            };
+            send(&mut w, &v).await
+        }
+        Request::Cutover { event } => {
+            let v = match fs_core::storage::transition(&**ctl.vfs.fs.engine(), &event).await {
+                Ok((before, after)) => {
+                    serde_json::json!({"done": true, "before": before, "after": after})
+                }
+                Err(e) => serde_json::json!({"error": format!("cutover {}: {e}", event.name())}),
             };
             send(&mut w, &v).await
         }

@@ -3,11 +3,13 @@
 //! directory sorts as `name/`), which is what lets both sides be merged without holding
 //! either in memory.
 
+mod blocks;
 mod local;
 mod object;
 pub mod s3native;
 mod volume;
 
+pub use blocks::{BlockIndex, BlocksEndpoint};
 pub use local::LocalDir;
 pub use object::{ObjectStore, PART};
 pub use volume::{meta_url_of, VolumeEndpoint};

@@ -140,7 +140,9 @@ pub fn print_gc(r: &maint::GcReport, delete: bool, json: bool) -> Result<Outcome
             "sessions: {} live, {} dead ({} removed); kept open after unlink: {} ({} of dead sessions, {} freed)",
             r.sessions_live, r.sessions_dead, r.sessions_removed, r.kept, r.kept_dead, r.kept_released
         );
-        if !delete && (r.pending_due > 0 || r.leaked > 0) {
+        if let Some(c) = &r.cutover {
+            println!("a storage cutover is in progress ({c}): no block is deleted from either store until `jfs cutover finish` or `abort`");
+        } else if !delete && (r.pending_due > 0 || r.leaked > 0) {
             println!("(dry run: run with --delete to remove them)");
         }
     }

@@ -1,6 +1,7 @@
 //! One file per group of subcommands; `run` dispatches.
 
 mod admin;
+mod cutover;
 mod fsops;
 mod mount;
 mod transfer;
@@ -198,6 +199,7 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             follow,
             json,
         } => admin::journal(&*open_engine(g, &meta_url, true).await?, from, follow, json).await,
+        Command::Cutover { cmd } => cutover::run(g, cmd).await,
         Command::Status { meta_url, json } => {
             admin::status(&open_fs(g, &meta_url, true).await?, json).await
         }

@@ -1,0 +1,643 @@
+//! `jfs cutover`: move a volume's blocks from its store (A) to another (B) while mounts and
+//! writers go on (design §7; the state machine is `fs_core::storage`).
+//!
+//! Each step checks its preconditions, commits one journaled transition (through the mount
+//! when a live mount holds a RocksDB volume), and returns once every live session has
+//! acknowledged the new generation. Each is safe to run again: a step already done only
+//! waits again, and backfill resumes from its state.
+
+use super::mount::live_mount;
+use super::{open_engine, Outcome};
+use crate::cli::{BarrierArgs, CutoverCmd, Global};
+use crate::progress::Progress;
+use anyhow::{anyhow, bail, Context, Result};
+use fs_core::storage::{self, Event, Phase, Role, StorageState};
+use fs_core::{BlockCheck, BlockStore, Engine, ErrorKind, Settings};
+use futures::StreamExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub async fn run(g: &Global, cmd: CutoverCmd) -> Result<Outcome> {
+    match cmd {
+        CutoverCmd::Status { meta_url, json } => status(g, &meta_url, json).await,
+        CutoverCmd::Start {
+            meta_url,
+            to,
+            barrier,
+        } => {
+            let e = open_engine(g, &meta_url, true).await?;
+            // Prove B answers (and create a local store's directory) before any writer
+            // depends on it: an unreachable B would only fill the repair list.
+            let b = volume::create_store(&to, g.endpoint.as_deref())
+                .with_context(|| format!("opening the new store {to} (nothing was changed)"))?;
+            b.check().await.with_context(|| {
+                format!("the new store {to} does not answer (nothing was changed)")
+            })?;
+            let (_, after) = step(g, &meta_url, &Event::Start { to: to.clone() }).await?;
+            wait_barrier(&*e, after.gen, &barrier).await?;
+            println!(
+                "cutover started: {} (generation {}); every live session writes to both stores. Next: jfs cutover backfill {meta_url}",
+                after.phase.describe(),
+                after.gen
+            );
+            Ok(Outcome::Done)
+        }
+        CutoverCmd::Backfill {
+            meta_url,
+            threads,
+            bwlimit,
+            tps,
+            state_dir,
+            json,
+            barrier,
+        } => {
+            backfill(
+                g, &meta_url, threads, bwlimit, tps, state_dir, json, &barrier,
+            )
+            .await
+        }
+        CutoverCmd::Verify {
+            meta_url,
+            threads,
+            json,
+            barrier,
+        } => verify(g, &meta_url, threads, json, &barrier).await,
+        CutoverCmd::Switch { meta_url, barrier } => {
+            let e = open_engine(g, &meta_url, true).await?;
+            let cur = state_of(&*e).await?;
+            if let Phase::Dual { .. } = cur.phase {
+                let left = storage::repairs(&*e, Some(Role::B)).await?;
+                if !left.is_empty() {
+                    bail!("{} blocks are recorded as missing in the new store since verify: run `jfs cutover verify {meta_url}` again, then switch", left.len());
+                }
+            }
+            let (_, after) = step(g, &meta_url, &Event::Switch).await?;
+            wait_barrier(&*e, after.gen, &barrier).await?;
+            println!(
+                "switched: {} (generation {}); reads go to the new store first. Next: jfs cutover finish {meta_url} (or abort)",
+                after.phase.describe(),
+                after.gen
+            );
+            Ok(Outcome::Done)
+        }
+        CutoverCmd::Finish { meta_url, barrier } => finish(g, &meta_url, &barrier).await,
+        CutoverCmd::Abort { meta_url, barrier } => abort(g, &meta_url, &barrier).await,
+    }
+}
+
+async fn settings_of(e: &dyn Engine) -> Result<Settings> {
+    Ok(fs_core::Fs::load_settings(e).await?)
+}
+
+async fn state_of(e: &dyn Engine) -> Result<StorageState> {
+    let s = settings_of(e).await?;
+    Ok(storage::current(e, &s.storage).await?)
+}
+
+/// Commit `ev`: directly, or through the live mount that holds a RocksDB volume.
+async fn step(g: &Global, meta_url: &str, ev: &Event) -> Result<(StorageState, StorageState)> {
+    match open_engine(g, meta_url, false).await {
+        Ok(e) => {
+            volume::check_site(&*e, volume::Access::Write, true).await?;
+            Ok(storage::transition(&*e, ev).await?)
+        }
+        Err(err) => {
+            let busy = err.chain().any(|c| {
+                c.downcast_ref::<fs_core::Error>()
+                    .is_some_and(|x| x.kind() == ErrorKind::Busy)
+            });
+            let Some(mp) = (if busy {
+                live_mount(g, meta_url).await?
+            } else {
+                None
+            }) else {
+                return Err(err);
+            };
+            tracing::info!(mountpoint = %mp.display(), "the volume is mounted read-write here: the step goes through the mount");
+            let v = mount::control::call(
+                &mp,
+                &mount::control::Request::Cutover { event: ev.clone() },
+                |_| {},
+            )
+            .await?;
+            let de = |k: &str| -> Result<StorageState> {
+                serde_json::from_value(v[k].clone())
+                    .with_context(|| format!("the mount's answer ({k}) does not decode"))
+            };
+            Ok((de("before")?, de("after")?))
+        }
+    }
+}
+
+/// Wait until every live session has acknowledged generation `gen`, saying whom it waits for.
+async fn wait_barrier(e: &dyn Engine, gen: u64, b: &BarrierArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let mut last_say = None::<Instant>;
+    loop {
+        let waiting = storage::waiting_sessions(e, gen, b.session_timeout).await?;
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let now = fs_core::now_ns();
+        let names: Vec<String> = waiting
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} ({}@{} pid {}, acknowledged generation {}, last beat {:.0}s ago)",
+                    s.id,
+                    s.mountpoint,
+                    s.host,
+                    s.pid,
+                    s.acks.get(storage::ACK).copied().unwrap_or(0),
+                    (now - s.beat_ns) as f64 / 1e9
+                )
+            })
+            .collect();
+        if t0.elapsed() >= b.wait {
+            bail!(
+                "{} live session(s) have not followed generation {gen} within {:?}: {}. The step is committed and their writes are refused until they follow; a process that is gone stops counting once its session is {:?} old (or at once on this host). Run the command again to wait again",
+                waiting.len(),
+                b.wait,
+                names.join("; "),
+                b.session_timeout
+            );
+        }
+        if last_say.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+            eprintln!(
+                "jfs: waiting for {} session(s) to follow generation {gen}: {}",
+                waiting.len(),
+                names.join("; ")
+            );
+            last_say = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn store(g: &Global, url: &str) -> Result<Arc<dyn BlockStore>> {
+    volume::open_store(url, g.endpoint.as_deref()).with_context(|| format!("opening {url}"))
+}
+
+fn default_state_dir(uuid: &str, gen: u64) -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("jfs")
+        .join("cutover")
+        .join(format!("{uuid}-{gen}"))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn backfill(
+    g: &Global,
+    meta_url: &str,
+    threads: usize,
+    bwlimit: Option<String>,
+    tps: Option<u32>,
+    state_dir: Option<PathBuf>,
+    json: bool,
+    barrier: &BarrierArgs,
+) -> Result<Outcome> {
+    use sync_cli::endpoint::{self, BlockIndex, BlocksEndpoint};
+    let e = open_engine(g, meta_url, true).await?;
+    let settings = settings_of(&*e).await?;
+    let st = state_of(&*e).await?;
+    let Phase::Dual { from, to, .. } = &st.phase else {
+        bail!(
+            "backfill copies blocks during a cutover's dual write; the volume is in {}",
+            st.phase.describe()
+        );
+    };
+    // Only once every writer puts new blocks in both stores does a walk of the metadata
+    // find every block B would lack.
+    wait_barrier(&*e, st.gen, barrier).await?;
+    let dir = state_dir.unwrap_or_else(|| default_state_dir(&settings.uuid, st.gen));
+    let index = Arc::new(
+        BlockIndex::build(&*e, &settings, &dir.join("index"))
+            .await
+            .context("listing the blocks the metadata references")?,
+    );
+    eprintln!(
+        "jfs: backfill: {} blocks ({} MiB) referenced; copying those {to} lacks (state in {})",
+        index.blocks,
+        index.bytes >> 20,
+        dir.display()
+    );
+    let ep = g.endpoint.as_deref();
+    let src = Arc::new(BlocksEndpoint::new(
+        endpoint::open(from, ep, false, false)
+            .await
+            .with_context(|| format!("the volume's store {from}"))?,
+        index.clone(),
+    ));
+    let dst = endpoint::open(to, ep, true, true)
+        .await
+        .with_context(|| format!("the new store {to}"))?;
+    let bw = bwlimit
+        .as_deref()
+        .map(sync_cli::limits::BwSchedule::parse)
+        .transpose()
+        .context("--bwlimit")?;
+    let opts = sync_cli::run::Options {
+        threads: threads.max(1),
+        list_threads: 1,
+        list_depth: 0,
+        compare: sync_cli::plan::Compare {
+            checksum: false,
+            size_only: true,
+            update: false,
+            ignore_existing: false,
+            existing: false,
+            force_update: false,
+            precision_ns: 1,
+            dst_upload_time: dst.mtime_is_upload(),
+        },
+        filter: sync_cli::filter::Filter::new(&[])?,
+        delete_dst: false,
+        delete_src: false,
+        max_delete: None,
+        max_failure: None,
+        dry_run: false,
+        dirs: false,
+        perms: false,
+        links: false,
+        check_new: false,
+        retries: 5,
+        keys: None,
+        keys_from_user: false,
+        limits: Arc::new(sync_cli::limits::Limits::new(bw, tps)?),
+    };
+    let state = Arc::new(sync_cli::state::State::open(&dir.join("sync"))?);
+    let stats = Arc::new(sync_cli::stats::Stats::default());
+    stats.total.store(index.blocks, Relaxed);
+    stats.total_known.store(true, Relaxed);
+    let ticker =
+        sync_cli::progress::progress(stats.clone(), Duration::from_secs(5), g.quiet || json);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let watcher = tokio::spawn(async move {
+        while !super::interrupted() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = stop_tx.send(true);
+    });
+    let report = sync_cli::run::sync(src, dst, opts, Some(state), stats, stop_rx).await?;
+    ticker.abort();
+    watcher.abort();
+    eprintln!("jfs: backfill: {}", report.summary.line());
+    if json {
+        println!("{}", serde_json::to_string(&report.summary)?);
+    }
+    if let Some(f) = &report.fatal {
+        bail!("backfill stopped: {f}; run it again to resume");
+    }
+    if report.interrupted {
+        bail!("backfill interrupted; progress saved: run the same command again to resume");
+    }
+    if report.summary.failed > 0 {
+        eprintln!(
+            "jfs: {} blocks failed to copy; run backfill again (it resumes), or let verify copy them",
+            report.summary.failed
+        );
+        return Ok(Outcome::Partial);
+    }
+    step(g, meta_url, &Event::Backfilled).await?;
+    drop(index);
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("jfs: backfill done. Next: jfs cutover verify {meta_url}");
+    Ok(Outcome::Done)
+}
+
+/// What verify found.
+#[derive(Debug, Default, serde::Serialize)]
+struct VerifyReport {
+    blocks: u64,
+    bytes: u64,
+    /// In the new store with the right length and checksum.
+    good: u64,
+    /// Missing in the new store: copied from the old one.
+    copied_missing: u64,
+    /// Damaged (wrong length or checksum) in the new store: copied again.
+    copied_damaged: u64,
+    /// Repair-list entries copied and cleared.
+    repairs_drained: u64,
+    /// Blocks that could not be made good, with why.
+    failed: Vec<String>,
+    seconds: f64,
+}
+
+/// Copy block `key` from `from` to `to` (verified against `want` on the way).
+async fn copy_block(
+    from: &dyn BlockStore,
+    to: &dyn BlockStore,
+    key: &str,
+    want: BlockCheck,
+) -> fs_core::Result<u64> {
+    let b = from.get_block(key, want).await?;
+    let n = b.len() as u64;
+    to.put(key, b).await?;
+    Ok(n)
+}
+
+/// The check of block `key` (its length from the key, its CRC32C from its slice's record).
+async fn check_of(e: &dyn Engine, settings: &Settings, key: &str) -> Result<BlockCheck> {
+    let (id, index, len) = fs_core::keys::parse_block_key(&settings.name, key)
+        .ok_or_else(|| anyhow!("{key} is not a block key of volume {}", settings.name))?;
+    let crc = fs_core::fs::slice_checksums(e, &[id])
+        .await?
+        .get(&id)
+        .and_then(|c| c.get(index as usize).copied());
+    Ok(BlockCheck { len, crc })
+}
+
+/// Copy every block the repair list of `role` names from `from` into `to`, clearing entries
+/// as they are done. Returns how many; errors name the block.
+async fn drain(
+    e: &dyn Engine,
+    settings: &Settings,
+    role: Role,
+    from: &dyn BlockStore,
+    to: &dyn BlockStore,
+) -> Result<u64> {
+    let mut n = 0;
+    for r in storage::repairs(e, Some(role)).await? {
+        let want = check_of(e, settings, &r.key).await?;
+        match to.get_block(&r.key, want).await {
+            Ok(_) => {}
+            Err(_) => {
+                copy_block(from, to, &r.key, want).await.with_context(|| {
+                    format!("repairing block {} (recorded: {})", r.key, r.error)
+                })?;
+            }
+        }
+        storage::repair_done(e, role, &r.key).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+async fn verify(
+    g: &Global,
+    meta_url: &str,
+    threads: usize,
+    json: bool,
+    barrier: &BarrierArgs,
+) -> Result<Outcome> {
+    use sync_cli::endpoint::BlockIndex;
+    let t0 = Instant::now();
+    let e = open_engine(g, meta_url, true).await?;
+    let settings = settings_of(&*e).await?;
+    let st = state_of(&*e).await?;
+    let Phase::Dual {
+        from,
+        to,
+        backfilled,
+        ..
+    } = &st.phase
+    else {
+        bail!(
+            "verify checks the new store during a cutover's dual write; the volume is in {}",
+            st.phase.describe()
+        );
+    };
+    if !backfilled {
+        bail!("verify comes after backfill: run `jfs cutover backfill {meta_url}` first");
+    }
+    wait_barrier(&*e, st.gen, barrier).await?;
+    let (a, b) = (store(g, from)?, store(g, to)?);
+    let dir = default_state_dir(&settings.uuid, st.gen).join("verify-index");
+    let index = BlockIndex::build(&*e, &settings, &dir).await?;
+    let rep = Mutex::new(VerifyReport {
+        blocks: index.blocks,
+        bytes: index.bytes,
+        ..Default::default()
+    });
+    let progress = Progress::new("verify", index.bytes, g.quiet || json);
+    let copied = AtomicU64::new(0);
+    let mut after: Option<String> = None;
+    loop {
+        let page = index.page(after.as_deref(), 1000)?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.0.clone());
+        let ids: Vec<u64> = page.iter().map(|(_, _, id)| *id).collect();
+        let sums = fs_core::fs::slice_checksums(&*e, &ids).await?;
+        let (a, b, rep, progress, copied) = (&a, &b, &rep, &progress, &copied);
+        let (sums, name) = (&sums, settings.name.as_str());
+        futures::stream::iter(page.into_iter().map(|(key, len, id)| async move {
+            let index = fs_core::keys::parse_block_key(name, &key)
+                .map(|(_, i, _)| i as usize)
+                .unwrap_or(0);
+            let want = BlockCheck {
+                len,
+                crc: sums.get(&id).and_then(|c| c.get(index).copied()),
+            };
+            let missing = match b.get_block(&key, want).await {
+                Ok(_) => {
+                    rep.lock().unwrap_or_else(|p| p.into_inner()).good += 1;
+                    progress.add_bytes(len as u64);
+                    return;
+                }
+                Err(err) if err.kind() == ErrorKind::NotFound => true,
+                Err(err) if err.kind() == ErrorKind::Corrupt => false,
+                Err(err) => {
+                    rep.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .failed
+                        .push(format!("{key}: reading it from the new store: {err}"));
+                    return;
+                }
+            };
+            let r = copy_block(&**a, &**b, &key, want).await;
+            let mut g = rep.lock().unwrap_or_else(|p| p.into_inner());
+            match r {
+                Ok(n) => {
+                    copied.fetch_add(n, Relaxed);
+                    if missing {
+                        g.copied_missing += 1;
+                    } else {
+                        g.copied_damaged += 1;
+                    }
+                }
+                Err(err) => g.failed.push(format!(
+                    "{key}: {} in the new store, and copying it failed: {err}",
+                    if missing { "missing" } else { "damaged" }
+                )),
+            }
+            progress.add_bytes(len as u64);
+        }))
+        .buffer_unordered(threads.max(1))
+        .collect::<Vec<()>>()
+        .await;
+        if super::interrupted() {
+            bail!("verify interrupted; run it again");
+        }
+    }
+    progress.finish();
+    drop(index);
+    let _ = std::fs::remove_dir_all(&dir);
+    let drained = drain(&*e, &settings, Role::B, &*a, &*b).await;
+    let mut rep = rep.into_inner().unwrap_or_else(|p| p.into_inner());
+    match drained {
+        Ok(n) => rep.repairs_drained = n,
+        Err(err) => rep.failed.push(format!("{err:#}")),
+    }
+    rep.seconds = t0.elapsed().as_secs_f64();
+    if json {
+        println!("{}", serde_json::to_string(&rep)?);
+    } else {
+        for f in &rep.failed {
+            println!("FAILED {f}");
+        }
+        println!(
+            "verified {} blocks ({} MiB) in {to}: {} good, {} copied (missing), {} copied again (damaged), {} repair entries drained, {} failed ({:.1}s)",
+            rep.blocks,
+            rep.bytes >> 20,
+            rep.good,
+            rep.copied_missing,
+            rep.copied_damaged,
+            rep.repairs_drained,
+            rep.failed.len(),
+            rep.seconds
+        );
+    }
+    if !rep.failed.is_empty() {
+        eprintln!("jfs: verify did not pass; fix what is named above and run it again");
+        return Ok(Outcome::Partial);
+    }
+    step(g, meta_url, &Event::Verified).await?;
+    eprintln!("jfs: verify passed. Next: jfs cutover switch {meta_url}");
+    Ok(Outcome::Done)
+}
+
+async fn finish(g: &Global, meta_url: &str, barrier: &BarrierArgs) -> Result<Outcome> {
+    let e = open_engine(g, meta_url, true).await?;
+    let settings = settings_of(&*e).await?;
+    let st = state_of(&*e).await?;
+    if let Phase::Switched { from, to } = &st.phase {
+        // Every writer must write B first before A is dropped; and whatever a writer of the
+        // generation before could not put in B is copied there now.
+        wait_barrier(&*e, st.gen, barrier).await?;
+        let n = drain(&*e, &settings, Role::B, &*store(g, from)?, &*store(g, to)?).await?;
+        if n > 0 {
+            eprintln!("jfs: copied {n} blocks recorded as missing in the new store");
+        }
+    }
+    let (before, after) = step(g, meta_url, &Event::Finish).await?;
+    wait_barrier(&*e, after.gen, barrier).await?;
+    // What only the old store lacked no longer matters.
+    for r in storage::repairs(&*e, Some(Role::A)).await? {
+        storage::repair_done(&*e, Role::A, &r.key).await?;
+    }
+    let old = before.phase.stores().map(|(a, _)| a.to_string());
+    println!(
+        "cutover finished: {} (generation {}).{}",
+        after.phase.describe(),
+        after.gen,
+        old.map(|a| format!(" Nothing reads or writes {a} any more: check `jfs fsck --deep {meta_url}`, then retire it"))
+            .unwrap_or_default()
+    );
+    Ok(Outcome::Done)
+}
+
+async fn abort(g: &Global, meta_url: &str, barrier: &BarrierArgs) -> Result<Outcome> {
+    let e = open_engine(g, meta_url, true).await?;
+    let settings = settings_of(&*e).await?;
+    let mut st = state_of(&*e).await?;
+    if let Phase::Switched { .. } = st.phase {
+        // Back to dual first: A becomes the primary again, writes wait for it.
+        let (_, after) = step(g, meta_url, &Event::Abort).await?;
+        wait_barrier(&*e, after.gen, barrier).await?;
+        st = after;
+    }
+    if let Phase::Dual { from, to, .. } = &st.phase {
+        // Blocks written while B was the primary may be missing in A: copy them back.
+        wait_barrier(&*e, st.gen, barrier).await?;
+        let n = drain(&*e, &settings, Role::A, &*store(g, to)?, &*store(g, from)?).await?;
+        if n > 0 {
+            eprintln!("jfs: copied back {n} blocks that were missing in {from}");
+        }
+    }
+    let (before, after) = step(g, meta_url, &Event::Abort).await?;
+    wait_barrier(&*e, after.gen, barrier).await?;
+    for r in storage::repairs(&*e, Some(Role::B)).await? {
+        storage::repair_done(&*e, Role::B, &r.key).await?;
+    }
+    let new = before.phase.stores().map(|(_, b)| b.to_string());
+    println!(
+        "cutover aborted: {} (generation {}).{}",
+        after.phase.describe(),
+        after.gen,
+        new.map(|b| format!(" {b} is no longer written; its copies can be removed"))
+            .unwrap_or_default()
+    );
+    Ok(Outcome::Done)
+}
+
+async fn status(g: &Global, meta_url: &str, json: bool) -> Result<Outcome> {
+    let e = open_engine(g, meta_url, true).await?;
+    let st = state_of(&*e).await?;
+    let waiting = storage::waiting_sessions(&*e, st.gen, fs_core::session::DEFAULT_TIMEOUT).await?;
+    let (ra, rb) = (
+        storage::repairs(&*e, Some(Role::A)).await?,
+        storage::repairs(&*e, Some(Role::B)).await?,
+    );
+    let audit = storage::audit_log(&*e).await?;
+    if json {
+        let v = serde_json::json!({
+            "state": st,
+            "describe": st.phase.describe(),
+            "waiting_sessions": waiting,
+            "repairs": {"a": ra.len(), "b": rb.len()},
+            "audit": audit,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(Outcome::Done);
+    }
+    println!("storage: {} (generation {})", st.phase.describe(), st.gen);
+    let next = match &st.phase {
+        Phase::Single { .. } => "nothing in progress (jfs cutover start META_URL --to STORE)",
+        Phase::Dual {
+            backfilled: false, ..
+        } => "backfill",
+        Phase::Dual {
+            verified: false, ..
+        } => "verify",
+        Phase::Dual { .. } => "switch",
+        Phase::Switched { .. } => "finish (or abort)",
+    };
+    println!("next step: {next}");
+    println!(
+        "repair list: {} blocks missing in the old store (A), {} in the new one (B)",
+        ra.len(),
+        rb.len()
+    );
+    if waiting.is_empty() {
+        println!("sessions: every live session follows generation {}", st.gen);
+    }
+    for s in &waiting {
+        println!(
+            "waiting for session {} ({}@{} pid {}): acknowledged generation {}",
+            s.id,
+            s.mountpoint,
+            s.host,
+            s.pid,
+            s.acks.get(storage::ACK).copied().unwrap_or(0)
+        );
+    }
+    for a in audit.iter().rev().take(10).rev() {
+        println!(
+            "{}  {:<8} gen {}  {}  ({} -> {})",
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_nanos(a.at_ns.max(0) as u64)
+            ),
+            a.action,
+            a.gen,
+            a.who,
+            a.from,
+            a.to
+        );
+    }
+    Ok(Outcome::Done)
+}
