@@ -6,6 +6,7 @@
 
 pub mod mirror;
 pub mod mountproc;
+pub mod runbook;
 
 use fs_core::{BlockStore, Engine, Fs, Settings};
 use std::path::PathBuf;

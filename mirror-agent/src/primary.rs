@@ -40,7 +40,6 @@ pub struct Primary {
     metrics: Arc<Metrics>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     uuid: String,
-    settings_raw: Vec<u8>,
     /// One live connection per mirror: a newer one cancels the older.
     conns: std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>,
     next_conn: AtomicU64,
@@ -92,7 +91,6 @@ impl Primary {
             metrics,
             tls,
             uuid: settings.uuid,
-            settings_raw,
             conns: Default::default(),
             next_conn: AtomicU64::new(1),
             slot_lock: tokio::sync::Mutex::new(()),
@@ -279,12 +277,20 @@ impl Primary {
     async fn trim(&self) -> fs_core::Result<u64> {
         let slots = slots::list(&*self.engine).await?;
         let floor = slots::retain_floor(&slots);
-        let settings: fs_core::Settings = serde_json::from_slice(&self.settings_raw)
-            .map_err(|e| fs_core::error::corrupt(format!("settings: {e}")))?;
+        // Read each time: settings change through the journal (a cutover, `jfs` commands).
+        let settings = fs_core::Fs::load_settings(&*self.engine).await?;
         let cutoff = fs_core::now_ns() - settings.journal_retention_secs as i64 * 1_000_000_000;
         let r = fs_core::maint::trim_journal(&*self.engine, cutoff, floor).await;
         tracing::debug!(floor, retention_secs = settings.journal_retention_secs, result = ?r, "journal trim");
         r
+    }
+
+    /// The volume's settings as they are now (they change through the journal).
+    async fn settings_now(&self) -> Result<Vec<u8>> {
+        self.engine
+            .get(keys::SETTING)
+            .await?
+            .context("the volume's settings are gone")
     }
 
     /// Mark slots past the retention cap as needing resync: loudly, never silently.
@@ -723,7 +729,7 @@ impl Primary {
             sink,
             &ToMirror::SnapshotBegin {
                 seq: s0,
-                settings: self.settings_raw.clone(),
+                settings: self.settings_now().await?,
             },
         )
         .await?;

@@ -224,14 +224,13 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
     let metrics = Arc::new(StoreMetrics::default());
     let mut wanted = None;
     let mut holder: Option<Arc<StorageHolder>> = None;
+    // At a mirror: the origin's stores, followed by the session (not a write placement).
+    let mut origin_holder: Option<Arc<StorageHolder>> = None;
     let (site, metered): (Site, Arc<dyn BlockStore>) = match marker {
         Some(m) => {
             let store_url = o.block_store.clone().unwrap_or(m.store.clone());
-            let origin_url = o
-                .origin_store
-                .clone()
-                .or(m.origin_store.clone())
-                .unwrap_or(settings.storage.clone());
+            let fixed_origin = o.origin_store.clone().or(m.origin_store.clone());
+            let origin_url = fixed_origin.clone().unwrap_or(settings.storage.clone());
             let mirror = open_store(&store_url, o.endpoint.as_deref()).map_err(|e| {
                 e.context(format!(
                     "opening mirror {:?}'s block store {store_url}",
@@ -248,8 +247,23 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
             if origin_url == store_url {
                 (site, mirror)
             } else {
-                let origin = open_store(&origin_url, o.endpoint.as_deref())
-                    .map_err(|e| e.context(format!("opening the origin store {origin_url}")))?;
+                // Unless named by hand, the origin is where the primary's storage record
+                // (replicated here) says its blocks are: it follows a cutover there.
+                let origin: Arc<dyn BlockStore> = match &fixed_origin {
+                    Some(url) => open_store(url, o.endpoint.as_deref())
+                        .map_err(|e| e.context(format!("opening the origin store {url}")))?,
+                    None => {
+                        let opener = Opener {
+                            endpoint: o.endpoint.clone(),
+                            metrics: Arc::new(StoreMetrics::default()),
+                        };
+                        let h = StorageHolder::open(engine.clone(), opener, &settings.storage)
+                            .await
+                            .map_err(|e| e.context("opening the origin store"))?;
+                        origin_holder = Some(h.clone());
+                        h
+                    }
+                };
                 let fb = FallbackStore::new(mirror, origin, !o.no_fallback, metrics.clone())
                     .with_timeout(o.origin_timeout.unwrap_or(ORIGIN_TIMEOUT));
                 wanted = Some(fb.wanted());
@@ -309,7 +323,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         Some(l) => Some(
             Follower::start(
                 engine,
-                holder.clone(),
+                holder.clone().or(origin_holder.clone()),
                 fs_core::session::Session::new(&l, o.access == Access::Read),
             )
             .await

@@ -105,6 +105,9 @@ impl Mirror {
             if staging.is_none() {
                 self.metrics.applied_seq.set(head as i64);
             }
+            if staging.is_none() && touches_settings(&batch) {
+                self.follow_settings().await?;
+            }
             if let Some(s) = self.settings() {
                 let ch = blocks::changes_of_entries(&s, &batch);
                 self.state.record(&ch, Some(head), fs_core::now_ns())?;
@@ -128,4 +131,14 @@ impl Mirror {
         }
         Ok(())
     }
+}
+
+/// Whether entries change the volume's settings or its storage record.
+fn touches_settings(entries: &[Entry]) -> bool {
+    entries.iter().flat_map(|e| &e.writes).any(|m| match m {
+        fs_core::Mutation::Put { key, .. } | fs_core::Mutation::Delete { key } => {
+            key == fs_core::keys::SETTING || key == fs_core::keys::STORAGE
+        }
+        _ => false,
+    })
 }

@@ -81,7 +81,8 @@ impl Mirror {
                 ),
             }
         }
-        self.set_settings(settings)?;
+        self.set_settings(settings).await?;
+        self.follow_settings().await?;
         self.notify_blocks();
         Ok(())
     }
@@ -118,6 +119,7 @@ impl Mirror {
             .aux_put(fs_core::slots::MIRROR_INCOMPLETE, None)
             .await?;
         self.meta.discard()?;
+        self.follow_settings().await?;
         self.metrics.bootstrapping.set(0);
         let seq = self.engine.journal_bounds().await?.last;
         tracing::info!(seq, "the mirror is consistent (bootstrap complete)");

@@ -67,6 +67,9 @@ pub struct Mirror {
     dest: Arc<dyn BlockStore>,
     limits: Arc<Limits>,
     settings: RwLock<Option<Settings>>,
+    /// Where the primary's blocks are, following its storage record (a cutover moves them);
+    /// None when `origin_store` names the origin by hand.
+    origin: RwLock<Option<Arc<volume::StorageHolder>>>,
     repl: RwLock<Option<Arc<Replicator>>>,
     /// The replicator's task, awaited at shutdown (it drains copies in flight).
     repl_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -161,6 +164,7 @@ impl Mirror {
             dest,
             limits,
             settings: RwLock::new(None),
+            origin: RwLock::new(None),
             repl: RwLock::new(None),
             repl_task: Mutex::new(None),
             live: Mutex::new(Live::default()),
@@ -169,7 +173,7 @@ impl Mirror {
             kick: tokio::sync::Notify::new(),
         });
         if let Some(s) = settings {
-            m.set_settings(s)?;
+            m.set_settings(s).await?;
         }
         Ok(m)
     }
@@ -179,18 +183,41 @@ impl Mirror {
     }
 
     /// Known settings start the replicator (once).
-    fn set_settings(&self, s: Settings) -> Result<()> {
+    async fn set_settings(&self, s: Settings) -> Result<()> {
+        let started = self
+            .repl
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        let origin = if started {
+            None
+        } else {
+            Some(match &self.cfg.origin_store {
+                Some(url) => {
+                    let o: Arc<dyn BlockStore> = Arc::new(
+                        objstore::OpendalStore::open(url, &Default::default())
+                            .map_err(|e| anyhow!("origin store {url}: {e}"))?,
+                    );
+                    (o, url.clone())
+                }
+                None => {
+                    // The primary's storage record, replicated here: a cutover at the
+                    // primary moves where this mirror copies from.
+                    let opener = volume::Opener {
+                        endpoint: None,
+                        metrics: Default::default(),
+                    };
+                    let h = volume::StorageHolder::open(self.engine.clone(), opener, &s.storage)
+                        .await
+                        .map_err(|e| anyhow!("the origin store: {e}"))?;
+                    let url = h.display_url();
+                    *self.origin.write().unwrap_or_else(|p| p.into_inner()) = Some(h.clone());
+                    (h as Arc<dyn BlockStore>, url)
+                }
+            })
+        };
         let mut repl = self.repl.write().unwrap_or_else(|p| p.into_inner());
-        if repl.is_none() {
-            let origin_url = self
-                .cfg
-                .origin_store
-                .clone()
-                .unwrap_or_else(|| s.storage.clone());
-            let origin: Arc<dyn BlockStore> = Arc::new(
-                objstore::OpendalStore::open(&origin_url, &Default::default())
-                    .map_err(|e| anyhow!("origin store {origin_url}: {e}"))?,
-            );
+        if let (None, Some((origin, origin_url))) = (repl.as_ref(), origin) {
             let r = Replicator::new(
                 self.state.clone(),
                 self.meta.clone(),
@@ -209,6 +236,29 @@ impl Mirror {
         let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
         lv.volume_uuid = Some(s.uuid.clone());
         *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        Ok(())
+    }
+
+    /// Applied entries changed the volume's settings or storage record: follow them.
+    pub(super) async fn follow_settings(&self) -> Result<()> {
+        if let Some(v) = self.engine.get(keys::SETTING).await? {
+            let s: Settings =
+                serde_json::from_slice(&v).context("the mirror's volume settings do not decode")?;
+            *self.settings.write().unwrap_or_else(|p| p.into_inner()) = Some(s);
+        }
+        let origin = self
+            .origin
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(h) = origin {
+            use fs_core::storage::StorageFollow;
+            let before = h.gen();
+            let p = h.reload().await?;
+            if p.gen != before {
+                tracing::info!(origin = %volume::placement::describe(&p), "the primary's storage changed: copying from there now");
+            }
+        }
         Ok(())
     }
 
