@@ -19,6 +19,7 @@
 //! | `storage`                    | JSON `storage::StorageState`: where    |
 //! |                              | blocks go, the cutover, its generation |
 //! | `H<at_ns:8><gen:8>`          | JSON `storage::Audit` of a transition  |
+//! | `epoch`                      | JSON `site::Epoch`: the primary epoch  |
 //!
 //! Engines keep their own bookkeeping (journal, head) outside this key space.
 
@@ -35,6 +36,9 @@ pub const KEPT_PREFIX: &[u8] = b"O";
 pub const INODE_PREFIX: &[u8] = b"A";
 pub const CHECKSUM_PREFIX: &[u8] = b"K";
 pub const STORAGE: &[u8] = b"storage";
+/// The primary epoch record (`site::Epoch`).
+pub const EPOCH: &[u8] = b"epoch";
+pub const EPOCH_NAME: &str = "epoch";
 pub const AUDIT_PREFIX: &[u8] = b"H";
 
 /// The audit record of a storage transition at `at_ns` to generation `gen`.
@@ -155,6 +159,7 @@ pub enum Key<'a> {
     Checksums(u64),
     Kept(Ino),
     Storage,
+    Epoch,
     Audit(u64, u64),
     Unknown,
 }
@@ -165,6 +170,9 @@ pub fn parse(k: &[u8]) -> Key<'_> {
     }
     if k == STORAGE {
         return Key::Storage;
+    }
+    if k == EPOCH {
+        return Key::Epoch;
     }
     match k.first() {
         Some(b'H') if k.len() == 17 => Key::Audit(

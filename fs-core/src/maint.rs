@@ -89,6 +89,9 @@ pub struct Dump {
     /// The storage transitions, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub audit: Vec<crate::storage::Audit>,
+    /// The primary epoch (absent: never promoted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<crate::site::Epoch>,
 }
 
 pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
@@ -99,6 +102,7 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
     let mut checksums = BTreeMap::new();
     let mut storage = None;
     let mut audit = Vec::new();
+    let mut epoch = None;
     scan_all(engine, b"", &[0xff], PAGE, |page| {
         for (k, v) in page {
             match keys::parse(&k) {
@@ -160,6 +164,12 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
                         .insert(encode_name(name), hex(&v));
                 }
                 Key::Storage => storage = Some(crate::storage::decode(&v)?),
+                Key::Epoch => {
+                    epoch =
+                        Some(serde_json::from_slice(&v).map_err(|e| {
+                            corrupt(format!("the epoch record does not decode: {e}"))
+                        })?)
+                }
                 Key::Audit(..) => audit.push(
                     serde_json::from_slice(&v)
                         .map_err(|e| corrupt(format!("an audit record does not decode: {e}")))?,
@@ -185,6 +195,7 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
         checksums,
         storage,
         audit,
+        epoch,
     })
 }
 
@@ -204,6 +215,12 @@ fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     }
     if let Some(st) = &d.storage {
         out.push((keys::STORAGE.to_vec(), crate::storage::encode(st)));
+    }
+    if let Some(e) = &d.epoch {
+        out.push((
+            keys::EPOCH.to_vec(),
+            serde_json::to_vec(e).expect("the epoch record serializes"),
+        ));
     }
     for a in &d.audit {
         out.push((
@@ -691,6 +708,11 @@ pub struct Status {
     pub sessions: Vec<SessionStatus>,
     /// Inodes unlinked while open, still kept by a session.
     pub kept_inodes: u64,
+    /// The primary epoch (0: never promoted) and where the volume moved, if it did.
+    pub epoch: u64,
+    pub moved: Option<crate::site::Moved>,
+    /// Where blocks go (the cutover state).
+    pub placement: String,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -729,6 +751,12 @@ impl Fs {
             settings: self.settings.clone(),
             mirror: crate::site::marker(&*self.engine).await?,
             detached: crate::site::detached(&*self.engine).await?,
+            epoch: crate::site::epoch(&*self.engine).await?,
+            moved: crate::site::moved(&*self.engine).await?,
+            placement: {
+                let st = crate::storage::current(&*self.engine, &self.settings.storage).await?;
+                format!("{} (generation {})", st.phase.describe(), st.gen)
+            },
             sessions: crate::session::list(&*self.engine)
                 .await?
                 .into_iter()

@@ -273,3 +273,143 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::UnsupportedVersion);
     }
 }
+
+/// The volume's primary epoch (key `epoch`, in the key space: journaled and replicated).
+/// Every promotion of a mirror raises it in the promoted metadata, in the transaction that
+/// starts its own history; an agent or mirror that has seen a newer epoch refuses anything
+/// speaking for an older one. Absent: epoch 0 (a volume never moved).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Epoch {
+    pub version: u32,
+    pub epoch: u64,
+    /// The site that became the primary (the promoted mirror's name).
+    pub site: String,
+    /// The last entry of the history it continues (the old primary's, as applied here).
+    pub at_seq: u64,
+    pub at_ns: i64,
+    /// The primary it took over from (its agent's address).
+    pub from: String,
+}
+
+/// The epoch record, if the volume was ever promoted.
+pub async fn epoch_record(engine: &dyn Engine) -> Result<Option<Epoch>> {
+    match engine.get(crate::keys::EPOCH).await? {
+        None => Ok(None),
+        Some(v) => decode(crate::keys::EPOCH_NAME, &v).map(Some),
+    }
+}
+
+/// The volume's epoch (0 when never promoted).
+pub async fn epoch(engine: &dyn Engine) -> Result<u64> {
+    Ok(epoch_record(engine).await?.map_or(0, |e| e.epoch))
+}
+
+/// Left by `mirror-agent fence` on a superseded primary's metadata (beside its mirror
+/// marker): where the volume went, so that its mounts follow it there.
+pub const MOVED: &str = "volume.moved";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moved {
+    pub version: u32,
+    /// The new primary's META_URL (no password: mounts take it from where they took this
+    /// one's).
+    pub meta_url: String,
+    /// The epoch the new primary holds (or will hold, once promoted).
+    pub epoch: u64,
+    /// The last sequence number written here.
+    pub at_seq: u64,
+    pub at_ns: i64,
+}
+
+pub async fn moved(engine: &dyn Engine) -> Result<Option<Moved>> {
+    match aux_exact(engine, MOVED).await? {
+        Some(v) => decode(MOVED, &v).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub async fn set_moved(engine: &dyn Engine, m: Option<&Moved>) -> Result<()> {
+    let v = m.map(|m| serde_json::to_vec(m).expect("a moved record serializes"));
+    engine.aux_put(MOVED, v.as_deref()).await
+}
+
+/// Written by `mirror-agent promote` before it removes the marker, removed once the epoch is
+/// committed: a promotion killed in between is finished by running it again.
+pub const PROMOTING: &str = "mirror.promoting";
+
+pub async fn promoting(engine: &dyn Engine) -> Result<Option<Epoch>> {
+    match aux_exact(engine, PROMOTING).await? {
+        Some(v) => decode(PROMOTING, &v).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub async fn set_promoting(engine: &dyn Engine, e: Option<&Epoch>) -> Result<()> {
+    let v = e.map(|e| serde_json::to_vec(e).expect("an epoch record serializes"));
+    engine.aux_put(PROMOTING, v.as_deref()).await
+}
+
+/// How far a promotion moves the id counters past what this site saw.
+pub const ID_MARGIN: i64 = 1 << 20;
+
+/// The promotion's own transaction, the first of the new primary's history: the epoch
+/// record, and where blocks go from now on (`storage`, a new generation, with its audit
+/// record; `settings.storage` its primary).
+pub async fn commit_promotion(
+    engine: &dyn Engine,
+    e: &Epoch,
+    phase: crate::storage::Phase,
+) -> Result<u64> {
+    use crate::engine::CommitOutcome;
+    use crate::keys;
+    use crate::storage::{self, StorageState};
+    for attempt in 1u32.. {
+        let mut tx = crate::txn::Txn::new(engine);
+        let setting = tx
+            .get(keys::SETTING)
+            .await?
+            .ok_or_else(|| Error::new(ErrorKind::NotFormatted, "no volume here to promote"))?;
+        let mut settings: crate::Settings = serde_json::from_slice(&setting)
+            .map_err(|e| corrupt(format!("volume settings do not decode: {e}")))?;
+        let cur = match tx.get(keys::STORAGE).await? {
+            Some(raw) => storage::decode(&raw)?,
+            None => StorageState::initial(&settings.storage),
+        };
+        let next = StorageState {
+            version: storage::RECORD_VERSION,
+            gen: cur.gen + 1,
+            phase: phase.clone(),
+            changed_ns: e.at_ns,
+        };
+        tx.put(
+            keys::EPOCH.to_vec(),
+            serde_json::to_vec(e).expect("the epoch record serializes"),
+        );
+        // Ids the old primary handed out in entries this site never received (a failover)
+        // must not be handed out again: the counters jump by a margin over any client's
+        // batch and any lost tail.
+        for key in [keys::NEXT_INODE, keys::NEXT_SLICE] {
+            let cur = crate::journal::parse_counter(tx.get(key).await?.as_deref())?;
+            tx.put(key.to_vec(), (cur + ID_MARGIN).to_string().into_bytes());
+        }
+        tx.put(keys::STORAGE.to_vec(), storage::encode(&next));
+        let audit = storage::Audit::new(&format!("promote (epoch {})", e.epoch), &cur, &next);
+        tx.put(
+            keys::audit(audit.at_ns, audit.gen),
+            serde_json::to_vec(&audit).expect("audit records serialize"),
+        );
+        settings.storage = next.phase.primary().to_string();
+        tx.put(
+            keys::SETTING.to_vec(),
+            serde_json::to_vec(&settings).expect("settings serialize"),
+        );
+        tx.set_op(crate::journal::Op::Settings {
+            what: format!("promote: {} is the primary at epoch {}", e.site, e.epoch),
+        });
+        match tx.commit().await? {
+            CommitOutcome::Committed { seq, .. } => return Ok(seq),
+            CommitOutcome::Conflict => crate::fs::backoff(attempt).await?,
+        }
+    }
+    unreachable!("the loop returns")
+}

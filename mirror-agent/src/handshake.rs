@@ -110,6 +110,7 @@ pub struct Hello {
     pub volume_uuid: Option<String>,
     pub want: Want,
     pub prev_crc: Option<u32>,
+    pub epoch: u64,
 }
 
 /// Why a handshake failed, for the caller's counters and log level.
@@ -159,6 +160,7 @@ pub async fn accept(
         nonce: nonce_m,
         want,
         prev_crc,
+        epoch,
     } = hello
     else {
         return Err(Failure::Garbage("expected a hello".into()));
@@ -210,13 +212,14 @@ pub async fn accept(
         volume_uuid,
         want,
         prev_crc,
+        epoch,
     })
 }
 
 /// What the mirror learns when the primary lets it in.
 pub enum Welcome {
-    /// Entries (or a snapshot) follow; the primary's head.
-    In { head: u64 },
+    /// Entries (or a snapshot) follow; the primary's head and epoch.
+    In { head: u64, epoch: u64 },
     /// The primary wants a snapshot-based resync first.
     Resync(String),
 }
@@ -301,7 +304,7 @@ pub async fn connect(
     }
     wire.codec_mut().set_max_frame_length(proto::MAX_MESSAGE);
     match recv_within(wire, read_timeout).await? {
-        ToMirror::Welcome { head, .. } => Ok(Welcome::In { head }),
+        ToMirror::Welcome { head, epoch, .. } => Ok(Welcome::In { head, epoch }),
         ToMirror::Refused {
             reason,
             resync: true,

@@ -9,6 +9,7 @@ pub mod handshake;
 pub mod metrics;
 pub mod mirror;
 pub mod primary;
+pub mod promote;
 pub mod proto;
 pub mod site;
 pub mod staging;

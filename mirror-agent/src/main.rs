@@ -108,6 +108,36 @@ enum Cmd {
         #[arg(long, env = "MIRROR_AGENT_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// At the old primary (a planned move, or when a failed primary comes back): refuse every
+    /// writer there and stop its agent shipping; the metadata becomes mirror NAME of the new
+    /// primary, ready to rejoin it (runbooks/site-migration.md, failover.md).
+    Fence {
+        /// The old primary's META_URL.
+        #[arg(long)]
+        meta: String,
+        /// The name this site will have as a mirror of the new primary.
+        #[arg(long = "as", value_name = "NAME")]
+        name: String,
+        /// The new primary agent's address (host:port of its `listen`).
+        #[arg(long, value_name = "ADDR")]
+        new_primary: String,
+        /// The new primary's META_URL: the old site's mounts move there by themselves.
+        #[arg(long, value_name = "META_URL")]
+        moved_to: Option<String>,
+    },
+    /// Make a stopped mirror the volume's primary at the next epoch. Planned (--old-meta):
+    /// the old primary must be fenced and fully applied here. Failover (--force): at once,
+    /// reporting the entries lost.
+    Promote {
+        #[arg(long, env = "MIRROR_AGENT_CONFIG")]
+        config: Option<PathBuf>,
+        /// The old primary's META_URL, to check it is fenced and fully applied.
+        #[arg(long, value_name = "META_URL")]
+        old_meta: Option<String>,
+        /// Promote without the old primary (unreachable): what it had not shipped is lost.
+        #[arg(long)]
+        force: bool,
+    },
     /// Replication slots of a volume (primary side).
     Slot {
         #[command(subcommand)]
@@ -116,7 +146,7 @@ enum Cmd {
 }
 
 /// Never suggested for a mistyped flag or subcommand.
-const DESTRUCTIVE: &[&str] = &["drop", "detach", "--force"];
+const DESTRUCTIVE: &[&str] = &["drop", "detach", "--force", "fence", "promote"];
 
 fn main() -> ExitCode {
     let (cli, _) = cli_common::parse::<Cli>(DESTRUCTIVE);
@@ -160,6 +190,35 @@ fn main() -> ExitCode {
                     anyhow::bail!("detach applies to a mirror: this config has role = \"primary\"");
                 }
                 println!("{}", mirror_agent::site::detach(&c).await?);
+                Ok(())
+            }
+            Cmd::Fence {
+                meta,
+                name,
+                new_primary,
+                moved_to,
+            } => {
+                let r =
+                    mirror_agent::promote::fence(&meta, &name, &new_primary, moved_to.as_deref())
+                        .await?;
+                println!("{r}");
+                Ok(())
+            }
+            Cmd::Promote {
+                config,
+                old_meta,
+                force,
+            } => {
+                let c = mirror_agent::config::Config::load(config.as_deref())?;
+                if c.role != Role::Mirror {
+                    anyhow::bail!(
+                        "promote applies to a mirror: this config has role = \"primary\""
+                    );
+                }
+                println!(
+                    "{}",
+                    mirror_agent::promote::promote(&c, old_meta.as_deref(), force).await?
+                );
                 Ok(())
             }
             Cmd::Slot { cmd } => cmd::slot::run(cmd).await,

@@ -454,6 +454,7 @@ impl Primary {
             volume_uuid,
             want,
             prev_crc,
+            epoch,
         } = hello;
         let refuse = |reason: String, resync: bool| ToMirror::Refused { reason, resync };
         if let Some(u) = &volume_uuid {
@@ -463,6 +464,24 @@ impl Primary {
                 bail!(r);
             }
         }
+        // Epochs: a primary that was fenced, or that a mirror knows was superseded by a
+        // promotion, ships nothing.
+        if let Some(m) = fs_core::site::marker(&*self.engine).await? {
+            let r = format!("this primary was fenced: its metadata is now mirror {:?} of the primary at {} (the volume moved); point this mirror at the new primary", m.name, m.primary);
+            tracing::error!(mirror = %mirror, "{r}");
+            proto::send(&mut sink, &refuse(r.clone(), false)).await?;
+            bail!(r);
+        }
+        let mine = fs_core::site::epoch(&*self.engine).await?;
+        if epoch > mine {
+            let r = format!("this primary is at epoch {mine} but mirror {mirror:?} has seen epoch {epoch}: another site was promoted and this one is superseded; fence it (`mirror-agent fence`) and rejoin it as a mirror of the new primary (runbooks/failover.md)");
+            tracing::error!(mirror = %mirror, "{r}");
+            proto::send(&mut sink, &refuse(r.clone(), false)).await?;
+            bail!(r);
+        }
+        // A mirror from before a promotion (the old primary rejoining): a history that
+        // differs past the promotion point is that site's lost tail, and it resyncs.
+        let rejoining = epoch < mine;
         // Replace an older connection of the same mirror.
         let my_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let conn_stop = stop.child_token();
@@ -475,7 +494,15 @@ impl Primary {
             old.cancel();
         }
         let res = self
-            .stream(&mirror, want, prev_crc, &mut sink, &mut stream, &conn_stop)
+            .stream(
+                &mirror,
+                want,
+                prev_crc,
+                rejoining,
+                &mut sink,
+                &mut stream,
+                &conn_stop,
+            )
             .await;
         {
             let mut c = self.conns.lock().unwrap_or_else(|p| p.into_inner());
@@ -494,6 +521,7 @@ impl Primary {
         mirror: &str,
         want: Want,
         prev_crc: Option<u32>,
+        rejoining: bool,
         sink: &mut S,
         stream: &mut R,
         stop: &CancellationToken,
@@ -546,6 +574,11 @@ impl Primary {
                     }
                 }
             }
+            if from > b.last + 1 && rejoining {
+                let r = format!("this site's history goes on past the promotion point (it has {} entries, the new primary {}): its diverged tail is dropped by a resync", from - 1, b.last);
+                tracing::warn!(mirror, "{r}");
+                return Err(refuse_resync(sink, r).await);
+            }
             if from > b.last + 1 {
                 let r = format!("the mirror has applied up to {} but the primary's head is {}: a different history (was the primary restored from a backup?); resync the mirror by hand (runbooks/resync-mirror.md)", from - 1, b.last);
                 proto::send(sink, &refuse(r.clone(), false)).await?;
@@ -573,6 +606,7 @@ impl Primary {
             &ToMirror::Welcome {
                 volume_uuid: self.uuid.clone(),
                 head,
+                epoch: fs_core::site::epoch(&*self.engine).await?,
             },
         )
         .await?;

@@ -20,7 +20,8 @@ use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
-pub const PROTO_VERSION: u32 = 1;
+/// 2: the hello and the welcome carry the primary epoch each side has seen.
+pub const PROTO_VERSION: u32 = 2;
 pub const MAX_MESSAGE: usize = 64 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +44,8 @@ pub enum ToPrimary {
         /// With `Want::From(s)`: CRC32C of the mirror's own journal frame at `s - 1`, so the
         /// primary can tell that both histories agree up to there.
         prev_crc: Option<u32>,
+        /// The primary epoch the mirror's metadata holds (`fs_core::site::Epoch`).
+        epoch: u64,
     },
     Auth {
         mac: Vec<u8>,
@@ -67,6 +70,8 @@ pub enum ToMirror {
     Welcome {
         volume_uuid: String,
         head: u64,
+        /// The primary's epoch: a mirror that has seen a newer one refuses this primary.
+        epoch: u64,
     },
     /// Raw journal frames, consecutive sequence numbers.
     Entries {

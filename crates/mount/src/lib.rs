@@ -126,6 +126,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         Some(f) => f,
         None => volume::Follower::start(
             engine.clone(),
+            None,
             storage,
             fs_core::session::Session::new(&mp.to_string_lossy(), o.read_only),
         )

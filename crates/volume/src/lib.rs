@@ -21,11 +21,13 @@
 mod cache;
 mod fallback;
 mod metrics;
+pub mod moving;
 pub mod placement;
 
 pub use cache::{CacheConfig, CacheUsage, CachedStore, DiskCache, MeteredStore};
 pub use fallback::{FallbackStore, Wanted, ORIGIN_TIMEOUT};
 pub use metrics::StoreMetrics;
+pub use moving::MovingEngine;
 pub use placement::{DualStore, Follower, Opener, StorageHolder};
 
 use fs_core::error::{Error, ErrorKind, Result};
@@ -68,6 +70,9 @@ pub struct Options {
     /// Register a session under this label (a mount point; writers get one anyway, labelled
     /// by their command line).
     pub session: Option<String>,
+    /// Follow the volume when its primary moves to another metadata (see `moving`): a
+    /// long-running opener (a mount).
+    pub follow_moves: bool,
 }
 
 /// Where a volume's blocks are read from.
@@ -213,6 +218,13 @@ pub async fn open_volume(meta_url: &str, o: &Options) -> Result<Volume> {
 /// `open_volume` over an engine the caller already holds.
 pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volume> {
     check_site(&*engine, o.access, o.allow_incomplete).await?;
+    let mover = o
+        .follow_moves
+        .then(|| MovingEngine::new(engine.clone(), o.access, o.password_file.clone()));
+    let engine: Arc<dyn Engine> = match &mover {
+        Some(m) => m.clone(),
+        None => engine,
+    };
     let settings = Fs::load_settings(&*engine).await?;
     // A mirror's reads (never its agent's, which opens it `allow_incomplete` and copies with
     // stores of its own) go to the mirror's store, falling back to the origin.
@@ -323,6 +335,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         Some(l) => Some(
             Follower::start(
                 engine,
+                mover,
                 holder.clone().or(origin_holder.clone()),
                 fs_core::session::Session::new(&l, o.access == Access::Read),
             )

@@ -313,6 +313,7 @@ impl Follower {
     /// Register `session` (acknowledging the holder's generation) and follow.
     pub async fn start(
         engine: Arc<dyn Engine>,
+        mover: Option<Arc<crate::MovingEngine>>,
         holder: Option<Arc<StorageHolder>>,
         mut session: Session,
     ) -> Result<Follower> {
@@ -329,12 +330,24 @@ impl Follower {
             let mut poll = tokio::time::interval(FOLLOW_EVERY);
             poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last_beat = Instant::now();
+            let mut moves_seen = mover.as_ref().map_or(0, |m| m.moves());
             loop {
                 tokio::select! {
                     _ = poll.tick() => {}
                     _ = async { match gens.as_mut() { Some(g) => g.changed().await.ok(), None => std::future::pending().await } } => {}
                 }
                 let mut beat = last_beat.elapsed() >= fs_core::session::HEARTBEAT;
+                if let Some(mv) = &mover {
+                    if let Err(err) = mv.follow_move().await {
+                        tracing::warn!(error = %err, "following the volume's move failed; retrying");
+                    }
+                    // Moved (here, or by a commit that waited for it): the session lives in
+                    // the new primary's metadata from now on.
+                    if mv.moves() != moves_seen {
+                        moves_seen = mv.moves();
+                        beat = true;
+                    }
+                }
                 let h = match &holder {
                     Some(w) => match w.upgrade() {
                         Some(h) => Some(h),

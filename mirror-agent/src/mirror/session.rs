@@ -78,6 +78,7 @@ impl Mirror {
         } else {
             self.settings().map(|s| s.uuid)
         };
+        let my_epoch = fs_core::site::epoch(&*self.engine).await?;
         let hello = ToPrimary::Hello {
             proto: proto::PROTO_VERSION,
             mirror: self.cfg.name.clone(),
@@ -85,6 +86,7 @@ impl Mirror {
             nonce: nonce_m,
             want,
             prev_crc,
+            epoch: my_epoch,
         };
         let primary_head = match handshake::connect(
             &mut wire,
@@ -95,7 +97,13 @@ impl Mirror {
         )
         .await?
         {
-            handshake::Welcome::In { head } => head,
+            handshake::Welcome::In { epoch, .. } if epoch < my_epoch => {
+                return Err(anyhow::Error::new(handshake::Permanent(format!(
+                    "the primary at {} is at epoch {epoch} but this mirror has seen epoch {my_epoch}: it was superseded by a promotion; point [mirror] primary at the new primary",
+                    self.cfg.primary
+                ))));
+            }
+            handshake::Welcome::In { head, .. } => head,
             handshake::Welcome::Resync(reason) => return Ok(End::Resync(reason)),
         };
         let (mut sink, mut stream) = wire.split();

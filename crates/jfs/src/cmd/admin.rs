@@ -243,6 +243,14 @@ pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
         ),
         (None, None) => println!("site        primary"),
     }
+    println!("epoch       {}", s.epoch);
+    if let Some(m) = &s.moved {
+        println!(
+            "moved       to {} (epoch {}) after seq {}: this metadata is fenced",
+            m.meta_url, m.epoch, m.at_seq
+        );
+    }
+    println!("placement   {}", s.placement);
     println!("metadata    {} ({})", s.meta_url, s.engine);
     println!("storage     {}  block size {}", s.storage, s.block_size);
     println!(

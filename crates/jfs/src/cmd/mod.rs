@@ -262,6 +262,7 @@ pub fn volume_options(
         io_parallel: g.io_parallel.max(1),
         cache,
         session: None,
+        follow_moves: false,
     }
 }
 

@@ -58,6 +58,8 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
     }
     let mut opts = super::volume_options(g, m.read_only, cache);
     opts.session = Some(mp.to_string_lossy().into_owned());
+    // A mount outlives a move of the volume's primary (site or engine migration).
+    opts.follow_moves = true;
     let vol = volume::open_volume(&m.meta_url, &opts)
         .await
         .with_context(|| format!("opening volume {}", meta::redact(&m.meta_url)))?;

@@ -1,0 +1,182 @@
+//! A metadata engine a long-running opener (a mount) can move to another site without
+//! restarting: when the primary role moves (a planned site migration or an engine
+//! migration), `mirror-agent fence` leaves `volume.moved` in the old metadata, naming the new
+//! primary's META_URL and epoch. The session's follower sees it, opens the new metadata once it
+//! is the primary at that epoch (promoted: no mirror marker, `site::epoch >= moved.epoch`),
+//! and swaps it in here. Inode numbers are the same on both sides (the new primary replayed
+//! this one's journal), so open files and the kernel's inodes stay valid; commits refused by
+//! the old metadata's fence in the meantime are retried by their callers.
+
+use async_trait::async_trait;
+use fs_core::engine::{CommitOutcome, JournalBounds, KvPair};
+use fs_core::error::Result;
+use fs_core::{CommitRequest, Engine, Entry, Mutation};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// The longest a commit waits for the new primary during a move.
+pub const MOVE_WAIT: Duration = Duration::from_secs(120);
+
+pub struct MovingEngine {
+    inner: RwLock<Arc<dyn Engine>>,
+    /// How many times it moved (the session follower re-registers after each).
+    moves: std::sync::atomic::AtomicU64,
+    /// How to open the next one.
+    access: crate::Access,
+    password_file: Option<PathBuf>,
+}
+
+impl MovingEngine {
+    pub fn new(
+        e: Arc<dyn Engine>,
+        access: crate::Access,
+        password_file: Option<PathBuf>,
+    ) -> Arc<MovingEngine> {
+        Arc::new(MovingEngine {
+            inner: RwLock::new(e),
+            moves: Default::default(),
+            access,
+            password_file,
+        })
+    }
+
+    pub fn moves(&self) -> u64 {
+        self.moves.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn cur(&self) -> Arc<dyn Engine> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// If the metadata says the volume moved and the new primary is ready, move there.
+    /// Returns the new URL when it moved.
+    pub async fn follow_move(&self) -> Result<Option<String>> {
+        let cur = self.cur();
+        let Some(m) = fs_core::site::moved(&*cur).await? else {
+            return Ok(None);
+        };
+        if m.meta_url == cur.display_url() {
+            return Ok(None);
+        }
+        // Look first, read-only (a RocksDB writer's lock would keep the promotion out): not
+        // promoted yet means wait (commits here stay refused meanwhile).
+        {
+            let probe = crate::open_engine(
+                &m.meta_url,
+                crate::Access::Read,
+                self.password_file.clone(),
+                false,
+            )
+            .await
+            .map_err(|e| e.context(format!("looking at the new primary {}", m.meta_url)))?;
+            if fs_core::site::marker(&*probe).await?.is_some()
+                || fs_core::site::epoch(&*probe).await? < m.epoch
+            {
+                return Ok(None);
+            }
+        }
+        let next = crate::open_engine(&m.meta_url, self.access, self.password_file.clone(), false)
+            .await
+            .map_err(|e| e.context(format!("opening the new primary {}", m.meta_url)))?;
+        {
+            let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
+            // Another caller moved first.
+            if g.display_url() != cur.display_url() {
+                return Ok(None);
+            }
+            *g = next;
+        }
+        self.moves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tracing::warn!(to = %m.meta_url, epoch = m.epoch, "the volume moved to a new primary: following it (open files stay open)");
+        Ok(Some(m.meta_url))
+    }
+}
+
+#[async_trait]
+impl Engine for MovingEngine {
+    fn kind(&self) -> &'static str {
+        self.cur().kind()
+    }
+    fn display_url(&self) -> String {
+        self.cur().display_url()
+    }
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.cur().get(key).await
+    }
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.cur().get_many(keys).await
+    }
+    async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
+        self.cur().scan(start, end, limit).await
+    }
+    /// A commit refused because this metadata was fenced for a move waits for the new
+    /// primary (at most `MOVE_WAIT`) and is committed there: the writer pauses, it does not
+    /// fail.
+    async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
+        let t0 = std::time::Instant::now();
+        let mut unexplained = 0;
+        loop {
+            let cur = self.cur();
+            let r = cur.commit(req).await;
+            let Err(e) = &r else { return r };
+            if e.kind() != fs_core::ErrorKind::ReadOnly || t0.elapsed() >= MOVE_WAIT {
+                return r;
+            }
+            match fs_core::site::moved(&*cur).await {
+                Ok(Some(_)) => {}
+                // A refusal with no move recorded (yet: the fence writes it first, but
+                // another process may be slower): look once more, then it is final.
+                Ok(None) if unexplained < 3 => unexplained += 1,
+                Ok(None) => return r,
+                Err(err) => tracing::debug!(error = %err, "reading the moved record"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            match self.follow_move().await {
+                Ok(Some(_)) => {
+                    tracing::info!(waited = ?t0.elapsed(), "a commit waited for the new primary")
+                }
+                Ok(None) => {}
+                Err(err) => tracing::debug!(error = %err, "the new primary is not ready yet"),
+            }
+        }
+    }
+    async fn journal_bounds(&self) -> Result<JournalBounds> {
+        self.cur().journal_bounds().await
+    }
+    async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        self.cur().journal_read(from, max).await
+    }
+    async fn journal_wait(&self, after: u64, timeout: Duration) -> Result<bool> {
+        self.cur().journal_wait(after, timeout).await
+    }
+    async fn journal_trim(&self, before: u64) -> Result<u64> {
+        self.cur().journal_trim(before).await
+    }
+    async fn apply(&self, entries: &[Entry]) -> Result<u64> {
+        self.cur().apply(entries).await
+    }
+    async fn aux_put(&self, name: &str, value: Option<&[u8]>) -> Result<()> {
+        self.cur().aux_put(name, value).await
+    }
+    async fn aux_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        self.cur().aux_list(prefix).await
+    }
+    async fn install_reset(&self) -> Result<()> {
+        self.cur().install_reset().await
+    }
+    async fn install_put(&self, pairs: &[KvPair]) -> Result<()> {
+        self.cur().install_put(pairs).await
+    }
+    async fn install_head(&self, head: u64) -> Result<()> {
+        self.cur().install_head(head).await
+    }
+    async fn install_switch(
+        &self,
+        writes: &[Mutation],
+        frames: &[(u64, Vec<u8>)],
+        head: u64,
+    ) -> Result<()> {
+        self.cur().install_switch(writes, frames, head).await
+    }
+}
