@@ -44,8 +44,14 @@ pub fn run(runbook: &str, name: &str, env: &[(&str, &str)]) -> Output {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    // JFS_RUNBOOK_TRACE=1: every command echoed with a timestamp (to find a slow step).
+    let trace = if std::env::var_os("JFS_RUNBOOK_TRACE").is_some() {
+        "PS4='+ $(date +%T.%N) '; set -x\n"
+    } else {
+        ""
+    };
     let mut c = Command::new("bash");
-    c.args(["-c", &format!("set -euo pipefail\n{script}")])
+    c.args(["-c", &format!("set -euo pipefail\n{trace}{script}")])
         .env("PATH", path);
     for (k, v) in env {
         c.env(k, v);

@@ -9,9 +9,6 @@ use integration::runbook;
 use integration::{bin, data, volume_with};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A checkpoint acknowledged to its writer (written, fsynced, renamed), with its CRC.
@@ -22,52 +19,72 @@ struct Written {
     len: usize,
 }
 
+/// What a checkpoint writer saw: the checkpoints acknowledged (the last of each name), how
+/// long each took, and the errors.
 #[derive(Default)]
 struct Log {
-    files: Mutex<Vec<Written>>,
-    took: Mutex<Vec<(Instant, Duration)>>,
-    errors: Mutex<Vec<String>>,
+    files: Vec<Written>,
+    took: Vec<Duration>,
+    errors: Vec<String>,
 }
 
-/// Checkpoints through the mount (under `w/`, which exists only inside it): write, fsync,
-/// rename over `ck-<i % 40>`.
-fn writer(mp: PathBuf, stop: Arc<AtomicBool>, log: Arc<Log>) -> JoinHandle<()> {
+/// Checkpoints through the mount (under `w/`, which exists only inside it), written by a
+/// `ckpt-writer` process (see there why not a thread of the test).
+struct Writer {
+    child: std::process::Child,
+    log: PathBuf,
+    stop: PathBuf,
+}
+
+fn writer(mp: &Path, scratch: &Path) -> Writer {
     std::fs::create_dir_all(mp.join("w")).unwrap();
-    std::thread::spawn(move || {
-        let mut i = 0u64;
-        while !stop.load(Ordering::SeqCst) {
-            let len = 200_000 + (i as usize * 3_331) % 600_000;
-            let d = data(40_000 + i, len);
-            let t0 = Instant::now();
-            let name = format!("w/ck-{}", i % 40);
-            let r = (|| -> std::io::Result<()> {
-                use std::io::Write;
-                let tmp = mp.join("w/ck.tmp");
-                let mut f = std::fs::File::create(&tmp)?;
-                f.write_all(&d)?;
-                f.sync_all()?;
-                drop(f);
-                std::fs::rename(&tmp, mp.join(&name))
-            })();
-            match r {
-                Ok(()) => {
-                    log.took.lock().unwrap().push((t0, t0.elapsed()));
-                    let mut files = log.files.lock().unwrap();
-                    files.retain(|w| w.path != name);
-                    files.push(Written {
-                        path: name,
-                        crc: crc32c::crc32c(&d),
-                        len,
+    let log = scratch.join("ckpt-writer.log");
+    let stop = scratch.join("ckpt-writer.stop");
+    let child = Command::new(env!("CARGO_BIN_EXE_ckpt-writer"))
+        .arg(mp.join("w"))
+        .arg(&log)
+        .arg(&stop)
+        .spawn()
+        .expect("starting ckpt-writer");
+    Writer { child, log, stop }
+}
+
+impl Writer {
+    /// Stop after the checkpoint in progress; what it saw.
+    fn stop(mut self) -> Log {
+        std::fs::write(&self.stop, b"").unwrap();
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "ckpt-writer: {st}");
+        let mut log = Log::default();
+        for l in std::fs::read_to_string(&self.log).unwrap().lines() {
+            let f: Vec<&str> = l.splitn(3, ' ').collect();
+            match f.as_slice() {
+                ["ok", name, rest] => {
+                    let v: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap()).collect();
+                    let path = format!("w/{name}");
+                    log.files.retain(|w| w.path != path);
+                    log.files.push(Written {
+                        path,
+                        crc: v[0] as u32,
+                        len: v[1] as usize,
                     });
+                    log.took.push(Duration::from_micros(v[2]));
                 }
-                Err(e) => {
-                    log.errors.lock().unwrap().push(format!("{name}: {e}"));
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+                ["err", name, msg] => log.errors.push(format!("w/{name}: {msg}")),
+                _ => panic!("ckpt-writer wrote {l:?}"),
             }
-            i += 1;
         }
-    })
+        log
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 fn check_files(root: &Path, files: &[Written]) {
@@ -85,13 +102,7 @@ fn check_files(root: &Path, files: &[Written]) {
 }
 
 fn longest_pause(log: &Log) -> Duration {
-    log.took
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(_, d)| *d)
-        .max()
-        .unwrap_or_default()
+    log.took.iter().copied().max().unwrap_or_default()
 }
 
 fn status_json(meta: &str) -> serde_json::Value {
@@ -114,9 +125,7 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     let old_meta = vol.meta_url.clone();
     let mut pair = Pair::start(dir.path(), &old_meta, "rocksdb", None, "", "").await;
     let m = Mount::start(&old_meta, dir.path(), "mnt", &["--cache-size", "0"]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let log = Arc::new(Log::default());
-    let w = writer(m.mp.clone(), stop.clone(), log.clone());
+    let w = writer(&m.mp, dir.path());
     // A file held open across the move.
     use std::io::Write;
     let mut held = std::fs::File::create(m.mp.join("held")).unwrap();
@@ -191,14 +200,13 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     held.sync_all().unwrap();
     drop(held);
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::SeqCst);
-    w.join().unwrap();
-    let errors = log.errors.lock().unwrap().clone();
+    let log = w.stop();
+    let errors = log.errors.clone();
     assert!(
         errors.is_empty(),
         "writers got errors through the move: {errors:?}"
     );
-    let files = log.files.lock().unwrap().clone();
+    let files = log.files.clone();
     assert!(files.len() >= 10, "only {} checkpoints", files.len());
     // Every acknowledged checkpoint is at the new primary (read through a fresh mount of it).
     let m2 = Mount::start(
@@ -262,4 +270,306 @@ async fn planned_site_migration_under_writes_loses_nothing() {
         longest_pause(&log),
         t_promoted - t_fence
     );
+}
+
+/// Failover (runbooks/failover.md): the primary site goes down with entries its mirror never
+/// received; the mirror is promoted by force and says so; the old site, back, is fenced and
+/// rejoins as a mirror: its diverged tail is detected and dropped by a resync, and it ends
+/// equal to the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let old_meta = vol.meta_url.clone();
+    let mut pair = Pair::start(
+        dir.path(),
+        &old_meta,
+        "rocksdb",
+        Some((Duration::ZERO, 0)),
+        "",
+        "",
+    )
+    .await;
+    write_files(&vol.fs, "before-", 5, 300_000).await;
+    wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
+    // The link to the mirror is cut; the primary goes on committing what it never ships.
+    pair.proxy
+        .as_ref()
+        .unwrap()
+        .cut
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(300));
+    write_files(&vol.fs, "lost-", 4, 100_000).await;
+    let old_head = vol.fs.engine().journal_bounds().await.unwrap().last;
+    // The site goes down.
+    pair.primary.kill9();
+    assert_eq!(pair.mirror.term(), 0);
+    let new_listen = format!("127.0.0.1:{}", free_port());
+    let m_cfg = pair.mirror.cfg.display().to_string();
+    let env = [
+        ("NEW_META", pair.m_meta.as_str()),
+        ("MIRROR_CONFIG", m_cfg.as_str()),
+        ("OLD_META", old_meta.as_str()),
+        ("NEW_PRIMARY", new_listen.as_str()),
+        ("OLD_SITE", "old-site"),
+    ];
+    // Without --force (nor --old-meta) the promotion is refused, saying why.
+    let o = Command::new(bin("mirror-agent"))
+        .args(["promote", "--config", &m_cfg])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--force"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let out = runbook::run_ok("failover", "promote", &env);
+    assert!(
+        out.contains("primary at epoch 1") && out.contains("LOSS WINDOW"),
+        "{out}"
+    );
+    let applied_at_promotion = {
+        let e = open_ro(&pair.m_meta).await;
+        fs_core::site::epoch_record(&*e)
+            .await
+            .unwrap()
+            .unwrap()
+            .at_seq
+    };
+    assert!(
+        applied_at_promotion < old_head,
+        "the mirror had everything: no failover to test"
+    );
+    let p2 = Agent::start(
+        dir.path(),
+        "primary2",
+        &primary_toml(
+            &pair.m_meta,
+            &dir.path().join("p2state"),
+            &format!("127.0.0.1:{}", free_port()),
+            &new_listen,
+            &["old-site"],
+            "",
+        ),
+        &[("MIRROR_TOKEN", TOKEN)],
+    );
+    // The new primary takes writes (a mount of it); ids never collide with the old site's.
+    let m = Mount::start(&pair.m_meta, dir.path(), "mnt", &["--cache-size", "0"]);
+    std::fs::write(m.mp.join("after"), data(77, 500_000)).unwrap();
+    let after_ino = std::fs::metadata(m.mp.join("after")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let old_max_ino = {
+        let d = fs_core::maint::dump(&**vol.fs.engine()).await.unwrap();
+        *d.inodes.keys().max().unwrap()
+    };
+    assert!(
+        after_ino.ino() > old_max_ino,
+        "a new file reused an inode of the old site"
+    );
+    m.stop();
+    // The old site comes back: fence first, then rejoin as a mirror.
+    let out = runbook::run_ok("failover", "fence", &env);
+    assert!(out.contains("fenced"), "{out}");
+    drop(vol.fs);
+    let rejoin = Agent::start(
+        dir.path(),
+        "rejoin",
+        &mirror_toml(
+            &old_meta,
+            &dir.path().join("rjstate"),
+            &format!("127.0.0.1:{}", free_port()),
+            "old-site",
+            &new_listen,
+            &vol.store_url,
+            "",
+        ),
+        &[("MIRROR_TOKEN", TOKEN)],
+    );
+    let newp = volume::open(&pair.m_meta, &volume::Options::default())
+        .await
+        .unwrap();
+    wait_converged(&rejoin, &**newp.engine(), Duration::from_secs(120)).await;
+    let n = assert_same(&newp, &old_meta, &vol.store_url).await;
+    assert!(
+        p2.log_text()
+            .contains("history goes on past the promotion point")
+            || rejoin.log_text().contains("resync"),
+        "{}",
+        tail(&rejoin.log_text(), 20)
+    );
+    let out = runbook::run_ok("failover", "check", &env);
+    assert!(out.contains("epoch       1"), "{out}");
+    // The lost tail is gone from the old site too; what the new primary wrote is there.
+    let old = volume::open(&old_meta, &volume::Options::default())
+        .await
+        .unwrap();
+    assert!(old.resolve("/lost-0").await.is_err());
+    assert!(old.resolve("/after").await.is_ok());
+    eprintln!(
+        "failover: promoted at seq {applied_at_promotion} of the old site's {old_head}; the old site rejoined, dropped its tail by a resync and equals the new primary ({n} files)"
+    );
+}
+
+/// Engine migration (runbooks/engine-migration.md) both ways the issue names, under writes
+/// through a mount that follows the move: the final dumps of the new primary and of the old
+/// metadata (rejoined as a mirror) are equal, blocks never moved, and no id is reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
+    for (from, to) in [("redis", "rocksdb"), ("rocksdb", "postgres")] {
+        let dir = tempfile::tempdir().unwrap();
+        let vol = volume_with(from, "file", |_| {}).await;
+        let old_meta = vol.meta_url.clone();
+        let store = vol.store_url.clone();
+        write_files(&vol.fs, "seed-", 3, 700_000).await;
+        drop(vol.fs);
+        let (new_meta, _keep) = integration::meta_url(to);
+        let p_admin = format!("127.0.0.1:{}", free_port());
+        let listen = format!("127.0.0.1:{}", free_port());
+        let envs = [("MIRROR_TOKEN", TOKEN)];
+        let mut p1 = Agent::start(
+            dir.path(),
+            "p1",
+            &primary_toml(
+                &old_meta,
+                &dir.path().join("p1s"),
+                &p_admin,
+                &listen,
+                &["engine"],
+                "",
+            ),
+            &envs,
+        );
+        let m_admin = format!("127.0.0.1:{}", free_port());
+        // The mirror on the target engine keeps the volume's own store: no block moves.
+        let mut mirror = Agent::start(
+            dir.path(),
+            "engine",
+            &mirror_toml(
+                &new_meta,
+                &dir.path().join("ms"),
+                &m_admin,
+                "engine",
+                &listen,
+                &store,
+                "",
+            ),
+            &envs,
+        );
+        let m = Mount::start(&old_meta, dir.path(), "mnt", &["--cache-size", "0"]);
+        let w = writer(&m.mp, dir.path());
+        std::thread::sleep(Duration::from_secs(2));
+        let new_listen = format!("127.0.0.1:{}", free_port());
+        let m_cfg = mirror.cfg.display().to_string();
+        let env = [
+            ("OLD_META", old_meta.as_str()),
+            ("NEW_META", new_meta.as_str()),
+            ("STORE", store.as_str()),
+            ("NEW_PRIMARY", new_listen.as_str()),
+            ("MIRROR_ADMIN", m_admin.as_str()),
+            ("MIRROR_CONFIG", m_cfg.as_str()),
+            ("OLD_SITE", "old-engine"),
+        ];
+        let out = runbook::run_ok("engine-migration", "caught-up", &env);
+        assert!(out.contains("mirror"), "{out}");
+        let blocks_before = integration::mountproc::store_blocks(&store).len();
+        let t_fence = Instant::now();
+        runbook::run_ok("engine-migration", "fence", &env);
+        let t_wait = Instant::now();
+        runbook::run_ok("engine-migration", "wait", &env);
+        let t_term = Instant::now();
+        assert_eq!(mirror.term(), 0);
+        let t_promote = Instant::now();
+        let out = runbook::run_ok("engine-migration", "promote", &env);
+        let t_promoted = Instant::now();
+        let steps = format!(
+            "fence {:?}, wait {:?}, agent stop {:?}, promote {:?}",
+            t_wait - t_fence,
+            t_term - t_wait,
+            t_promote - t_term,
+            t_promoted - t_promote
+        );
+        assert!(out.contains("primary at epoch 1"), "{out}");
+        let p2 = Agent::start(
+            dir.path(),
+            "p2",
+            &primary_toml(
+                &new_meta,
+                &dir.path().join("p2s"),
+                &format!("127.0.0.1:{}", free_port()),
+                &new_listen,
+                &["old-engine"],
+                "",
+            ),
+            &envs,
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        let log = w.stop();
+        let errors = log.errors.clone();
+        assert!(
+            errors.is_empty(),
+            "{from} -> {to}: writers got errors: {errors:?} (steps: {steps})"
+        );
+        // A file created after the switch: a fresh inode.
+        std::fs::write(m.mp.join("post-switch"), b"new").unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let post_ino = std::fs::metadata(m.mp.join("post-switch")).unwrap().ino();
+        let files = log.files.clone();
+        check_files(&m.mp, &files);
+        m.stop();
+        p1.term();
+        let _ = &mut p1;
+        // The old metadata rejoins as a mirror of the new primary (the rollback target).
+        let rejoin = Agent::start(
+            dir.path(),
+            "old-engine",
+            &mirror_toml(
+                &old_meta,
+                &dir.path().join("rs"),
+                &format!("127.0.0.1:{}", free_port()),
+                "old-engine",
+                &new_listen,
+                &store,
+                "",
+            ),
+            &envs,
+        );
+        let newp = volume::open(&new_meta, &volume::Options::default())
+            .await
+            .unwrap();
+        wait_converged(&rejoin, &**newp.engine(), Duration::from_secs(120)).await;
+        rejoin_stop(rejoin);
+        drop(p2);
+        let d_new = fs_core::maint::dump(&**newp.engine()).await.unwrap();
+        let d_old = fs_core::maint::dump(&*open_ro(&old_meta).await)
+            .await
+            .unwrap();
+        assert!(d_new == d_old, "{from} -> {to}: the dumps differ");
+        let old_inodes: Vec<u64> = d_new
+            .inodes
+            .keys()
+            .copied()
+            .filter(|&i| i != post_ino)
+            .collect();
+        assert!(
+            old_inodes.iter().all(|&i| i < post_ino),
+            "an inode was reused"
+        );
+        assert_eq!(d_new.epoch.as_ref().map(|e| e.epoch), Some(1));
+        let blocks_after = integration::mountproc::store_blocks(&store).len();
+        assert!(
+            blocks_after >= blocks_before,
+            "blocks went missing from the store"
+        );
+        eprintln!(
+            "engine migration {from} -> {to}: {} checkpoints, none failed; longest {:?} (fence to promoted {:?}: {steps}); dumps equal ({} inodes); post-switch inode {post_ino}",
+            files.len(),
+            longest_pause(&log),
+            t_promoted - t_fence,
+            d_new.inodes.len()
+        );
+    }
+}
+
+fn rejoin_stop(mut a: Agent) {
+    assert_eq!(a.term(), 0);
 }

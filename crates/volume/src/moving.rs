@@ -121,9 +121,12 @@ impl Engine for MovingEngine {
             let r = cur.commit(req).await;
             let Err(e) = &r else { return r };
             if e.kind() != fs_core::ErrorKind::ReadOnly || t0.elapsed() >= MOVE_WAIT {
+                tracing::debug!(kind = ?e.kind(), waited = ?t0.elapsed(), "commit failed (moving engine)");
                 return r;
             }
-            match fs_core::site::moved(&*cur).await {
+            let m = fs_core::site::moved(&*cur).await;
+            tracing::debug!(moved = ?m, url = %cur.display_url(), "commit refused (moving engine)");
+            match m {
                 Ok(Some(_)) => {}
                 // A refusal with no move recorded (yet: the fence writes it first, but
                 // another process may be slower): look once more, then it is final.
