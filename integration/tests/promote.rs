@@ -301,9 +301,33 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
     std::thread::sleep(Duration::from_millis(300));
     write_files(&vol.fs, "lost-", 4, 100_000).await;
     let old_head = vol.fs.engine().journal_bounds().await.unwrap().last;
+    assert_eq!(pair.mirror.term(), 0);
+    // While the old primary still answers, a forced promotion is refused: it would fork the
+    // volume.
+    pair.proxy
+        .as_ref()
+        .unwrap()
+        .cut
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let o = Command::new(bin("mirror-agent"))
+        .args(["promote", "--force", "--config"])
+        .arg(&pair.mirror.cfg)
+        .env("MIRROR_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("fork the volume") && err.contains("its head is"),
+        "{err}"
+    );
+    assert!(open_ro(&pair.m_meta)
+        .await
+        .get(fs_core::keys::EPOCH)
+        .await
+        .unwrap()
+        .is_none());
     // The site goes down.
     pair.primary.kill9();
-    assert_eq!(pair.mirror.term(), 0);
     let new_listen = format!("127.0.0.1:{}", free_port());
     let m_cfg = pair.mirror.cfg.display().to_string();
     let env = [

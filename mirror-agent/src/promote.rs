@@ -139,6 +139,20 @@ pub async fn promote(cfg: &Config, old_meta: Option<&str>, force: bool) -> Resul
         }
         (None, false) => bail!("give --old-meta OLD_META_URL (a planned move: it checks that the old primary is fenced and that this mirror has applied its last entry), or --force (failover: the old primary is unreachable; what it had that this mirror had not applied is lost, and reported)"),
         (None, true) => {
+            // A forced promotion beside a primary that still serves forks the volume:
+            // two writable histories. Ask the old primary's agent first.
+            match probe_old_primary(m, &marker, applied, site::epoch(&*e).await?).await {
+                OldPrimary::Serving(why) => bail!(
+                    "the old primary at {} answers and is not known to be fenced ({why}): promoting by force now would fork the volume, two primaries taking writes. Fence it (`mirror-agent fence --meta OLD_META --as NAME --new-primary ADDR`) and promote with --old-meta OLD_META (a planned move, nothing lost); if its metadata cannot be reached, stop that agent and its writers first",
+                    marker.primary
+                ),
+                OldPrimary::Fenced => {
+                    tracing::info!(primary = %marker.primary, "the old primary answers and is fenced")
+                }
+                OldPrimary::Gone(why) => {
+                    tracing::info!(primary = %marker.primary, %why, "the old primary does not answer")
+                }
+            }
             let known = site::progress(&*e).await?.map_or(applied, |p| p.primary_head_seq);
             let n = known.saturating_sub(applied);
             lost = format!("; LOSS WINDOW: the old primary had at least {n} entries this mirror had not applied (its last known head was {known}, this mirror applied {applied}): they are lost unless the old site is recovered");
@@ -189,4 +203,63 @@ fn promoted_phase(
             to: m.store.clone(),
         }
     })
+}
+
+/// What the old primary's agent says to a forced promotion.
+enum OldPrimary {
+    /// It answered this mirror's handshake (or proved it is a primary agent) and is not
+    /// fenced.
+    Serving(String),
+    /// It answered and refuses mirrors because it was fenced.
+    Fenced,
+    /// No primary agent answers there (stopped, unreachable, something else listening).
+    Gone(String),
+}
+
+/// Greet the old primary as this mirror would (its token when the config gives one), and
+/// leave before anything is streamed.
+async fn probe_old_primary(
+    m: &crate::config::MirrorConfig,
+    marker: &MirrorMarker,
+    applied: u64,
+    epoch: u64,
+) -> OldPrimary {
+    use crate::handshake::{self, Permanent, Welcome};
+    let tls = match crate::mirror::tls_for(m) {
+        Ok(t) => t,
+        Err(e) => return OldPrimary::Gone(format!("no TLS connector: {e:#}")),
+    };
+    // Without the token the handshake still shows whether an agent answers (it proves
+    // itself first); then its fence cannot be checked, and it counts as serving.
+    let token = m.secret().load("[mirror]").unwrap_or_default();
+    let mut wire = match crate::mirror::dial(&marker.primary, &tls).await {
+        Ok(w) => w,
+        Err(e) => return OldPrimary::Gone(format!("{e:#}")),
+    };
+    let hello = crate::proto::ToPrimary::Hello {
+        proto: crate::proto::PROTO_VERSION,
+        mirror: m.name.clone(),
+        volume_uuid: None,
+        nonce: crate::proto::nonce(),
+        want: crate::proto::Want::From(applied + 1),
+        prev_crc: None,
+        epoch,
+    };
+    let r = handshake::connect(
+        &mut wire,
+        &marker.primary,
+        &token,
+        hello,
+        std::time::Duration::from_secs(5),
+    )
+    .await;
+    match r {
+        Ok(Welcome::In { head, .. }) => OldPrimary::Serving(format!("its head is {head}")),
+        Ok(Welcome::Resync(why)) => OldPrimary::Serving(why),
+        Err(e) => match e.downcast_ref::<Permanent>() {
+            Some(p) if p.0.contains("this primary was fenced") => OldPrimary::Fenced,
+            Some(p) => OldPrimary::Serving(p.0.clone()),
+            None => OldPrimary::Gone(format!("{e:#}")),
+        },
+    }
 }

@@ -60,10 +60,7 @@ pub struct Mirror {
     meta: Arc<Meta>,
     state: Arc<State>,
     metrics: Arc<Metrics>,
-    tls: Option<(
-        tokio_rustls::TlsConnector,
-        tokio_rustls::rustls::pki_types::ServerName<'static>,
-    )>,
+    tls: TlsTo,
     dest: Arc<dyn BlockStore>,
     limits: Arc<Limits>,
     settings: RwLock<Option<Settings>>,
@@ -92,6 +89,47 @@ enum End {
     Kicked,
 }
 
+/// The TLS connector a mirror uses towards its primary (`tls_ca` set), or none.
+pub(crate) type TlsTo = Option<(
+    tokio_rustls::TlsConnector,
+    tokio_rustls::rustls::pki_types::ServerName<'static>,
+)>;
+
+pub(crate) fn tls_for(cfg: &MirrorConfig) -> Result<TlsTo> {
+    Ok(match &cfg.tls_ca {
+        Some(ca) => {
+            let host = cfg.tls_server_name.clone().unwrap_or_else(|| {
+                cfg.primary
+                    .rsplit_once(':')
+                    .map_or(cfg.primary.clone(), |(h, _)| {
+                        h.trim_matches(['[', ']']).to_string()
+                    })
+            });
+            Some(crate::tls::connector(ca, &host)?)
+        }
+        None => None,
+    })
+}
+
+/// A connection to the primary at `primary` (TLS when `tls` is set), not yet greeted.
+pub(crate) async fn dial(primary: &str, tls: &TlsTo) -> Result<proto::Wire> {
+    let sock = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(primary))
+        .await
+        .map_err(|_| anyhow!("connecting to the primary at {primary}: timed out"))?
+        .with_context(|| format!("connecting to the primary at {primary}"))?;
+    let _ = sock.set_nodelay(true);
+    let io: Box<dyn proto::Io> = match tls {
+        Some((c, name)) => Box::new(
+            tokio::time::timeout(CONNECT_TIMEOUT, c.connect(name.clone(), sock))
+                .await
+                .map_err(|_| anyhow!("TLS handshake with {primary} timed out"))?
+                .with_context(|| format!("TLS handshake with {primary}"))?,
+        ),
+        None => Box::new(sock),
+    };
+    Ok(proto::wire(io))
+}
+
 impl Mirror {
     pub async fn new(
         cfg: MirrorConfig,
@@ -101,19 +139,7 @@ impl Mirror {
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>> {
         let token = cfg.secret().load("[mirror]")?;
-        let tls = match &cfg.tls_ca {
-            Some(ca) => {
-                let host = cfg.tls_server_name.clone().unwrap_or_else(|| {
-                    cfg.primary
-                        .rsplit_once(':')
-                        .map_or(cfg.primary.clone(), |(h, _)| {
-                            h.trim_matches(['[', ']']).to_string()
-                        })
-                });
-                Some(crate::tls::connector(ca, &host)?)
-            }
-            None => None,
-        };
+        let tls = tls_for(&cfg)?;
         let dest: Arc<dyn BlockStore> = Arc::new(
             objstore::OpendalStore::open(
                 &cfg.store,

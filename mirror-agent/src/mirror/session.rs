@@ -5,29 +5,7 @@ use super::*;
 
 impl Mirror {
     pub(super) async fn connect(&self) -> Result<proto::Wire> {
-        let sock = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            tokio::net::TcpStream::connect(&self.cfg.primary),
-        )
-        .await
-        .map_err(|_| {
-            anyhow!(
-                "connecting to the primary at {}: timed out",
-                self.cfg.primary
-            )
-        })?
-        .with_context(|| format!("connecting to the primary at {}", self.cfg.primary))?;
-        let _ = sock.set_nodelay(true);
-        let io: Box<dyn proto::Io> = match &self.tls {
-            Some((c, name)) => Box::new(
-                tokio::time::timeout(CONNECT_TIMEOUT, c.connect(name.clone(), sock))
-                    .await
-                    .map_err(|_| anyhow!("TLS handshake with {} timed out", self.cfg.primary))?
-                    .with_context(|| format!("TLS handshake with {}", self.cfg.primary))?,
-            ),
-            None => Box::new(sock),
-        };
-        Ok(proto::wire(io))
+        dial(&self.cfg.primary, &self.tls).await
     }
 
     pub(super) async fn session(self: &Arc<Self>, stop: &CancellationToken) -> End {
