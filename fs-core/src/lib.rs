@@ -8,6 +8,7 @@ pub mod fs;
 pub mod journal;
 pub mod keys;
 pub mod maint;
+pub mod owner;
 pub mod session;
 pub mod site;
 pub mod slots;

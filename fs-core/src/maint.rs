@@ -636,6 +636,13 @@ impl Fs {
             tx.commit().await?;
             rep.pending_purged += batch.len() as u64;
         }
+        if !leaked.is_empty() {
+            // Blocks that look leaked in a prefix another volume of this name claims are
+            // that volume's.
+            crate::owner::check(&*self.store, s)
+                .await
+                .map_err(|e| e.context("gc deleted no leaked object"))?;
+        }
         for (key, _) in &leaked {
             self.store
                 .delete(key)

@@ -117,7 +117,8 @@ fn store_files(root: &Path) -> Vec<(String, u64)> {
                 if !p.ends_with(".jfs-tmp") {
                     stack.push(p);
                 }
-            } else {
+            } else if !p.ends_with("jfs_volume") {
+                // Blocks only: not the store prefix's owner record.
                 out.push((
                     p.strip_prefix(root).unwrap().to_string_lossy().into_owned(),
                     e.metadata().unwrap().len(),

@@ -1721,3 +1721,88 @@ async fn a_mirror_agent_runs_from_the_environment_alone() {
     let _ = c2.kill();
     let _ = c2.wait();
 }
+
+/// Two volumes of one name in one store would share block keys: gc of one deletes the
+/// other's blocks as leaked, a cutover into the other's prefix skips or overwrites them. A
+/// second format into a claimed prefix, a cutover into it or into the volume's own store
+/// (however spelled) or into its metadata directory, are refused with nothing changed; gc
+/// deletes nothing leaked in a prefix another volume claims.
+#[test]
+fn a_store_prefix_belongs_to_one_volume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let meta = format!("rocksdb://{}/meta", t.display());
+    let a = format!("file://{}/a", t.display());
+    let jfs = |args: &[&str]| run("jfs", args, &[]);
+    assert!(jfs(&["format", &meta, "vol", "--storage", &a])
+        .status
+        .success());
+    let f = t.join("f");
+    std::fs::write(&f, data(3, 5 << 20)).unwrap();
+    assert!(jfs(&["put", &meta, s(&f), "/f"]).status.success());
+    let before = snapshot(&t.join("a"));
+    // Another volume of the same name into the same store, and into a store whose prefix a
+    // cutover claimed: refused, no metadata created.
+    let meta2 = format!("rocksdb://{}/meta2", t.display());
+    fails_clearly(
+        &jfs(&["format", &meta2, "vol", "--storage", &a]),
+        "holds the blocks of another volume named \"vol\"",
+    );
+    assert!(
+        !t.join("meta2").exists(),
+        "a refused format created metadata"
+    );
+    // A cutover to A spelled otherwise, or into the metadata's directory: refused.
+    for to in [
+        format!("file://{}/./a", t.display()),
+        format!("file://{}/x/../a/", t.display()),
+        format!("file://{}/meta/blocks", t.display()),
+    ] {
+        fails_clearly(
+            &jfs(&["cutover", "start", &meta, "--to", &to]),
+            "nothing was changed",
+        );
+    }
+    assert!(!t.join("meta/blocks").exists());
+    // B claimed by another volume named "vol": refused, the phase unchanged.
+    let other_meta = format!("rocksdb://{}/other", t.display());
+    let b = format!("file://{}/b", t.display());
+    assert!(jfs(&["format", &other_meta, "vol", "--storage", &b])
+        .status
+        .success());
+    fails_clearly(
+        &jfs(&["cutover", "start", &meta, "--to", &b]),
+        "holds the blocks of another volume",
+    );
+    let st = jfs(&["cutover", "status", &meta, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert!(v.to_string().contains("single"), "{v}");
+    assert_eq!(snapshot(&t.join("a")), before, "the volume's store changed");
+    // gc: a block that looks leaked in a prefix claimed by another volume is not deleted.
+    let owner = t.join("a/vol/jfs_volume");
+    let mine = std::fs::read(&owner).unwrap();
+    let mut theirs: serde_json::Value = serde_json::from_slice(&mine).unwrap();
+    theirs["uuid"] = "0123456789abcdef0123456789abcdef".into();
+    std::fs::write(&owner, theirs.to_string()).unwrap();
+    let stray = t.join("a/vol/chunks/0/0/999_0_4");
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::write(&stray, b"abcd").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(7 * 86400);
+    std::fs::File::options()
+        .write(true)
+        .open(&stray)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let o = jfs(&["gc", &meta, "--delete"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("another volume"),
+        "{err}"
+    );
+    assert!(stray.exists(), "gc deleted a block another volume claims");
+    std::fs::write(&owner, mine).unwrap();
+    let o = jfs(&["gc", &meta, "--delete"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!stray.exists(), "gc of its own prefix keeps a leaked block");
+}

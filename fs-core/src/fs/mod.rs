@@ -216,7 +216,22 @@ impl Fs {
         tx.set_op(Op::Format {
             name: settings.name.clone(),
         });
-        match tx.commit().await? {
+        // The store's prefix for this name becomes this volume's first: a prefix holding
+        // another volume's blocks is refused before anything is written.
+        let claim = crate::owner::claim(&*store, &settings).await?;
+        let unclaim = || async {
+            if claim == crate::owner::Claim::Claimed {
+                let _ = store.delete(&crate::owner::key(&settings.name)).await;
+            }
+        };
+        let outcome = match tx.commit().await {
+            Ok(o) => o,
+            Err(e) => {
+                unclaim().await;
+                return Err(e);
+            }
+        };
+        match outcome {
             CommitOutcome::Committed { .. } => {
                 let placement =
                     storage::Fixed::new(engine.clone(), store.clone(), &settings.storage).await?;
@@ -227,10 +242,13 @@ impl Fs {
                     Arc::new(placement),
                 ))
             }
-            CommitOutcome::Conflict => Err(Error::new(
-                ErrorKind::AlreadyExists,
-                "another format of this volume won the race",
-            )),
+            CommitOutcome::Conflict => {
+                unclaim().await;
+                Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    "another format of this volume won the race",
+                ))
+            }
         }
     }
 

@@ -34,11 +34,28 @@ pub async fn format(
         .check()
         .await
         .with_context(|| format!("checking the storage {storage}"))?;
-    let engine = super::open_engine_with(g, meta_url, false, true).await?;
-    volume::check_site(&*engine, volume::Access::Write, true).await?;
-    let fs = Fs::format(engine, store, s)
+    // Claim the store's prefix before the metadata is created: a store holding another
+    // volume of this name is refused with nothing made anywhere.
+    let claim = fs_core::owner::claim(&*store, &s)
         .await
         .with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
+    let made = async {
+        let engine = super::open_engine_with(g, meta_url, false, true).await?;
+        volume::check_site(&*engine, volume::Access::Write, true).await?;
+        Fs::format(engine, store.clone(), s.clone())
+            .await
+            .with_context(|| format!("formatting {}", meta::redact(meta_url)))
+    }
+    .await;
+    let fs = match made {
+        Ok(fs) => fs,
+        Err(e) => {
+            if claim == fs_core::owner::Claim::Claimed {
+                let _ = store.delete(&fs_core::owner::key(&s.name)).await;
+            }
+            return Err(e);
+        }
+    };
     println!(
         "formatted volume {:?} (uuid {}) in {} with blocks in {}",
         fs.settings().name,

@@ -28,6 +28,17 @@ pub async fn run(g: &Global, cmd: CutoverCmd) -> Result<Outcome> {
             barrier,
         } => {
             let e = open_engine(g, &meta_url, true).await?;
+            // B must be another place than A (and than the metadata), however spelled:
+            // checked before B is opened, which creates a local directory.
+            let ep = g.endpoint.as_deref();
+            let a = fs_core::Fs::load_settings(&*e).await?.storage;
+            let there = sync_cli::overlap::of_spec(&to, ep);
+            let why = sync_cli::overlap::find(&sync_cli::overlap::of_spec(&a, ep), &there).or_else(
+                || sync_cli::overlap::find(&sync_cli::overlap::meta_places(&meta_url, ""), &there),
+            );
+            if let Some(why) = why {
+                bail!("cannot move the volume's blocks to {to}: {} (with the store {a} and the metadata {}); nothing was changed: choose a store outside both", why.replace("the destination's", "the new store's").replace("the source's", "the volume's"), meta::redact(&meta_url));
+            }
             // Prove B answers (and create a local store's directory) before any writer
             // depends on it: an unreachable B would only fill the repair list.
             let b = volume::create_store(&to, g.endpoint.as_deref())
@@ -35,6 +46,10 @@ pub async fn run(g: &Global, cmd: CutoverCmd) -> Result<Outcome> {
             b.check().await.with_context(|| {
                 format!("the new store {to} does not answer (nothing was changed)")
             })?;
+            let settings = fs_core::Fs::load_settings(&*e).await?;
+            fs_core::owner::claim(&*b, &settings)
+                .await
+                .with_context(|| format!("claiming {to} for this volume (nothing was changed)"))?;
             let (_, after) = step(g, &meta_url, &Event::Start { to: to.clone() }).await?;
             wait_barrier(&*e, after.gen, &barrier).await?;
             println!(

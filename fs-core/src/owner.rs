@@ -1,0 +1,129 @@
+//! Which volume a store's `<name>/` prefix belongs to. A block key is made of the volume's
+//! name and a slice id, so two volumes of the same name in one bucket would share keys: gc
+//! of one would delete the other's blocks as leaked, and a cutover into such a prefix would
+//! skip (or overwrite) blocks that only look like its own. `jfs format` and `jfs cutover
+//! start` therefore claim the prefix with `<name>/jfs_volume` (the volume's uuid), and refuse
+//! a prefix claimed by another volume or holding blocks of an unknown one; gc deletes no
+//! leaked object in a prefix claimed by another volume.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::store::BlockStore;
+use crate::types::Settings;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+pub const VERSION: u32 = 1;
+
+/// The object that says whose a prefix is.
+pub fn key(volume: &str) -> String {
+    format!("{volume}/jfs_volume")
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub version: u32,
+    pub name: String,
+    pub uuid: String,
+    pub since_ns: i64,
+}
+
+/// The owner record of `settings.name`'s prefix in `store`, if any.
+pub async fn read(store: &dyn BlockStore, name: &str) -> Result<Option<Owner>> {
+    let k = key(name);
+    match store.get(&k).await {
+        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{} in {} does not decode ({e}): it is not jfs's, or it was damaged",
+                    k,
+                    store.display_url()
+                ),
+            )
+        }),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// What `claim` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The prefix was free; it is this volume's now.
+    Claimed,
+    /// This volume had claimed it before (a re-run).
+    Ours,
+}
+
+/// Make `store`'s prefix for this volume its own, or say why it cannot be.
+pub async fn claim(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
+    let url = store.display_url();
+    if let Some(o) = read(store, &s.name).await? {
+        if o.uuid == s.uuid {
+            return Ok(Claim::Ours);
+        }
+        return Err(taken(&url, &o));
+    }
+    // No owner: any block there is an unknown volume's (or one formatted before owner
+    // records existed). Mixing with it would lose data either way.
+    let mut found = 0u64;
+    store
+        .list(&crate::keys::blocks_prefix(&s.name), &mut |page| {
+            found += page.len() as u64;
+            Ok(())
+        })
+        .await
+        .map_err(|e| e.context(format!("listing {url} (nothing was written)")))?;
+    if found > 0 {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "{url} already holds {found} blocks under {}/ of a volume named {:?} that is not this one (no {} record says whose): another volume's blocks would be mixed with this one's, and gc of either would delete the other's; use another bucket or prefix, or another volume name",
+                s.name,
+                s.name,
+                key(&s.name)
+            ),
+        ));
+    }
+    let o = Owner {
+        version: VERSION,
+        name: s.name.clone(),
+        uuid: s.uuid.clone(),
+        since_ns: crate::types::now_ns(),
+    };
+    let v = serde_json::to_vec(&o).expect("an owner record serializes");
+    store.put(&key(&s.name), Bytes::from(v)).await?;
+    Ok(Claim::Claimed)
+}
+
+/// Fail unless the prefix is unclaimed or this volume's (gc's check before deleting).
+pub async fn check(store: &dyn BlockStore, s: &Settings) -> Result<()> {
+    match read(store, &s.name).await? {
+        Some(o) if o.uuid != s.uuid => Err(taken(&store.display_url(), &o)),
+        _ => Ok(()),
+    }
+}
+
+fn taken(url: &str, o: &Owner) -> Error {
+    Error::new(
+        ErrorKind::AlreadyExists,
+        format!(
+            "{url} holds the blocks of another volume named {:?} (uuid {}, per {}): two volumes of one name cannot share a store prefix (their block keys collide); use another bucket or prefix, or another volume name",
+            o.name,
+            o.uuid,
+            key(&o.name)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_key_is_outside_the_blocks() {
+        assert_eq!(key("vol"), "vol/jfs_volume");
+        assert!(!key("vol").starts_with(&crate::keys::blocks_prefix("vol")));
+        assert!(crate::keys::parse_block_key("vol", &key("vol")).is_none());
+    }
+}
