@@ -30,6 +30,11 @@ pub struct Owner {
 /// The owner record of `settings.name`'s prefix in `store`, if any.
 pub async fn read(store: &dyn BlockStore, name: &str) -> Result<Option<Owner>> {
     let k = key(name);
+    // Look before reading: a read of a missing key may leave its directory behind (a local
+    // store), and a refused format must leave the store as it was.
+    if store.head(&k).await?.is_none() {
+        return Ok(None);
+    }
     match store.get(&k).await {
         Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
             Error::new(
@@ -57,6 +62,23 @@ pub enum Claim {
 
 /// Make `store`'s prefix for this volume its own, or say why it cannot be.
 pub async fn claim(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
+    let c = claimable(store, s).await?;
+    if c == Claim::Claimed {
+        let o = Owner {
+            version: VERSION,
+            name: s.name.clone(),
+            uuid: s.uuid.clone(),
+            since_ns: crate::types::now_ns(),
+        };
+        let v = serde_json::to_vec(&o).expect("an owner record serializes");
+        store.put(&key(&s.name), Bytes::from(v)).await?;
+    }
+    Ok(c)
+}
+
+/// What `claim` would do, writing nothing: `Claimed` when the prefix is free, `Ours` when
+/// this volume holds it, an error when it cannot be this volume's.
+pub async fn claimable(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
     let url = store.display_url();
     if let Some(o) = read(store, &s.name).await? {
         if o.uuid == s.uuid {
@@ -85,14 +107,6 @@ pub async fn claim(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
             ),
         ));
     }
-    let o = Owner {
-        version: VERSION,
-        name: s.name.clone(),
-        uuid: s.uuid.clone(),
-        since_ns: crate::types::now_ns(),
-    };
-    let v = serde_json::to_vec(&o).expect("an owner record serializes");
-    store.put(&key(&s.name), Bytes::from(v)).await?;
     Ok(Claim::Claimed)
 }
 

@@ -189,6 +189,9 @@ pub async fn detach(engine: &dyn Engine, m: &MirrorMarker) -> Result<Detached> {
     let v = serde_json::to_vec(&d).expect("a detach record serializes");
     engine.aux_put(DETACHED, Some(&v)).await?;
     engine.aux_put(MARKER, None).await?;
+    // A fenced primary detached (a fence undone, or a volume of its own from now on): its
+    // mounts must not follow the move it once recorded.
+    engine.aux_put(MOVED, None).await?;
     Ok(d)
 }
 

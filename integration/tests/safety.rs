@@ -1806,3 +1806,48 @@ fn a_store_prefix_belongs_to_one_volume() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!stray.exists(), "gc of its own prefix keeps a leaked block");
 }
+
+/// Fencing the wrong volume (a typo'd --meta) is undone by the command the refusal names,
+/// `mirror-agent detach --meta URL`: writes work again and its mounts no longer follow the
+/// recorded move.
+#[test]
+fn a_mistaken_fence_is_undone_by_the_detach_its_refusal_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let meta = format!("rocksdb://{}/meta", t.display());
+    let store = format!("file://{}/s", t.display());
+    let jfs = |args: &[&str]| run("jfs", args, &[]);
+    assert!(jfs(&["format", &meta, "v", "--storage", &store])
+        .status
+        .success());
+    let f = t.join("f");
+    std::fs::write(&f, data(5, 70_000)).unwrap();
+    assert!(jfs(&["put", &meta, s(&f), "/a"]).status.success());
+    let nowhere = format!("rocksdb://{}/nowhere", t.display());
+    let o = run(
+        "mirror-agent",
+        &[
+            "fence",
+            "--meta",
+            &meta,
+            "--as",
+            "oops",
+            "--new-primary",
+            "127.0.0.1:9",
+            "--moved-to",
+            &nowhere,
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = fails_clearly(&jfs(&["put", &meta, s(&f), "/b"]), "mirror \"oops\"");
+    assert!(err.contains("mirror-agent detach --meta URL"), "{err}");
+    let o = run("mirror-agent", &["detach", "--meta", &meta], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(jfs(&["put", &meta, s(&f), "/b"]).status.success());
+    let st: serde_json::Value =
+        serde_json::from_slice(&jfs(&["status", &meta, "--json"]).stdout).unwrap();
+    assert!(st["moved"].is_null() && st["mirror"].is_null(), "{st}");
+    assert_eq!(jfs(&["cat", &meta, "/a"]).stdout, data(5, 70_000));
+    assert_eq!(jfs(&["cat", &meta, "/b"]).stdout, data(5, 70_000));
+}

@@ -105,8 +105,13 @@ enum Cmd {
     /// mirror store. Refused while the agent runs or while blocks are still being copied.
     Detach {
         /// The mirror agent's config (its `meta`, `state_dir` and `[mirror]`).
-        #[arg(long, env = "MIRROR_AGENT_CONFIG")]
+        #[arg(long, env = "MIRROR_AGENT_CONFIG", conflicts_with = "meta")]
         config: Option<PathBuf>,
+        /// Metadata whose mirror marker names the volume's own store (a fenced primary, or a
+        /// mirror sharing its primary's store), detached without an agent config: every block
+        /// is already where the volume says.
+        #[arg(long, value_name = "META_URL")]
+        meta: Option<String>,
     },
     /// At the old primary (a planned move, or when a failed primary comes back): refuse every
     /// writer there and stop its agent shipping; the metadata becomes mirror NAME of the new
@@ -184,7 +189,13 @@ fn main() -> ExitCode {
             Cmd::CheckConfig { config, connect } => {
                 cmd::check::check_config(config.as_deref(), connect).await
             }
-            Cmd::Detach { config } => {
+            Cmd::Detach {
+                meta: Some(meta), ..
+            } => {
+                println!("{}", mirror_agent::site::detach_meta(&meta).await?);
+                Ok(())
+            }
+            Cmd::Detach { config, .. } => {
                 let c = mirror_agent::config::Config::load(config.as_deref())?;
                 if c.role != Role::Mirror {
                     anyhow::bail!("detach applies to a mirror: this config has role = \"primary\"");

@@ -127,3 +127,31 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
         d.name, d.at_seq, marker.store, d.name
     ))
 }
+
+/// `mirror-agent detach --meta URL`: for metadata whose marker names the store the volume's
+/// blocks already are in (a fence undone, a fenced old primary made a volume of its own
+/// again, an engine-migration mirror on the volume's own store). Anything else needs the
+/// agent's state to know every block was copied: `--config`.
+pub async fn detach_meta(meta: &str) -> Result<String> {
+    let engine = volume::open_engine(meta, volume::Access::Write, None, false).await?;
+    let url = engine.display_url();
+    if fs_core::slots::incomplete(&*engine).await?.is_some() {
+        bail!("{url} is a mirror that is bootstrapping: its tree is incomplete; let it finish before detaching");
+    }
+    let Some(marker) = site::marker(&*engine).await? else {
+        bail!("{url} is not a mirror's metadata (no mirror marker): nothing to detach");
+    };
+    let settings = fs_core::Fs::load_settings(&*engine).await?;
+    if marker.store != settings.storage {
+        bail!(
+            "{url} is mirror {:?}, whose blocks are copied into its own store {}: detach it with `mirror-agent detach --config MIRROR_CONFIG` (the agent stopped), which checks that every block was copied",
+            marker.name,
+            marker.store
+        );
+    }
+    let d = site::detach(&*engine, &marker).await?;
+    Ok(format!(
+        "detached {url} (it was mirror {:?} of {}) at seq {}: a volume of its own again, writable, blocks in {}; a move it recorded is cleared, so its mounts stay. If a mirror agent still runs on it, it stops; if the other site was promoted meanwhile, the two are separate volumes from now on",
+        d.name, marker.primary, d.at_seq, settings.storage
+    ))
+}

@@ -216,6 +216,11 @@ impl Fs {
         tx.set_op(Op::Format {
             name: settings.name.clone(),
         });
+        // A mirror's metadata refuses the commit below anyway: say so before the store is
+        // touched.
+        if let Some(m) = crate::site::marker(&*engine).await? {
+            return Err(crate::site::writes_refused(&engine.display_url(), Some(&m)));
+        }
         // The store's prefix for this name becomes this volume's first: a prefix holding
         // another volume's blocks is refused before anything is written.
         let claim = crate::owner::claim(&*store, &settings).await?;

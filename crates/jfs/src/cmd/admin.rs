@@ -34,28 +34,16 @@ pub async fn format(
         .check()
         .await
         .with_context(|| format!("checking the storage {storage}"))?;
-    // Claim the store's prefix before the metadata is created: a store holding another
-    // volume of this name is refused with nothing made anywhere.
-    let claim = fs_core::owner::claim(&*store, &s)
+    // A store prefix that cannot be this volume's is refused before the metadata is
+    // created (format claims it, writing its owner record, once the metadata checks pass).
+    fs_core::owner::claimable(&*store, &s)
         .await
         .with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
-    let made = async {
-        let engine = super::open_engine_with(g, meta_url, false, true).await?;
-        volume::check_site(&*engine, volume::Access::Write, true).await?;
-        Fs::format(engine, store.clone(), s.clone())
-            .await
-            .with_context(|| format!("formatting {}", meta::redact(meta_url)))
-    }
-    .await;
-    let fs = match made {
-        Ok(fs) => fs,
-        Err(e) => {
-            if claim == fs_core::owner::Claim::Claimed {
-                let _ = store.delete(&fs_core::owner::key(&s.name)).await;
-            }
-            return Err(e);
-        }
-    };
+    let engine = super::open_engine_with(g, meta_url, false, true).await?;
+    volume::check_site(&*engine, volume::Access::Write, true).await?;
+    let fs = Fs::format(engine, store, s)
+        .await
+        .with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
     println!(
         "formatted volume {:?} (uuid {}) in {} with blocks in {}",
         fs.settings().name,
