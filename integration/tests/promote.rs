@@ -87,6 +87,37 @@ impl Drop for Writer {
     }
 }
 
+/// The old primary's metadata rejoins the new primary (at `new_listen`, metadata `new_meta`)
+/// as mirror `name` over `store`; returns once it has converged, with the new primary opened.
+async fn rejoin_as_mirror(
+    dir: &Path,
+    old_meta: &str,
+    name: &str,
+    new_listen: &str,
+    store: &str,
+    new_meta: &str,
+) -> (Agent, fs_core::Fs) {
+    let rejoin = Agent::start(
+        dir,
+        name,
+        &mirror_toml(
+            old_meta,
+            &dir.join(format!("{name}-state")),
+            &format!("127.0.0.1:{}", free_port()),
+            name,
+            new_listen,
+            store,
+            "",
+        ),
+        &[("MIRROR_TOKEN", TOKEN)],
+    );
+    let newp = volume::open(new_meta, &volume::Options::default())
+        .await
+        .unwrap();
+    wait_converged(&rejoin, &**newp.engine(), Duration::from_secs(120)).await;
+    (rejoin, newp)
+}
+
 fn check_files(root: &Path, files: &[Written]) {
     for w in files {
         let got = std::fs::read(root.join(&w.path))
@@ -242,24 +273,15 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     );
     m2.stop();
     m.stop();
-    let rejoin = Agent::start(
+    let (_rejoin, newp) = rejoin_as_mirror(
         dir.path(),
-        "rejoin",
-        &mirror_toml(
-            &old_meta,
-            &dir.path().join("rjstate"),
-            &format!("127.0.0.1:{}", free_port()),
-            "old-site",
-            &new_listen,
-            &vol.store_url,
-            "",
-        ),
-        &[("MIRROR_TOKEN", TOKEN)],
-    );
-    let newp = volume::open(&pair.m_meta, &volume::Options::default())
-        .await
-        .unwrap();
-    wait_converged(&rejoin, &**newp.engine(), Duration::from_secs(120)).await;
+        &old_meta,
+        "old-site",
+        &new_listen,
+        &vol.store_url,
+        &pair.m_meta,
+    )
+    .await;
     let n = assert_same(&newp, &old_meta, &vol.store_url).await;
     assert_same_journal(&**newp.engine(), &*open_ro(&old_meta).await).await;
     assert!(status_json(&old_meta)["epoch"] == 1);
@@ -395,24 +417,15 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
     let out = runbook::run_ok("failover", "fence", &env);
     assert!(out.contains("fenced"), "{out}");
     drop(vol.fs);
-    let rejoin = Agent::start(
+    let (rejoin, newp) = rejoin_as_mirror(
         dir.path(),
-        "rejoin",
-        &mirror_toml(
-            &old_meta,
-            &dir.path().join("rjstate"),
-            &format!("127.0.0.1:{}", free_port()),
-            "old-site",
-            &new_listen,
-            &vol.store_url,
-            "",
-        ),
-        &[("MIRROR_TOKEN", TOKEN)],
-    );
-    let newp = volume::open(&pair.m_meta, &volume::Options::default())
-        .await
-        .unwrap();
-    wait_converged(&rejoin, &**newp.engine(), Duration::from_secs(120)).await;
+        &old_meta,
+        "old-site",
+        &new_listen,
+        &vol.store_url,
+        &pair.m_meta,
+    )
+    .await;
     let n = assert_same(&newp, &old_meta, &vol.store_url).await;
     assert!(
         p2.log_text()
@@ -543,24 +556,15 @@ async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
         p1.term();
         let _ = &mut p1;
         // The old metadata rejoins as a mirror of the new primary (the rollback target).
-        let rejoin = Agent::start(
+        let (rejoin, newp) = rejoin_as_mirror(
             dir.path(),
+            &old_meta,
             "old-engine",
-            &mirror_toml(
-                &old_meta,
-                &dir.path().join("rs"),
-                &format!("127.0.0.1:{}", free_port()),
-                "old-engine",
-                &new_listen,
-                &store,
-                "",
-            ),
-            &envs,
-        );
-        let newp = volume::open(&new_meta, &volume::Options::default())
-            .await
-            .unwrap();
-        wait_converged(&rejoin, &**newp.engine(), Duration::from_secs(120)).await;
+            &new_listen,
+            &store,
+            &new_meta,
+        )
+        .await;
         rejoin_stop(rejoin);
         drop(p2);
         let d_new = fs_core::maint::dump(&**newp.engine()).await.unwrap();

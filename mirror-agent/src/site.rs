@@ -98,14 +98,7 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
             "{pending} blocks are not copied to the mirror store yet: start the agent, wait until `mirror-agent status` shows 0 pending, stop it, then detach"
         );
     }
-    let engine = volume::open_engine(&cfg.meta, volume::Access::Write, None, false).await?;
-    let url = engine.display_url();
-    if fs_core::slots::incomplete(&*engine).await?.is_some() {
-        bail!("{url} is a mirror that is bootstrapping: its tree is incomplete; let it finish before detaching");
-    }
-    let Some(marker) = site::marker(&*engine).await? else {
-        bail!("{url} is not a mirror's metadata (no mirror marker): nothing to detach");
-    };
+    let (engine, url, marker) = open_to_detach(&cfg.meta).await?;
     if marker.name != m.name {
         bail!(
             "{url} is mirror {:?}'s metadata, not {:?}'s",
@@ -133,14 +126,7 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
 /// again, an engine-migration mirror on the volume's own store). Anything else needs the
 /// agent's state to know every block was copied: `--config`.
 pub async fn detach_meta(meta: &str) -> Result<String> {
-    let engine = volume::open_engine(meta, volume::Access::Write, None, false).await?;
-    let url = engine.display_url();
-    if fs_core::slots::incomplete(&*engine).await?.is_some() {
-        bail!("{url} is a mirror that is bootstrapping: its tree is incomplete; let it finish before detaching");
-    }
-    let Some(marker) = site::marker(&*engine).await? else {
-        bail!("{url} is not a mirror's metadata (no mirror marker): nothing to detach");
-    };
+    let (engine, url, marker) = open_to_detach(meta).await?;
     let settings = fs_core::Fs::load_settings(&*engine).await?;
     if marker.store != settings.storage {
         bail!(
@@ -154,4 +140,17 @@ pub async fn detach_meta(meta: &str) -> Result<String> {
         "detached {url} (it was mirror {:?} of {}) at seq {}: a volume of its own again, writable, blocks in {}; a move it recorded is cleared, so its mounts stay. If a mirror agent still runs on it, it stops; if the other site was promoted meanwhile, the two are separate volumes from now on",
         d.name, marker.primary, d.at_seq, settings.storage
     ))
+}
+
+/// A mirror's metadata opened to be detached: not bootstrapping, and marked.
+async fn open_to_detach(meta: &str) -> Result<(std::sync::Arc<dyn Engine>, String, MirrorMarker)> {
+    let engine = volume::open_engine(meta, volume::Access::Write, None, false).await?;
+    let url = engine.display_url();
+    if fs_core::slots::incomplete(&*engine).await?.is_some() {
+        bail!("{url} is a mirror that is bootstrapping: its tree is incomplete; let it finish before detaching");
+    }
+    let Some(marker) = site::marker(&*engine).await? else {
+        bail!("{url} is not a mirror's metadata (no mirror marker): nothing to detach");
+    };
+    Ok((engine, url, marker))
 }
