@@ -28,6 +28,11 @@ pub async fn run(g: &Global, cmd: CutoverCmd) -> Result<Outcome> {
             barrier,
         } => {
             let e = open_engine(g, &meta_url, true).await?;
+            // A mirror's (or a fenced primary's) metadata refuses the transition anyway: say
+            // so before B is created.
+            if let Some(m) = fs_core::site::marker(&*e).await? {
+                return Err(fs_core::site::writes_refused(&e.display_url(), Some(&m)).into());
+            }
             // B must be another place than A (and than the metadata), however spelled:
             // checked before B is opened, which creates a local directory.
             let ep = g.endpoint.as_deref();
