@@ -7,6 +7,7 @@
 pub mod mirror;
 pub mod mountproc;
 pub mod runbook;
+pub mod written;
 
 use fs_core::{BlockStore, Engine, Fs, Settings};
 use std::path::PathBuf;

@@ -7,8 +7,9 @@
 use integration::mirror::*;
 use integration::mountproc::Mount;
 use integration::runbook;
+use integration::written::{check_files, Written};
 use integration::{bin, data, volume_with};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,14 +17,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const RB: &str = "storage-cutover";
-
-/// A file a writer finished (written, fsynced, renamed into place or put), and its CRC.
-#[derive(Debug, Clone)]
-struct Written {
-    path: String,
-    crc: u32,
-    len: usize,
-}
 
 #[derive(Default)]
 struct Log {
@@ -134,22 +127,6 @@ fn jfs_ok(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Every recorded file reads back with its bytes, through `root` (a mount).
-fn check_files(root: &Path, files: &[Written]) -> usize {
-    for w in files {
-        let got = std::fs::read(root.join(&w.path))
-            .unwrap_or_else(|e| panic!("reading {} back: {e}", w.path));
-        assert_eq!(got.len(), w.len, "{} has the wrong length", w.path);
-        assert_eq!(
-            crc32c::crc32c(&got),
-            w.crc,
-            "{} differs from what was written",
-            w.path
-        );
-    }
-    files.len()
 }
 
 fn status_json(meta: &str) -> serde_json::Value {

@@ -6,18 +6,11 @@
 use integration::mirror::*;
 use integration::mountproc::Mount;
 use integration::runbook;
+use integration::written::{check_files, Written};
 use integration::{bin, data, volume_with};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// A checkpoint acknowledged to its writer (written, fsynced, renamed), with its CRC.
-#[derive(Debug, Clone)]
-struct Written {
-    path: String,
-    crc: u32,
-    len: usize,
-}
 
 /// What a checkpoint writer saw: the checkpoints acknowledged (the last of each name), how
 /// long each took, and the errors.
@@ -87,6 +80,24 @@ impl Drop for Writer {
     }
 }
 
+/// The promoted site's primary agent on `meta`, listening on `listen`, serving the old
+/// primary's metadata as mirror `mirror`.
+fn start_new_primary(dir: &Path, meta: &str, listen: &str, mirror: &str) -> Agent {
+    Agent::start(
+        dir,
+        "new-primary",
+        &primary_toml(
+            meta,
+            &dir.join("new-primary-state"),
+            &format!("127.0.0.1:{}", free_port()),
+            listen,
+            &[mirror],
+            "",
+        ),
+        &[("MIRROR_TOKEN", TOKEN)],
+    )
+}
+
 /// The old primary's metadata rejoins the new primary (at `new_listen`, metadata `new_meta`)
 /// as mirror `name` over `store`; returns once it has converged, with the new primary opened.
 async fn rejoin_as_mirror(
@@ -116,20 +127,6 @@ async fn rejoin_as_mirror(
         .unwrap();
     wait_converged(&rejoin, &**newp.engine(), Duration::from_secs(120)).await;
     (rejoin, newp)
-}
-
-fn check_files(root: &Path, files: &[Written]) {
-    for w in files {
-        let got = std::fs::read(root.join(&w.path))
-            .unwrap_or_else(|e| panic!("reading {} back: {e}", w.path));
-        assert_eq!(got.len(), w.len, "{} has the wrong length", w.path);
-        assert_eq!(
-            crc32c::crc32c(&got),
-            w.crc,
-            "{} differs from what was acknowledged",
-            w.path
-        );
-    }
 }
 
 fn longest_pause(log: &Log) -> Duration {
@@ -201,19 +198,7 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     let t_promoted = Instant::now();
     assert!(out.contains("primary at epoch 1"), "{out}");
     // The new site's primary agent, serving the old site as a mirror.
-    let p2 = Agent::start(
-        dir.path(),
-        "primary2",
-        &primary_toml(
-            &pair.m_meta,
-            &dir.path().join("p2state"),
-            &format!("127.0.0.1:{}", free_port()),
-            &new_listen,
-            &["old-site"],
-            "",
-        ),
-        &[("MIRROR_TOKEN", TOKEN)],
-    );
+    let p2 = start_new_primary(dir.path(), &pair.m_meta, &new_listen, "old-site");
     // The mount follows by itself; writes go on at the new primary.
     let t0 = Instant::now();
     while !std::fs::read_to_string(&m.log)
@@ -386,19 +371,7 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
         applied_at_promotion < old_head,
         "the mirror had everything: no failover to test"
     );
-    let p2 = Agent::start(
-        dir.path(),
-        "primary2",
-        &primary_toml(
-            &pair.m_meta,
-            &dir.path().join("p2state"),
-            &format!("127.0.0.1:{}", free_port()),
-            &new_listen,
-            &["old-site"],
-            "",
-        ),
-        &[("MIRROR_TOKEN", TOKEN)],
-    );
+    let p2 = start_new_primary(dir.path(), &pair.m_meta, &new_listen, "old-site");
     // The new primary takes writes (a mount of it); ids never collide with the old site's.
     let m = Mount::start(&pair.m_meta, dir.path(), "mnt", &["--cache-size", "0"]);
     std::fs::write(m.mp.join("after"), data(77, 500_000)).unwrap();
@@ -526,19 +499,7 @@ async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
             t_promoted - t_promote
         );
         assert!(out.contains("primary at epoch 1"), "{out}");
-        let p2 = Agent::start(
-            dir.path(),
-            "p2",
-            &primary_toml(
-                &new_meta,
-                &dir.path().join("p2s"),
-                &format!("127.0.0.1:{}", free_port()),
-                &new_listen,
-                &["old-engine"],
-                "",
-            ),
-            &envs,
-        );
+        let p2 = start_new_primary(dir.path(), &new_meta, &new_listen, "old-engine");
         std::thread::sleep(Duration::from_secs(2));
         let log = w.stop();
         let errors = log.errors.clone();
