@@ -67,15 +67,11 @@ pub const PROGRESS_EVERY_MS: u64 = 500;
 
 /// The progress record of a mirror's metadata, if an agent has written one.
 pub async fn progress(engine: &dyn Engine) -> Result<Option<Progress>> {
-    match aux_exact(engine, PROGRESS).await? {
-        Some(v) => decode(PROGRESS, &v).map(Some),
-        None => Ok(None),
-    }
+    read_record(engine, PROGRESS).await
 }
 
 pub async fn set_progress(engine: &dyn Engine, p: &Progress) -> Result<()> {
-    let v = serde_json::to_vec(p).expect("a progress record serializes");
-    engine.aux_put(PROGRESS, Some(&v)).await
+    write_record(engine, PROGRESS, Some(p)).await
 }
 
 /// `mirror.want.<session>`: blocks a mount at this site read from the origin (or was asked
@@ -95,10 +91,7 @@ pub struct Want {
 }
 
 pub async fn set_want(engine: &dyn Engine, session: &str, w: Option<&Want>) -> Result<()> {
-    let v = w.map(|w| serde_json::to_vec(w).expect("a want record serializes"));
-    engine
-        .aux_put(&format!("{WANT_PREFIX}{session}"), v.as_deref())
-        .await
+    write_record(engine, &format!("{WANT_PREFIX}{session}"), w).await
 }
 
 /// Every live want record, by name (records that do not decode are skipped with a warning:
@@ -136,6 +129,23 @@ async fn aux_exact(engine: &dyn Engine, name: &str) -> Result<Option<Vec<u8>>> {
         .map(|(_, v)| v))
 }
 
+/// Aux record `name`, decoded (its version checked), if present.
+async fn read_record<T: for<'de> Deserialize<'de>>(
+    engine: &dyn Engine,
+    name: &str,
+) -> Result<Option<T>> {
+    match aux_exact(engine, name).await? {
+        Some(v) => decode(name, &v).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Write aux record `name` (`None` removes it).
+async fn write_record<T: Serialize>(engine: &dyn Engine, name: &str, r: Option<&T>) -> Result<()> {
+    let v = r.map(|r| serde_json::to_vec(r).expect("an aux record serializes"));
+    engine.aux_put(name, v.as_deref()).await
+}
+
 fn decode<T: for<'de> Deserialize<'de>>(name: &str, v: &[u8]) -> Result<T> {
     #[derive(Deserialize)]
     struct V {
@@ -158,23 +168,16 @@ fn decode<T: for<'de> Deserialize<'de>>(name: &str, v: &[u8]) -> Result<T> {
 
 /// The mirror marker of this metadata, if it is a mirror's.
 pub async fn marker(engine: &dyn Engine) -> Result<Option<MirrorMarker>> {
-    match aux_exact(engine, MARKER).await? {
-        Some(v) => decode(MARKER, &v).map(Some),
-        None => Ok(None),
-    }
+    read_record(engine, MARKER).await
 }
 
 /// The record a detach left, if this metadata was once a mirror.
 pub async fn detached(engine: &dyn Engine) -> Result<Option<Detached>> {
-    match aux_exact(engine, DETACHED).await? {
-        Some(v) => decode(DETACHED, &v).map(Some),
-        None => Ok(None),
-    }
+    read_record(engine, DETACHED).await
 }
 
 pub async fn set_marker(engine: &dyn Engine, m: &MirrorMarker) -> Result<()> {
-    let v = serde_json::to_vec(m).expect("a marker serializes");
-    engine.aux_put(MARKER, Some(&v)).await
+    write_record(engine, MARKER, Some(m)).await
 }
 
 /// Make a mirror's metadata a volume of its own: the marker goes, a detach record stays.
@@ -186,8 +189,7 @@ pub async fn detach(engine: &dyn Engine, m: &MirrorMarker) -> Result<Detached> {
         at_seq: engine.journal_bounds().await?.last,
         time_ns: crate::types::now_ns(),
     };
-    let v = serde_json::to_vec(&d).expect("a detach record serializes");
-    engine.aux_put(DETACHED, Some(&v)).await?;
+    write_record(engine, DETACHED, Some(&d)).await?;
     engine.aux_put(MARKER, None).await?;
     // A fenced primary detached (a fence undone, or a volume of its own from now on): its
     // mounts must not follow the move it once recorded.
@@ -325,15 +327,11 @@ pub struct Moved {
 }
 
 pub async fn moved(engine: &dyn Engine) -> Result<Option<Moved>> {
-    match aux_exact(engine, MOVED).await? {
-        Some(v) => decode(MOVED, &v).map(Some),
-        None => Ok(None),
-    }
+    read_record(engine, MOVED).await
 }
 
 pub async fn set_moved(engine: &dyn Engine, m: Option<&Moved>) -> Result<()> {
-    let v = m.map(|m| serde_json::to_vec(m).expect("a moved record serializes"));
-    engine.aux_put(MOVED, v.as_deref()).await
+    write_record(engine, MOVED, m).await
 }
 
 /// Written by `mirror-agent promote` before it removes the marker, removed once the epoch is
@@ -341,15 +339,11 @@ pub async fn set_moved(engine: &dyn Engine, m: Option<&Moved>) -> Result<()> {
 pub const PROMOTING: &str = "mirror.promoting";
 
 pub async fn promoting(engine: &dyn Engine) -> Result<Option<Epoch>> {
-    match aux_exact(engine, PROMOTING).await? {
-        Some(v) => decode(PROMOTING, &v).map(Some),
-        None => Ok(None),
-    }
+    read_record(engine, PROMOTING).await
 }
 
 pub async fn set_promoting(engine: &dyn Engine, e: Option<&Epoch>) -> Result<()> {
-    let v = e.map(|e| serde_json::to_vec(e).expect("an epoch record serializes"));
-    engine.aux_put(PROMOTING, v.as_deref()).await
+    write_record(engine, PROMOTING, e).await
 }
 
 /// How far a promotion moves the id counters past what this site saw.

@@ -22,6 +22,8 @@ pub struct MovingEngine {
     inner: RwLock<Arc<dyn Engine>>,
     /// How many times it moved (the session follower re-registers after each).
     moves: std::sync::atomic::AtomicU64,
+    /// One look at the new primary at a time: commits waiting together share it.
+    probing: tokio::sync::Mutex<()>,
     /// How to open the next one.
     access: crate::Access,
     password_file: Option<PathBuf>,
@@ -36,6 +38,7 @@ impl MovingEngine {
         Arc::new(MovingEngine {
             inner: RwLock::new(e),
             moves: Default::default(),
+            probing: Default::default(),
             access,
             password_file,
         })
@@ -52,6 +55,7 @@ impl MovingEngine {
     /// If the metadata says the volume moved and the new primary is ready, move there.
     /// Returns the new URL when it moved.
     pub async fn follow_move(&self) -> Result<Option<String>> {
+        let _one = self.probing.lock().await;
         let cur = self.cur();
         let Some(m) = fs_core::site::moved(&*cur).await? else {
             return Ok(None);
@@ -79,14 +83,8 @@ impl MovingEngine {
         let next = crate::open_engine(&m.meta_url, self.access, self.password_file.clone(), false)
             .await
             .map_err(|e| e.context(format!("opening the new primary {}", m.meta_url)))?;
-        {
-            let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
-            // Another caller moved first.
-            if g.display_url() != cur.display_url() {
-                return Ok(None);
-            }
-            *g = next;
-        }
+        // Callers take turns (`probing`): nobody moved since `cur` was read.
+        *self.inner.write().unwrap_or_else(|p| p.into_inner()) = next;
         self.moves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tracing::warn!(to = %m.meta_url, epoch = m.epoch, "the volume moved to a new primary: following it (open files stay open)");
         Ok(Some(m.meta_url))

@@ -30,17 +30,17 @@ pub async fn run(g: &Global, cmd: CutoverCmd) -> Result<Outcome> {
             let e = open_engine(g, &meta_url, true).await?;
             // A mirror's (or a fenced primary's) metadata refuses the transition anyway: say
             // so before B is created.
-            if let Some(m) = fs_core::site::marker(&*e).await? {
-                return Err(fs_core::site::writes_refused(&e.display_url(), Some(&m)).into());
-            }
+            volume::check_site(&*e, volume::Access::Write, false).await?;
             // B must be another place than A (and than the metadata), however spelled:
             // checked before B is opened, which creates a local directory.
             let ep = g.endpoint.as_deref();
-            let a = fs_core::Fs::load_settings(&*e).await?.storage;
+            let settings = settings_of(&*e).await?;
+            let a = &settings.storage;
             let there = sync_cli::overlap::of_spec(&to, ep);
-            let why = sync_cli::overlap::find(&sync_cli::overlap::of_spec(&a, ep), &there).or_else(
-                || sync_cli::overlap::find(&sync_cli::overlap::meta_places(&meta_url, ""), &there),
-            );
+            let why =
+                sync_cli::overlap::find(&sync_cli::overlap::of_spec(a, ep), &there).or_else(|| {
+                    sync_cli::overlap::find(&sync_cli::overlap::meta_places(&meta_url, ""), &there)
+                });
             if let Some(why) = why {
                 bail!("cannot move the volume's blocks to {to}: {} (with the store {a} and the metadata {}); nothing was changed: choose a store outside both", why.replace("the destination's", "the new store's").replace("the source's", "the volume's"), meta::redact(&meta_url));
             }
@@ -51,7 +51,6 @@ pub async fn run(g: &Global, cmd: CutoverCmd) -> Result<Outcome> {
             b.check().await.with_context(|| {
                 format!("the new store {to} does not answer (nothing was changed)")
             })?;
-            let settings = fs_core::Fs::load_settings(&*e).await?;
             fs_core::owner::claim(&*b, &settings)
                 .await
                 .with_context(|| format!("claiming {to} for this volume (nothing was changed)"))?;
