@@ -39,8 +39,8 @@ pub async fn check(
     download: bool,
     threads: usize,
 ) -> Result<CheckReport> {
-    let mut srx = crate::listing::spawn(src.clone(), None, false, threads.min(8), 1);
-    let mut drx = crate::listing::spawn(dst.clone(), None, false, threads.min(8), 1);
+    let mut srx = crate::listing::spawn(src.clone(), Default::default(), false, threads.min(8), 1);
+    let mut drx = crate::listing::spawn(dst.clone(), Default::default(), false, threads.min(8), 1);
     let (mut sb, mut db) = (Default::default(), Default::default());
     let mut r = CheckReport::default();
     let mut same_size: Vec<Entry> = Vec::new();

@@ -109,7 +109,8 @@ impl Paths<'_> {
 /// Keys under `prefix` (a directory key ending in '/') on one side.
 async fn keys_under(ep: &dyn Endpoint, prefix: &str, out: &mut BTreeSet<String>) -> Result<()> {
     let (tx, mut rx) = mpsc::channel(4);
-    let lister = ep.list(prefix, None, false, tx);
+    let all = crate::listing::KeyRange::all();
+    let lister = ep.list(prefix, &all, false, tx);
     let collect = async {
         while let Some(page) = rx.recv().await {
             for e in page? {

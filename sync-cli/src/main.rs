@@ -337,6 +337,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
         keys_from_user: keys.is_some(),
         keys,
         limits,
+        range: Default::default(),
     };
     let stats = Arc::new(Stats::default());
     // Hostile keys named by --files-from fail one by one; the rest of the run goes on.

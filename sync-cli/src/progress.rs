@@ -27,7 +27,8 @@ pub fn count_ahead(
         Some(s) => s.cursor()?,
         None => None,
     };
-    let mut rx = crate::listing::spawn(src.clone(), after, o.dirs, o.list_threads, o.list_depth);
+    let range = o.range.resumed(after.as_deref());
+    let mut rx = crate::listing::spawn(src.clone(), range, o.dirs, o.list_threads, o.list_depth);
     let stats = stats.clone();
     tokio::spawn(async move {
         while let Some(page) = rx.recv().await {

@@ -15,6 +15,7 @@ use crate::copy::{checksum, with_retries, Copier};
 use crate::endpoint::{Endpoint, Entry, Kind, Page};
 use crate::filter::Filter;
 use crate::limits::Limits;
+use crate::listing::KeyRange;
 use crate::plan::{Action, Compare, Why};
 use crate::state::{Done, State};
 use crate::stats::{Outcome, OutcomeKind, Stats, Summary};
@@ -55,6 +56,21 @@ pub struct Options {
     /// counted as failed. (--from-journal's keys may name things deleted since.)
     pub keys_from_user: bool,
     pub limits: Arc<Limits>,
+    /// The part of the key space this run covers (a shared job's range; all by default).
+    pub range: KeyRange,
+}
+
+/// Where the resume point of a range held in a shared job is kept (instead of the local
+/// state): the holder of the range's lease saves it there, and a save is refused once the
+/// lease has passed to another worker.
+#[async_trait::async_trait]
+pub trait Shared: Send + Sync {
+    /// Where earlier attempts stopped, and what the keys up to there came to.
+    fn start(&self) -> (Option<String>, Summary);
+    /// Every key at or before `cursor` is resolved and came to `tally`; `deletes` are the
+    /// extraneous destination keys found since the last save (with --delete-dst).
+    async fn save(&self, cursor: &str, tally: &Summary, deletes: Vec<(String, bool)>)
+        -> Result<()>;
 }
 
 #[derive(Debug)]
@@ -172,6 +188,11 @@ struct Ctx {
     o: Arc<Options>,
     stats: Arc<Stats>,
     state: Option<Arc<State>>,
+    shared: Option<Arc<dyn Shared>>,
+    /// Extraneous keys to hand to `shared` at the next save.
+    extras: Mutex<Vec<(String, bool)>>,
+    /// Why a save to `shared` was refused (the lease was lost): the run stops.
+    lost: Mutex<Option<String>>,
     /// Earlier attempts' tally (keys at or before the starting cursor).
     base: Summary,
     window: Mutex<Window>,
@@ -257,16 +278,31 @@ impl Ctx {
     /// Flush, then save the cursor with its tally.
     async fn checkpoint(&self) -> Result<()> {
         self.flush().await;
-        let Some(st) = &self.state else {
+        if self.state.is_none() && self.shared.is_none() {
             return Ok(());
-        };
+        }
         let (cursor, mut tally) = {
             let mut w = self.window();
             (w.cursor(), w.tally.clone())
         };
-        if let Some(c) = cursor {
-            tally.add(&self.base);
-            st.checkpoint(&c, &tally)?;
+        let Some(c) = cursor else { return Ok(()) };
+        tally.add(&self.base);
+        match &self.shared {
+            Some(sh) => {
+                let extras =
+                    std::mem::take(&mut *self.extras.lock().unwrap_or_else(|p| p.into_inner()));
+                if let Err(e) = sh.save(&c, &tally, extras).await {
+                    let why = format!("{e:#}");
+                    *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+                    self.abort.store(true, Ordering::SeqCst);
+                    anyhow::bail!(why);
+                }
+            }
+            None => {
+                if let Some(st) = &self.state {
+                    st.checkpoint(&c, &tally)?;
+                }
+            }
         }
         Ok(())
     }
@@ -274,22 +310,19 @@ impl Ctx {
 
 fn spawn_lister(
     ep: Arc<dyn Endpoint>,
-    after: Option<String>,
+    range: KeyRange,
     o: &Options,
     keys: Option<Vec<String>>,
     report_missing: Option<Arc<Stats>>,
 ) -> mpsc::Receiver<Page> {
     let Some(keys) = keys else {
-        return crate::listing::spawn(ep, after, o.dirs, o.list_threads, o.list_depth);
+        return crate::listing::spawn(ep, range, o.dirs, o.list_threads, o.list_depth);
     };
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         // --files-from: look each key up instead of listing.
         let mut page = Vec::new();
-        for k in keys
-            .into_iter()
-            .filter(|k| after.as_deref().is_none_or(|a| k.as_str() > a))
-        {
+        for k in keys.into_iter().filter(|k| range.contains(k)) {
             match ep.stat(&k).await {
                 Ok(Some(e)) if e.kind != Kind::Dir => page.push(e),
                 Ok(found) => {
@@ -431,25 +464,42 @@ pub async fn sync(
     o: Options,
     state: Option<Arc<State>>,
     stats: Arc<Stats>,
+    stop: watch::Receiver<bool>,
+) -> Result<Report> {
+    sync_range(src, dst, o, state, None, stats, stop).await
+}
+
+/// `sync` of one range whose resume point lives in `shared` (a shared job's unit) when given,
+/// else in `state`. With `shared`, the deletion step is left to the job (it runs once, after
+/// every range), and a refused save stops the run with an error.
+pub async fn sync_range(
+    src: Arc<dyn Endpoint>,
+    dst: Arc<dyn Endpoint>,
+    o: Options,
+    state: Option<Arc<State>>,
+    shared: Option<Arc<dyn Shared>>,
+    stats: Arc<Stats>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<Report> {
     let t0 = Instant::now();
     let o = Arc::new(o);
-    let (cursor, mut base) = match &state {
-        Some(s) => (s.cursor()?, s.tally()?.unwrap_or_default()),
-        None => (None, Summary::default()),
+    let (cursor, mut base) = match (&shared, &state) {
+        (Some(sh), _) => sh.start(),
+        (None, Some(s)) => (s.cursor()?, s.tally()?.unwrap_or_default()),
+        (None, None) => (None, Summary::default()),
     };
-    if let Some(st) = &state {
+    if let (None, Some(st)) = (&shared, &state) {
         base.deleted += st.deleted_count()?;
     }
     if let Some(c) = &cursor {
-        tracing::warn!(cursor = %c, "resuming after the last resolved key");
+        tracing::info!(cursor = %c, "resuming after the last resolved key");
     }
+    let range = o.range.resumed(cursor.as_deref());
     let dst_keys = o.keys.clone();
     let mut sside = Side {
         rx: spawn_lister(
             src.clone(),
-            cursor.clone(),
+            range.clone(),
             &o,
             o.keys.clone(),
             o.keys_from_user.then(|| stats.clone()),
@@ -457,7 +507,7 @@ pub async fn sync(
         buf: VecDeque::new(),
     };
     let mut dside = Side {
-        rx: spawn_lister(dst.clone(), cursor.clone(), &o, dst_keys, None),
+        rx: spawn_lister(dst.clone(), range, &o, dst_keys, None),
         buf: VecDeque::new(),
     };
     let ctx = Arc::new(Ctx {
@@ -466,6 +516,9 @@ pub async fn sync(
         o: o.clone(),
         stats: stats.clone(),
         state: state.clone(),
+        shared: shared.clone(),
+        extras: Mutex::new(Vec::new()),
+        lost: Mutex::new(None),
         base: base.clone(),
         window: Mutex::new(Window {
             merged_to: cursor.clone(),
@@ -543,6 +596,11 @@ pub async fn sync(
                     if o.dry_run {
                         println!("would delete {}", d.key);
                         Stats::add(&stats.deleted, 1);
+                    } else if shared.is_some() {
+                        ctx.extras
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((d.key.clone(), d.kind == Kind::Dir));
                     } else if let Some(st) = &state {
                         st.add_delete(&d.key, d.kind == Kind::Dir)?;
                     } else {
@@ -639,6 +697,10 @@ pub async fn sync(
         .expect("semaphore open");
     let _ = saver_stop.send(true);
     let _ = saver.await; // its hold on the state is gone before we return
+    let lost = ctx.lost.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some(why) = lost {
+        bail!(why);
+    }
     ctx.checkpoint().await?;
     let interrupted = *stop.borrow();
     if ctx.abort.load(Ordering::SeqCst) && fatal.is_none() {
@@ -657,6 +719,8 @@ pub async fn sync(
         if let Some(why) = refused(o.max_delete, n, stats.dst_listed.load(Ordering::Relaxed)) {
             fatal = Some(format!("the deletion step would be refused: {why}"));
         }
+    } else if shared.is_some() {
+        // The job deletes, once, after every range.
     } else if o.delete_dst && fatal.is_none() && !interrupted && failed == 0 {
         let deletes = match &state {
             Some(st) => st.deletes()?,
@@ -704,7 +768,7 @@ pub async fn sync(
         summary.add(&base);
         summary.resumed = Some(Box::new(base));
     }
-    if let Some(st) = &state {
+    if let (None, Some(st)) = (&shared, &state) {
         if fatal.is_none() && !interrupted && summary.failed == 0 {
             st.finish()?;
         }

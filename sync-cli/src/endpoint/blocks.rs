@@ -150,20 +150,21 @@ impl Endpoint for BlocksEndpoint {
     async fn list(
         &self,
         prefix: &str,
-        after: Option<String>,
+        range: &crate::listing::KeyRange,
         _dirs: bool,
         tx: mpsc::Sender<Page>,
     ) -> Result<()> {
-        let mut after = after;
+        let mut after = range.start_after();
         loop {
             let page = self.index.page(after.as_deref(), 1000)?;
             let Some(last) = page.last() else {
                 return Ok(());
             };
             after = Some(last.0.clone());
+            let done = range.past(&last.0);
             let entries: Vec<Entry> = page
                 .into_iter()
-                .filter(|(k, _, _)| k.starts_with(prefix))
+                .filter(|(k, _, _)| k.starts_with(prefix) && range.contains(k))
                 .map(|(key, len, _)| Entry {
                     key,
                     kind: Kind::File,
@@ -174,7 +175,7 @@ impl Endpoint for BlocksEndpoint {
                     target: None,
                 })
                 .collect();
-            if tx.send(Ok(entries)).await.is_err() {
+            if tx.send(Ok(entries)).await.is_err() || done {
                 return Ok(());
             }
         }

@@ -4,6 +4,7 @@
 //! Files are written under a temporary name and renamed into place when complete.
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
+use crate::listing::KeyRange;
 use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -80,56 +81,6 @@ impl LocalDir {
 
     pub fn root(&self) -> &Path {
         &self.root
-    }
-
-    /// Walk in ascending key order (a directory sorts as `name/`), sending pages.
-    fn walk(
-        dir: &Dir,
-        prefix: &str,
-        after: Option<&str>,
-        dirs: bool,
-        tx: &mpsc::Sender<Page>,
-    ) -> Result<()> {
-        let mut page = Vec::with_capacity(1000);
-        // Stack of (directory key prefix, its children in key order).
-        let mut stack: Vec<(String, Kids)> = vec![(prefix.to_string(), Self::kids(dir, prefix)?)];
-        while let Some((prefix, kids)) = stack.last_mut() {
-            let Some((name, meta)) = kids.next(dir, prefix)? else {
-                stack.pop();
-                continue;
-            };
-            let key = format!("{prefix}{name}");
-            if meta.is_dir() {
-                // `key` ends with '/'. Skip a subtree wholly before `after`.
-                if let Some(a) = after {
-                    if a > key.as_str() && !a.starts_with(&key) {
-                        continue;
-                    }
-                }
-                if dirs && after.is_none_or(|a| key.as_str() > a) {
-                    page.push(entry_from(key.clone(), &meta, None));
-                }
-                let kids = Self::kids(dir, &key).with_context(|| format!("listing {key}"))?;
-                stack.push((key, kids));
-            } else {
-                if after.is_some_and(|a| key.as_str() <= a) {
-                    continue;
-                }
-                let target = if meta.is_symlink() {
-                    Some(dir.read_link_contents(&key)?.to_string_lossy().into_owned())
-                } else {
-                    None
-                };
-                page.push(entry_from(key, &meta, target));
-            }
-            if page.len() >= 1000 && tx.blocking_send(Ok(std::mem::take(&mut page))).is_err() {
-                return Ok(()); // the receiver stopped
-            }
-        }
-        if !page.is_empty() {
-            let _ = tx.blocking_send(Ok(page));
-        }
-        Ok(())
     }
 
     /// Children of directory `key` in key order. A directory with more than `spill_at()`
@@ -342,6 +293,58 @@ fn spill_at() -> usize {
         .unwrap_or(100_000)
 }
 
+/// One directory being walked: its names in key order, and entries already read (metadata
+/// is read in batches, one trip to the blocking pool per batch).
+pub struct LocalLevel {
+    prefix: String,
+    kids: Option<Kids>,
+    ready: std::collections::VecDeque<Entry>,
+}
+
+#[async_trait]
+impl crate::listing::Tree for LocalDir {
+    type Level = LocalLevel;
+
+    async fn level(&self, prefix: &str) -> Result<LocalLevel> {
+        let (dir, p) = (self.dir.clone(), prefix.to_string());
+        let kids = blocking(move || Self::kids(&dir, &p)).await?;
+        Ok(LocalLevel {
+            prefix: prefix.to_string(),
+            kids: Some(kids),
+            ready: Default::default(),
+        })
+    }
+
+    async fn next(&self, l: &mut LocalLevel) -> Result<Option<Entry>> {
+        if l.ready.is_empty() {
+            let Some(mut kids) = l.kids.take() else {
+                return Ok(None);
+            };
+            let (dir, prefix) = (self.dir.clone(), l.prefix.clone());
+            let (kids, batch) = blocking(move || {
+                let mut batch = Vec::with_capacity(256);
+                while batch.len() < 256 {
+                    let Some((name, meta)) = kids.next(&dir, &prefix)? else {
+                        return Ok((None, batch));
+                    };
+                    let key = format!("{prefix}{name}");
+                    let target = if meta.is_symlink() {
+                        Some(dir.read_link_contents(&key)?.to_string_lossy().into_owned())
+                    } else {
+                        None
+                    };
+                    batch.push(entry_from(key, &meta, target));
+                }
+                Ok((Some(kids), batch))
+            })
+            .await?;
+            l.kids = kids;
+            l.ready.extend(batch);
+        }
+        Ok(l.ready.pop_front())
+    }
+}
+
 /// The children of one directory, in key order; metadata is read as they are taken.
 enum Kids {
     Mem(std::vec::IntoIter<String>),
@@ -537,20 +540,13 @@ impl Endpoint for LocalDir {
     async fn list(
         &self,
         prefix: &str,
-        after: Option<String>,
+        range: &KeyRange,
         dirs: bool,
         tx: mpsc::Sender<Page>,
     ) -> Result<()> {
-        let dir = self.dir.clone();
-        let root = self.root.clone();
-        let prefix = prefix.to_string();
-        blocking(move || {
-            if let Err(e) = Self::walk(&dir, &prefix, after.as_deref(), dirs, &tx) {
-                let _ = tx.blocking_send(Err(e.context(format!("listing {}", root.display()))));
-            }
-            Ok(())
-        })
-        .await
+        crate::listing::walk(self, prefix, range, dirs, &tx)
+            .await
+            .with_context(|| format!("listing {}", self.root.display()))
     }
 
     async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {

@@ -14,6 +14,7 @@ pub use local::LocalDir;
 pub use object::{ObjectStore, PART};
 pub use volume::{meta_url_of, VolumeEndpoint};
 
+use crate::listing::KeyRange;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -61,13 +62,13 @@ pub trait Endpoint: Send + Sync {
     /// Does a listed mtime mean "when it was uploaded" (object stores) rather than the
     /// source's mtime carried over?
     fn mtime_is_upload(&self) -> bool;
-    /// Send every entry under `prefix` ("" or a directory key ending in '/') with key > `after`
-    /// (None: from the start), in ascending order, in pages. `dirs` asks for directory entries
-    /// too. Ends with Ok(()) once all were sent.
+    /// Send every entry under `prefix` ("" or a directory key ending in '/') within `range`,
+    /// in ascending order, in pages. `dirs` asks for directory entries too. Ends with Ok(())
+    /// once all were sent.
     async fn list(
         &self,
         prefix: &str,
-        after: Option<String>,
+        range: &KeyRange,
         dirs: bool,
         tx: mpsc::Sender<Page>,
     ) -> Result<()>;
@@ -268,7 +269,7 @@ impl Endpoint for Missing {
     async fn list(
         &self,
         _prefix: &str,
-        _after: Option<String>,
+        _range: &KeyRange,
         _dirs: bool,
         _tx: mpsc::Sender<Page>,
     ) -> Result<()> {

@@ -5,6 +5,7 @@
 //! object under the real key.
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
+use crate::listing::KeyRange;
 use anyhow::{bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -128,14 +129,15 @@ impl Endpoint for ObjectStore {
     async fn list(
         &self,
         prefix: &str,
-        after: Option<String>,
+        range: &KeyRange,
         dirs: bool,
         tx: mpsc::Sender<Page>,
     ) -> Result<()> {
         if !self.ordered_listing() {
-            return self.walk(prefix, after, dirs, tx).await;
+            return crate::listing::walk(self, prefix, range, dirs, &tx).await;
         }
         let mut l = self.op.lister_with(prefix).recursive(true);
+        let after = range.start_after().filter(|a| a.as_str() >= prefix);
         if let Some(a) = &after {
             l = l.start_after(a);
         }
@@ -160,7 +162,10 @@ impl Endpoint for ObjectStore {
                 continue;
             }
             let is_dir = meta.is_dir() || path.ends_with('/');
-            if after.as_deref().is_some_and(|a| path.as_str() <= a) || (is_dir && !dirs) {
+            if range.past(&path) {
+                break;
+            }
+            if !range.contains(&path) || (is_dir && !dirs) {
                 continue;
             }
             if last.as_deref().is_some_and(|l| path.as_str() <= l) {
@@ -343,46 +348,21 @@ impl ObjectStore {
         self.bucket_url.starts_with("s3://") || self.bucket_url.starts_with("memory://")
     }
 
-    /// A listing in key order built from one sorted level at a time.
-    async fn walk(
-        &self,
-        prefix: &str,
-        after: Option<String>,
-        dirs: bool,
-        tx: mpsc::Sender<Page>,
-    ) -> Result<()> {
-        let mut page = Vec::with_capacity(1000);
-        let mut stack = vec![self.list_level(prefix).await?.into_iter()];
-        while let Some(level) = stack.last_mut() {
-            let Some(e) = level.next() else {
-                stack.pop();
-                continue;
-            };
-            if e.kind == Kind::Dir {
-                if after
-                    .as_deref()
-                    .is_some_and(|a| a > e.key.as_str() && !a.starts_with(&e.key))
-                {
-                    continue;
-                }
-                if dirs && after.as_deref().is_none_or(|a| e.key.as_str() > a) {
-                    page.push(e.clone());
-                }
-                stack.push(self.list_level(&e.key).await?.into_iter());
-            } else if after.as_deref().is_none_or(|a| e.key.as_str() > a) {
-                page.push(e);
-            }
-            if page.len() >= 1000 && tx.send(Ok(std::mem::take(&mut page))).await.is_err() {
-                return Ok(());
-            }
-        }
-        if !page.is_empty() {
-            let _ = tx.send(Ok(page)).await;
-        }
-        Ok(())
-    }
-
     pub fn native(&self) -> Option<&super::s3native::S3Native> {
         self.native.as_ref()
+    }
+}
+
+/// Services without ordered recursive listing are walked one sorted level at a time.
+#[async_trait]
+impl crate::listing::Tree for ObjectStore {
+    type Level = std::vec::IntoIter<Entry>;
+
+    async fn level(&self, prefix: &str) -> Result<Self::Level> {
+        Ok(self.list_level(prefix).await?.into_iter())
+    }
+
+    async fn next(&self, level: &mut Self::Level) -> Result<Option<Entry>> {
+        Ok(level.next())
     }
 }

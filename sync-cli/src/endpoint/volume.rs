@@ -3,6 +3,7 @@
 //! Files are written under a temporary name and renamed into place when complete.
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
+use crate::listing::KeyRange;
 use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -198,72 +199,25 @@ impl Endpoint for VolumeEndpoint {
     async fn list(
         &self,
         prefix: &str,
-        after: Option<String>,
+        range: &KeyRange,
         dirs: bool,
         tx: mpsc::Sender<Page>,
     ) -> Result<()> {
-        let root = match self.fs.resolve(&self.path_of(prefix)).await {
-            Ok((ino, a)) if a.kind == FileKind::Dir => ino,
+        match self.fs.resolve(&self.path_of(prefix)).await {
+            Ok((_, a)) if a.kind == FileKind::Dir => {}
             Ok(_) => bail!("{} is not a directory", self.describe()),
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e.into()),
-        };
-        let mut page = Vec::with_capacity(1000);
-        let mut stack = vec![(self.children(root, prefix).await?, 0usize)];
-        while let Some((kids, i)) = stack.last_mut() {
-            if *i >= kids.len() {
-                stack.pop();
-                continue;
-            }
-            let (key, ino, a) = kids[*i].clone();
-            *i += 1;
-            if a.kind == FileKind::Dir {
-                if after
-                    .as_deref()
-                    .is_some_and(|x| x > key.as_str() && !x.starts_with(&key))
-                {
-                    continue;
-                }
-                if dirs && after.as_deref().is_none_or(|x| key.as_str() > x) {
-                    page.push(entry(key.clone(), &a, None));
-                }
-                stack.push((self.children(ino, &key).await?, 0));
-            } else {
-                if after.as_deref().is_some_and(|x| key.as_str() <= x) {
-                    continue;
-                }
-                let target = if a.kind == FileKind::Symlink {
-                    Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned())
-                } else {
-                    None
-                };
-                page.push(entry(key, &a, target));
-            }
-            if page.len() >= 1000 && tx.send(Ok(std::mem::take(&mut page))).await.is_err() {
-                return Ok(());
-            }
         }
-        if !page.is_empty() {
-            let _ = tx.send(Ok(page)).await;
-        }
-        Ok(())
+        crate::listing::walk(self, prefix, range, dirs, &tx).await
     }
 
     async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {
-        let ino = match self.fs.resolve(&self.path_of(prefix)).await {
-            Ok((ino, a)) if a.kind == FileKind::Dir => ino,
-            Ok(_) => return Ok(Vec::new()),
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
+        use crate::listing::Tree;
+        let mut level = self.level(prefix).await?;
         let mut out = Vec::new();
-        for (key, ino, a) in self.children(ino, prefix).await? {
-            let target = if a.kind == FileKind::Symlink {
-                Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned())
-            } else {
-                None
-            };
-            out.push(entry(key, &a, target));
+        while let Some(e) = self.next(&mut level).await? {
+            out.push(e);
         }
         Ok(out)
     }
@@ -399,4 +353,33 @@ fn rand_u32() -> u32 {
             .unwrap_or(0),
     );
     h.finish() as u32
+}
+
+/// A volume is walked one directory at a time (children with their attributes).
+#[async_trait]
+impl crate::listing::Tree for VolumeEndpoint {
+    type Level = std::vec::IntoIter<(String, Ino, Attr)>;
+
+    async fn level(&self, prefix: &str) -> Result<Self::Level> {
+        let ino = match self.fs.resolve(&self.path_of(prefix)).await {
+            Ok((ino, a)) if a.kind == FileKind::Dir => ino,
+            // Gone or replaced meanwhile: nothing under it any more.
+            Ok(_) => return Ok(Vec::new().into_iter()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new().into_iter()),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(self.children(ino, prefix).await?.into_iter())
+    }
+
+    async fn next(&self, level: &mut Self::Level) -> Result<Option<Entry>> {
+        let Some((key, ino, a)) = level.next() else {
+            return Ok(None);
+        };
+        let target = if a.kind == FileKind::Symlink {
+            Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned())
+        } else {
+            None
+        };
+        Ok(Some(entry(key, &a, target)))
+    }
 }

@@ -288,6 +288,7 @@ async fn backfill(
         keys: None,
         keys_from_user: false,
         limits: Arc::new(sync_cli::limits::Limits::new(bw, tps)?),
+        range: Default::default(),
     };
     let state = Arc::new(sync_cli::state::State::open(&dir.join("sync"))?);
     let stats = Arc::new(sync_cli::stats::Stats::default());
