@@ -13,6 +13,7 @@ const DELETES: &str = "Deletes";
 const SPEED: &str = "Speed";
 const OUTPUT: &str = "Output";
 const RESUME: &str = "Resume";
+const JOB: &str = "Shared job (many workers, many hosts)";
 
 /// Sync the contents of SRC into DST: local directories, S3-compatible stores
 /// (s3://bucket/prefix), memory://, and volumes (jfs://NAME/path, where the environment
@@ -64,6 +65,54 @@ pub struct Cli {
 pub enum Cmd {
     /// Compare SRC and DST: report missing, differing and extra objects (exit 1 if any differ).
     Check(CheckArgs),
+    /// A shared job: its progress, and pause, resume, cancel, limits, removal.
+    #[command(subcommand)]
+    Job(JobCmd),
+}
+
+/// JOB is `redis://HOST:PORT/DB#NAME` or `postgres://USER@HOST:PORT/DB#NAME` (the password
+/// from JFS_META_PASSWORD or `?password_env=VAR`, never in the URL).
+#[derive(Subcommand, Debug)]
+pub enum JobCmd {
+    /// Progress across workers: units done, running, pending; objects, bytes, rate, ETA;
+    /// one line per worker; errors.
+    Status {
+        job: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Workers finish nothing new: each gives its units back (cursor kept) and waits.
+    Pause { job: String },
+    /// Paused workers go on.
+    Resume { job: String },
+    /// Workers give their units back and exit (code 2); the job stays, cancelled, until
+    /// `job delete`.
+    Cancel { job: String },
+    /// Change the job's bandwidth and request limits while it runs (all workers together).
+    Set {
+        job: String,
+        /// Bytes per second for the whole job ("50M"), a timetable "08:00,10M 18:00,off",
+        /// or "off".
+        #[arg(long)]
+        bwlimit: Option<String>,
+        /// Requests per second for the whole job (0: off).
+        #[arg(long)]
+        tps: Option<u32>,
+    },
+    /// Plan the job (one unit covering everything) without copying: workers then join with
+    /// `jfs-sync SRC DST --job JOB` and the same options.
+    Create {
+        #[command(flatten)]
+        sync: Box<SyncArgs>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove every record of a job (refused while workers hold units, unless --force).
+    Delete {
+        job: String,
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -243,6 +292,25 @@ pub struct SyncArgs {
     /// Serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9567).
     #[arg(long, value_name = "ADDR", help_heading = OUTPUT)]
     pub metrics: Option<String>,
+
+    // Shared job.
+    /// Share this sync with other workers (on any hosts) through Redis or PostgreSQL:
+    /// redis://HOST:PORT/DB#NAME or postgres://USER@HOST:PORT/DB#NAME. The first worker
+    /// creates the job; every worker runs the same command. Ranges of the key space are
+    /// claimed with a lease, listed and copied by their holder, and resumed from their
+    /// checkpoint by another worker if the holder dies. --bwlimit and --tps are for the whole
+    /// job (set by whoever creates it; `jfs-sync job set` changes them).
+    #[arg(long, value_name = "URL#NAME", help_heading = JOB)]
+    pub job: Option<String>,
+    /// How long a claimed range stays this worker's without a renewal (renewed every third).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, help_heading = JOB)]
+    pub lease: std::time::Duration,
+    /// This worker's name in `job status` (default HOST-PID).
+    #[arg(long, value_name = "NAME", help_heading = JOB)]
+    pub worker: Option<String>,
+    /// Ranges one worker works on at once (the transfers are shared among them).
+    #[arg(long, default_value_t = 2, help_heading = JOB)]
+    pub job_slots: usize,
 
     // Resume.
     /// Where progress is kept for resuming (default ~/.cache/jfs-sync/<hash>).

@@ -17,14 +17,14 @@ use globset::GlobMatcher;
 
 use crate::endpoint::{Entry, Kind};
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Rule {
     include: bool,
     dir_only: bool,
     m: GlobMatcher,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Filter {
     rules: Vec<Rule>,
     pub min_size: Option<u64>,

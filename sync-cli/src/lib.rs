@@ -6,6 +6,7 @@ pub mod cli;
 pub mod copy;
 pub mod endpoint;
 pub mod filter;
+pub mod job;
 pub mod journal;
 pub use objstore::limits;
 pub mod listing;

@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
-use sync_cli::cli::{Cli, Cmd, Common, SyncArgs};
+use sync_cli::cli::{Cli, Cmd, Common, JobCmd, SyncArgs};
 use sync_cli::endpoint;
 use sync_cli::filter::Filter;
 use sync_cli::limits::{BwSchedule, Limits};
@@ -45,7 +45,19 @@ fn main() {
     let code = rt.block_on(async move {
         let r = match cli.cmd {
             Some(Cmd::Check(a)) => check(a).await,
-            None => sync(cli.sync, cli.common, rules).await,
+            Some(Cmd::Job(JobCmd::Create { sync: a, common })) => {
+                match matches
+                    .subcommand_matches("job")
+                    .and_then(|m| m.subcommand_matches("create"))
+                    .map(filter_rules)
+                    .transpose()
+                {
+                    Ok(rules) => sync(*a, common, rules.unwrap_or_default(), true).await,
+                    Err(e) => Err(e),
+                }
+            }
+            Some(Cmd::Job(j)) => job_cmd(j).await,
+            None => sync(cli.sync, cli.common, rules, false).await,
         };
         match r {
             Ok(code) => code,
@@ -205,7 +217,7 @@ fn parse_max_delete(s: &str) -> Result<MaxDelete> {
     })
 }
 
-async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32> {
+async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: bool) -> Result<i32> {
     let (src_spec, dst_spec) = (
         norm(a.src.as_deref().unwrap_or("")),
         norm(a.dst.as_deref().unwrap_or("")),
@@ -223,6 +235,26 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
     if a.delete {
         eprintln!("jfs-sync: note: --delete/--delete-during/--delete-before run as --delete-dst: extraneous destination objects are deleted after the copies, and only if the run had no error");
         a.delete_dst = true;
+    }
+    if plan_only && a.job.is_none() {
+        bail!("jfs-sync job create needs --job URL#NAME: where to keep the job");
+    }
+    if let Some(j) = &a.job {
+        if a.dry_run {
+            bail!("--dry-run with --job: a dry run changes nothing and needs no shared job; run it without --job");
+        }
+        if a.files_from.is_some() || a.from_journal {
+            bail!("--files-from and --from-journal are not shared through --job yet: run them on one host (without --job), or run a full sync with --job");
+        }
+        if a.state_dir.is_none() && a.reset_state {
+            bail!("--reset-state with --job: the job's progress is in {}; remove it with `jfs-sync job delete`", meta::redact(j));
+        }
+        if a.lease < Duration::from_secs(1) {
+            bail!(
+                "--lease {:?} is too short: at least 1s (30s is the default)",
+                a.lease
+            );
+        }
     }
     if a.max_delete.is_some() && !a.delete_dst {
         bail!("--max-delete limits the deletes of --delete-dst, which was not given: add --delete-dst, or drop --max-delete");
@@ -309,10 +341,10 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
     let state = if a.dry_run {
         None
     } else {
-        let dir = a
-            .state_dir
-            .clone()
-            .unwrap_or_else(|| state::default_dir(&src_spec, &dst_spec, &identity));
+        let dir = a.state_dir.clone().unwrap_or_else(|| {
+            let job = a.job.as_deref().map(meta::redact).unwrap_or_default();
+            state::default_dir(&src_spec, &dst_spec, &format!("{identity}{job}"))
+        });
         if a.reset_state {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -355,6 +387,83 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
     if let Some(addr) = &a.metrics {
         serve_metrics(addr, stats.clone()).await?;
     }
+    if let Some(url) = a.job.clone() {
+        let board = sync_cli::job::open(&url).await?;
+        let spec = sync_cli::job::Spec {
+            src: src_spec.clone(),
+            dst: dst_spec.clone(),
+            identity: identity.clone(),
+            delete_dst: a.delete_dst,
+            max_delete: a.max_delete.clone(),
+        };
+        if plan_only {
+            let created = board.create(&spec, a.bwlimit.as_deref(), a.tps).await?;
+            let have = board.spec().await?;
+            if have.as_ref() != Some(&spec) {
+                bail!("a job of this name exists for other work ({:?}): choose another name, or `jfs-sync job delete` it", have.map(|h| (h.src, h.dst)));
+            }
+            eprintln!(
+                "jfs-sync: job {} {}; start workers with: jfs-sync {src_spec} {dst_spec} --job '{}' (and the same options)",
+                meta::redact(&url),
+                if created { "created" } else { "exists already" },
+                meta::redact(&url)
+            );
+            return Ok(0);
+        }
+        let quiet = c.json && !std::io::stderr().is_terminal() && !a.progress;
+        let wo = sync_cli::job::WorkerOptions {
+            worker: a
+                .worker
+                .clone()
+                .unwrap_or_else(sync_cli::job::default_worker_name),
+            lease: a.lease,
+            max_attempts: 10,
+            slots: a.job_slots.max(1),
+            threads: c.threads,
+            every: a
+                .progress_interval
+                .map(Duration::from_secs)
+                .unwrap_or(a.stats),
+            quiet,
+        };
+        let metrics = match &a.metrics {
+            Some(_) => Some(stats.clone()),
+            None => None,
+        };
+        tracing::info!(job = %meta::redact(&url), worker = %wo.worker, "joining the shared job");
+        let r = sync_cli::job::work(
+            board,
+            spec,
+            src,
+            dst,
+            opts,
+            state.clone(),
+            wo,
+            metrics,
+            signals(),
+            a.bwlimit.as_deref(),
+        )
+        .await?;
+        if let Some(m) = &r.message {
+            eprintln!("jfs-sync: {m}");
+        }
+        eprintln!(
+            "jfs-sync: job {}: {}; {} units, {} reassigned after a lost lease",
+            r.state,
+            r.summary.line(),
+            r.units,
+            r.reassigned
+        );
+        eprintln!(
+            "jfs-sync: this worker: {}; {} saves refused (lease lost)",
+            r.worker.line(),
+            r.refused
+        );
+        if c.json {
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        return Ok(r.code);
+    }
     let journal_head = if a.from_journal {
         sync_cli::journal::prepare(&*src, &*dst, state.as_deref(), &mut opts).await?
     } else {
@@ -389,6 +498,94 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>) -> Result<i32>
         println!("{}", serde_json::to_string(&report.summary)?);
     }
     Ok(report.exit_code())
+}
+
+async fn job_cmd(j: JobCmd) -> Result<i32> {
+    use sync_cli::job;
+    match j {
+        JobCmd::Status { job: url, common } => {
+            let b = job::open(&url).await?;
+            let st = job::status(&*b, &url).await?;
+            if common.json {
+                println!("{}", serde_json::to_string(&st)?);
+            } else {
+                print!("{}", st.text());
+            }
+            Ok(0)
+        }
+        JobCmd::Pause { job: url } => job_state(&url, "paused", &["running"]).await,
+        JobCmd::Resume { job: url } => job_state(&url, "running", &["paused"]).await,
+        JobCmd::Cancel { job: url } => job_state(&url, "cancelled", &["running", "paused"]).await,
+        JobCmd::Set {
+            job: url,
+            bwlimit,
+            tps,
+        } => {
+            if bwlimit.is_none() && tps.is_none() {
+                bail!("jfs-sync job set: give --bwlimit and/or --tps");
+            }
+            if let Some(b) = &bwlimit {
+                BwSchedule::parse(b).with_context(|| format!("--bwlimit {b:?}"))?;
+            }
+            let b = job::open(&url).await?;
+            let c = b.control().await?;
+            let bw = match bwlimit {
+                Some(x) if x == "off" || x == "0" => None,
+                Some(x) => Some(x),
+                None => c.bwlimit,
+            };
+            let tps = match tps {
+                Some(0) => None,
+                Some(t) => Some(t),
+                None => c.tps,
+            };
+            b.set_limits(bw.as_deref(), tps).await?;
+            eprintln!(
+                "jfs-sync: job limits now bwlimit {}, tps {} (workers take them up within a third of their lease)",
+                bw.as_deref().unwrap_or("off"),
+                tps.map_or("off".into(), |t| t.to_string())
+            );
+            Ok(0)
+        }
+        JobCmd::Delete { job: url, force } => {
+            let b = job::open(&url).await?;
+            let units = b.units().await?;
+            let held = units
+                .iter()
+                .filter(|u| u.state == "running" && u.lease_left_ms.is_some_and(|l| l > 0))
+                .count();
+            if held > 0 && !force {
+                bail!("{held} unit(s) are held by live workers: `jfs-sync job cancel` first (or --force)");
+            }
+            b.remove().await?;
+            eprintln!("jfs-sync: job {} removed", meta::redact(&url));
+            Ok(0)
+        }
+        JobCmd::Create { .. } => unreachable!("handled with the sync"),
+    }
+}
+
+/// Move a job to `want` from one of the states `from`.
+async fn job_state(url: &str, want: &str, from: &[&str]) -> Result<i32> {
+    let b = sync_cli::job::open(url).await?;
+    let c = b.control().await?;
+    if c.state == want {
+        eprintln!("jfs-sync: job {} is {want} already", meta::redact(url));
+        return Ok(0);
+    }
+    if !from.contains(&c.state.as_str()) {
+        bail!(
+            "job {} is {}: it cannot become {want}",
+            meta::redact(url),
+            c.state
+        );
+    }
+    b.set_state(want).await?;
+    eprintln!(
+        "jfs-sync: job {} {want} (workers see it within a third of their lease)",
+        meta::redact(url)
+    );
+    Ok(0)
 }
 
 fn refuse_overlap(

@@ -787,7 +787,7 @@ pub async fn sync_range(
 }
 
 /// Why `n` deletions of `listed` destination objects are over the limit, if they are.
-fn refused(max: Option<MaxDelete>, n: u64, listed: u64) -> Option<String> {
+pub fn refused(max: Option<MaxDelete>, n: u64, listed: u64) -> Option<String> {
     let (over, limit) = match max? {
         MaxDelete::Count(c) => (n > c, c.to_string()),
         MaxDelete::Percent(p) => (n as f64 > p / 100.0 * listed as f64, format!("{p}%")),

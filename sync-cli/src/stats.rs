@@ -71,6 +71,24 @@ impl Stats {
         Self::add(&self.skip_why[i], 1);
     }
 
+    /// Show `s` (a shared job worker's totals over its units) in these counters.
+    pub fn set_from(&self, s: &Summary) {
+        for (c, v) in [
+            (&self.listed, s.listed),
+            (&self.copied, s.copied),
+            (&self.updated, s.updated),
+            (&self.skipped, s.skipped),
+            (&self.excluded, s.excluded),
+            (&self.failed, s.failed),
+            (&self.deleted, s.deleted),
+            (&self.extra, s.extra),
+            (&self.bytes, s.bytes),
+            (&self.checked, s.checked),
+        ] {
+            c.store(v, Relaxed);
+        }
+    }
+
     pub fn summary(&self, seconds: f64) -> Summary {
         let mut reasons = BTreeMap::new();
         for (i, w) in Why::ALL.iter().enumerate() {

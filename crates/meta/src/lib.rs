@@ -187,6 +187,99 @@ fn rocks_path(url: &str, create: bool) -> Result<(PathBuf, bool)> {
     Ok((path, sync))
 }
 
+/// The connection a `redis://` URL names (password from the file or variable, never the URL)
+/// and its key prefix. Also used by other tools that keep state in the same engines.
+pub fn redis_info(url: &str, opts: &OpenOptions) -> Result<(redis::ConnectionInfo, String)> {
+    let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
+    if u.password().is_some() {
+        return Err(config_err(
+            url,
+            format!(
+                "do not put the password in the URL; set {PASSWORD_ENV} or use a password file"
+            ),
+        ));
+    }
+    let q = query(&u);
+    check_params(url, &q, &["prefix", "password_env"])?;
+    let host = u
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| config_err(url, "no host"))?
+        .to_string();
+    let port = u.port().unwrap_or(6379);
+    let db: i64 = match u.path().trim_start_matches('/') {
+        "" => 0,
+        d => d
+            .parse()
+            .map_err(|_| config_err(url, format!("database {d:?} is not a number")))?,
+    };
+    let prefix = q.get("prefix").cloned().unwrap_or_default();
+    if !prefix.is_empty() && !valid_ident(&prefix) {
+        return Err(config_err(
+            url,
+            "prefix must be lowercase letters, digits and '_'",
+        ));
+    }
+    let info = redis::ConnectionInfo {
+        addr: redis::ConnectionAddr::Tcp(host, port),
+        redis: redis::RedisConnectionInfo {
+            db,
+            username: (!u.username().is_empty()).then(|| u.username().to_string()),
+            password: password(url, &q, opts)?,
+            ..Default::default()
+        },
+    };
+    Ok((info, prefix))
+}
+
+/// The connection a `postgres://` URL names (password as for Redis) and its schema.
+pub fn pg_config(url: &str, opts: &OpenOptions) -> Result<(tokio_postgres::Config, String)> {
+    let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
+    if u.password().is_some() {
+        return Err(config_err(
+            url,
+            format!(
+                "do not put the password in the URL; set {PASSWORD_ENV} or use a password file"
+            ),
+        ));
+    }
+    let q = query(&u);
+    check_params(url, &q, &["schema", "password_env"])?;
+    let host = u
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| config_err(url, "no host"))?;
+    let db = u.path().trim_start_matches('/');
+    if db.is_empty() {
+        return Err(config_err(
+            url,
+            "no database name: postgres://user@host:port/DB",
+        ));
+    }
+    let user = if u.username().is_empty() {
+        "postgres"
+    } else {
+        u.username()
+    };
+    let schema = q.get("schema").cloned().unwrap_or_else(|| "public".into());
+    if !valid_ident(&schema) {
+        return Err(config_err(
+            url,
+            "schema must be lowercase letters, digits and '_'",
+        ));
+    }
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host(host)
+        .port(u.port().unwrap_or(5432))
+        .user(user)
+        .dbname(db)
+        .application_name("jfs");
+    if let Some(p) = password(url, &q, opts)? {
+        cfg.password(p);
+    }
+    Ok((cfg, schema))
+}
+
 /// Open the engine a META_URL names. Errors name the URL (redacted) and what to fix.
 pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
     let Some((scheme, _)) = url.split_once("://") else {
@@ -206,55 +299,11 @@ pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
             Ok(Arc::new(RocksEngine::open(&path, mode, opts.create, sync)?))
         }
         "redis" => {
-            let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
-            if u.password().is_some() {
-                return Err(config_err(url, format!("do not put the password in the URL; set {PASSWORD_ENV} or use a password file")));
-            }
-            let q = query(&u);
-            check_params(url, &q, &["prefix", "password_env"])?;
-            let host = u.host_str().filter(|h| !h.is_empty()).ok_or_else(|| config_err(url, "no host"))?.to_string();
-            let port = u.port().unwrap_or(6379);
-            let db: i64 = match u.path().trim_start_matches('/') {
-                "" => 0,
-                d => d.parse().map_err(|_| config_err(url, format!("database {d:?} is not a number")))?,
-            };
-            let prefix = q.get("prefix").cloned().unwrap_or_default();
-            if !prefix.is_empty() && !valid_ident(&prefix) {
-                return Err(config_err(url, "prefix must be lowercase letters, digits and '_'"));
-            }
-            let info = redis::ConnectionInfo {
-                addr: redis::ConnectionAddr::Tcp(host.clone(), port),
-                redis: redis::RedisConnectionInfo {
-                    db,
-                    username: (!u.username().is_empty()).then(|| u.username().to_string()),
-                    password: password(url, &q, opts)?,
-                    ..Default::default()
-                },
-            };
+            let (info, prefix) = redis_info(url, opts)?;
             Ok(Arc::new(RedisEngine::connect(info, &prefix, redact(url)).await?))
         }
         "postgres" | "postgresql" => {
-            let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
-            if u.password().is_some() {
-                return Err(config_err(url, format!("do not put the password in the URL; set {PASSWORD_ENV} or use a password file")));
-            }
-            let q = query(&u);
-            check_params(url, &q, &["schema", "password_env"])?;
-            let host = u.host_str().filter(|h| !h.is_empty()).ok_or_else(|| config_err(url, "no host"))?;
-            let db = u.path().trim_start_matches('/');
-            if db.is_empty() {
-                return Err(config_err(url, "no database name: postgres://user@host:port/DB"));
-            }
-            let user = if u.username().is_empty() { "postgres" } else { u.username() };
-            let schema = q.get("schema").cloned().unwrap_or_else(|| "public".into());
-            if !valid_ident(&schema) {
-                return Err(config_err(url, "schema must be lowercase letters, digits and '_'"));
-            }
-            let mut cfg = tokio_postgres::Config::new();
-            cfg.host(host).port(u.port().unwrap_or(5432)).user(user).dbname(db).application_name("jfs");
-            if let Some(p) = password(url, &q, opts)? {
-                cfg.password(p);
-            }
+            let (cfg, schema) = pg_config(url, opts)?;
             Ok(Arc::new(PgEngine::connect(cfg, &schema, redact(url)).await?))
         }
         other => Err(config_err(

@@ -60,7 +60,31 @@ impl BwSchedule {
     }
 }
 
+/// A budget shared with other processes (the workers of one shared sync job draw bytes and
+/// requests from one bucket kept in the job's engine).
+#[async_trait::async_trait]
+pub trait SharedBudget: Send + Sync {
+    /// Take `n` of `what` ("bytes" or "requests") from a bucket refilled at `rate` per
+    /// second: None when granted, else how long to wait before asking again.
+    async fn take(
+        &self,
+        what: &'static str,
+        rate: u64,
+        n: u64,
+    ) -> Result<Option<std::time::Duration>>;
+}
+
+/// What a process has drawn from the shared budget and not spent yet ([bytes, requests]).
+#[derive(Default)]
+struct Drawn {
+    left: [u64; 2],
+    /// Consecutive failures to reach the budget's engine.
+    errors: u32,
+}
+
 pub struct Limits {
+    shared: RwLock<Option<Arc<dyn SharedBudget>>>,
+    drawn: tokio::sync::Mutex<Drawn>,
     bytes: RwLock<Option<(u64, Arc<ByteLimiter>)>>,
     requests: RwLock<Option<(u32, Arc<DefaultDirectRateLimiter>)>>,
     schedule: RwLock<Option<BwSchedule>>,
@@ -122,6 +146,8 @@ fn byte_limiter(rate: u64) -> Arc<ByteLimiter> {
 impl Limits {
     pub fn new(bw: Option<BwSchedule>, tps: Option<u32>) -> Result<Self> {
         let l = Limits {
+            shared: RwLock::new(None),
+            drawn: Default::default(),
             bytes: RwLock::new(None),
             requests: RwLock::new(None),
             schedule: RwLock::new(bw),
@@ -130,6 +156,59 @@ impl Limits {
         l.set_tps(tps);
         l.refresh();
         Ok(l)
+    }
+
+    /// Draw from a budget shared with other processes too (None: this process alone). The
+    /// local limiters keep pacing this process at the same rates; the shared bucket makes the
+    /// sum over all processes hold them.
+    pub fn share(&self, budget: Option<Arc<dyn SharedBudget>>) {
+        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = budget;
+    }
+
+    /// Take `n` of kind `k` (0 bytes, 1 requests) from the shared budget, if there is one.
+    async fn draw(&self, k: usize, n: u64) {
+        let Some(budget) = self
+            .shared
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return;
+        };
+        let rate = match k {
+            0 => self.current().0,
+            _ => self.current().1.map(u64::from),
+        };
+        let Some(rate) = rate.filter(|r| *r > 0) else {
+            return;
+        };
+        let what = if k == 0 { "bytes" } else { "requests" };
+        let mut d = self.drawn.lock().await;
+        while d.left[k] < n {
+            // A twentieth of a second's worth at least: one trip per grant, not per call.
+            let ask = (n - d.left[k]).max(rate / 20).max(1);
+            match budget.take(what, rate, ask).await {
+                Ok(None) => {
+                    d.left[k] += ask;
+                    d.errors = 0;
+                }
+                Ok(Some(wait)) => {
+                    d.errors = 0;
+                    tokio::time::sleep(wait.min(std::time::Duration::from_secs(1))).await;
+                }
+                Err(e) => {
+                    d.errors += 1;
+                    if d.errors >= 10 {
+                        // The engine is out of reach: this process goes on under its own
+                        // limiter (at most the whole rate) rather than stall its copies.
+                        tracing::warn!(error = %format!("{e:#}"), "the shared limit's engine is out of reach: pacing this worker alone");
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+            }
+        }
+        d.left[k] -= n;
     }
 
     /// Change the limits while running (`None`/0 = unlimited).
@@ -195,6 +274,7 @@ impl Limits {
     /// Wait until `n` bytes may pass (under the limit in force; when the limit changes
     /// meanwhile, what is left is charged to the new one).
     pub async fn bytes(&self, n: u64) {
+        self.draw(0, n).await;
         let mut left = n;
         while left > 0 {
             let changed = self.changed.notified();
@@ -228,6 +308,7 @@ impl Limits {
 
     /// Wait for one request slot (under the limit in force, as `bytes`).
     pub async fn request(&self) {
+        self.draw(1, 1).await;
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);

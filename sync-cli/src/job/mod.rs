@@ -1,0 +1,1017 @@
+//! One sync job shared by many workers on many hosts, kept in Redis or PostgreSQL (an engine
+//! the user already runs).
+//!
+//! The key space is cut into ranges (units). A worker claims a unit with a lease and a fencing
+//! token, lists and copies that range itself (no host lists the whole tree), and saves a
+//! resume cursor with the tally of what the keys up to it came to. The lease is renewed at a
+//! third of its length; a worker that dies or is cut off loses it, and another worker claims
+//! the unit (a new token) and resumes from the cursor. Every save, finish and release names
+//! the token: one whose lease passed to another worker is refused, so a late worker cannot
+//! record progress over the new holder's.
+//!
+//! Planning is the first split: the job starts as one unit covering everything, and the
+//! worker that claims a fresh unit whose range starts at a directory lists that one level and
+//! hands the subtrees back as new units (again, lazily, a level deeper when those are
+//! claimed). Deletes (--delete-dst) are one more unit, claimable only once every range is
+//! done without errors. The job's bandwidth and request limits are one token bucket in the
+//! engine that every worker draws from, changeable while the job runs.
+
+mod pg;
+mod redis;
+
+use crate::endpoint::{Endpoint, Kind};
+use crate::listing::KeyRange;
+use crate::run::{self, Options, Shared};
+use crate::state::State;
+use crate::stats::{Stats, Summary};
+use anyhow::{bail, Context, Result};
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// What defines a job: workers that join must run the same copy.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Spec {
+    pub src: String,
+    pub dst: String,
+    /// The options that decide what is copied and deleted (filters, comparison, deletes).
+    pub identity: String,
+    pub delete_dst: bool,
+    pub max_delete: Option<String>,
+}
+
+/// One range of the key space (or the deletion step) and who holds it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Unit {
+    pub id: i64,
+    /// "copy", or "delete" for the deletion step.
+    pub kind: String,
+    /// First key of the range (inclusive); None: from the start.
+    pub lo: Option<String>,
+    /// End of the range (exclusive); None: to the end.
+    pub hi: Option<String>,
+    /// pending, running, done, failed (held: the deletion step before every range is done).
+    pub state: String,
+    pub owner: Option<String>,
+    pub token: i64,
+    /// Milliseconds until the lease runs out (negative: expired), while running.
+    pub lease_left_ms: Option<i64>,
+    pub cursor: Option<String>,
+    pub tally: Summary,
+    pub attempts: i64,
+    /// Times the unit was claimed after its holder's lease had run out.
+    pub reassigned: i64,
+    pub dst_listed: i64,
+    pub error: Option<String>,
+}
+
+impl Unit {
+    pub fn range(&self) -> KeyRange {
+        KeyRange::new(self.lo.clone(), self.hi.clone())
+    }
+}
+
+/// How a unit ended.
+pub struct Finish<'a> {
+    pub state: &'a str,
+    pub dst_listed: u64,
+    pub error: Option<String>,
+    /// The deletion step's count (copy units' tallies are in their last save).
+    pub tally: Option<&'a Summary>,
+}
+
+/// A worker's report, kept in the job for `job status`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WorkerReport {
+    pub worker: String,
+    pub host: String,
+    pub pid: u32,
+    /// Totals of what this worker did (all its units, finished and in progress).
+    pub totals: Summary,
+    /// Bytes per second over the last report interval.
+    pub rate: f64,
+    pub units: Vec<i64>,
+    /// Saves refused because the lease had passed to another worker.
+    pub refused: u64,
+    /// Milliseconds since the last report (filled in when read).
+    #[serde(default)]
+    pub age_ms: i64,
+}
+
+/// The job's state and limits, as workers poll them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Control {
+    /// running, paused, cancelled, done, failed (finished with errors).
+    pub state: String,
+    pub bwlimit: Option<String>,
+    pub tps: Option<u32>,
+    /// Seconds since the job was created (the engine's clock).
+    pub age_s: f64,
+}
+
+/// The job as kept in an engine. Every call that changes a unit names its token and is
+/// refused (`Ok(false)`) when the token is stale.
+#[async_trait]
+pub trait Board: Send + Sync {
+    /// Create the job with one unit covering everything (and the held deletion step when
+    /// `spec.delete_dst`). Ok(false): it exists already.
+    async fn create(&self, spec: &Spec, bwlimit: Option<&str>, tps: Option<u32>) -> Result<bool>;
+    async fn spec(&self) -> Result<Option<Spec>>;
+    async fn control(&self) -> Result<Control>;
+    async fn set_state(&self, state: &str) -> Result<()>;
+    async fn set_limits(&self, bwlimit: Option<&str>, tps: Option<u32>) -> Result<()>;
+    async fn report(&self, r: &WorkerReport) -> Result<()>;
+    /// A pending unit, or one whose lease ran out, now leased to `worker` under a new token.
+    /// Units claimed `max_attempts` times without finishing are marked failed instead.
+    async fn claim(&self, worker: &str, lease_ms: u64, max_attempts: u32) -> Result<Option<Unit>>;
+    /// Extend the leases still held (id, token); returns the ids renewed.
+    async fn renew(&self, worker: &str, held: &[(i64, i64)], lease_ms: u64) -> Result<Vec<i64>>;
+    async fn save(
+        &self,
+        id: i64,
+        token: i64,
+        cursor: &str,
+        tally: &Summary,
+        deletes: &[(String, bool)],
+    ) -> Result<bool>;
+    async fn finish(&self, id: i64, token: i64, f: &Finish<'_>) -> Result<bool>;
+    /// Cut a fresh unit at `cuts` (ascending, inside its range): it keeps the first piece,
+    /// the others become pending units.
+    async fn split(&self, id: i64, token: i64, cuts: &[String]) -> Result<bool>;
+    /// Give a unit back (pending again, its cursor kept).
+    async fn release(&self, id: i64, token: i64) -> Result<bool>;
+    /// Failed units (and a refused deletion step) become pending again; returns how many.
+    async fn retry_failed(&self) -> Result<u64>;
+    async fn units(&self) -> Result<Vec<Unit>>;
+    async fn workers(&self) -> Result<Vec<WorkerReport>>;
+    async fn deletes(&self) -> Result<Vec<(String, bool)>>;
+    /// Take `n` from the job's bucket of `what` (bytes or requests) refilled at `rate`/s:
+    /// None when granted, else how long to wait before asking again.
+    async fn take(&self, what: &str, rate: u64, n: u64) -> Result<Option<Duration>>;
+    /// Remove every record of the job.
+    async fn remove(&self) -> Result<()>;
+}
+
+/// A job's location: `redis://HOST:PORT/DB#NAME` or `postgres://USER@HOST:PORT/DB#NAME`
+/// (passwords from JFS_META_PASSWORD or a file, as for metadata URLs).
+pub async fn open(url: &str) -> Result<Arc<dyn Board>> {
+    let (base, name) = url.split_once('#').with_context(|| {
+        format!(
+            "--job {}: name the job after '#', e.g. redis://10.0.0.5:6379/0#move-datasets",
+            meta::redact(url)
+        )
+    })?;
+    if name.is_empty()
+        || name.len() > 100
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        bail!(
+            "--job {}: the job name after '#' must be 1-100 letters, digits, '-', '_' or '.'",
+            meta::redact(url)
+        );
+    }
+    let opts = meta::OpenOptions::default();
+    match base.split_once("://").map(|(s, _)| s) {
+        Some("redis") => {
+            let (info, prefix) = meta::redis_info(base, &opts)?;
+            Ok(Arc::new(redis::RedisBoard::connect(info, &prefix, name, meta::redact(url)).await?))
+        }
+        Some("postgres" | "postgresql") => {
+            let (cfg, schema) = meta::pg_config(base, &opts)?;
+            Ok(Arc::new(pg::PgBoard::connect(cfg, &schema, name, meta::redact(url)).await?))
+        }
+        _ => bail!(
+            "--job {}: a shared job lives in Redis or PostgreSQL: redis://HOST:PORT/DB#NAME or postgres://USER@HOST:PORT/DB#NAME",
+            meta::redact(url)
+        ),
+    }
+}
+
+/// Where to cut a fresh unit: at each subdirectory of the directory its range starts at, and
+/// every `FILES_PER_UNIT` files between them, at most `MAX_CUTS` cuts (evenly thinned).
+const FILES_PER_UNIT: usize = 2000;
+const MAX_CUTS: usize = 63;
+/// Directories deeper than this are not split further.
+const MAX_SPLIT_DEPTH: usize = 4;
+
+pub async fn cuts(src: &dyn Endpoint, u: &Unit) -> Result<Vec<String>> {
+    let prefix = match &u.lo {
+        None => String::new(),
+        Some(lo) if lo.ends_with('/') => lo.clone(),
+        Some(_) => return Ok(Vec::new()),
+    };
+    if prefix.matches('/').count() >= MAX_SPLIT_DEPTH {
+        return Ok(Vec::new());
+    }
+    let kids = match src.list_level(&prefix).await {
+        Ok(k) => k,
+        Err(e) if e.is::<crate::endpoint::TooWide>() => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let range = u.range();
+    let mut cuts = Vec::new();
+    let mut files = 0;
+    for (i, k) in kids.iter().enumerate() {
+        if !range.contains(&k.key) {
+            continue;
+        }
+        let cut = i > 0 && (k.kind == Kind::Dir || files >= FILES_PER_UNIT);
+        if cut && u.lo.as_deref().is_none_or(|lo| k.key.as_str() > lo) {
+            cuts.push(k.key.clone());
+            files = 0;
+        }
+        if k.kind != Kind::Dir {
+            files += 1;
+        }
+    }
+    if cuts.len() > MAX_CUTS {
+        let step = cuts.len().div_ceil(MAX_CUTS);
+        cuts = cuts.into_iter().step_by(step).collect();
+    }
+    Ok(cuts)
+}
+
+/// Worker settings beyond the sync's own options.
+pub struct WorkerOptions {
+    pub worker: String,
+    pub lease: Duration,
+    pub max_attempts: u32,
+    /// Units worked at once (each with its share of the transfer threads).
+    pub slots: usize,
+    pub threads: usize,
+    /// Log the job's progress every this often (stderr, when not a terminal too).
+    pub every: Duration,
+    pub quiet: bool,
+}
+
+/// The end of a worker's run.
+#[derive(Debug, Serialize)]
+pub struct JobReport {
+    /// The job's totals over all units.
+    pub summary: Summary,
+    /// This worker's share.
+    pub worker: Summary,
+    pub state: String,
+    pub units: usize,
+    pub reassigned: i64,
+    pub refused: u64,
+    #[serde(skip)]
+    pub message: Option<String>,
+    #[serde(skip)]
+    pub code: i32,
+}
+
+/// What a worker shares between its units and its lease keeper.
+struct Worker {
+    board: Arc<dyn Board>,
+    o: WorkerOptions,
+    /// Units held now: id -> (token, stop signal for the run on it).
+    held: Mutex<std::collections::BTreeMap<i64, (i64, watch::Sender<bool>)>>,
+    /// Totals of finished units, and the stats of units in progress.
+    done: Mutex<Summary>,
+    live: Mutex<std::collections::BTreeMap<i64, Arc<Stats>>>,
+    refused: AtomicU64,
+    /// The last time every held lease was renewed.
+    renewed: Mutex<Instant>,
+    control: Mutex<Control>,
+    limits: Arc<crate::limits::Limits>,
+}
+
+impl Worker {
+    fn totals(&self) -> Summary {
+        let mut t = self.done.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for s in self.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            t.add(&s.summary(0.0));
+        }
+        t
+    }
+
+    fn stop_all(&self) {
+        for (_, (_, tx)) in self.held.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = tx.send(true);
+        }
+    }
+
+    fn refused(&self, what: &str, id: i64, token: i64) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        eprintln!("jfs-sync: unit {id}: {what} refused: the lease passed to another worker (token {token} is stale); that worker resumes the range");
+    }
+}
+
+/// The resume point of a held unit, saved to the job under its token.
+struct UnitProgress {
+    w: Arc<Worker>,
+    id: i64,
+    token: i64,
+    start: (Option<String>, Summary),
+}
+
+#[async_trait]
+impl Shared for UnitProgress {
+    fn start(&self) -> (Option<String>, Summary) {
+        self.start.clone()
+    }
+    async fn save(
+        &self,
+        cursor: &str,
+        tally: &Summary,
+        deletes: Vec<(String, bool)>,
+    ) -> Result<()> {
+        if self
+            .w
+            .board
+            .save(self.id, self.token, cursor, tally, &deletes)
+            .await?
+        {
+            Ok(())
+        } else {
+            self.w.refused("saving progress", self.id, self.token);
+            bail!("unit {}: the lease passed to another worker", self.id)
+        }
+    }
+}
+
+/// Budget shared through the job: the limits draw from the engine's bucket.
+struct JobBudget(Arc<dyn Board>);
+
+#[async_trait]
+impl crate::limits::SharedBudget for JobBudget {
+    async fn take(&self, what: &'static str, rate: u64, n: u64) -> Result<Option<Duration>> {
+        self.0.take(what, rate, n).await
+    }
+}
+
+pub fn default_worker_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    format!("{host}-{}", std::process::id())
+}
+
+fn apply_limits(limits: &crate::limits::Limits, c: &Control) {
+    let bw = c
+        .bwlimit
+        .as_deref()
+        .and_then(|b| crate::limits::BwSchedule::parse(b).ok());
+    limits.set(bw, c.tps);
+}
+
+/// Join (or create) the job and work on it until no unit is left, the job is cancelled, or
+/// `stop` (SIGTERM) turns true. The sync options are the same as a single-host run's; each
+/// unit runs with its range and its progress kept in the job.
+#[allow(clippy::too_many_arguments)]
+pub async fn work(
+    board: Arc<dyn Board>,
+    spec: Spec,
+    src: Arc<dyn Endpoint>,
+    dst: Arc<dyn Endpoint>,
+    base: Options,
+    local: Option<Arc<State>>,
+    o: WorkerOptions,
+    metrics: Option<Arc<Stats>>,
+    mut stop: watch::Receiver<bool>,
+    bwlimit: Option<&str>,
+) -> Result<JobReport> {
+    let t0 = Instant::now();
+    if board
+        .create(&spec, bwlimit, base.limits.current().1)
+        .await?
+    {
+        eprintln!("jfs-sync: created the job; other workers join with the same command");
+    }
+    let have = board
+        .spec()
+        .await?
+        .context("the job vanished just after it was created (removed meanwhile?)")?;
+    if have != spec {
+        bail!(
+            "this job was created for {} -> {} with other options ({}); this worker runs {} -> {} ({}): run the job's own command, or give the job another name",
+            have.src, have.dst, have.identity, spec.src, spec.dst, spec.identity
+        );
+    }
+    let mut c = board.control().await?;
+    match c.state.as_str() {
+        "cancelled" => {
+            bail!("the job was cancelled: remove it with `jfs-sync job delete URL` to start over")
+        }
+        "failed" => {
+            let n = board.retry_failed().await?;
+            eprintln!("jfs-sync: the job had finished with errors: {n} unit(s) pending again");
+            c = board.control().await?;
+        }
+        _ => {}
+    }
+    let limits = base.limits.clone();
+    limits.share(Some(Arc::new(JobBudget(board.clone()))));
+    apply_limits(&limits, &c);
+    let w = Arc::new(Worker {
+        board: board.clone(),
+        o,
+        held: Default::default(),
+        done: Default::default(),
+        live: Default::default(),
+        refused: AtomicU64::new(0),
+        renewed: Mutex::new(Instant::now()),
+        control: Mutex::new(c),
+        limits: limits.clone(),
+    });
+    let base = Arc::new(base);
+    let keeper = tokio::spawn(keep_leases(w.clone(), metrics));
+    let stopping = Arc::new(AtomicBool::new(false));
+    // SIGTERM: stop every unit (each saves its cursor and is given back).
+    {
+        let (w, stopping, mut stop) = (w.clone(), stopping.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !*stop.borrow() {
+                if stop.changed().await.is_err() {
+                    return;
+                }
+            }
+            stopping.store(true, Ordering::SeqCst);
+            w.stop_all();
+        });
+    }
+    let mut slots = tokio::task::JoinSet::new();
+    let mut idle_logged = false;
+    // Claims that keep failing for this long end the worker (a broken database, not a
+    // passing outage).
+    let mut failing_since: Option<Instant> = None;
+    let result: Result<String> = loop {
+        if stopping.load(Ordering::SeqCst) {
+            break Ok("interrupted".into());
+        }
+        let state = w
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .state
+            .clone();
+        match state.as_str() {
+            "cancelled" => {
+                w.stop_all();
+                break Ok("cancelled".into());
+            }
+            "paused" => {
+                w.stop_all();
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+            "done" | "failed" if slots.is_empty() => break Ok(state),
+            _ => {}
+        }
+        while slots.try_join_next().is_some() {}
+        if slots.len() >= w.o.slots.max(1) {
+            tokio::select! {
+                _ = slots.join_next() => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        }
+        let claimed = match board
+            .claim(&w.o.worker, w.o.lease.as_millis() as u64, w.o.max_attempts)
+            .await
+        {
+            Ok(u) => {
+                failing_since = None;
+                u
+            }
+            Err(e) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_secs(120) {
+                    w.stop_all();
+                    while slots.join_next().await.is_some() {}
+                    break Err(e.context("claiming units failed for 2 minutes"));
+                }
+                tracing::warn!(error = %format!("{e:#}"), "claiming a unit");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let Some(u) = claimed else {
+            // Nothing to claim: others hold what is left, or the job is over.
+            if slots.is_empty() {
+                let units = board.units().await?;
+                let open = units
+                    .iter()
+                    .filter(|u| matches!(u.state.as_str(), "pending" | "running"))
+                    .count();
+                if open == 0 {
+                    let failed = units.iter().any(|u| u.state == "failed");
+                    let end = if failed { "failed" } else { "done" };
+                    board.set_state(end).await?;
+                    break Ok(end.into());
+                }
+                if !idle_logged {
+                    tracing::info!(open, "waiting: the units left are held by other workers");
+                    idle_logged = true;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = slots.join_next(), if !slots.is_empty() => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        };
+        idle_logged = false;
+        let (tx, rx) = watch::channel(false);
+        w.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(u.id, (u.token, tx));
+        let (w2, src, dst, base, local) = (
+            w.clone(),
+            src.clone(),
+            dst.clone(),
+            base.clone(),
+            local.clone(),
+        );
+        slots.spawn(async move {
+            let id = u.id;
+            if let Err(e) = run_unit(&w2, u, src, dst, &base, local, rx).await {
+                eprintln!("jfs-sync: unit {id}: {e:#}");
+            }
+            w2.held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+        });
+    };
+    while slots.join_next().await.is_some() {}
+    keeper.abort();
+    limits.share(None);
+    let state = result?;
+    let units = board.units().await?;
+    let mut summary = Summary::default();
+    for u in &units {
+        summary.add(&u.tally);
+        if u.state == "failed" && u.kind == "copy" {
+            summary.failed += 1;
+        }
+    }
+    summary.seconds = (t0.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    let mine = w.totals();
+    let reassigned = units.iter().map(|u| u.reassigned).sum();
+    let errors: Vec<String> = units
+        .iter()
+        .filter_map(|u| {
+            u.error
+                .as_ref()
+                .map(|e| format!("unit {} ({}): {e}", u.id, describe(u)))
+        })
+        .collect();
+    let (code, message) = match state.as_str() {
+        "done" => (0, None),
+        "failed" => (
+            1,
+            Some(format!(
+                "the job finished with errors (nothing was deleted); run the same command again to retry:\n  {}",
+                errors.join("\n  ")
+            )),
+        ),
+        "cancelled" => (2, Some("the job was cancelled".to_string())),
+        _ => (
+            2,
+            Some("interrupted: this worker's units were given back; run the same command again to rejoin".to_string()),
+        ),
+    };
+    Ok(JobReport {
+        summary,
+        worker: mine,
+        state,
+        units: units.len(),
+        reassigned,
+        refused: w.refused.load(Ordering::Relaxed),
+        message,
+        code,
+    })
+}
+
+fn describe(u: &Unit) -> String {
+    if u.kind == "delete" {
+        return "the deletion step".into();
+    }
+    format!(
+        "[{}, {})",
+        u.lo.as_deref().unwrap_or("start"),
+        u.hi.as_deref().unwrap_or("end")
+    )
+}
+
+/// Renew the held leases at a third of their length, report this worker, follow the job's
+/// state and limits. A worker that could not renew for most of a lease stops its units
+/// itself: by then another worker may hold them.
+async fn keep_leases(w: Arc<Worker>, metrics: Option<Arc<Stats>>) {
+    let every = (w.o.lease / 3).max(Duration::from_millis(100));
+    let mut last_bytes = 0u64;
+    let mut last_t = Instant::now();
+    let mut last_log = Instant::now();
+    loop {
+        tokio::time::sleep(every).await;
+        let held: Vec<(i64, i64)> = w
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, (t, _))| (*id, *t))
+            .collect();
+        let lease_ms = w.o.lease.as_millis() as u64;
+        match w.board.renew(&w.o.worker, &held, lease_ms).await {
+            Ok(kept) => {
+                *w.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                let h = w.held.lock().unwrap_or_else(|p| p.into_inner());
+                for (id, (t, tx)) in h.iter() {
+                    if !kept.contains(id) && held.contains(&(*id, *t)) {
+                        eprintln!("jfs-sync: unit {id}: the lease was lost (another worker holds it now): stopping work on it");
+                        let _ = tx.send(true);
+                    }
+                }
+            }
+            Err(e) => {
+                let since = w
+                    .renewed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .elapsed();
+                tracing::warn!(error = %format!("{e:#}"), "renewing leases");
+                if since > w.o.lease * 2 / 3 && !held.is_empty() {
+                    eprintln!(
+                        "jfs-sync: no contact with the job for {:.1}s (lease {:.0}s): stopping work on the units held, another worker may take them over",
+                        since.as_secs_f64(),
+                        w.o.lease.as_secs_f64()
+                    );
+                    w.stop_all();
+                }
+                continue;
+            }
+        }
+        let totals = w.totals();
+        let dt = last_t.elapsed().as_secs_f64().max(1e-3);
+        let rate = totals.bytes.saturating_sub(last_bytes) as f64 / dt;
+        (last_bytes, last_t) = (totals.bytes, Instant::now());
+        if let Some(m) = &metrics {
+            m.set_from(&totals);
+        }
+        let report = WorkerReport {
+            worker: w.o.worker.clone(),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            pid: std::process::id(),
+            totals: totals.clone(),
+            rate,
+            units: held.iter().map(|h| h.0).collect(),
+            refused: w.refused.load(Ordering::Relaxed),
+            age_ms: 0,
+        };
+        if let Err(e) = w.board.report(&report).await {
+            tracing::warn!(error = %format!("{e:#}"), "reporting to the job");
+        }
+        match w.board.control().await {
+            Ok(c) => {
+                let mut cur = w.control.lock().unwrap_or_else(|p| p.into_inner());
+                if (cur.bwlimit.as_ref(), cur.tps) != (c.bwlimit.as_ref(), c.tps) {
+                    eprintln!(
+                        "jfs-sync: the job's limits changed: bwlimit {}, tps {}",
+                        c.bwlimit.as_deref().unwrap_or("off"),
+                        c.tps.map_or("off".to_string(), |t| t.to_string())
+                    );
+                    apply_limits(&w.limits, &c);
+                }
+                *cur = c;
+            }
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "reading the job's state"),
+        }
+        if !w.o.quiet && last_log.elapsed() >= w.o.every {
+            last_log = Instant::now();
+            eprintln!(
+                "jfs-sync: worker {}: {} units held, {} copied, {} bytes, {:.1} MiB/s",
+                w.o.worker,
+                held.len(),
+                totals.copied + totals.updated,
+                totals.bytes,
+                rate / (1 << 20) as f64
+            );
+        }
+    }
+}
+
+/// Work one claimed unit: split it if it is fresh and starts at a directory, run the sync
+/// over its range, and record how it ended (under its token).
+async fn run_unit(
+    w: &Arc<Worker>,
+    mut u: Unit,
+    src: Arc<dyn Endpoint>,
+    dst: Arc<dyn Endpoint>,
+    base: &Options,
+    local: Option<Arc<State>>,
+    stop: watch::Receiver<bool>,
+) -> Result<()> {
+    if u.kind == "delete" {
+        return delete_step(w, &u, dst, base).await;
+    }
+    if u.cursor.is_none() && u.tally == Summary::default() {
+        let cuts = cuts(&*src, &u)
+            .await
+            .context("listing a level to split the range")?;
+        if !cuts.is_empty() {
+            if w.board.split(u.id, u.token, &cuts).await? {
+                tracing::info!(unit = u.id, pieces = cuts.len() + 1, "split the range");
+                u.hi = Some(cuts[0].clone());
+            } else {
+                w.refused("splitting", u.id, u.token);
+                return Ok(());
+            }
+        }
+    }
+    let stats = Arc::new(Stats::default());
+    w.live
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(u.id, stats.clone());
+    let progress = Arc::new(UnitProgress {
+        w: w.clone(),
+        id: u.id,
+        token: u.token,
+        start: (u.cursor.clone(), u.tally.clone()),
+    });
+    let opts = Options {
+        threads: w.o.threads.div_ceil(w.o.slots.max(1)).max(1),
+        list_threads: base.list_threads,
+        list_depth: base.list_depth,
+        compare: base.compare.clone(),
+        filter: base.filter.clone(),
+        delete_dst: base.delete_dst,
+        delete_src: base.delete_src,
+        max_delete: None,
+        max_failure: base.max_failure,
+        dry_run: false,
+        dirs: base.dirs,
+        perms: base.perms,
+        links: base.links,
+        check_new: base.check_new,
+        retries: base.retries,
+        keys: None,
+        keys_from_user: false,
+        limits: base.limits.clone(),
+        range: u.range(),
+    };
+    let stopped = stop.clone();
+    let r = run::sync_range(src, dst, opts, local, Some(progress), stats.clone(), stop).await;
+    // Stopped from outside (SIGTERM, pause, cancel, a lease lost or out of reach): whatever
+    // the run says, the unit is given back, never marked failed.
+    let given_back = *stopped.borrow();
+    let ran = stats.summary(0.0);
+    w.live
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&u.id);
+    w.done.lock().unwrap_or_else(|p| p.into_inner()).add(&ran);
+    let dst_listed = stats.dst_listed.load(Ordering::Relaxed);
+    let (what, fin) = match &r {
+        _ if given_back => ("giving back", None),
+        Ok(rep) if rep.interrupted => ("giving back", None),
+        Ok(rep) if rep.fatal.is_none() && rep.summary.failed == 0 => (
+            "finishing",
+            Some(Finish {
+                state: "done",
+                dst_listed,
+                error: None,
+                tally: None,
+            }),
+        ),
+        Ok(rep) => (
+            "finishing",
+            Some(Finish {
+                state: "failed",
+                dst_listed,
+                error: Some(
+                    rep.fatal
+                        .clone()
+                        .unwrap_or_else(|| format!("{} object(s) failed", rep.summary.failed)),
+                ),
+                tally: None,
+            }),
+        ),
+        Err(e) if e.to_string().contains("the lease passed to another worker") => return Ok(()),
+        Err(e) => (
+            "finishing",
+            Some(Finish {
+                state: "failed",
+                dst_listed,
+                error: Some(format!("{e:#}")),
+                tally: None,
+            }),
+        ),
+    };
+    // Record the end; the job's engine may be out of reach for a while (a cut-off worker
+    // tries until it hears back, then learns whether its token still holds).
+    let deadline = Instant::now() + w.o.lease * 4;
+    loop {
+        let res = match &fin {
+            Some(f) => w.board.finish(u.id, u.token, f).await,
+            None => w.board.release(u.id, u.token).await,
+        };
+        match res {
+            Ok(true) => return Ok(()),
+            Ok(false) => {
+                w.refused(what, u.id, u.token);
+                return Ok(());
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(unit = u.id, error = %format!("{e:#}"), "recording the end of a unit; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.context("recording the end of the unit (its lease will run out and another worker resumes it)")),
+        }
+    }
+}
+
+/// The deletion step: once, after every range finished without errors, with the same caps
+/// as a single-host run.
+async fn delete_step(
+    w: &Arc<Worker>,
+    u: &Unit,
+    dst: Arc<dyn Endpoint>,
+    base: &Options,
+) -> Result<()> {
+    let deletes = w.board.deletes().await?;
+    let units = w.board.units().await?;
+    let listed: u64 = units
+        .iter()
+        .map(|u| u.dst_listed.max(0) as u64)
+        .sum::<u64>()
+        .max(deletes.len() as u64);
+    if let Some(why) = run::refused(base.max_delete, deletes.len() as u64, listed) {
+        let msg = format!("refusing to delete: {why}; nothing was deleted");
+        eprintln!("jfs-sync: {msg}");
+        let f = Finish {
+            state: "failed",
+            dst_listed: 0,
+            error: Some(msg),
+            tally: None,
+        };
+        if !w.board.finish(u.id, u.token, &f).await? {
+            w.refused("finishing", u.id, u.token);
+        }
+        return Ok(());
+    }
+    let mut ordered = deletes;
+    ordered.sort();
+    ordered.reverse(); // deepest first: `a/x` before `a/`
+    let mut tally = Summary::default();
+    for (key, is_dir) in ordered {
+        let kind = if is_dir { Kind::Dir } else { Kind::File };
+        match crate::copy::with_retries(base.retries, &key, || dst.delete(&key, kind)).await {
+            Ok(()) => tally.deleted += 1,
+            Err(e) => {
+                tally.failed += 1;
+                eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
+            }
+        }
+    }
+    let f = Finish {
+        state: if tally.failed == 0 { "done" } else { "failed" },
+        dst_listed: 0,
+        error: (tally.failed > 0).then(|| format!("{} deletes failed", tally.failed)),
+        tally: Some(&tally),
+    };
+    w.done.lock().unwrap_or_else(|p| p.into_inner()).add(&tally);
+    if !w.board.finish(u.id, u.token, &f).await? {
+        w.refused("finishing", u.id, u.token);
+    }
+    Ok(())
+}
+
+/// `jfs-sync job status`: the job's progress across workers.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub job: String,
+    pub state: String,
+    pub src: String,
+    pub dst: String,
+    pub bwlimit: Option<String>,
+    pub tps: Option<u32>,
+    pub units_done: usize,
+    pub units_running: usize,
+    pub units_pending: usize,
+    pub units_failed: usize,
+    pub reassigned: i64,
+    pub totals: Summary,
+    /// Bytes per second, summed over the workers heard from in the last minute.
+    pub rate: f64,
+    /// Seconds left at the pace of the units done so far (None before any is done).
+    pub eta_s: Option<f64>,
+    pub workers: Vec<WorkerReport>,
+    pub errors: Vec<String>,
+    pub running: Vec<Unit>,
+}
+
+pub async fn status(board: &dyn Board, url: &str) -> Result<Status> {
+    let spec = board
+        .spec()
+        .await?
+        .with_context(|| format!("no job at {}", meta::redact(url)))?;
+    let c = board.control().await?;
+    let units = board.units().await?;
+    let workers = board.workers().await?;
+    let count = |s: &str| units.iter().filter(|u| u.state == s).count();
+    let mut totals = Summary::default();
+    for u in &units {
+        totals.add(&u.tally);
+    }
+    let live: Vec<WorkerReport> = workers.into_iter().collect();
+    let rate: f64 = live
+        .iter()
+        .filter(|w| w.age_ms < 60_000)
+        .map(|w| w.rate)
+        .sum();
+    let done = count("done");
+    let left = count("pending") + count("running");
+    let eta_s = (done > 0 && c.state == "running").then(|| c.age_s / done as f64 * left as f64);
+    Ok(Status {
+        job: meta::redact(url),
+        state: c.state,
+        src: spec.src,
+        dst: spec.dst,
+        bwlimit: c.bwlimit,
+        tps: c.tps,
+        units_done: done,
+        units_running: count("running"),
+        units_pending: count("pending") + count("held"),
+        units_failed: count("failed"),
+        reassigned: units.iter().map(|u| u.reassigned).sum(),
+        totals,
+        rate,
+        eta_s,
+        workers: live,
+        errors: units
+            .iter()
+            .filter_map(|u| {
+                u.error
+                    .as_ref()
+                    .map(|e| format!("unit {} {}: {e}", u.id, describe(u)))
+            })
+            .collect(),
+        running: units.into_iter().filter(|u| u.state == "running").collect(),
+    })
+}
+
+impl Status {
+    pub fn text(&self) -> String {
+        let mut s = format!(
+            "job {} ({} -> {}): {}\n  units: {} done, {} running, {} pending, {} failed; {} reassigned after a lost lease\n  {}\n  rate {:.1} MiB/s, ETA {}; limits: bwlimit {}, tps {}\n",
+            self.job,
+            self.src,
+            self.dst,
+            self.state,
+            self.units_done,
+            self.units_running,
+            self.units_pending,
+            self.units_failed,
+            self.reassigned,
+            self.totals.line(),
+            self.rate / (1 << 20) as f64,
+            self.eta_s.map_or("unknown".to_string(), |e| format!("{e:.0}s")),
+            self.bwlimit.as_deref().unwrap_or("off"),
+            self.tps.map_or("off".to_string(), |t| t.to_string()),
+        );
+        for w in &self.workers {
+            s.push_str(&format!(
+                "  worker {} (pid {} on {}): last heard {:.1}s ago, {} units held {:?}, copied {}, {} bytes, {:.1} MiB/s, {} refused saves\n",
+                w.worker,
+                w.pid,
+                w.host,
+                w.age_ms as f64 / 1000.0,
+                w.units.len(),
+                w.units,
+                w.totals.copied + w.totals.updated,
+                w.totals.bytes,
+                w.rate / (1 << 20) as f64,
+                w.refused
+            ));
+        }
+        for u in &self.running {
+            s.push_str(&format!(
+                "  unit {} {} held by {} (lease {:.1}s left), at {}\n",
+                u.id,
+                describe(u),
+                u.owner.as_deref().unwrap_or("?"),
+                u.lease_left_ms.unwrap_or(0) as f64 / 1000.0,
+                u.cursor.as_deref().unwrap_or("its start")
+            ));
+        }
+        for e in &self.errors {
+            s.push_str(&format!("  error: {e}\n"));
+        }
+        s
+    }
+}

@@ -1,0 +1,575 @@
+//! A shared job in PostgreSQL: units claimed with `FOR UPDATE SKIP LOCKED`, leases on the
+//! server's clock, every holder's write conditional on its token.
+
+use super::{Board, Control, Finish, Spec, Unit, WorkerReport};
+use crate::stats::Summary;
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::time::Duration;
+use tokio_postgres::NoTls;
+
+pub struct PgBoard {
+    pool: Pool,
+    s: String,
+    job: String,
+    display: String,
+}
+
+/// Every call gives up after this long (a worker cut off from the database must notice).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A unit's columns, from the units table named `u`.
+const UNIT_COLS: &str = "u.id, u.kind, u.lo, u.hi, u.state, u.owner, u.token, \
+     (EXTRACT(EPOCH FROM u.lease_until - clock_timestamp()) * 1000)::bigint, u.cursor, u.tally::text, \
+     u.attempts, u.reassigned, u.dst_listed, u.error";
+
+fn unit(r: &tokio_postgres::Row) -> Unit {
+    let tally: Option<String> = r.get(9);
+    Unit {
+        id: r.get(0),
+        kind: r.get(1),
+        lo: r.get(2),
+        hi: r.get(3),
+        state: r.get(4),
+        owner: r.get(5),
+        token: r.get(6),
+        lease_left_ms: r.get(7),
+        cursor: r.get(8),
+        tally: tally
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default(),
+        attempts: r.get::<_, i32>(10) as i64,
+        reassigned: r.get::<_, i32>(11) as i64,
+        dst_listed: r.get(12),
+        error: r.get(13),
+    }
+}
+
+impl PgBoard {
+    pub async fn connect(
+        mut cfg: tokio_postgres::Config,
+        schema: &str,
+        job: &str,
+        display: String,
+    ) -> Result<Self> {
+        cfg.connect_timeout(Duration::from_secs(5))
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(5))
+            .tcp_user_timeout(Duration::from_secs(10))
+            .application_name("jfs-sync");
+        let mgr = Manager::from_config(
+            cfg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(8)
+            .wait_timeout(Some(CALL_TIMEOUT))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .context("postgres pool")?;
+        let b = PgBoard {
+            pool,
+            s: schema.to_string(),
+            job: job.to_string(),
+            display,
+        };
+        b.migrate().await?;
+        Ok(b)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool
+            .get()
+            .await
+            .with_context(|| format!("connecting to the job's database {}", self.display))
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        // Workers starting together: one creates the tables, the others wait for it.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('jfs_sync_schema'))",
+            &[],
+        )
+        .await?;
+        let s = &self.s;
+        tx.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {s}.jfs_sync_jobs (name text PRIMARY KEY, spec text NOT NULL,
+               state text NOT NULL, bwlimit text, tps int, created timestamptz NOT NULL DEFAULT clock_timestamp());
+             CREATE TABLE IF NOT EXISTS {s}.jfs_sync_units (job text NOT NULL, id bigserial, kind text NOT NULL,
+               lo text, hi text, state text NOT NULL, owner text, token bigint NOT NULL DEFAULT 0,
+               lease_until timestamptz, cursor text, tally jsonb, attempts int NOT NULL DEFAULT 0,
+               reassigned int NOT NULL DEFAULT 0, dst_listed bigint NOT NULL DEFAULT 0, error text,
+               PRIMARY KEY (job, id));
+             CREATE TABLE IF NOT EXISTS {s}.jfs_sync_workers (job text NOT NULL, worker text NOT NULL,
+               seen timestamptz NOT NULL, report text NOT NULL, PRIMARY KEY (job, worker));
+             CREATE TABLE IF NOT EXISTS {s}.jfs_sync_deletes (job text NOT NULL, key text NOT NULL,
+               is_dir bool NOT NULL, PRIMARY KEY (job, key));
+             CREATE TABLE IF NOT EXISTS {s}.jfs_sync_buckets (job text NOT NULL, what text NOT NULL,
+               tokens double precision NOT NULL, at timestamptz NOT NULL, PRIMARY KEY (job, what));"
+        ))
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+async fn timed<T>(what: &str, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, f).await {
+        Ok(r) => r.with_context(|| what.to_string()),
+        Err(_) => {
+            anyhow::bail!("{what}: no answer from the job's database within {CALL_TIMEOUT:?}")
+        }
+    }
+}
+
+#[async_trait]
+impl Board for PgBoard {
+    async fn create(&self, spec: &Spec, bwlimit: Option<&str>, tps: Option<u32>) -> Result<bool> {
+        timed("creating the job", async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await?;
+            let s = &self.s;
+            let n = tx
+                .execute(
+                    &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state, bwlimit, tps) VALUES ($1, $2, 'running', $3, $4) ON CONFLICT DO NOTHING"),
+                    &[&self.job, &serde_json::to_string(spec)?, &bwlimit, &tps.map(|t| t as i32)],
+                )
+                .await?;
+            if n == 0 {
+                return Ok(false);
+            }
+            tx.execute(
+                &format!("INSERT INTO {s}.jfs_sync_units (job, kind, state) VALUES ($1, 'copy', 'pending')"),
+                &[&self.job],
+            )
+            .await?;
+            if spec.delete_dst {
+                tx.execute(
+                    &format!("INSERT INTO {s}.jfs_sync_units (job, kind, state) VALUES ($1, 'delete', 'held')"),
+                    &[&self.job],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn spec(&self) -> Result<Option<Spec>> {
+        timed("reading the job", async {
+            let c = self.client().await?;
+            let row = c
+                .query_opt(
+                    &format!("SELECT spec FROM {}.jfs_sync_jobs WHERE name = $1", self.s),
+                    &[&self.job],
+                )
+                .await?;
+            Ok(match row {
+                Some(r) => Some(serde_json::from_str(r.get::<_, &str>(0))?),
+                None => None,
+            })
+        })
+        .await
+    }
+
+    async fn control(&self) -> Result<Control> {
+        timed("reading the job's state", async {
+            let c = self.client().await?;
+            let r = c
+                .query_opt(
+                    &format!("SELECT state, bwlimit, tps, EXTRACT(EPOCH FROM clock_timestamp() - created)::float8
+                              FROM {}.jfs_sync_jobs WHERE name = $1", self.s),
+                    &[&self.job],
+                )
+                .await?
+                .context("the job does not exist (removed?)")?;
+            Ok(Control {
+                state: r.get(0),
+                bwlimit: r.get(1),
+                tps: r.get::<_, Option<i32>>(2).map(|t| t as u32),
+                age_s: r.get(3),
+            })
+        })
+        .await
+    }
+
+    async fn set_state(&self, state: &str) -> Result<()> {
+        timed("changing the job's state", async {
+            let c = self.client().await?;
+            c.execute(
+                &format!(
+                    "UPDATE {}.jfs_sync_jobs SET state = $2 WHERE name = $1",
+                    self.s
+                ),
+                &[&self.job, &state],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_limits(&self, bwlimit: Option<&str>, tps: Option<u32>) -> Result<()> {
+        timed("changing the job's limits", async {
+            let c = self.client().await?;
+            c.execute(
+                &format!(
+                    "UPDATE {}.jfs_sync_jobs SET bwlimit = $2, tps = $3 WHERE name = $1",
+                    self.s
+                ),
+                &[&self.job, &bwlimit, &tps.map(|t| t as i32)],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn report(&self, r: &WorkerReport) -> Result<()> {
+        timed("reporting to the job", async {
+            let c = self.client().await?;
+            c.execute(
+                &format!("INSERT INTO {}.jfs_sync_workers (job, worker, seen, report) VALUES ($1, $2, clock_timestamp(), $3)
+                          ON CONFLICT (job, worker) DO UPDATE SET seen = excluded.seen, report = excluded.report", self.s),
+                &[&self.job, &r.worker, &serde_json::to_string(r)?],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn claim(&self, worker: &str, lease_ms: u64, max_attempts: u32) -> Result<Option<Unit>> {
+        timed("claiming a unit", async {
+            let c = self.client().await?;
+            let s = &self.s;
+            let lease = lease_ms as f64;
+            let max = max_attempts as i32;
+            // Units whose holders kept losing them are given up on, with the reason.
+            c.execute(
+                &format!("UPDATE {s}.jfs_sync_units SET state = 'failed', owner = NULL,
+                            error = 'claimed ' || attempts || ' times and never finished: the workers holding it stopped answering'
+                          WHERE job = $1 AND state = 'running' AND lease_until < clock_timestamp() AND attempts >= $2"),
+                &[&self.job, &max],
+            )
+            .await?;
+            let row = c
+                .query_opt(
+                    &format!(
+                        "WITH c AS (
+                           SELECT id, state AS was FROM {s}.jfs_sync_units
+                            WHERE job = $1 AND (state = 'pending' OR (state = 'running' AND lease_until < clock_timestamp()))
+                            ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                         UPDATE {s}.jfs_sync_units u SET state = 'running', owner = $2, token = token + 1,
+                                attempts = attempts + 1, reassigned = reassigned + (c.was = 'running')::int,
+                                lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+                           FROM c WHERE u.job = $1 AND u.id = c.id
+                         RETURNING {UNIT_COLS}"
+                    ),
+                    &[&self.job, &worker, &lease],
+                )
+                .await?;
+            Ok(row.as_ref().map(unit))
+        })
+        .await
+    }
+
+    async fn renew(&self, worker: &str, held: &[(i64, i64)], lease_ms: u64) -> Result<Vec<i64>> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        timed("renewing leases", async {
+            let c = self.client().await?;
+            let ids: Vec<i64> = held.iter().map(|h| h.0).collect();
+            let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
+            let rows = c
+                .query(
+                    &format!(
+                        "UPDATE {}.jfs_sync_units SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+                          WHERE job = $1 AND owner = $2 AND state = 'running'
+                            AND (id, token) IN (SELECT * FROM unnest($4::bigint[], $5::bigint[]))
+                          RETURNING id",
+                        self.s
+                    ),
+                    &[&self.job, &worker, &(lease_ms as f64), &ids, &tokens],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+        .await
+    }
+
+    async fn save(
+        &self,
+        id: i64,
+        token: i64,
+        cursor: &str,
+        tally: &Summary,
+        deletes: &[(String, bool)],
+    ) -> Result<bool> {
+        timed("saving progress", async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await?;
+            let s = &self.s;
+            let n = tx
+                .execute(
+                    &format!("UPDATE {s}.jfs_sync_units SET cursor = $4, tally = $5::text::jsonb
+                              WHERE job = $1 AND id = $2 AND token = $3 AND state = 'running'"),
+                    &[&self.job, &id, &token, &cursor, &serde_json::to_string(tally)?],
+                )
+                .await?;
+            if n == 0 {
+                return Ok(false);
+            }
+            if !deletes.is_empty() {
+                let keys: Vec<&str> = deletes.iter().map(|d| d.0.as_str()).collect();
+                let dirs: Vec<bool> = deletes.iter().map(|d| d.1).collect();
+                tx.execute(
+                    &format!("INSERT INTO {s}.jfs_sync_deletes (job, key, is_dir)
+                              SELECT $1, k, d FROM unnest($2::text[], $3::bool[]) AS t(k, d) ON CONFLICT DO NOTHING"),
+                    &[&self.job, &keys, &dirs],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn finish(&self, id: i64, token: i64, f: &Finish<'_>) -> Result<bool> {
+        timed("recording the end of a unit", async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await?;
+            let s = &self.s;
+            let tally = f.tally.map(serde_json::to_string).transpose()?;
+            let row = tx
+                .query_opt(
+                    &format!("UPDATE {s}.jfs_sync_units SET state = $4, owner = NULL, lease_until = NULL,
+                                     dst_listed = $5, error = $6, tally = COALESCE($7::text::jsonb, tally)
+                              WHERE job = $1 AND id = $2 AND token = $3 AND state = 'running' RETURNING kind"),
+                    &[&self.job, &id, &token, &f.state, &(f.dst_listed as i64), &f.error, &tally],
+                )
+                .await?;
+            let Some(row) = row else { return Ok(false) };
+            if row.get::<_, &str>(0) == "copy" && f.state == "done" {
+                // The deletion step may start once every range is done.
+                tx.execute(
+                    &format!("UPDATE {s}.jfs_sync_units SET state = 'pending' WHERE job = $1 AND kind = 'delete' AND state = 'held'
+                                AND NOT EXISTS (SELECT 1 FROM {s}.jfs_sync_units WHERE job = $1 AND kind = 'copy' AND state <> 'done')"),
+                    &[&self.job],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn split(&self, id: i64, token: i64, cuts: &[String]) -> Result<bool> {
+        timed("splitting a unit", async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await?;
+            let s = &self.s;
+            let row = tx
+                .query_opt(
+                    &format!("SELECT hi FROM {s}.jfs_sync_units WHERE job = $1 AND id = $2 AND token = $3
+                                AND state = 'running' AND cursor IS NULL FOR UPDATE"),
+                    &[&self.job, &id, &token],
+                )
+                .await?;
+            let Some(row) = row else { return Ok(false) };
+            let hi: Option<String> = row.get(0);
+            tx.execute(
+                &format!("UPDATE {s}.jfs_sync_units SET hi = $3 WHERE job = $1 AND id = $2"),
+                &[&self.job, &id, &cuts[0]],
+            )
+            .await?;
+            for (i, lo) in cuts.iter().enumerate() {
+                let end = cuts.get(i + 1).cloned().or(hi.clone());
+                tx.execute(
+                    &format!("INSERT INTO {s}.jfs_sync_units (job, kind, lo, hi, state) VALUES ($1, 'copy', $2, $3, 'pending')"),
+                    &[&self.job, lo, &end],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn release(&self, id: i64, token: i64) -> Result<bool> {
+        timed("giving a unit back", async {
+            let c = self.client().await?;
+            let n = c
+                .execute(
+                    &format!("UPDATE {}.jfs_sync_units SET state = 'pending', owner = NULL, lease_until = NULL
+                              WHERE job = $1 AND id = $2 AND token = $3 AND state = 'running'", self.s),
+                    &[&self.job, &id, &token],
+                )
+                .await?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn retry_failed(&self) -> Result<u64> {
+        timed("retrying failed units", async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await?;
+            let s = &self.s;
+            let n = tx
+                .execute(
+                    &format!("UPDATE {s}.jfs_sync_units SET state = 'pending', error = NULL, attempts = 0
+                              WHERE job = $1 AND kind = 'copy' AND state = 'failed'"),
+                    &[&self.job],
+                )
+                .await?;
+            let all_done = n == 0;
+            tx.execute(
+                &format!("UPDATE {s}.jfs_sync_units SET state = $2, error = NULL, attempts = 0
+                          WHERE job = $1 AND kind = 'delete' AND state = 'failed'"),
+                &[&self.job, &if all_done { "pending" } else { "held" }],
+            )
+            .await?;
+            tx.execute(&format!("UPDATE {s}.jfs_sync_jobs SET state = 'running' WHERE name = $1"), &[&self.job])
+                .await?;
+            tx.commit().await?;
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn units(&self) -> Result<Vec<Unit>> {
+        timed("reading the units", async {
+            let c = self.client().await?;
+            let rows = c
+                .query(
+                    &format!(
+                        "SELECT {UNIT_COLS} FROM {}.jfs_sync_units u WHERE job = $1 ORDER BY id",
+                        self.s
+                    ),
+                    &[&self.job],
+                )
+                .await?;
+            Ok(rows.iter().map(unit).collect())
+        })
+        .await
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerReport>> {
+        timed("reading the workers", async {
+            let c = self.client().await?;
+            let rows = c
+                .query(
+                    &format!("SELECT report, (EXTRACT(EPOCH FROM clock_timestamp() - seen) * 1000)::bigint
+                              FROM {}.jfs_sync_workers WHERE job = $1 ORDER BY worker", self.s),
+                    &[&self.job],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    let mut w: WorkerReport = serde_json::from_str(r.get::<_, &str>(0)).ok()?;
+                    w.age_ms = r.get(1);
+                    Some(w)
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn deletes(&self) -> Result<Vec<(String, bool)>> {
+        timed("reading the deletes", async {
+            let c = self.client().await?;
+            let rows = c
+                .query(
+                    &format!(
+                        "SELECT key, is_dir FROM {}.jfs_sync_deletes WHERE job = $1",
+                        self.s
+                    ),
+                    &[&self.job],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+        .await
+    }
+
+    async fn take(&self, what: &str, rate: u64, n: u64) -> Result<Option<Duration>> {
+        timed("drawing from the job's limit", async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await?;
+            let s = &self.s;
+            let (rate, n) = (rate as f64, n as f64);
+            let burst = rate / 5.0;
+            tx.execute(
+                &format!("INSERT INTO {s}.jfs_sync_buckets (job, what, tokens, at) VALUES ($1, $2, $3, clock_timestamp()) ON CONFLICT DO NOTHING"),
+                &[&self.job, &what, &burst],
+            )
+            .await?;
+            let r = tx
+                .query_one(
+                    &format!("SELECT tokens, EXTRACT(EPOCH FROM clock_timestamp() - at)::float8 FROM {s}.jfs_sync_buckets
+                              WHERE job = $1 AND what = $2 FOR UPDATE"),
+                    &[&self.job, &what],
+                )
+                .await?;
+            let (tokens, elapsed): (f64, f64) = (r.get(0), r.get(1));
+            // A bucket that may run into debt: a grant larger than the burst is not starved,
+            // and the debt is paid before the next one.
+            let mut t = (tokens + elapsed.max(0.0) * rate).min(burst);
+            let wait = if t > 0.0 {
+                t -= n;
+                None
+            } else {
+                Some(Duration::from_secs_f64((-t / rate).clamp(0.001, 1.0)))
+            };
+            tx.execute(
+                &format!("UPDATE {s}.jfs_sync_buckets SET tokens = $3, at = clock_timestamp() WHERE job = $1 AND what = $2"),
+                &[&self.job, &what, &t],
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(wait)
+        })
+        .await
+    }
+
+    async fn remove(&self) -> Result<()> {
+        timed("removing the job", async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await?;
+            for t in [
+                "jfs_sync_units",
+                "jfs_sync_workers",
+                "jfs_sync_deletes",
+                "jfs_sync_buckets",
+            ] {
+                tx.execute(
+                    &format!("DELETE FROM {}.{t} WHERE job = $1", self.s),
+                    &[&self.job],
+                )
+                .await?;
+            }
+            tx.execute(
+                &format!("DELETE FROM {}.jfs_sync_jobs WHERE name = $1", self.s),
+                &[&self.job],
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,602 @@
+//! A shared job in Redis: one hash per unit, a sorted set of pending units and one of lease
+//! deadlines (on the server's clock, `TIME`), and Lua scripts so that a claim, a save or a
+//! finish is one atomic step that checks the holder's token. All keys share one hash tag,
+//! `{jfs-sync:NAME}`, so the scripts touch one slot.
+
+use super::{Board, Control, Finish, Spec, Unit, WorkerReport};
+use crate::stats::Summary;
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+use std::time::Duration;
+
+pub struct RedisBoard {
+    conn: ConnectionManager,
+    /// Key prefix of this job: `{PREFIX}{jfs-sync:NAME}:`.
+    p: String,
+    display: String,
+}
+
+/// Lua: the server's time in milliseconds.
+const NOW: &str = "local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
+
+const CREATE: &str = r#"
+local P = ARGV[1]
+if redis.call('EXISTS', P..'spec') == 1 then return 0 end
+redis.call('SET', P..'spec', ARGV[2])
+redis.call('SET', P..'state', 'running')
+redis.call('SET', P..'created', now)
+if ARGV[3] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[3]) end
+if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[4]) end
+local id = redis.call('INCR', P..'next')
+redis.call('HSET', P..'u:'..id, 'kind', 'copy', 'state', 'pending', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
+redis.call('ZADD', P..'all', id, id)
+redis.call('ZADD', P..'pending', id, id)
+if ARGV[5] == '1' then
+  local d = redis.call('INCR', P..'next')
+  redis.call('HSET', P..'u:'..d, 'kind', 'delete', 'state', 'held', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
+  redis.call('ZADD', P..'all', d, d)
+  redis.call('SET', P..'delete_unit', d)
+end
+redis.call('SET', P..'left', 1)
+return 1
+"#;
+
+const CLAIM: &str = r#"
+local P, worker, lease, maxatt = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+for _ = 1, 1000 do
+  local id, re = nil, 0
+  local exp = redis.call('ZRANGEBYSCORE', P..'leases', '-inf', now, 'LIMIT', 0, 1)
+  if #exp > 0 then
+    id = exp[1]; re = 1
+  else
+    local p = redis.call('ZRANGE', P..'pending', 0, 0)
+    if #p == 0 then return false end
+    id = p[1]
+  end
+  local u = P..'u:'..id
+  if re == 1 and tonumber(redis.call('HGET', u, 'attempts')) >= maxatt then
+    redis.call('ZREM', P..'leases', id)
+    redis.call('HSET', u, 'state', 'failed', 'error',
+      'claimed '..redis.call('HGET', u, 'attempts')..' times and never finished: the workers holding it stopped answering')
+    redis.call('HDEL', u, 'owner')
+  else
+    redis.call('ZREM', P..'pending', id)
+    redis.call('ZADD', P..'leases', now + lease, id)
+    redis.call('HINCRBY', u, 'token', 1)
+    redis.call('HINCRBY', u, 'attempts', 1)
+    redis.call('HINCRBY', u, 'reassigned', re)
+    redis.call('HSET', u, 'state', 'running', 'owner', worker)
+    return {id, now, redis.call('HGETALL', u)}
+  end
+end
+return false
+"#;
+
+const RENEW: &str = r#"
+local P, worker, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local kept = {}
+for i = 4, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local u = P..'u:'..id
+  local v = redis.call('HMGET', u, 'token', 'state', 'owner')
+  if v[1] == token and v[2] == 'running' and v[3] == worker then
+    redis.call('ZADD', P..'leases', now + lease, id)
+    kept[#kept + 1] = id
+  end
+end
+return kept
+"#;
+
+/// Checks that the caller still holds unit ARGV[2] under token ARGV[3].
+const HOLDS: &str = r#"
+local P, id, token = ARGV[1], ARGV[2], ARGV[3]
+local u = P..'u:'..id
+local v = redis.call('HMGET', u, 'token', 'state')
+if v[1] ~= token or v[2] ~= 'running' then return 0 end
+"#;
+
+const SAVE: &str = r#"
+redis.call('HSET', u, 'cursor', ARGV[4], 'tally', ARGV[5])
+for i = 6, #ARGV, 2 do redis.call('HSET', P..'deletes', ARGV[i], ARGV[i + 1]) end
+return 1
+"#;
+
+const FINISH: &str = r#"
+local state = ARGV[4]
+redis.call('HSET', u, 'state', state, 'dst_listed', ARGV[5])
+redis.call('HDEL', u, 'owner')
+if ARGV[6] ~= '' then redis.call('HSET', u, 'error', ARGV[6]) else redis.call('HDEL', u, 'error') end
+if ARGV[7] ~= '' then redis.call('HSET', u, 'tally', ARGV[7]) end
+redis.call('ZREM', P..'leases', id)
+if state == 'done' and redis.call('HGET', u, 'kind') == 'copy' then
+  if redis.call('DECR', P..'left') == 0 then
+    local d = redis.call('GET', P..'delete_unit')
+    if d and redis.call('HGET', P..'u:'..d, 'state') == 'held' then
+      redis.call('HSET', P..'u:'..d, 'state', 'pending')
+      redis.call('ZADD', P..'pending', d, d)
+    end
+  end
+end
+return 1
+"#;
+
+const SPLIT: &str = r#"
+if redis.call('HEXISTS', u, 'cursor') == 1 then return 0 end
+local hi = redis.call('HGET', u, 'hi')
+redis.call('HSET', u, 'hi', ARGV[4])
+for i = 4, #ARGV do
+  local n = redis.call('INCR', P..'next')
+  redis.call('HSET', P..'u:'..n, 'kind', 'copy', 'state', 'pending', 'lo', ARGV[i], 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
+  local e = ARGV[i + 1] or hi
+  if e then redis.call('HSET', P..'u:'..n, 'hi', e) end
+  redis.call('ZADD', P..'all', n, n)
+  redis.call('ZADD', P..'pending', n, n)
+end
+redis.call('INCRBY', P..'left', #ARGV - 3)
+return 1
+"#;
+
+const RELEASE: &str = r#"
+redis.call('HSET', u, 'state', 'pending')
+redis.call('HDEL', u, 'owner')
+redis.call('ZREM', P..'leases', id)
+redis.call('ZADD', P..'pending', id, id)
+return 1
+"#;
+
+const RETRY: &str = r#"
+local P = ARGV[1]
+local n = 0
+for _, id in ipairs(redis.call('ZRANGE', P..'all', 0, -1)) do
+  local u = P..'u:'..id
+  if redis.call('HGET', u, 'state') == 'failed' and redis.call('HGET', u, 'kind') == 'copy' then
+    redis.call('HSET', u, 'state', 'pending', 'attempts', 0)
+    redis.call('HDEL', u, 'error')
+    redis.call('ZADD', P..'pending', id, id)
+    n = n + 1
+  end
+end
+local d = redis.call('GET', P..'delete_unit')
+if d and redis.call('HGET', P..'u:'..d, 'state') == 'failed' then
+  redis.call('HDEL', P..'u:'..d, 'error')
+  redis.call('HSET', P..'u:'..d, 'attempts', 0)
+  if tonumber(redis.call('GET', P..'left')) == 0 then
+    redis.call('HSET', P..'u:'..d, 'state', 'pending')
+    redis.call('ZADD', P..'pending', d, d)
+  else
+    redis.call('HSET', P..'u:'..d, 'state', 'held')
+  end
+end
+redis.call('SET', P..'state', 'running')
+return n
+"#;
+
+/// A token bucket that may run into debt (a grant larger than the burst is not starved; the
+/// debt is paid before the next grant).
+const TAKE: &str = r#"
+local b = ARGV[1]..'bucket:'..ARGV[2]
+local rate, n = tonumber(ARGV[3]), tonumber(ARGV[4])
+local burst = rate / 5
+local v = redis.call('HMGET', b, 'tokens', 'at')
+local tokens, at = tonumber(v[1]) or burst, tonumber(v[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) / 1000 * rate)
+local wait = 0
+if tokens > 0 then tokens = tokens - n else wait = math.ceil(-tokens / rate * 1000) end
+redis.call('HSET', b, 'tokens', tostring(tokens), 'at', now)
+return wait
+"#;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{NOW}{body}"))
+}
+
+fn guarded(body: &str) -> Script {
+    Script::new(&format!("{NOW}{HOLDS}{body}"))
+}
+
+/// Every call gives up after this long (a worker cut off from Redis must notice).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl RedisBoard {
+    pub async fn connect(
+        info: redis::ConnectionInfo,
+        prefix: &str,
+        job: &str,
+        display: String,
+    ) -> Result<Self> {
+        let client = redis::Client::open(info).context("redis client")?;
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(5))
+            .set_response_timeout(CALL_TIMEOUT)
+            .set_number_of_retries(2);
+        let conn =
+            tokio::time::timeout(CALL_TIMEOUT, client.get_connection_manager_with_config(cfg))
+                .await
+                .map_err(|_| anyhow::anyhow!("no answer within {CALL_TIMEOUT:?}"))
+                .and_then(|r| r.map_err(anyhow::Error::from))
+                .with_context(|| format!("connecting to the job's Redis {display}"))?;
+        Ok(RedisBoard {
+            conn,
+            p: format!("{prefix}{{jfs-sync:{job}}}:"),
+            display,
+        })
+    }
+
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        s: &Script,
+        args: Vec<String>,
+    ) -> Result<T> {
+        let mut c = self.conn.clone();
+        let mut inv = s.prepare_invoke();
+        inv.arg(&self.p);
+        for a in args {
+            inv.arg(a);
+        }
+        match tokio::time::timeout(CALL_TIMEOUT, inv.invoke_async(&mut c)).await {
+            Ok(r) => r.with_context(|| format!("{what} ({})", self.display)),
+            Err(_) => {
+                anyhow::bail!("{what}: no answer from the job's Redis within {CALL_TIMEOUT:?}")
+            }
+        }
+    }
+
+    async fn cmd<T: redis::FromRedisValue>(&self, what: &str, c: &redis::Cmd) -> Result<T> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(CALL_TIMEOUT, c.query_async(&mut conn)).await {
+            Ok(r) => r.with_context(|| format!("{what} ({})", self.display)),
+            Err(_) => {
+                anyhow::bail!("{what}: no answer from the job's Redis within {CALL_TIMEOUT:?}")
+            }
+        }
+    }
+
+    fn unit_of(
+        id: i64,
+        now: i64,
+        lease: Option<i64>,
+        h: &std::collections::HashMap<String, String>,
+    ) -> Unit {
+        let g = |k: &str| h.get(k).cloned();
+        let n = |k: &str| h.get(k).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        let state = g("state").unwrap_or_default();
+        Unit {
+            id,
+            kind: g("kind").unwrap_or_default(),
+            lo: g("lo"),
+            hi: g("hi"),
+            lease_left_ms: lease.filter(|_| state == "running").map(|l| l - now),
+            state,
+            owner: g("owner"),
+            token: n("token"),
+            cursor: g("cursor"),
+            tally: g("tally")
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default(),
+            attempts: n("attempts"),
+            reassigned: n("reassigned"),
+            dst_listed: n("dst_listed"),
+            error: g("error"),
+        }
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        let (s, us): (i64, i64) = self.cmd("reading the time", &redis::cmd("TIME")).await?;
+        Ok(s * 1000 + us / 1000)
+    }
+}
+
+fn flat(v: Vec<String>) -> std::collections::HashMap<String, String> {
+    v.chunks(2)
+        .filter(|c| c.len() == 2)
+        .map(|c| (c[0].clone(), c[1].clone()))
+        .collect()
+}
+
+#[async_trait]
+impl Board for RedisBoard {
+    async fn create(&self, spec: &Spec, bwlimit: Option<&str>, tps: Option<u32>) -> Result<bool> {
+        let n: i64 = self
+            .run(
+                "creating the job",
+                &script(CREATE),
+                vec![
+                    serde_json::to_string(spec)?,
+                    bwlimit.unwrap_or("").to_string(),
+                    tps.map(|t| t.to_string()).unwrap_or_default(),
+                    if spec.delete_dst { "1" } else { "0" }.to_string(),
+                ],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn spec(&self) -> Result<Option<Spec>> {
+        let v: Option<String> = self
+            .cmd(
+                "reading the job",
+                redis::cmd("GET").arg(format!("{}spec", self.p)),
+            )
+            .await?;
+        v.map(|s| serde_json::from_str(&s).context("the job's record is damaged"))
+            .transpose()
+    }
+
+    async fn control(&self) -> Result<Control> {
+        let state: Option<String> = self
+            .cmd(
+                "reading the job's state",
+                redis::cmd("GET").arg(format!("{}state", self.p)),
+            )
+            .await?;
+        let state = state.context("the job does not exist (removed?)")?;
+        let l: std::collections::HashMap<String, String> = self
+            .cmd(
+                "reading the job's limits",
+                redis::cmd("HGETALL").arg(format!("{}limits", self.p)),
+            )
+            .await?;
+        let created: Option<i64> = self
+            .cmd(
+                "reading the job",
+                redis::cmd("GET").arg(format!("{}created", self.p)),
+            )
+            .await?;
+        let now = self.now_ms().await?;
+        Ok(Control {
+            state,
+            bwlimit: l.get("bwlimit").cloned(),
+            tps: l.get("tps").and_then(|t| t.parse().ok()),
+            age_s: created.map_or(0.0, |c| (now - c) as f64 / 1000.0),
+        })
+    }
+
+    async fn set_state(&self, state: &str) -> Result<()> {
+        let _: () = self
+            .cmd(
+                "changing the job's state",
+                redis::cmd("SET").arg(format!("{}state", self.p)).arg(state),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn set_limits(&self, bwlimit: Option<&str>, tps: Option<u32>) -> Result<()> {
+        let key = format!("{}limits", self.p);
+        let mut p = redis::pipe();
+        p.atomic().del(&key);
+        if let Some(b) = bwlimit {
+            p.hset(&key, "bwlimit", b);
+        }
+        if let Some(t) = tps {
+            p.hset(&key, "tps", t);
+        }
+        let mut conn = self.conn.clone();
+        let r: redis::RedisResult<()> = p.query_async(&mut conn).await;
+        r.with_context(|| format!("changing the job's limits ({})", self.display))
+    }
+
+    async fn report(&self, r: &WorkerReport) -> Result<()> {
+        let now = self.now_ms().await?;
+        let mut v = serde_json::to_value(r)?;
+        v["seen_ms"] = now.into();
+        let _: () = self
+            .cmd(
+                "reporting to the job",
+                redis::cmd("HSET")
+                    .arg(format!("{}workers", self.p))
+                    .arg(&r.worker)
+                    .arg(v.to_string()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn claim(&self, worker: &str, lease_ms: u64, max_attempts: u32) -> Result<Option<Unit>> {
+        let v: Option<(i64, i64, Vec<String>)> = self
+            .run(
+                "claiming a unit",
+                &script(CLAIM),
+                vec![
+                    worker.into(),
+                    lease_ms.to_string(),
+                    max_attempts.to_string(),
+                ],
+            )
+            .await?;
+        Ok(v.map(|(id, now, h)| Self::unit_of(id, now, Some(now + lease_ms as i64), &flat(h))))
+    }
+
+    async fn renew(&self, worker: &str, held: &[(i64, i64)], lease_ms: u64) -> Result<Vec<i64>> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut args = vec![worker.to_string(), lease_ms.to_string()];
+        for (id, t) in held {
+            args.push(id.to_string());
+            args.push(t.to_string());
+        }
+        self.run("renewing leases", &script(RENEW), args).await
+    }
+
+    async fn save(
+        &self,
+        id: i64,
+        token: i64,
+        cursor: &str,
+        tally: &Summary,
+        deletes: &[(String, bool)],
+    ) -> Result<bool> {
+        let mut args = vec![
+            id.to_string(),
+            token.to_string(),
+            cursor.to_string(),
+            serde_json::to_string(tally)?,
+        ];
+        for (k, d) in deletes {
+            args.push(k.clone());
+            args.push(if *d { "d" } else { "f" }.into());
+        }
+        let n: i64 = self.run("saving progress", &guarded(SAVE), args).await?;
+        Ok(n == 1)
+    }
+
+    async fn finish(&self, id: i64, token: i64, f: &Finish<'_>) -> Result<bool> {
+        let args = vec![
+            id.to_string(),
+            token.to_string(),
+            f.state.to_string(),
+            f.dst_listed.to_string(),
+            f.error.clone().unwrap_or_default(),
+            f.tally
+                .map(serde_json::to_string)
+                .transpose()?
+                .unwrap_or_default(),
+        ];
+        let n: i64 = self
+            .run("recording the end of a unit", &guarded(FINISH), args)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn split(&self, id: i64, token: i64, cuts: &[String]) -> Result<bool> {
+        let mut args = vec![id.to_string(), token.to_string()];
+        args.extend(cuts.iter().cloned());
+        let n: i64 = self.run("splitting a unit", &guarded(SPLIT), args).await?;
+        Ok(n == 1)
+    }
+
+    async fn release(&self, id: i64, token: i64) -> Result<bool> {
+        let n: i64 = self
+            .run(
+                "giving a unit back",
+                &guarded(RELEASE),
+                vec![id.to_string(), token.to_string()],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn retry_failed(&self) -> Result<u64> {
+        self.run("retrying failed units", &script(RETRY), vec![])
+            .await
+    }
+
+    async fn units(&self) -> Result<Vec<Unit>> {
+        let ids: Vec<i64> = self
+            .cmd(
+                "reading the units",
+                redis::cmd("ZRANGE")
+                    .arg(format!("{}all", self.p))
+                    .arg(0)
+                    .arg(-1),
+            )
+            .await?;
+        let leases: Vec<(i64, i64)> = self
+            .cmd(
+                "reading the leases",
+                redis::cmd("ZRANGE")
+                    .arg(format!("{}leases", self.p))
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES"),
+            )
+            .await?;
+        let leases: std::collections::HashMap<i64, i64> = leases.into_iter().collect();
+        let now = self.now_ms().await?;
+        let mut p = redis::pipe();
+        for id in &ids {
+            p.hgetall(format!("{}u:{id}", self.p));
+        }
+        let mut conn = self.conn.clone();
+        let hs: Vec<std::collections::HashMap<String, String>> =
+            match tokio::time::timeout(CALL_TIMEOUT, p.query_async(&mut conn)).await {
+                Ok(r) => r.with_context(|| format!("reading the units ({})", self.display))?,
+                Err(_) => anyhow::bail!("reading the units: no answer within {CALL_TIMEOUT:?}"),
+            };
+        Ok(ids
+            .iter()
+            .zip(hs.iter())
+            .map(|(id, h)| Self::unit_of(*id, now, leases.get(id).copied(), h))
+            .collect())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerReport>> {
+        let now = self.now_ms().await?;
+        let h: std::collections::BTreeMap<String, String> = self
+            .cmd(
+                "reading the workers",
+                redis::cmd("HGETALL").arg(format!("{}workers", self.p)),
+            )
+            .await?;
+        Ok(h.values()
+            .filter_map(|v| {
+                let j: serde_json::Value = serde_json::from_str(v).ok()?;
+                let mut w: WorkerReport = serde_json::from_value(j.clone()).ok()?;
+                w.age_ms = now - j["seen_ms"].as_i64().unwrap_or(now);
+                Some(w)
+            })
+            .collect())
+    }
+
+    async fn deletes(&self) -> Result<Vec<(String, bool)>> {
+        let h: std::collections::HashMap<String, String> = self
+            .cmd(
+                "reading the deletes",
+                redis::cmd("HGETALL").arg(format!("{}deletes", self.p)),
+            )
+            .await?;
+        Ok(h.into_iter().map(|(k, v)| (k, v == "d")).collect())
+    }
+
+    async fn take(&self, what: &str, rate: u64, n: u64) -> Result<Option<Duration>> {
+        let wait: i64 = self
+            .run(
+                "drawing from the job's limit",
+                &script(TAKE),
+                vec![what.to_string(), rate.to_string(), n.to_string()],
+            )
+            .await?;
+        Ok((wait > 0).then(|| Duration::from_millis(wait.min(1000) as u64)))
+    }
+
+    async fn remove(&self) -> Result<()> {
+        let ids: Vec<i64> = self
+            .cmd(
+                "reading the units",
+                redis::cmd("ZRANGE")
+                    .arg(format!("{}all", self.p))
+                    .arg(0)
+                    .arg(-1),
+            )
+            .await?;
+        let mut keys: Vec<String> = ids.iter().map(|id| format!("{}u:{id}", self.p)).collect();
+        for k in [
+            "spec",
+            "state",
+            "created",
+            "limits",
+            "next",
+            "all",
+            "pending",
+            "leases",
+            "left",
+            "delete_unit",
+            "workers",
+            "deletes",
+            "bucket:bytes",
+            "bucket:requests",
+        ] {
+            keys.push(format!("{}{k}", self.p));
+        }
+        for chunk in keys.chunks(500) {
+            let _: () = self
+                .cmd("removing the job", redis::cmd("DEL").arg(chunk))
+                .await?;
+        }
+        Ok(())
+    }
+}
