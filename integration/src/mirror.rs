@@ -571,9 +571,17 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(target: String, delay: Duration, stall_per_mille: u32) -> Proxy {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        Self::start_on("127.0.0.1", target, delay, stall_per_mille).await
+    }
+
+    /// Same, listening on `ip` (e.g. the root side of a namespace's link).
+    pub async fn start_on(
+        ip: &str,
+        target: String,
+        delay: Duration,
+        stall_per_mille: u32,
+    ) -> Proxy {
+        let l = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
         let addr = l.local_addr().expect("addr").to_string();
         let cut = Arc::new(AtomicBool::new(false));
         let corrupt = Arc::new(AtomicU64::new(0));

@@ -175,18 +175,20 @@ impl Limits {
         else {
             return;
         };
-        let rate = match k {
-            0 => self.current().0,
-            _ => self.current().1.map(u64::from),
-        };
-        let Some(rate) = rate.filter(|r| *r > 0) else {
-            return;
-        };
         let what = if k == 0 { "bytes" } else { "requests" };
         let mut d = self.drawn.lock().await;
         while d.left[k] < n {
-            // A twentieth of a second's worth at least: one trip per grant, not per call.
-            let ask = (n - d.left[k]).max(rate / 20).max(1);
+            // Read each time: a limit changed (or lifted) while waiting applies at once.
+            let rate = match k {
+                0 => self.current().0,
+                _ => self.current().1.map(u64::from),
+            };
+            let Some(rate) = rate.filter(|r| *r > 0) else {
+                return;
+            };
+            // Grants of a twentieth of a second's worth: few trips to the engine, and no
+            // grant large enough to be a burst of its own.
+            let ask = (rate / 20).max(1);
             match budget.take(what, rate, ask).await {
                 Ok(None) => {
                     d.left[k] += ask;
@@ -197,6 +199,7 @@ impl Limits {
                     tokio::time::sleep(wait.min(std::time::Duration::from_secs(1))).await;
                 }
                 Err(e) => {
+                    tracing::debug!(error = %format!("{e:#}"), "drawing from the shared limit");
                     d.errors += 1;
                     if d.errors >= 10 {
                         // The engine is out of reach: this process goes on under its own
@@ -265,8 +268,15 @@ impl Limits {
     /// How many bytes to move per `bytes` call for smooth pacing: a quarter second's worth
     /// under a limit (between 256 KiB and `max`), else `max`.
     pub fn piece(&self, max: u64) -> u64 {
+        // Shared with other processes: smaller pieces, so that no one grant is a burst.
+        let shared = self
+            .shared
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        let div = if shared { 16 } else { 4 };
         match self.current().0 {
-            Some(rate) => (rate / 4).clamp(256 << 10, max.max(256 << 10)),
+            Some(rate) => (rate / div).clamp(256 << 10, max.max(256 << 10)),
             None => max,
         }
     }

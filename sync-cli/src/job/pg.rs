@@ -267,7 +267,7 @@ impl Board for PgBoard {
                         "WITH c AS (
                            SELECT id, state AS was FROM {s}.jfs_sync_units
                             WHERE job = $1 AND (state = 'pending' OR (state = 'running' AND lease_until < clock_timestamp()))
-                            ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                            ORDER BY state = 'running' DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
                          UPDATE {s}.jfs_sync_units u SET state = 'running', owner = $2, token = token + 1,
                                 attempts = attempts + 1, reassigned = reassigned + (c.was = 'running')::int,
                                 lease_until = clock_timestamp() + $3 * interval '1 millisecond'
@@ -512,7 +512,7 @@ impl Board for PgBoard {
             let tx = c.transaction().await?;
             let s = &self.s;
             let (rate, n) = (rate as f64, n as f64);
-            let burst = rate / 5.0;
+            let burst = rate / 20.0;
             tx.execute(
                 &format!("INSERT INTO {s}.jfs_sync_buckets (job, what, tokens, at) VALUES ($1, $2, $3, clock_timestamp()) ON CONFLICT DO NOTHING"),
                 &[&self.job, &what, &burst],

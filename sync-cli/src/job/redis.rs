@@ -178,7 +178,7 @@ return n
 const TAKE: &str = r#"
 local b = ARGV[1]..'bucket:'..ARGV[2]
 local rate, n = tonumber(ARGV[3]), tonumber(ARGV[4])
-local burst = rate / 5
+local burst = rate / 20
 local v = redis.call('HMGET', b, 'tokens', 'at')
 local tokens, at = tonumber(v[1]) or burst, tonumber(v[2]) or now
 tokens = math.min(burst, tokens + math.max(0, now - at) / 1000 * rate)

@@ -1,0 +1,498 @@
+//! `jfs-sync --job`: one sync shared by worker processes through PostgreSQL or Redis, to a
+//! real S3 server (Ceph RGW), with workers killed, cut off by a network namespace, paused,
+//! cancelled and throttled. JFS_JOB_OBJECTS sets the size of the shared job (default 6000;
+//! the figures in BENCHMARKS.md come from `integration/bench-sync-job.sh` with 100,000).
+
+use integration::jobs::{self, host_port, small_tree, Ns, Worker};
+use integration::mirror::Proxy;
+use integration::{bin, unique};
+use serde_json::Value;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run `bash integration/services.sh up DIR && source DIR/env` (integration/test.sh does)")
+    })
+}
+
+fn s3(prefix: &str) -> String {
+    format!(
+        "s3://jfs-test/{prefix}?endpoint={}",
+        env("JFS_TEST_S3_ENDPOINT")
+    )
+}
+
+fn n(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+/// `jfs-sync check SRC DST --json`: (missing, differing, extra).
+fn check(src: &str, dst: &str) -> (u64, u64, u64) {
+    let o = Command::new(bin("jfs-sync"))
+        .args(["check", src, dst, "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|_| panic!("check: {}", String::from_utf8_lossy(&o.stderr)));
+    (n(&v, "missing"), n(&v, "differing"), n(&v, "extra"))
+}
+
+fn objects() -> usize {
+    std::env::var("JFS_JOB_OBJECTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6000)
+}
+
+/// Every worker exits 0; the job's summary (from the last report) adds up to the tree.
+fn wait_all(ws: &mut [Worker], limit: Duration) -> Value {
+    for w in ws.iter_mut() {
+        let code = w.wait(limit);
+        assert_eq!(code, Some(0), "worker {}: {}", w.name, w.stderr());
+    }
+    ws.last().unwrap().report()
+}
+
+fn shared_job_with_kills(engine_var: &str, tag: &str) {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    let total = objects();
+    let per_dir = 100;
+    let listed = small_tree(&src, total / per_dir, per_dir, 7) as u64;
+    // Objects only on the destination, for the deletion step.
+    let extra = t.path().join("extra");
+    small_tree(&extra, 0, 0, 0);
+    std::fs::create_dir_all(extra.join("zz-old")).unwrap();
+    for i in 0..25 {
+        std::fs::write(extra.join(format!("zz-old/x{i}")), b"stale").unwrap();
+    }
+    let dst = s3(&unique(tag));
+    let o = Command::new(bin("jfs-sync"))
+        .args([extra.to_str().unwrap(), &dst])
+        .env("XDG_CACHE_HOME", t.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let url = format!("{}#{}", env(engine_var), unique(tag));
+    let args = [
+        src.to_str().unwrap(),
+        dst.as_str(),
+        "--job",
+        &url,
+        "--lease",
+        "2s",
+        "--delete-dst",
+        "--max-delete",
+        "30",
+        "--stats",
+        "2s",
+    ];
+    let mut ws: Vec<Worker> = (0..4)
+        .map(|i| Worker::start(t.path(), &format!("w{i}"), &[], &args))
+        .collect();
+    // Kill a random worker every 1.5 s (4 times) and start a new one in its place, with its
+    // state directory (a host that reboots).
+    let t0 = Instant::now();
+    let mut kills = 0;
+    let mut next = 10;
+    while kills < 4 && t0.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(1500));
+        if ws.iter_mut().all(|w| w.poll()) {
+            break;
+        }
+        let i = rand::random::<u32>() as usize % ws.len();
+        if ws[i].poll() {
+            continue;
+        }
+        ws[i].kill9();
+        kills += 1;
+        ws.push(Worker::start(t.path(), &format!("w{next}"), &[], &args));
+        next += 1;
+    }
+    let mut live: Vec<Worker> = ws.into_iter().filter(|w| w.code != Some(-9)).collect();
+    let r = wait_all(&mut live, Duration::from_secs(300));
+    let sum = &r["summary"];
+    eprintln!(
+        "{engine_var}: {listed} objects, {kills} workers killed, {} units, {} reassigned: {sum}",
+        r["units"], r["reassigned"]
+    );
+    assert_eq!(r["state"], "done", "{r}");
+    assert_eq!(n(sum, "listed"), listed, "{sum}");
+    // Keys past a dead worker's last checkpoint that it had copied are found up to date by
+    // the worker that resumed the range; nothing else is skipped.
+    assert_eq!(n(sum, "copied") + n(sum, "skipped"), listed, "{sum}");
+    assert_eq!(n(sum, "failed"), 0, "{sum}");
+    assert_eq!(n(sum, "extra"), 25, "{sum}");
+    assert_eq!(n(sum, "deleted"), 25, "{sum}");
+    if kills > 0 {
+        assert!(
+            r["reassigned"].as_u64().unwrap() >= 1,
+            "no unit was reassigned after {kills} kills: {r}"
+        );
+    }
+    assert_eq!(
+        check(src.to_str().unwrap(), &dst),
+        (0, 0, 0),
+        "destination differs from the source"
+    );
+    // The job's status says the same after the fact.
+    let st = jobs::status(&url);
+    assert_eq!(st["state"], "done");
+    assert_eq!(
+        n(&st, "units_pending") + n(&st, "units_running") + n(&st, "units_failed"),
+        0,
+        "{st}"
+    );
+    assert_eq!(n(&st["totals"], "copied"), n(sum, "copied"));
+    jobs::job("delete", &url, &[]);
+}
+
+#[test]
+fn four_workers_share_a_job_through_postgres_with_kill_9() {
+    shared_job_with_kills("JFS_TEST_PG", "jobpg");
+}
+
+#[test]
+fn four_workers_share_a_job_through_redis_with_kill_9() {
+    shared_job_with_kills("JFS_TEST_REDIS", "jobredis");
+}
+
+/// A worker in its own network namespace, reaching PostgreSQL and the S3 server through this
+/// one, is cut off for three times its lease while it holds ranges. The others take them
+/// over; when it comes back its late saves are refused by token, and the job is exact.
+#[test]
+fn a_worker_cut_off_longer_than_its_lease_is_refused_by_token() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    let listed = small_tree(&src, 40, 50, 0) as u64;
+    for i in 0..8 {
+        std::fs::write(
+            src.join(format!("d00{i}-big")),
+            integration::data(i, 3 << 20),
+        )
+        .unwrap();
+    }
+    let listed = listed + 8;
+    let ns = Ns::new(1);
+    let pg = env("JFS_TEST_PG");
+    let s3e = env("JFS_TEST_S3_ENDPOINT");
+    let (pgp, s3p) = rt.block_on(async {
+        (
+            Proxy::start_on(&ns.host_ip, host_port(&pg), Duration::ZERO, 0).await,
+            Proxy::start_on(&ns.host_ip, host_port(&s3e), Duration::ZERO, 0).await,
+        )
+    });
+    let prefix = unique("jobcut");
+    let name = unique("cut");
+    let url = format!("{pg}#{name}");
+    let url_ns = format!("{}#{name}", pg.replace(&host_port(&pg), &pgp.addr));
+    let dst = s3(&prefix);
+    let dst_ns = format!("s3://jfs-test/{prefix}?endpoint=http://{}", s3p.addr);
+    // A slow job (the whole job at 6 MiB/s) so that the cut falls in its middle. The
+    // cut-off worker's spec names other addresses for the same places: it joins a job
+    // created under its own spelling, so it creates the job.
+    let common = [
+        "--lease",
+        "3s",
+        "--bwlimit",
+        "6M",
+        "--stats",
+        "1s",
+        "-p",
+        "4",
+    ];
+    let mut a_ns = vec![src.to_str().unwrap(), dst_ns.as_str(), "--job", &url_ns];
+    a_ns.extend(common);
+    let mut ws = vec![Worker::start(t.path(), "wns", &ns.exec(), &a_ns)];
+    // Wait for the job, then join with the loopback spelling of the same places: the spec
+    // must match, so the other workers use the namespace's addresses too (reachable here).
+    let end = Instant::now() + Duration::from_secs(30);
+    while Command::new(bin("jfs-sync"))
+        .args(["job", "status", &url])
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < end,
+            "the job was not created: {}",
+            ws[0].stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut a = vec![src.to_str().unwrap(), dst_ns.as_str(), "--job", &url];
+    a.extend(common);
+    for i in 0..2 {
+        ws.push(Worker::start(t.path(), &format!("w{i}"), &[], &a));
+    }
+    // Cut the link once the namespaced worker holds a range.
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = jobs::status(&url);
+        let holds = st["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["worker"] == "wns" && !w["units"].as_array().unwrap().is_empty());
+        if holds {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the namespaced worker never held a range: {st}\n{}",
+            ws[0].stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Cut for at least three leases, and until another worker has taken a range over (the
+    // others claim when one of their own slots frees).
+    ns.link(false);
+    let cut_at = Instant::now();
+    let st = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let st = jobs::status(&url);
+        if cut_at.elapsed() > Duration::from_secs(9) && n(&st, "reassigned") >= 1 {
+            break st;
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(90),
+            "the cut-off worker's ranges were not taken over: {st}"
+        );
+    };
+    ns.link(true);
+    eprintln!(
+        "cut for {:?}; {} ranges reassigned",
+        cut_at.elapsed(),
+        st["reassigned"]
+    );
+    let r = wait_all(&mut ws, Duration::from_secs(240));
+    let cut = ws[0].report();
+    eprintln!("cut-off worker: {cut}\njob: {r}");
+    assert!(
+        n(&cut, "refused") >= 1,
+        "no late save was refused: {}",
+        ws[0].stderr()
+    );
+    assert!(ws[0]
+        .stderr()
+        .contains("refused: the lease passed to another worker"));
+    let sum = &r["summary"];
+    assert_eq!(r["state"], "done");
+    assert_eq!(n(sum, "listed"), listed, "{sum}");
+    assert_eq!(n(sum, "copied") + n(sum, "skipped"), listed, "{sum}");
+    assert_eq!(check(src.to_str().unwrap(), &dst), (0, 0, 0));
+    jobs::job("delete", &url, &[]);
+    drop((pgp, s3p));
+}
+
+/// The job's --bwlimit is for all its workers together: 1 and 4 workers move the same bytes
+/// in the same time (within 5% over, 10% under: start-up and the last object's tail are in
+/// the measured time). `job set` changes it while the job runs; pause stops the copying and
+/// resume continues it; cancel ends the workers with exit 2.
+#[test]
+fn the_job_bandwidth_limit_holds_for_any_number_of_workers_and_can_change() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    for d in 0..8 {
+        std::fs::create_dir_all(src.join(format!("d{d}"))).unwrap();
+        for f in 0..6 {
+            std::fs::write(
+                src.join(format!("d{d}/f{f}")),
+                integration::data(d * 10 + f, 2 << 20),
+            )
+            .unwrap();
+        }
+    }
+    let bytes = 8 * 6 * (2u64 << 20);
+    let limit = 16u64 << 20;
+    for workers in [1, 4] {
+        let url = format!("{}#{}", env("JFS_TEST_REDIS"), unique("bw"));
+        let dst = s3(&unique("jobbw"));
+        let args = [
+            src.to_str().unwrap(),
+            dst.as_str(),
+            "--job",
+            &url,
+            "--bwlimit",
+            "16M",
+            "--lease",
+            "5s",
+        ];
+        let t0 = Instant::now();
+        let mut ws: Vec<Worker> = (0..workers)
+            .map(|i| Worker::start(t.path(), &format!("bw{workers}-{i}"), &[], &args))
+            .collect();
+        let r = wait_all(&mut ws, Duration::from_secs(120));
+        let secs = t0.elapsed().as_secs_f64();
+        assert_eq!(n(&r["summary"], "bytes"), bytes);
+        let rate = bytes as f64 / secs;
+        eprintln!(
+            "{workers} workers under a 16 MiB/s job limit: {:.2} MiB/s",
+            rate / (1 << 20) as f64
+        );
+        assert!(
+            rate <= limit as f64 * 1.05 && rate >= limit as f64 * 0.90,
+            "{workers} workers under --bwlimit 16M moved {:.2} MiB/s",
+            rate / (1 << 20) as f64
+        );
+        jobs::job("delete", &url, &[]);
+    }
+
+    // Changed while running: a 1 MiB/s job (96 s) raised after 2 s finishes in seconds.
+    let url = format!("{}#{}", env("JFS_TEST_PG"), unique("bwset"));
+    let dst = s3(&unique("jobbwset"));
+    let args = [
+        src.to_str().unwrap(),
+        dst.as_str(),
+        "--job",
+        &url,
+        "--bwlimit",
+        "1M",
+        "--lease",
+        "3s",
+        "-p",
+        "4",
+    ];
+    let t0 = Instant::now();
+    let mut ws: Vec<Worker> = (0..2)
+        .map(|i| Worker::start(t.path(), &format!("set{i}"), &[], &args))
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    jobs::job("set", &url, &["--bwlimit", "64M"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Paused: the copies in flight finish, the ranges are given back, no bytes move.
+    jobs::job("pause", &url, &[]);
+    std::thread::sleep(Duration::from_secs(3));
+    let a = jobs::status(&url);
+    assert_eq!(a["state"], "paused");
+    assert_eq!(
+        n(&a, "units_running"),
+        0,
+        "units still held while paused: {a}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let b = jobs::status(&url);
+    assert_eq!(
+        n(&a["totals"], "bytes"),
+        n(&b["totals"], "bytes"),
+        "bytes moved while paused"
+    );
+    jobs::job("resume", &url, &[]);
+    let r = wait_all(&mut ws, Duration::from_secs(60));
+    assert_eq!(n(&r["summary"], "bytes"), bytes);
+    assert!(
+        t0.elapsed() < Duration::from_secs(40),
+        "the lifted limit was not taken up: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(check(src.to_str().unwrap(), &dst), (0, 0, 0));
+    jobs::job("delete", &url, &[]);
+
+    // Cancelled: the workers give their ranges back and exit 2; the job stays cancelled.
+    let url = format!("{}#{}", env("JFS_TEST_REDIS"), unique("cancel"));
+    let dst = s3(&unique("jobcancel"));
+    let args = [
+        src.to_str().unwrap(),
+        dst.as_str(),
+        "--job",
+        &url,
+        "--bwlimit",
+        "8M",
+        "--lease",
+        "3s",
+        "-p",
+        "2",
+        "--job-slots",
+        "1",
+    ];
+    let mut ws: Vec<Worker> = (0..2)
+        .map(|i| Worker::start(t.path(), &format!("c{i}"), &[], &args))
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    jobs::job("cancel", &url, &[]);
+    for w in ws.iter_mut() {
+        assert_eq!(w.wait(Duration::from_secs(30)), Some(2), "{}", w.stderr());
+        assert!(
+            w.stderr().contains("the job was cancelled"),
+            "{}",
+            w.stderr()
+        );
+    }
+    let st = jobs::status(&url);
+    assert_eq!(st["state"], "cancelled");
+    assert_eq!(n(&st, "units_running"), 0, "{st}");
+    let mut late = Worker::start(t.path(), "late", &[], &args);
+    assert_eq!(late.wait(Duration::from_secs(30)), Some(2));
+    assert!(late.stderr().contains("was cancelled"), "{}", late.stderr());
+    jobs::job("delete", &url, &[]);
+}
+
+/// Mistakes: a job URL without a name, another command under an existing job's name, an
+/// engine that is not Redis or PostgreSQL, a password in the URL.
+#[test]
+fn job_mistakes_fail_clearly() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    small_tree(&src, 1, 3, 0);
+    let d1 = t.path().join("d1");
+    let run = |args: &[&str]| {
+        Command::new(bin("jfs-sync"))
+            .args(args)
+            .env("XDG_CACHE_HOME", t.path())
+            .output()
+            .unwrap()
+    };
+    let s = src.to_str().unwrap();
+    let pg = env("JFS_TEST_PG");
+    integration::fails_clearly(
+        &run(&[s, d1.to_str().unwrap(), "--job", &pg]),
+        "name the job after '#'",
+    );
+    integration::fails_clearly(
+        &run(&[s, d1.to_str().unwrap(), "--job", "rocksdb:///tmp/x#j"]),
+        "Redis or PostgreSQL",
+    );
+    integration::fails_clearly(
+        &run(&[
+            s,
+            d1.to_str().unwrap(),
+            "--job",
+            "postgres://u:hunter2@127.0.0.1/db#j",
+        ]),
+        "do not put the password",
+    );
+    let url = format!("{pg}#{}", unique("mistake"));
+    let o = run(&["job", "create", s, d1.to_str().unwrap(), "--job", &url]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Another destination under the same job name: refused, nothing copied there.
+    let d2 = t.path().join("d2");
+    let e = integration::fails_clearly(
+        &run(&[s, d2.to_str().unwrap(), "--job", &url]),
+        "this job was created for",
+    );
+    assert!(!e.contains("hunter2"));
+    assert!(
+        !d2.exists() || std::fs::read_dir(&d2).unwrap().next().is_none(),
+        "something was copied to d2"
+    );
+    // The right command finishes the job; a second run finds it done and copies nothing.
+    let o = run(&[s, d1.to_str().unwrap(), "--job", &url, "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        integration::snapshot(&src).len(),
+        integration::snapshot(&d1).len()
+    );
+    let o = run(&[s, d1.to_str().unwrap(), "--job", &url, "--json"]);
+    assert!(o.status.success());
+    let v: Value = serde_json::from_slice(
+        o.stdout
+            .split(|b| *b == b'\n')
+            .rfind(|l| !l.is_empty())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(n(&v["worker"], "copied"), 0, "{v}");
+    jobs::job("delete", &url, &[]);
+}
