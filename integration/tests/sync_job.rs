@@ -297,15 +297,15 @@ fn the_job_bandwidth_limit_holds_for_any_number_of_workers_and_can_change() {
     let src = t.path().join("src");
     for d in 0..8 {
         std::fs::create_dir_all(src.join(format!("d{d}"))).unwrap();
-        for f in 0..6 {
+        for f in 0..12 {
             std::fs::write(
                 src.join(format!("d{d}/f{f}")),
-                integration::data(d * 10 + f, 2 << 20),
+                integration::data(d * 100 + f, 2 << 20),
             )
             .unwrap();
         }
     }
-    let bytes = 8 * 6 * (2u64 << 20);
+    let bytes = 8 * 12 * (2u64 << 20);
     let limit = 16u64 << 20;
     for workers in [1, 4] {
         let url = format!("{}#{}", env("JFS_TEST_REDIS"), unique("bw"));
@@ -340,7 +340,7 @@ fn the_job_bandwidth_limit_holds_for_any_number_of_workers_and_can_change() {
         jobs::job("delete", &url, &[]);
     }
 
-    // Changed while running: a 1 MiB/s job (96 s) raised after 2 s finishes in seconds.
+    // Changed while running: a 1 MiB/s job (192 s) raised after 2 s finishes in seconds.
     let url = format!("{}#{}", env("JFS_TEST_PG"), unique("bwset"));
     let dst = s3(&unique("jobbwset"));
     let args = [
