@@ -399,7 +399,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         if plan_only {
             let created = board.create(&spec, a.bwlimit.as_deref(), a.tps).await?;
             let have = board.spec().await?;
-            if have.as_ref() != Some(&spec) {
+            if !have.as_ref().is_some_and(|h| h.same_work(&spec)) {
                 bail!("a job of this name exists for other work ({:?}): choose another name, or `jfs-sync job delete` it", have.map(|h| (h.src, h.dst)));
             }
             eprintln!(

@@ -43,6 +43,32 @@ pub struct Spec {
     pub max_delete: Option<String>,
 }
 
+impl Spec {
+    /// The same work: the same places and options. An object store's `endpoint=` may differ
+    /// (workers on other hosts or networks reach the same bucket by other addresses).
+    pub fn same_work(&self, o: &Spec) -> bool {
+        fn place(spec: &str) -> String {
+            let Some((base, q)) = spec.split_once('?') else {
+                return spec.to_string();
+            };
+            let kept: Vec<&str> = q
+                .split('&')
+                .filter(|p| !p.starts_with("endpoint="))
+                .collect();
+            if kept.is_empty() {
+                base.to_string()
+            } else {
+                format!("{base}?{}", kept.join("&"))
+            }
+        }
+        place(&self.src) == place(&o.src)
+            && place(&self.dst) == place(&o.dst)
+            && self.identity == o.identity
+            && self.delete_dst == o.delete_dst
+            && self.max_delete == o.max_delete
+    }
+}
+
 /// One range of the key space (or the deletion step) and who holds it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Unit {
@@ -388,7 +414,7 @@ pub async fn work(
         .spec()
         .await?
         .context("the job vanished just after it was created (removed meanwhile?)")?;
-    if have != spec {
+    if !have.same_work(&spec) {
         bail!(
             "this job was created for {} -> {} with other options ({}); this worker runs {} -> {} ({}): run the job's own command, or give the job another name",
             have.src, have.dst, have.identity, spec.src, spec.dst, spec.identity
