@@ -187,9 +187,9 @@ fn rocks_path(url: &str, create: bool) -> Result<(PathBuf, bool)> {
     Ok((path, sync))
 }
 
-/// The connection a `redis://` URL names (password from the file or variable, never the URL)
-/// and its key prefix. Also used by other tools that keep state in the same engines.
-pub fn redis_info(url: &str, opts: &OpenOptions) -> Result<(redis::ConnectionInfo, String)> {
+/// A server's URL (Redis, PostgreSQL): parsed, refused if it holds a password, its query
+/// parameters checked against `known`.
+fn server_url(url: &str, known: &[&str]) -> Result<(url::Url, HashMap<String, String>)> {
     let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
     if u.password().is_some() {
         return Err(config_err(
@@ -200,7 +200,14 @@ pub fn redis_info(url: &str, opts: &OpenOptions) -> Result<(redis::ConnectionInf
         ));
     }
     let q = query(&u);
-    check_params(url, &q, &["prefix", "password_env"])?;
+    check_params(url, &q, known)?;
+    Ok((u, q))
+}
+
+/// The connection a `redis://` URL names (password from the file or variable, never the URL)
+/// and its key prefix. Also used by other tools that keep state in the same engines.
+pub fn redis_info(url: &str, opts: &OpenOptions) -> Result<(redis::ConnectionInfo, String)> {
+    let (u, q) = server_url(url, &["prefix", "password_env"])?;
     let host = u
         .host_str()
         .filter(|h| !h.is_empty())
@@ -234,17 +241,7 @@ pub fn redis_info(url: &str, opts: &OpenOptions) -> Result<(redis::ConnectionInf
 
 /// The connection a `postgres://` URL names (password as for Redis) and its schema.
 pub fn pg_config(url: &str, opts: &OpenOptions) -> Result<(tokio_postgres::Config, String)> {
-    let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
-    if u.password().is_some() {
-        return Err(config_err(
-            url,
-            format!(
-                "do not put the password in the URL; set {PASSWORD_ENV} or use a password file"
-            ),
-        ));
-    }
-    let q = query(&u);
-    check_params(url, &q, &["schema", "password_env"])?;
+    let (u, q) = server_url(url, &["schema", "password_env"])?;
     let host = u
         .host_str()
         .filter(|h| !h.is_empty())

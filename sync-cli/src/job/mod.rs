@@ -372,11 +372,14 @@ impl crate::limits::SharedBudget for JobBudget {
     }
 }
 
-pub fn default_worker_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "host".into());
-    format!("{host}-{}", std::process::id())
+        .unwrap_or_else(|_| "host".into())
+}
+
+pub fn default_worker_name() -> String {
+    format!("{}-{}", host_name(), std::process::id())
 }
 
 fn apply_limits(limits: &crate::limits::Limits, c: &Control) {
@@ -640,6 +643,7 @@ async fn keep_leases(w: Arc<Worker>, metrics: Option<Arc<Stats>>) {
     let mut last_bytes = 0u64;
     let mut last_t = Instant::now();
     let mut last_log = Instant::now();
+    let host = host_name();
     loop {
         tokio::time::sleep(every).await;
         let held: Vec<(i64, i64)> = w
@@ -688,9 +692,7 @@ async fn keep_leases(w: Arc<Worker>, metrics: Option<Arc<Stats>>) {
         }
         let report = WorkerReport {
             worker: w.o.worker.clone(),
-            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_default(),
+            host: host.clone(),
             pid: std::process::id(),
             totals: totals.clone(),
             rate,

@@ -283,6 +283,17 @@ impl RedisBoard {
         }
     }
 
+    async fn unit_ids(&self) -> Result<Vec<i64>> {
+        self.cmd(
+            "reading the units",
+            redis::cmd("ZRANGE")
+                .arg(format!("{}all", self.p))
+                .arg(0)
+                .arg(-1),
+        )
+        .await
+    }
+
     async fn now_ms(&self) -> Result<i64> {
         let (s, us): (i64, i64) = self.cmd("reading the time", &redis::cmd("TIME")).await?;
         Ok(s * 1000 + us / 1000)
@@ -486,15 +497,7 @@ impl Board for RedisBoard {
     }
 
     async fn units(&self) -> Result<Vec<Unit>> {
-        let ids: Vec<i64> = self
-            .cmd(
-                "reading the units",
-                redis::cmd("ZRANGE")
-                    .arg(format!("{}all", self.p))
-                    .arg(0)
-                    .arg(-1),
-            )
-            .await?;
+        let ids = self.unit_ids().await?;
         let leases: Vec<(i64, i64)> = self
             .cmd(
                 "reading the leases",
@@ -564,15 +567,7 @@ impl Board for RedisBoard {
     }
 
     async fn remove(&self) -> Result<()> {
-        let ids: Vec<i64> = self
-            .cmd(
-                "reading the units",
-                redis::cmd("ZRANGE")
-                    .arg(format!("{}all", self.p))
-                    .arg(0)
-                    .arg(-1),
-            )
-            .await?;
+        let ids = self.unit_ids().await?;
         let mut keys: Vec<String> = ids.iter().map(|id| format!("{}u:{id}", self.p)).collect();
         for k in [
             "spec",
