@@ -496,3 +496,46 @@ fn job_mistakes_fail_clearly() {
     assert_eq!(n(&v["worker"], "copied"), 0, "{v}");
     jobs::job("delete", &url, &[]);
 }
+
+/// A worker that goes quiet inside a transaction (cut off between two statements) must not
+/// stall the job: the server ends that transaction within seconds, so the row it locked (here
+/// the job's bandwidth bucket, which every worker draws from) is free again for the others.
+#[test]
+fn a_worker_silent_inside_a_transaction_does_not_stall_the_others() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let pg = env("JFS_TEST_PG");
+        let name = unique("quiet");
+        let board = sync_cli::job::open(&format!("{pg}#{name}")).await.unwrap();
+        // The first draw makes the bucket.
+        assert_eq!(board.take("bytes", 1 << 20, 1).await.unwrap(), None);
+        // A connection set up as the workers' are, holding the bucket's row and then silent.
+        let (mut cfg, schema) = meta::pg_config(&pg, &meta::OpenOptions::default()).unwrap();
+        sync_cli::job::pg::session(&mut cfg);
+        let (mut quiet, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let tx = quiet.transaction().await.unwrap();
+        let locked = tx
+            .query_one(
+                &format!("SELECT tokens FROM {schema}.jfs_sync_buckets WHERE job = $1 AND what = 'bytes' FOR UPDATE"),
+                &[&name],
+            )
+            .await
+            .unwrap();
+        assert!(locked.get::<_, f64>(0) < (1 << 20) as f64);
+        let t0 = Instant::now();
+        let drawn = board.take("bytes", 1 << 20, 1).await;
+        let waited = t0.elapsed();
+        assert!(
+            drawn.is_ok(),
+            "a draw behind a silent transaction failed after {waited:?}: {drawn:?}"
+        );
+        assert!(
+            waited >= Duration::from_secs(2) && waited < Duration::from_secs(7),
+            "the draw waited {waited:?}: the silent transaction should hold it for about 3 s"
+        );
+        // The server ended the silent transaction: its commit fails.
+        assert!(tx.commit().await.is_err(), "the silent transaction survived");
+        board.remove().await.unwrap();
+    });
+}

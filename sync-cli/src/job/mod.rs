@@ -16,7 +16,7 @@
 //! done without errors. The job's bandwidth and request limits are one token bucket in the
 //! engine that every worker draws from, changeable while the job runs.
 
-mod pg;
+pub mod pg;
 mod redis;
 
 use crate::endpoint::{Endpoint, Kind};

@@ -18,6 +18,12 @@ pub struct PgBoard {
 
 /// Every call gives up after this long (a worker cut off from the database must notice).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server ends a transaction whose client has said nothing for this long, freeing its locks.
+const SERVER_IDLE_TX: Duration = Duration::from_secs(3);
+/// A statement waiting this long for a lock fails (and is retried by the caller).
+const SERVER_LOCK_WAIT: Duration = Duration::from_secs(5);
+/// No statement of ours runs longer than this on the server.
+const SERVER_STATEMENT: Duration = Duration::from_secs(8);
 
 /// A unit's columns, from the units table named `u`.
 const UNIT_COLS: &str = "u.id, u.kind, u.lo, u.hi, u.state, u.owner, u.token, \
@@ -46,6 +52,27 @@ fn unit(r: &tokio_postgres::Row) -> Unit {
     }
 }
 
+/// How every connection of a job is set up. The server must not wait on a worker that went
+/// quiet: a transaction left open by a worker cut off mid-call would hold its row locks (the
+/// job's bucket, a unit) and stall every other worker until the server noticed the dead
+/// connection, hours later behind a proxy. Every call is short, so each is bounded on the
+/// server's side too.
+pub fn session(cfg: &mut tokio_postgres::Config) {
+    cfg.connect_timeout(Duration::from_secs(5))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(5))
+        .tcp_user_timeout(Duration::from_secs(10))
+        .application_name("jfs-sync");
+    let mut options = cfg.get_options().unwrap_or_default().to_string();
+    options.push_str(&format!(
+        " -c idle_in_transaction_session_timeout={} -c lock_timeout={} -c statement_timeout={}",
+        SERVER_IDLE_TX.as_millis(),
+        SERVER_LOCK_WAIT.as_millis(),
+        SERVER_STATEMENT.as_millis()
+    ));
+    cfg.options(options.trim());
+}
+
 impl PgBoard {
     pub async fn connect(
         mut cfg: tokio_postgres::Config,
@@ -53,11 +80,7 @@ impl PgBoard {
         job: &str,
         display: String,
     ) -> Result<Self> {
-        cfg.connect_timeout(Duration::from_secs(5))
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(5))
-            .tcp_user_timeout(Duration::from_secs(10))
-            .application_name("jfs-sync");
+        session(&mut cfg);
         let mgr = Manager::from_config(
             cfg,
             NoTls,
@@ -508,40 +531,37 @@ impl Board for PgBoard {
 
     async fn take(&self, what: &str, rate: u64, n: u64) -> Result<Option<Duration>> {
         timed("drawing from the job's limit", async {
-            let mut c = self.client().await?;
-            let tx = c.transaction().await?;
+            let c = self.client().await?;
             let s = &self.s;
             let (rate, n) = (rate as f64, n as f64);
             let burst = rate / 20.0;
-            tx.execute(
-                &format!("INSERT INTO {s}.jfs_sync_buckets (job, what, tokens, at) VALUES ($1, $2, $3, clock_timestamp()) ON CONFLICT DO NOTHING"),
-                &[&self.job, &what, &burst],
-            )
-            .await?;
-            let r = tx
-                .query_one(
-                    &format!("SELECT tokens, EXTRACT(EPOCH FROM clock_timestamp() - at)::float8 FROM {s}.jfs_sync_buckets
-                              WHERE job = $1 AND what = $2 FOR UPDATE"),
-                    &[&self.job, &what],
+            // One statement, so no lock is held across a round trip to this worker. A bucket
+            // may run into debt: a grant larger than the burst is not starved, and the debt
+            // is paid before the next one.
+            let draw = format!(
+                "WITH cur AS (SELECT LEAST(tokens + GREATEST(EXTRACT(EPOCH FROM clock_timestamp() - at)::float8, 0) * $3, $4) AS t
+                              FROM {s}.jfs_sync_buckets WHERE job = $1 AND what = $2 FOR UPDATE)
+                 UPDATE {s}.jfs_sync_buckets b SET tokens = CASE WHEN cur.t > 0 THEN cur.t - $5 ELSE cur.t END,
+                        at = clock_timestamp()
+                 FROM cur WHERE b.job = $1 AND b.what = $2 RETURNING cur.t"
+            );
+            let args: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [&self.job, &what, &rate, &burst, &n];
+            let mut row = c.query_opt(&draw, &args).await?;
+            if row.is_none() {
+                c.execute(
+                    &format!("INSERT INTO {s}.jfs_sync_buckets (job, what, tokens, at) VALUES ($1, $2, $3, clock_timestamp())
+                              ON CONFLICT DO NOTHING"),
+                    &[&self.job, &what, &burst],
                 )
                 .await?;
-            let (tokens, elapsed): (f64, f64) = (r.get(0), r.get(1));
-            // A bucket that may run into debt: a grant larger than the burst is not starved,
-            // and the debt is paid before the next one.
-            let mut t = (tokens + elapsed.max(0.0) * rate).min(burst);
-            let wait = if t > 0.0 {
-                t -= n;
+                row = c.query_opt(&draw, &args).await?;
+            }
+            let t: f64 = row.context("the job's bucket vanished (was the job deleted?)")?.get(0);
+            Ok(if t > 0.0 {
                 None
             } else {
                 Some(Duration::from_secs_f64((-t / rate).clamp(0.001, 1.0)))
-            };
-            tx.execute(
-                &format!("UPDATE {s}.jfs_sync_buckets SET tokens = $3, at = clock_timestamp() WHERE job = $1 AND what = $2"),
-                &[&self.job, &what, &t],
-            )
-            .await?;
-            tx.commit().await?;
-            Ok(wait)
+            })
         })
         .await
     }
