@@ -158,6 +158,88 @@ fn four_workers_share_a_job_through_redis_with_kill_9() {
     shared_job_with_kills("JFS_TEST_REDIS", "jobredis");
 }
 
+/// One range holds all the work (the root has a single directory, so the first split finds
+/// nothing to cut). A second worker that joins finds nothing to claim and asks; the holder
+/// hands the back of its range over at its next save, and the two finish the job together:
+/// every object copied exactly once, none reassigned.
+fn an_idle_worker_gets_the_back_of_a_busy_range(engine_var: &str, tag: &str) {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    let listed = small_tree(&src.join("big"), 24, 40, 0) as u64;
+    let dst = s3(&unique(tag));
+    let url = format!("{}#{}", env(engine_var), unique(tag));
+    // Slow enough (the whole job at 80 requests/s) that the second worker joins early.
+    let args = [
+        src.to_str().unwrap(),
+        dst.as_str(),
+        "--job",
+        &url,
+        "--job-slots",
+        "1",
+        "--tps",
+        "80",
+        "--stats",
+        "1s",
+    ];
+    let mut ws = vec![Worker::start(t.path(), "first", &[], &args)];
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = Command::new(bin("jfs-sync"))
+            .args(["job", "status", &url, "--json"])
+            .output()
+            .unwrap();
+        let st: Value = serde_json::from_slice(&st.stdout).unwrap_or(Value::Null);
+        let started = st["running"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|u| !u["cursor"].is_null()));
+        if started {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the first worker never started: {}",
+            ws[0].stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    ws.push(Worker::start(t.path(), "second", &[], &args));
+    let r = wait_all(&mut ws, Duration::from_secs(180));
+    let sum = &r["summary"];
+    eprintln!("{engine_var}: {} units: {sum}", r["units"]);
+    assert_eq!(r["state"], "done", "{r}");
+    assert_eq!(n(sum, "listed"), listed, "{sum}");
+    assert_eq!(n(sum, "copied"), listed, "each object copied once: {sum}");
+    assert_eq!(n(sum, "failed"), 0, "{sum}");
+    assert_eq!(r["reassigned"], 0, "{r}");
+    assert!(
+        r["units"].as_u64().unwrap() >= 2,
+        "the busy range was never shared: {r}"
+    );
+    for w in &ws {
+        let mine = n(&w.report()["worker"], "copied");
+        assert!(mine > 0, "worker {} copied nothing: {}", w.name, w.stderr());
+    }
+    assert!(
+        std::fs::read_to_string(t.path().join("first.err"))
+            .unwrap()
+            .contains("to an idle worker"),
+        "{}",
+        ws[0].stderr()
+    );
+    assert_eq!(check(src.to_str().unwrap(), &dst), (0, 0, 0));
+    jobs::job("delete", &url, &[]);
+}
+
+#[test]
+fn an_idle_worker_gets_the_back_of_a_busy_range_postgres() {
+    an_idle_worker_gets_the_back_of_a_busy_range("JFS_TEST_PG", "jobsharepg");
+}
+
+#[test]
+fn an_idle_worker_gets_the_back_of_a_busy_range_redis() {
+    an_idle_worker_gets_the_back_of_a_busy_range("JFS_TEST_REDIS", "jobshareredis");
+}
+
 /// A worker in its own network namespace, reaching PostgreSQL and the S3 server through this
 /// one, is cut off for three times its lease while it holds ranges. The others take them
 /// over; when it comes back its late saves are refused by token, and the job is exact.

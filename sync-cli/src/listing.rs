@@ -98,6 +98,44 @@ impl KeyRange {
     }
 }
 
+/// The upper end of a range being worked, which may be lowered while the run goes (a shared
+/// job hands the back of a busy range to an idle worker). The run admits each key in order;
+/// a cut is accepted only above every key admitted so far, so no key is worked on both sides.
+#[derive(Debug, Default)]
+pub struct MovableEnd(std::sync::Mutex<(Option<String>, Option<String>)>);
+
+impl MovableEnd {
+    /// The run may work on `key` (it is below the end); from now on no cut at or below it.
+    pub fn admit(&self, key: &str) -> bool {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if g.1.as_deref().is_some_and(|hi| key >= hi) {
+            return false;
+        }
+        if g.0.as_deref().is_none_or(|last| key > last) {
+            g.0 = Some(key.to_string());
+        }
+        true
+    }
+
+    /// The last key admitted.
+    pub fn last(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    /// Lower the end to `at`: refused when a key at or past `at` was admitted already, or the
+    /// end is already at or below it.
+    pub fn cut(&self, at: &str) -> bool {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0.as_deref().is_some_and(|last| last >= at)
+            || g.1.as_deref().is_some_and(|hi| hi <= at)
+        {
+            return false;
+        }
+        g.1 = Some(at.to_string());
+        true
+    }
+}
+
 /// A tree listed one sorted directory level at a time (a local directory, a volume, an object
 /// store without ordered recursive listing).
 #[async_trait]
@@ -293,6 +331,26 @@ async fn parallel(
 mod tests {
     use super::*;
     use crate::endpoint::LocalDir;
+
+    #[test]
+    fn a_movable_end_is_cut_only_past_what_was_admitted() {
+        let e = MovableEnd::default();
+        assert!(e.admit("a/1"));
+        assert!(e.admit("a/2"));
+        assert_eq!(e.last().as_deref(), Some("a/2"));
+        // Not at or below a key already admitted.
+        assert!(!e.cut("a/2"));
+        assert!(!e.cut("a/1"));
+        assert!(e.cut("b/"));
+        // Keys past the cut are refused from now on; the end only moves down.
+        assert!(!e.admit("b/"));
+        assert!(!e.admit("c"));
+        assert!(e.admit("a/3"));
+        assert!(!e.cut("c/"));
+        assert!(e.cut("a/5"));
+        assert!(!e.admit("a/5"));
+        assert!(e.admit("a/4"));
+    }
 
     async fn keys(ep: Arc<dyn Endpoint>, r: KeyRange, threads: usize) -> Vec<String> {
         let mut rx = spawn(ep, r, true, threads, 2);

@@ -71,6 +71,10 @@ pub trait Shared: Send + Sync {
     /// extraneous destination keys found since the last save (with --delete-dst).
     async fn save(&self, cursor: &str, tally: &Summary, deletes: Vec<(String, bool)>)
         -> Result<()>;
+    /// The range's upper end as the holder may lower it during the run.
+    fn end(&self) -> Option<Arc<crate::listing::MovableEnd>> {
+        None
+    }
 }
 
 #[derive(Debug)]
@@ -555,6 +559,7 @@ pub async fn sync_range(
         })
     };
     let pool = Arc::new(Semaphore::new(o.threads.max(1)));
+    let end = shared.as_ref().and_then(|sh| sh.end());
     let mut fatal = None;
     let mut pending_deletes: Vec<(String, bool)> = Vec::new();
     let result: Result<()> = async {
@@ -571,6 +576,13 @@ pub async fn sync_range(
                 (Some(_), None) => (s, None),
                 _ => (None, d),
             };
+            // The back of the range was handed to another worker: this run ends at the cut.
+            let next = se.as_ref().or(de.as_ref()).map(|e| e.key.as_str());
+            if let (Some(end), Some(k)) = (&end, next) {
+                if !end.admit(k) {
+                    break;
+                }
+            }
             if se.is_some() {
                 sside.buf.pop_front();
             }

@@ -19,8 +19,8 @@
 pub mod pg;
 mod redis;
 
-use crate::endpoint::{Endpoint, Kind};
-use crate::listing::KeyRange;
+use crate::endpoint::{Endpoint, Entry, Kind};
+use crate::listing::{KeyRange, MovableEnd};
 use crate::run::{self, Options, Shared};
 use crate::state::State;
 use crate::stats::{Stats, Summary};
@@ -138,6 +138,16 @@ pub struct Control {
     pub age_s: f64,
 }
 
+/// What a save came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// The lease passed to another worker: nothing was recorded.
+    Refused,
+    Kept,
+    /// Recorded, and an idle worker asks for the back of this range.
+    ShareWanted,
+}
+
 /// The job as kept in an engine. Every call that changes a unit names its token and is
 /// refused (`Ok(false)`) when the token is stale.
 #[async_trait]
@@ -162,11 +172,15 @@ pub trait Board: Send + Sync {
         cursor: &str,
         tally: &Summary,
         deletes: &[(String, bool)],
-    ) -> Result<bool>;
+    ) -> Result<Saved>;
     async fn finish(&self, id: i64, token: i64, f: &Finish<'_>) -> Result<bool>;
-    /// Cut a fresh unit at `cuts` (ascending, inside its range): it keeps the first piece,
-    /// the others become pending units.
+    /// Cut a unit at `cuts` (ascending, inside its range, past its cursor): it keeps the
+    /// first piece, the others become pending units, and a request to share it is answered.
+    /// No cuts: the holder declines to share it (it is not asked again).
     async fn split(&self, id: i64, token: i64, cuts: &[String]) -> Result<bool>;
+    /// Ask the holders of up to `n` running ranges to hand the back of each to the idle
+    /// (seen by the holder at its next save); returns how many were asked.
+    async fn ask_split(&self, n: usize) -> Result<usize>;
     /// Give a unit back (pending again, its cursor kept).
     async fn release(&self, id: i64, token: i64) -> Result<bool>;
     /// Failed units (and a refused deletion step) become pending again; returns how many.
@@ -329,12 +343,126 @@ impl Worker {
     }
 }
 
-/// The resume point of a held unit, saved to the job under its token.
+/// The resume point of a held unit, saved to the job under its token, and the back of its
+/// range handed to an idle worker when one asks.
 struct UnitProgress {
+    me: std::sync::Weak<UnitProgress>,
     w: Arc<Worker>,
     id: i64,
     token: i64,
     start: (Option<String>, Summary),
+    src: Arc<dyn Endpoint>,
+    /// The range as recorded in the job (its upper end lowered by each confirmed cut).
+    range: Mutex<KeyRange>,
+    end: Arc<MovableEnd>,
+    /// Held while a cut is made; holds a cut applied here but not yet confirmed by the job.
+    cutting: tokio::sync::Mutex<Option<String>>,
+}
+
+impl UnitProgress {
+    /// An idle worker asked for a share: cut the rest of the range where a listing level
+    /// along the last key worked on has entries left, and record the cut in the job. The
+    /// run here stops at the cut before the job hears of it, so no key is worked twice.
+    async fn share(self: Arc<Self>) {
+        let Ok(mut pending) = self.cutting.try_lock() else {
+            return; // a cut is being made
+        };
+        if pending.is_some() {
+            return; // the last one is not confirmed yet: the end of the run settles it
+        }
+        let Some(last) = self.end.last() else { return };
+        let range = self.range.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let cut = match share_cut(&*self.src, &range, &last).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(unit = self.id, error = %format!("{e:#}"), "looking for where to share a range");
+                return;
+            }
+        };
+        let Some(cut) = cut else {
+            // Nothing left worth handing over: say so, so that nobody asks again.
+            if let Ok(false) = self.w.board.split(self.id, self.token, &[]).await {
+                self.w.refused("declining to share", self.id, self.token);
+            }
+            return;
+        };
+        if !self.end.cut(&cut) {
+            return; // the run went past it meanwhile: the next save tries again
+        }
+        *pending = Some(cut);
+        self.confirm_cut(&mut pending).await;
+    }
+
+    /// Record the cut held in `pending` in the job: Some(true) once recorded (or when there
+    /// is none), Some(false) when the lease passed to another worker, None when unanswered.
+    /// Cutting again at the same key is harmless (the second piece would be empty), so an
+    /// unanswered call is simply repeated.
+    async fn confirm_cut(&self, pending: &mut Option<String>) -> Option<bool> {
+        let Some(cut) = pending.clone() else {
+            return Some(true);
+        };
+        match self
+            .w
+            .board
+            .split(self.id, self.token, std::slice::from_ref(&cut))
+            .await
+        {
+            Ok(true) => {
+                tracing::info!(unit = self.id, at = %cut, "handed the back of the range to an idle worker");
+                eprintln!(
+                    "jfs-sync: unit {}: handed the keys from {cut} on to an idle worker",
+                    self.id
+                );
+                self.range.lock().unwrap_or_else(|p| p.into_inner()).hi = Some(cut);
+                *pending = None;
+                Some(true)
+            }
+            Ok(false) => {
+                self.w.refused("sharing", self.id, self.token);
+                Some(false)
+            }
+            Err(e) => {
+                tracing::warn!(unit = self.id, error = %format!("{e:#}"), "recording a cut of the range");
+                None
+            }
+        }
+    }
+}
+
+/// Where to cut what is left of `range` after `last` (the last key worked on): at the middle
+/// of the entries left at the shallowest directory level along `last` that has at least
+/// two left (or one directory), so the holder keeps the front and the subtree it is in.
+async fn share_cut(src: &dyn Endpoint, range: &KeyRange, last: &str) -> Result<Option<String>> {
+    let mut levels = vec![String::new()];
+    levels.extend(last.match_indices('/').map(|(i, _)| last[..=i].to_string()));
+    for prefix in levels {
+        if !prefix.is_empty() && range.skips_tree(&prefix) {
+            continue;
+        }
+        let kids = match src.list_level(&prefix).await {
+            Ok(k) => k,
+            Err(e) if e.is::<crate::endpoint::TooWide>() => continue,
+            Err(e) => return Err(e),
+        };
+        let left: Vec<&Entry> = kids
+            .iter()
+            .filter(|k| k.key.as_str() > last && !range.past(&k.key))
+            .filter(|k| {
+                if k.kind == Kind::Dir {
+                    !range.skips_tree(&k.key)
+                } else {
+                    range.contains(&k.key)
+                }
+            })
+            .collect();
+        match left.len() {
+            0 => {}
+            1 if left[0].kind == Kind::Dir => return Ok(Some(left[0].key.clone())),
+            1 => {}
+            n => return Ok(Some(left[n / 2].key.clone())),
+        }
+    }
+    Ok(None)
 }
 
 #[async_trait]
@@ -348,17 +476,28 @@ impl Shared for UnitProgress {
         tally: &Summary,
         deletes: Vec<(String, bool)>,
     ) -> Result<()> {
-        if self
+        match self
             .w
             .board
             .save(self.id, self.token, cursor, tally, &deletes)
             .await?
         {
-            Ok(())
-        } else {
-            self.w.refused("saving progress", self.id, self.token);
-            bail!("unit {}: the lease passed to another worker", self.id)
+            Saved::Kept => Ok(()),
+            Saved::ShareWanted => {
+                if let Some(me) = self.me.upgrade() {
+                    tokio::spawn(me.share());
+                }
+                Ok(())
+            }
+            Saved::Refused => {
+                self.w.refused("saving progress", self.id, self.token);
+                bail!("unit {}: the lease passed to another worker", self.id)
+            }
         }
+    }
+
+    fn end(&self) -> Option<Arc<MovableEnd>> {
+        Some(self.end.clone())
     }
 }
 
@@ -467,6 +606,7 @@ pub async fn work(
     }
     let mut slots = tokio::task::JoinSet::new();
     let mut idle_logged = false;
+    let mut last_ask = Instant::now() - Duration::from_secs(1);
     // Claims that keep failing for this long end the worker (a broken database, not a
     // passing outage).
     let mut failing_since: Option<Instant> = None;
@@ -525,7 +665,16 @@ pub async fn work(
             }
         };
         let Some(u) = claimed else {
-            // Nothing to claim: others hold what is left, or the job is over.
+            // Nothing to claim: others hold what is left, or the job is over. Ask the
+            // holders of running ranges to hand over their backs (each answers at its next
+            // save), so that the end of a job is not left to a few busy workers.
+            if last_ask.elapsed() >= Duration::from_secs(1) {
+                last_ask = Instant::now();
+                let free = w.o.slots.max(1).saturating_sub(slots.len());
+                if let Err(e) = board.ask_split(free).await {
+                    tracing::warn!(error = %format!("{e:#}"), "asking for a share of a range");
+                }
+            }
             if slots.is_empty() {
                 let units = board.units().await?;
                 let open = units
@@ -765,11 +914,17 @@ async fn run_unit(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(u.id, stats.clone());
-    let progress = Arc::new(UnitProgress {
+    let end = Arc::new(MovableEnd::default());
+    let progress = Arc::new_cyclic(|me| UnitProgress {
+        me: me.clone(),
         w: w.clone(),
         id: u.id,
         token: u.token,
         start: (u.cursor.clone(), u.tally.clone()),
+        src: src.clone(),
+        range: Mutex::new(u.range()),
+        end,
+        cutting: tokio::sync::Mutex::new(None),
     });
     let opts = Options {
         threads: w.o.threads.div_ceil(w.o.slots.max(1)).max(1),
@@ -793,7 +948,16 @@ async fn run_unit(
         range: u.range(),
     };
     let stopped = stop.clone();
-    let r = run::sync_range(src, dst, opts, local, Some(progress), stats.clone(), stop).await;
+    let r = run::sync_range(
+        src,
+        dst,
+        opts,
+        local,
+        Some(progress.clone()),
+        stats.clone(),
+        stop,
+    )
+    .await;
     // Stopped from outside (SIGTERM, pause, cancel, a lease lost or out of reach): whatever
     // the run says, the unit is given back, never marked failed.
     let given_back = *stopped.borrow();
@@ -843,6 +1007,21 @@ async fn run_unit(
     // Record the end; the job's engine may be out of reach for a while (a cut-off worker
     // tries until it hears back, then learns whether its token still holds).
     let deadline = Instant::now() + w.o.lease * 4;
+    // A cut made here must be in the job before the unit ends: the run stopped at it, and
+    // the keys past it belong to the piece the job has not heard of yet.
+    let mut pending = progress.cutting.lock().await;
+    loop {
+        match progress.confirm_cut(&mut pending).await {
+            Some(true) => break,
+            Some(false) => return Ok(()), // the unit is another worker's now
+            None if Instant::now() >= deadline => bail!(
+                "unit {}: a cut of the range could not be recorded (its lease will run out and another worker resumes it from its last save)",
+                u.id
+            ),
+            None => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+    // `pending` stays held: no cut starts once the unit is ending.
     loop {
         let res = match &fin {
             Some(f) => w.board.finish(u.id, u.token, f).await,

@@ -1,7 +1,7 @@
 //! A shared job in PostgreSQL: units claimed with `FOR UPDATE SKIP LOCKED`, leases on the
 //! server's clock, every holder's write conditional on its token.
 
-use super::{Board, Control, Finish, Spec, Unit, WorkerReport};
+use super::{Board, Control, Finish, Saved, Spec, Unit, WorkerReport};
 use crate::stats::Summary;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
@@ -135,7 +135,8 @@ impl PgBoard {
              CREATE TABLE IF NOT EXISTS {s}.jfs_sync_deletes (job text NOT NULL, key text NOT NULL,
                is_dir bool NOT NULL, PRIMARY KEY (job, key));
              CREATE TABLE IF NOT EXISTS {s}.jfs_sync_buckets (job text NOT NULL, what text NOT NULL,
-               tokens double precision NOT NULL, at timestamptz NOT NULL, PRIMARY KEY (job, what));"
+               tokens double precision NOT NULL, at timestamptz NOT NULL, PRIMARY KEY (job, what));
+             ALTER TABLE {s}.jfs_sync_units ADD COLUMN IF NOT EXISTS steal int NOT NULL DEFAULT 0;"
         ))
         .await?;
         tx.commit().await?;
@@ -337,21 +338,26 @@ impl Board for PgBoard {
         cursor: &str,
         tally: &Summary,
         deletes: &[(String, bool)],
-    ) -> Result<bool> {
+    ) -> Result<Saved> {
         timed("saving progress", async {
             let mut c = self.client().await?;
             let tx = c.transaction().await?;
             let s = &self.s;
-            let n = tx
-                .execute(
+            let row = tx
+                .query_opt(
                     &format!("UPDATE {s}.jfs_sync_units SET cursor = $4, tally = $5::text::jsonb
-                              WHERE job = $1 AND id = $2 AND token = $3 AND state = 'running'"),
+                              WHERE job = $1 AND id = $2 AND token = $3 AND state = 'running' RETURNING steal"),
                     &[&self.job, &id, &token, &cursor, &serde_json::to_string(tally)?],
                 )
                 .await?;
-            if n == 0 {
-                return Ok(false);
-            }
+            let Some(row) = row else {
+                return Ok(Saved::Refused);
+            };
+            let saved = if row.get::<_, i32>(0) == 1 {
+                Saved::ShareWanted
+            } else {
+                Saved::Kept
+            };
             if !deletes.is_empty() {
                 let keys: Vec<&str> = deletes.iter().map(|d| d.0.as_str()).collect();
                 let dirs: Vec<bool> = deletes.iter().map(|d| d.1).collect();
@@ -363,7 +369,7 @@ impl Board for PgBoard {
                 .await?;
             }
             tx.commit().await?;
-            Ok(true)
+            Ok(saved)
         })
         .await
     }
@@ -401,32 +407,63 @@ impl Board for PgBoard {
     async fn split(&self, id: i64, token: i64, cuts: &[String]) -> Result<bool> {
         timed("splitting a unit", async {
             let mut c = self.client().await?;
-            let tx = c.transaction().await?;
             let s = &self.s;
+            if cuts.is_empty() {
+                let n = c
+                    .execute(
+                        &format!("UPDATE {s}.jfs_sync_units SET steal = 2
+                                  WHERE job = $1 AND id = $2 AND token = $3 AND state = 'running'"),
+                        &[&self.job, &id, &token],
+                    )
+                    .await?;
+                return Ok(n == 1);
+            }
+            let tx = c.transaction().await?;
+            // Keys compare byte by byte (COLLATE "C"), as everywhere else in a job.
             let row = tx
                 .query_opt(
                     &format!("SELECT hi FROM {s}.jfs_sync_units WHERE job = $1 AND id = $2 AND token = $3
-                                AND state = 'running' AND cursor IS NULL FOR UPDATE"),
-                    &[&self.job, &id, &token],
+                                AND state = 'running' AND (cursor IS NULL OR cursor < $4 COLLATE \"C\") FOR UPDATE"),
+                    &[&self.job, &id, &token, &cuts[0]],
                 )
                 .await?;
             let Some(row) = row else { return Ok(false) };
             let hi: Option<String> = row.get(0);
             tx.execute(
-                &format!("UPDATE {s}.jfs_sync_units SET hi = $3 WHERE job = $1 AND id = $2"),
+                &format!("UPDATE {s}.jfs_sync_units SET hi = $3, steal = 0 WHERE job = $1 AND id = $2"),
                 &[&self.job, &id, &cuts[0]],
             )
             .await?;
-            for (i, lo) in cuts.iter().enumerate() {
-                let end = cuts.get(i + 1).cloned().or(hi.clone());
-                tx.execute(
-                    &format!("INSERT INTO {s}.jfs_sync_units (job, kind, lo, hi, state) VALUES ($1, 'copy', $2, $3, 'pending')"),
-                    &[&self.job, lo, &end],
-                )
-                .await?;
-            }
+            let his: Vec<Option<String>> = (0..cuts.len())
+                .map(|i| cuts.get(i + 1).cloned().or(hi.clone()))
+                .collect();
+            tx.execute(
+                &format!("INSERT INTO {s}.jfs_sync_units (job, kind, lo, hi, state)
+                          SELECT $1, 'copy', lo, hi, 'pending' FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS t(lo, hi, n) ORDER BY n"),
+                &[&self.job, &cuts, &his],
+            )
+            .await?;
             tx.commit().await?;
             Ok(true)
+        })
+        .await
+    }
+
+    async fn ask_split(&self, n: usize) -> Result<usize> {
+        timed("asking for a share of a range", async {
+            let c = self.client().await?;
+            let s = &self.s;
+            let asked = c
+                .execute(
+                    &format!(
+                        "UPDATE {s}.jfs_sync_units SET steal = 1 WHERE job = $1 AND id IN
+                               (SELECT id FROM {s}.jfs_sync_units WHERE job = $1 AND kind = 'copy'
+                                  AND state = 'running' AND steal = 0 ORDER BY id LIMIT $2)"
+                    ),
+                    &[&self.job, &(n as i64)],
+                )
+                .await?;
+            Ok(asked as usize)
         })
         .await
     }

@@ -3,7 +3,7 @@
 //! finish is one atomic step that checks the holder's token. All keys share one hash tag,
 //! `{jfs-sync:NAME}`, so the scripts touch one slot.
 
-use super::{Board, Control, Finish, Spec, Unit, WorkerReport};
+use super::{Board, Control, Finish, Saved, Spec, Unit, WorkerReport};
 use crate::stats::Summary;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
@@ -100,6 +100,7 @@ if v[1] ~= token or v[2] ~= 'running' then return 0 end
 const SAVE: &str = r#"
 redis.call('HSET', u, 'cursor', ARGV[4], 'tally', ARGV[5])
 for i = 6, #ARGV, 2 do redis.call('HSET', P..'deletes', ARGV[i], ARGV[i + 1]) end
+if redis.call('HGET', u, 'steal') == '1' then return 2 end
 return 1
 "#;
 
@@ -122,10 +123,15 @@ end
 return 1
 "#;
 
+// The holder cuts only past every key it has worked on (and so past its cursor): keys are
+// not compared here, as Lua compares strings by the server's locale.
 const SPLIT: &str = r#"
-if redis.call('HEXISTS', u, 'cursor') == 1 then return 0 end
+if #ARGV == 3 then
+  redis.call('HSET', u, 'steal', 2)
+  return 1
+end
 local hi = redis.call('HGET', u, 'hi')
-redis.call('HSET', u, 'hi', ARGV[4])
+redis.call('HSET', u, 'hi', ARGV[4], 'steal', 0)
 for i = 4, #ARGV do
   local n = redis.call('INCR', P..'next')
   redis.call('HSET', P..'u:'..n, 'kind', 'copy', 'state', 'pending', 'lo', ARGV[i], 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
@@ -136,6 +142,21 @@ for i = 4, #ARGV do
 end
 redis.call('INCRBY', P..'left', #ARGV - 3)
 return 1
+"#;
+
+const ASK_SPLIT: &str = r#"
+local P, n = ARGV[1], tonumber(ARGV[2])
+local asked = 0
+for _, id in ipairs(redis.call('ZRANGE', P..'leases', 0, -1)) do
+  if asked >= n then break end
+  local u = P..'u:'..id
+  local v = redis.call('HMGET', u, 'kind', 'state', 'steal')
+  if v[1] == 'copy' and v[2] == 'running' and (not v[3] or v[3] == '0') then
+    redis.call('HSET', u, 'steal', 1)
+    asked = asked + 1
+  end
+end
+return asked
 "#;
 
 const RELEASE: &str = r#"
@@ -440,7 +461,7 @@ impl Board for RedisBoard {
         cursor: &str,
         tally: &Summary,
         deletes: &[(String, bool)],
-    ) -> Result<bool> {
+    ) -> Result<Saved> {
         let mut args = vec![
             id.to_string(),
             token.to_string(),
@@ -452,7 +473,11 @@ impl Board for RedisBoard {
             args.push(if *d { "d" } else { "f" }.into());
         }
         let n: i64 = self.run("saving progress", &guarded(SAVE), args).await?;
-        Ok(n == 1)
+        Ok(match n {
+            0 => Saved::Refused,
+            2 => Saved::ShareWanted,
+            _ => Saved::Kept,
+        })
     }
 
     async fn finish(&self, id: i64, token: i64, f: &Finish<'_>) -> Result<bool> {
@@ -478,6 +503,17 @@ impl Board for RedisBoard {
         args.extend(cuts.iter().cloned());
         let n: i64 = self.run("splitting a unit", &guarded(SPLIT), args).await?;
         Ok(n == 1)
+    }
+
+    async fn ask_split(&self, n: usize) -> Result<usize> {
+        let asked: i64 = self
+            .run(
+                "asking for a share of a range",
+                &script(ASK_SPLIT),
+                vec![n.to_string()],
+            )
+            .await?;
+        Ok(asked as usize)
     }
 
     async fn release(&self, id: i64, token: i64) -> Result<bool> {
