@@ -4,7 +4,7 @@
 //! 1. JOB_OBJECTS (default 100,000) small objects to Ceph RGW: one host without --job, then
 //!    4 workers sharing the job through PostgreSQL and through Redis (overhead and exactness).
 //! 2. Scaling: 1, 2 and 4 workers, each in its own network namespace behind a
-//!    JOB_MBIT (default 50) Mbit/s tbf link, copying JOB_MIB (default 128) MiB of 1 MiB files.
+//!    JOB_MBIT (default 50) Mbit/s tbf link, copying JOB_MIB (default 512) MiB of 1 MiB files.
 
 use integration::jobs::{host_port, small_tree, Ns, Worker};
 use integration::mirror::Proxy;
@@ -29,7 +29,17 @@ fn main() {
     let s3e = env("JFS_TEST_S3_ENDPOINT");
     let dst = |p: &str| format!("s3://jfs-test/{p}?endpoint={s3e}");
 
-    // 1. Overhead and exactness on loopback.
+    let parts = std::env::var("JOB_PARTS").unwrap_or_else(|_| "overhead,scaling".into());
+    if parts.contains("overhead") {
+        overhead(&t, &dst);
+    }
+    if parts.contains("scaling") {
+        scaling(&t);
+    }
+}
+
+/// 1. Overhead and exactness on loopback.
+fn overhead(t: &tempfile::TempDir, dst: &dyn Fn(&str) -> String) {
     let n = num("JOB_OBJECTS", 100_000);
     let src = t.path().join("src");
     let listed = small_tree(&src, n / 1000, 1000, 0);
@@ -83,8 +93,12 @@ fn main() {
         }
     }
 
-    // 2. Scaling behind per-worker links.
-    let mib = num("JOB_MIB", 128);
+}
+
+/// 2. Scaling behind per-worker links.
+fn scaling(t: &tempfile::TempDir) {
+    let s3e = env("JFS_TEST_S3_ENDPOINT");
+    let mib = num("JOB_MIB", 512);
     let mbit = num("JOB_MBIT", 50) as u32;
     let big = t.path().join("big");
     for i in 0..mib {
