@@ -104,6 +104,13 @@ impl Worker {
         crate::mirror::tail(&s, 30)
     }
 
+    /// The JSON report worker `name` (started in `dir`) printed last.
+    pub fn report_of(dir: &Path, name: &str) -> Value {
+        let s = std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap_or_default();
+        serde_json::from_str(s.lines().last().unwrap_or(""))
+            .unwrap_or_else(|_| panic!("worker {name}: no JSON report: {s}"))
+    }
+
     /// The JSON report it printed last.
     pub fn report(&self) -> Value {
         let s = std::fs::read_to_string(&self.out).unwrap_or_default();

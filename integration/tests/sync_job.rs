@@ -621,3 +621,132 @@ fn a_worker_silent_inside_a_transaction_does_not_stall_the_others() {
         board.remove().await.unwrap();
     });
 }
+
+/// `--from-journal` shared: the first round of a job lists everything; each later round is
+/// planned by one worker from the source volume's journal (the keys the entries since the
+/// job's position touch, stored in the job and cut into units of 2,000 keys) and copied by
+/// all; a round with no change does nothing. The destination matches the volume each time.
+fn from_journal_rounds(engine_var: &str, tag: &str) {
+    let t = tempfile::tempdir().unwrap();
+    let meta = format!("{}?prefix={}", env("JFS_TEST_REDIS"), unique("jv"));
+    let jfs = |args: &[&str]| {
+        let o = Command::new(bin("jfs")).args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "jfs {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let blocks = format!("file://{}/blocks", t.path().display());
+    jfs(&["format", &meta, "v", "--storage", &blocks]);
+    let src = t.path().join("src");
+    let first = small_tree(&src, 10, 100, 0) as u64;
+    jfs(&["put", &meta, src.to_str().unwrap(), "/data"]);
+    let dst = s3(&unique(tag));
+    let url = format!("{}#{}", env(engine_var), unique(tag));
+    let env_arg = format!("JVOL={meta}");
+    let prefix = ["env", env_arg.as_str()];
+    let args = [
+        "jfs://JVOL/data",
+        dst.as_str(),
+        "--job",
+        &url,
+        "--from-journal",
+        "--delete-dst",
+        "--stats",
+        "2s",
+    ];
+    let round = |r: usize| -> (Value, String) {
+        let mut ws: Vec<Worker> = (0..2)
+            .map(|i| Worker::start(t.path(), &format!("r{r}w{i}"), &prefix, &args))
+            .collect();
+        let rep = wait_all(&mut ws, Duration::from_secs(180));
+        let err: String = ws
+            .iter()
+            .map(|w| std::fs::read_to_string(t.path().join(format!("{}.err", w.name))).unwrap())
+            .collect();
+        assert_eq!(rep["state"], "done", "{rep}");
+        (rep, err)
+    };
+    let exact = || {
+        let o = Command::new(bin("jfs-sync"))
+            .args(["check", "jfs://JVOL/data", &dst, "--json"])
+            .env("JVOL", &meta)
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|_| panic!("check: {}", String::from_utf8_lossy(&o.stderr)));
+        assert_eq!(
+            (n(&v, "missing"), n(&v, "differing"), n(&v, "extra")),
+            (0, 0, 0),
+            "{v}"
+        );
+    };
+    // Round 1: a full listing.
+    let (rep, err) = round(1);
+    assert!(err.contains("a full listing"), "{err}");
+    assert_eq!(n(&rep["summary"], "copied"), first, "{rep}");
+    exact();
+    // Changes: 2,500 new files in a new directory, an overwrite, a delete, a directory moved.
+    let more = t.path().join("more");
+    let added = small_tree(&more, 1, 2500, 0) as u64;
+    jfs(&[
+        "put",
+        &meta,
+        more.join("d000").to_str().unwrap(),
+        "/data/new",
+    ]);
+    std::fs::write(t.path().join("over"), b"overwritten").unwrap();
+    jfs(&[
+        "put",
+        &meta,
+        t.path().join("over").to_str().unwrap(),
+        "/data/d001/f00001",
+    ]);
+    jfs(&["rm", &meta, "/data/d002/f00002"]);
+    jfs(&["mv", &meta, "/data/d003", "/data/d003-moved"]);
+    // Round 2: planned from the journal, shared by both workers.
+    let (rep, err) = round(2);
+    let sum = &rep["summary"];
+    eprintln!("{engine_var}: round 2: {} units: {sum}", rep["units"]);
+    assert_eq!(err.matches("planned a round").count(), 1, "{err}");
+    assert!(
+        err.contains("changed keys in") && rep["units"].as_u64().unwrap() >= 3,
+        "the round's keys in more than one unit (and the deletion step): {rep}\n{err}"
+    );
+    // new files + the moved directory's 100 under the new name; its old names and the
+    // deleted file are deleted; the overwrite is an update; nothing else is looked at.
+    assert_eq!(n(sum, "copied"), added + 100, "{sum}");
+    assert_eq!(n(sum, "updated"), 1, "{sum}");
+    assert_eq!(n(sum, "deleted"), 101, "{sum}");
+    assert_eq!(
+        n(sum, "listed"),
+        added + 100 + 1,
+        "only the changed keys: {sum}"
+    );
+    // Both workers' reports add up to the round (a worker that planned in vain joins late).
+    let both: u64 = (0..2)
+        .map(|i| {
+            let mine = &Worker::report_of(t.path(), &format!("r2w{i}"))["worker"];
+            n(mine, "copied") + n(mine, "updated")
+        })
+        .sum();
+    assert_eq!(both, added + 100 + 1, "{err}");
+    exact();
+    // Round 3: nothing changed, nothing to do.
+    let (rep, err) = round(3);
+    assert!(err.contains("0 changed keys"), "{err}");
+    assert_eq!(n(&rep["summary"], "listed"), 0, "{rep}");
+    exact();
+    jobs::job("delete", &url, &[]);
+}
+
+#[test]
+fn from_journal_rounds_are_shared_through_postgres() {
+    from_journal_rounds("JFS_TEST_PG", "jobjpg");
+}
+
+#[test]
+fn from_journal_rounds_are_shared_through_redis() {
+    from_journal_rounds("JFS_TEST_REDIS", "jobjredis");
+}

@@ -17,18 +17,35 @@ pub async fn prepare(
     state: Option<&State>,
     opts: &mut Options,
 ) -> Result<Option<u64>> {
-    let Some(vol) = src.as_volume() else {
+    if src.as_volume().is_none() {
         bail!("--from-journal needs a volume source (jfs://NAME/path)")
-    };
+    }
     let Some(state) = state else {
         bail!("--from-journal cannot be combined with --dry-run (it needs the recorded position)")
+    };
+    let since = state.journal_seq()?;
+    let (keys, head) = changes(src, dst, since).await?;
+    opts.keys = keys;
+    Ok(Some(head))
+}
+
+/// What changed since journal entry `since`: the keys the entries after it touch, up to the
+/// journal's head now, or None (list everything) when there is no earlier position or the
+/// journal no longer reaches back to it. Returns the head with them.
+pub async fn changes(
+    src: &dyn Endpoint,
+    dst: &dyn Endpoint,
+    since: Option<u64>,
+) -> Result<(Option<Vec<String>>, u64)> {
+    let Some(vol) = src.as_volume() else {
+        bail!("--from-journal needs a volume source (jfs://NAME/path)")
     };
     let engine = vol.fs().engine().clone();
     let bounds = engine.journal_bounds().await?;
     let head = bounds.last;
-    let Some(since) = state.journal_seq()? else {
+    let Some(since) = since else {
         eprintln!("jfs-sync: --from-journal: no earlier run recorded: a full listing this time; the next run reads the journal after entry {head}");
-        return Ok(Some(head));
+        return Ok((None, head));
     };
     if since + 1 < bounds.first {
         eprintln!(
@@ -36,7 +53,7 @@ pub async fn prepare(
             since + 1,
             bounds.first
         );
-        return Ok(Some(head));
+        return Ok((None, head));
     }
     let mut entries = Vec::new();
     let mut next = since + 1;
@@ -59,8 +76,7 @@ pub async fn prepare(
         since + 1,
         keys.len()
     );
-    opts.keys = Some(keys);
-    Ok(Some(head))
+    Ok((Some(keys), head))
 }
 
 struct Paths<'a> {

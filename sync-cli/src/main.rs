@@ -243,8 +243,8 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         if a.dry_run {
             bail!("--dry-run with --job: a dry run changes nothing and needs no shared job; run it without --job");
         }
-        if a.files_from.is_some() || a.from_journal {
-            bail!("--files-from and --from-journal are not shared through --job yet: run them on one host (without --job), or run a full sync with --job");
+        if a.files_from.is_some() {
+            bail!("--files-from is not shared through --job: run it on one host (without --job), or run a full sync with --job");
         }
         if a.state_dir.is_none() && a.reset_state {
             bail!("--reset-state with --job: the job's progress is in {}; remove it with `jfs-sync job delete`", meta::redact(j));
@@ -395,9 +395,15 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
             identity: identity.clone(),
             delete_dst: a.delete_dst,
             max_delete: a.max_delete.clone(),
+            from_journal: a.from_journal,
         };
         if plan_only {
-            let created = board.create(&spec, a.bwlimit.as_deref(), a.tps).await?;
+            let created = if a.from_journal {
+                sync_cli::job::plan_round(&*board, &spec, &*src, &*dst, a.bwlimit.as_deref(), a.tps)
+                    .await?
+            } else {
+                board.create(&spec, a.bwlimit.as_deref(), a.tps).await?
+            };
             let have = board.spec().await?;
             if !have.as_ref().is_some_and(|h| h.same_work(&spec)) {
                 bail!("a job of this name exists for other work ({:?}): choose another name, or `jfs-sync job delete` it", have.map(|h| (h.src, h.dst)));

@@ -324,10 +324,21 @@ fn spawn_lister(
     };
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
-        // --files-from: look each key up instead of listing.
+        // --files-from: look each key up instead of listing, 32 lookups in flight (answers
+        // taken in key order).
+        use futures::StreamExt;
         let mut page = Vec::new();
-        for k in keys.into_iter().filter(|k| range.contains(k)) {
-            match ep.stat(&k).await {
+        let mut found = futures::stream::iter(keys.into_iter().filter(|k| range.contains(k)))
+            .map(|k| {
+                let ep = ep.clone();
+                async move {
+                    let r = ep.stat(&k).await;
+                    (k, r)
+                }
+            })
+            .buffered(32);
+        while let Some((k, r)) = found.next().await {
+            match r {
                 Ok(Some(e)) if e.kind != Kind::Dir => page.push(e),
                 Ok(found) => {
                     if let Some(stats) = &report_missing {

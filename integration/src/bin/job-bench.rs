@@ -92,7 +92,6 @@ fn overhead(t: &tempfile::TempDir, dst: &dyn Fn(&str) -> String) {
                 .output();
         }
     }
-
 }
 
 /// 2. Scaling behind per-worker links.

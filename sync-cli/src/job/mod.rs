@@ -41,6 +41,43 @@ pub struct Spec {
     pub identity: String,
     pub delete_dst: bool,
     pub max_delete: Option<String>,
+    /// Rounds planned from the source volume's journal (`--from-journal`).
+    #[serde(default)]
+    pub from_journal: bool,
+}
+
+/// Where a `--from-journal` job stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Round {
+    /// The journal entry the last round that ended done brought the destination to.
+    pub journal_seq: Option<u64>,
+    /// The entry this round brings it to (recorded as `journal_seq` when it ends done).
+    pub target: Option<u64>,
+    /// This round works on the keys the journal named (`keys_in`), not on listings.
+    pub keys: bool,
+}
+
+/// A round's plan: the keys the journal named (None: list everything), and the journal
+/// entry they reach to.
+pub struct Plan {
+    pub keys: Option<Vec<String>>,
+    pub target: u64,
+}
+
+/// Keys per unit of a round planned from the journal.
+const KEYS_PER_UNIT: usize = 2000;
+
+impl Plan {
+    /// Where the sorted keys are cut into units (the first unit starts at the beginning).
+    pub fn cuts(&self) -> Vec<String> {
+        self.keys.as_deref().map_or_else(Vec::new, |k| {
+            k.iter()
+                .skip(KEYS_PER_UNIT)
+                .step_by(KEYS_PER_UNIT)
+                .cloned()
+                .collect()
+        })
+    }
 }
 
 impl Spec {
@@ -66,6 +103,7 @@ impl Spec {
             && self.identity == o.identity
             && self.delete_dst == o.delete_dst
             && self.max_delete == o.max_delete
+            && self.from_journal == o.from_journal
     }
 }
 
@@ -193,6 +231,21 @@ pub trait Board: Send + Sync {
     async fn take(&self, what: &str, rate: u64, n: u64) -> Result<Option<Duration>>;
     /// Remove every record of the job.
     async fn remove(&self) -> Result<()>;
+    /// Where a `--from-journal` job stands (defaults when there is no such job).
+    async fn round(&self) -> Result<Round>;
+    /// Create the job, or start its next round once the last one is done, as `plan` says
+    /// (its keys stored before any unit can be claimed). Ok(false): the job is running (its
+    /// round was planned by another worker). A round that ends done records its target as
+    /// the job's journal position (`set_state("done")`).
+    async fn new_round(
+        &self,
+        spec: &Spec,
+        bwlimit: Option<&str>,
+        tps: Option<u32>,
+        plan: &Plan,
+    ) -> Result<bool>;
+    /// The keys of a round planned from the journal in `[lo, hi)`, in byte order.
+    async fn keys_in(&self, lo: Option<&str>, hi: Option<&str>) -> Result<Vec<String>>;
 }
 
 /// A job's location: `redis://HOST:PORT/DB#NAME` or `postgres://USER@HOST:PORT/DB#NAME`
@@ -320,6 +373,8 @@ struct Worker {
     renewed: Mutex<Instant>,
     control: Mutex<Control>,
     limits: Arc<crate::limits::Limits>,
+    /// This round works on the keys its plan stored (read from the journal), not listings.
+    keys_mode: bool,
 }
 
 impl Worker {
@@ -372,7 +427,13 @@ impl UnitProgress {
         }
         let Some(last) = self.end.last() else { return };
         let range = self.range.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let cut = match share_cut(&*self.src, &range, &last).await {
+        // A round of journal keys is cut into small units up front; they are not shared.
+        let found = if self.w.keys_mode {
+            Ok(None)
+        } else {
+            share_cut(&*self.src, &range, &last).await
+        };
+        let cut = match found {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(unit = self.id, error = %format!("{e:#}"), "looking for where to share a range");
@@ -529,6 +590,48 @@ fn apply_limits(limits: &crate::limits::Limits, c: &Control) {
     limits.set(bw, c.tps);
 }
 
+/// `--from-journal`: create the job, or start its next round once the last one is done,
+/// from what the source volume's journal says changed since the job's position (a full
+/// listing the first time, or when the journal no longer reaches back). The journal is read
+/// by the worker that plans; the copying is shared.
+pub async fn plan_round(
+    board: &dyn Board,
+    spec: &Spec,
+    src: &dyn Endpoint,
+    dst: &dyn Endpoint,
+    bwlimit: Option<&str>,
+    tps: Option<u32>,
+) -> Result<bool> {
+    let since = match board.spec().await? {
+        None => None,
+        Some(have) => {
+            if !have.same_work(spec) {
+                bail!(
+                    "this job was created for {} -> {} with other options ({}); this worker runs {} -> {} ({}): run the job's own command, or give the job another name",
+                    have.src, have.dst, have.identity, spec.src, spec.dst, spec.identity
+                );
+            }
+            if board.control().await?.state != "done" {
+                return Ok(false); // a round is under way: join it
+            }
+            board.round().await?.journal_seq
+        }
+    };
+    let (keys, target) = crate::journal::changes(src, dst, since).await?;
+    let plan = Plan { keys, target };
+    let started = board.new_round(spec, bwlimit, tps, &plan).await?;
+    if started {
+        eprintln!(
+            "jfs-sync: planned a round up to journal entry {target}: {}; other workers join with the same command",
+            match &plan.keys {
+                Some(k) => format!("{} changed keys in {} units", k.len(), plan.cuts().len() + 1),
+                None => "a full listing".to_string(),
+            }
+        );
+    }
+    Ok(started)
+}
+
 /// Join (or create) the job and work on it until no unit is left, the job is cancelled, or
 /// `stop` (SIGTERM) turns true. The sync options are the same as a single-host run's; each
 /// unit runs with its range and its progress kept in the job.
@@ -546,12 +649,13 @@ pub async fn work(
     bwlimit: Option<&str>,
 ) -> Result<JobReport> {
     let t0 = Instant::now();
-    if board
-        .create(&spec, bwlimit, base.limits.current().1)
-        .await?
-    {
+    let tps = base.limits.current().1;
+    if spec.from_journal {
+        plan_round(&*board, &spec, &*src, &*dst, bwlimit, tps).await?;
+    } else if board.create(&spec, bwlimit, tps).await? {
         eprintln!("jfs-sync: created the job; other workers join with the same command");
     }
+    let keys_mode = spec.from_journal && board.round().await?.keys;
     let have = board
         .spec()
         .await?
@@ -587,6 +691,7 @@ pub async fn work(
         renewed: Mutex::new(Instant::now()),
         control: Mutex::new(c),
         limits: limits.clone(),
+        keys_mode,
     });
     let base = Arc::new(base);
     let keeper = tokio::spawn(keep_leases(w.clone(), metrics));
@@ -895,7 +1000,12 @@ async fn run_unit(
     if u.kind == "delete" {
         return delete_step(w, &u, dst, base).await;
     }
-    if u.cursor.is_none() && u.tally == Summary::default() {
+    let keys = if w.keys_mode {
+        Some(w.board.keys_in(u.lo.as_deref(), u.hi.as_deref()).await?)
+    } else {
+        None
+    };
+    if keys.is_none() && u.cursor.is_none() && u.tally == Summary::default() {
         let cuts = cuts(&*src, &u)
             .await
             .context("listing a level to split the range")?;
@@ -942,7 +1052,7 @@ async fn run_unit(
         links: base.links,
         check_new: base.check_new,
         retries: base.retries,
-        keys: None,
+        keys,
         keys_from_user: false,
         limits: base.limits.clone(),
         range: u.range(),

@@ -1,7 +1,7 @@
 //! A shared job in PostgreSQL: units claimed with `FOR UPDATE SKIP LOCKED`, leases on the
 //! server's clock, every holder's write conditional on its token.
 
-use super::{Board, Control, Finish, Saved, Spec, Unit, WorkerReport};
+use super::{Board, Control, Finish, Plan, Round, Saved, Spec, Unit, WorkerReport};
 use crate::stats::Summary;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
@@ -136,9 +136,31 @@ impl PgBoard {
                is_dir bool NOT NULL, PRIMARY KEY (job, key));
              CREATE TABLE IF NOT EXISTS {s}.jfs_sync_buckets (job text NOT NULL, what text NOT NULL,
                tokens double precision NOT NULL, at timestamptz NOT NULL, PRIMARY KEY (job, what));
-             ALTER TABLE {s}.jfs_sync_units ADD COLUMN IF NOT EXISTS steal int NOT NULL DEFAULT 0;"
+             CREATE TABLE IF NOT EXISTS {s}.jfs_sync_keys (job text NOT NULL, key text COLLATE \"C\" NOT NULL,
+               PRIMARY KEY (job, key));"
         ))
         .await?;
+        // Columns added since the first version of these tables. ALTER TABLE locks the whole
+        // table even when the column exists (and would deadlock with a running job), so it
+        // runs only when one is missing.
+        let have: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1
+                   AND (table_name, column_name) IN (('jfs_sync_units', 'steal'), ('jfs_sync_jobs', 'journal_seq'),
+                        ('jfs_sync_jobs', 'target'), ('jfs_sync_jobs', 'keys_mode'))",
+                &[&s.trim_matches('"')],
+            )
+            .await?
+            .get(0);
+        if have < 4 {
+            tx.batch_execute(&format!(
+                "ALTER TABLE {s}.jfs_sync_units ADD COLUMN IF NOT EXISTS steal int NOT NULL DEFAULT 0;
+                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS journal_seq bigint;
+                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS target bigint;
+                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS keys_mode bool NOT NULL DEFAULT false;"
+            ))
+            .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -230,7 +252,9 @@ impl Board for PgBoard {
             let c = self.client().await?;
             c.execute(
                 &format!(
-                    "UPDATE {}.jfs_sync_jobs SET state = $2 WHERE name = $1",
+                    "UPDATE {}.jfs_sync_jobs SET state = $2,
+                       journal_seq = CASE WHEN $2 = 'done' THEN COALESCE(target, journal_seq) ELSE journal_seq END
+                     WHERE name = $1",
                     self.s
                 ),
                 &[&self.job, &state],
@@ -608,6 +632,7 @@ impl Board for PgBoard {
             let mut c = self.client().await?;
             let tx = c.transaction().await?;
             for t in [
+                "jfs_sync_keys",
                 "jfs_sync_units",
                 "jfs_sync_workers",
                 "jfs_sync_deletes",
@@ -626,6 +651,104 @@ impl Board for PgBoard {
             .await?;
             tx.commit().await?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn round(&self) -> Result<Round> {
+        timed("reading the job's journal position", async {
+            let c = self.client().await?;
+            let row = c
+                .query_opt(
+                    &format!("SELECT journal_seq, target, keys_mode FROM {}.jfs_sync_jobs WHERE name = $1", self.s),
+                    &[&self.job],
+                )
+                .await?;
+            Ok(row.map_or_else(Round::default, |r| Round {
+                journal_seq: r.get::<_, Option<i64>>(0).map(|v| v as u64),
+                target: r.get::<_, Option<i64>>(1).map(|v| v as u64),
+                keys: r.get(2),
+            }))
+        })
+        .await
+    }
+
+    async fn new_round(
+        &self,
+        spec: &Spec,
+        bwlimit: Option<&str>,
+        tps: Option<u32>,
+        plan: &Plan,
+    ) -> Result<bool> {
+        let mut c = self.client().await?;
+        let s = &self.s;
+        let tx = c.transaction().await?;
+        tx.execute(
+            &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state, bwlimit, tps) VALUES ($1, $2, 'done', $3, $4) ON CONFLICT DO NOTHING"),
+            &[&self.job, &serde_json::to_string(spec)?, &bwlimit, &tps.map(|t| t as i32)],
+        )
+        .await?;
+        let state: String = tx
+            .query_one(
+                &format!("SELECT state FROM {s}.jfs_sync_jobs WHERE name = $1 FOR UPDATE"),
+                &[&self.job],
+            )
+            .await?
+            .get(0);
+        if state != "done" {
+            return Ok(false);
+        }
+        for t in ["jfs_sync_keys", "jfs_sync_units", "jfs_sync_deletes"] {
+            tx.execute(&format!("DELETE FROM {s}.{t} WHERE job = $1"), &[&self.job])
+                .await?;
+        }
+        if let Some(keys) = &plan.keys {
+            for chunk in keys.chunks(10_000) {
+                tx.execute(
+                    &format!("INSERT INTO {s}.jfs_sync_keys (job, key) SELECT $1, k FROM unnest($2::text[]) AS t(k) ON CONFLICT DO NOTHING"),
+                    &[&self.job, &chunk],
+                )
+                .await?;
+            }
+        }
+        let cuts = plan.cuts();
+        let mut los: Vec<Option<String>> = vec![None];
+        los.extend(cuts.iter().cloned().map(Some));
+        let mut his: Vec<Option<String>> = cuts.into_iter().map(Some).collect();
+        his.push(None);
+        tx.execute(
+            &format!("INSERT INTO {s}.jfs_sync_units (job, kind, lo, hi, state)
+                      SELECT $1, 'copy', lo, hi, 'pending' FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS t(lo, hi, n) ORDER BY n"),
+            &[&self.job, &los, &his],
+        )
+        .await?;
+        if spec.delete_dst {
+            tx.execute(
+                &format!("INSERT INTO {s}.jfs_sync_units (job, kind, state) VALUES ($1, 'delete', 'held')"),
+                &[&self.job],
+            )
+            .await?;
+        }
+        tx.execute(
+            &format!("UPDATE {s}.jfs_sync_jobs SET state = 'running', target = $2, keys_mode = $3 WHERE name = $1"),
+            &[&self.job, &(plan.target as i64), &plan.keys.is_some()],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn keys_in(&self, lo: Option<&str>, hi: Option<&str>) -> Result<Vec<String>> {
+        timed("reading the round's keys", async {
+            let c = self.client().await?;
+            let rows = c
+                .query(
+                    &format!("SELECT key FROM {}.jfs_sync_keys WHERE job = $1 AND ($2::text IS NULL OR key >= $2)
+                                AND ($3::text IS NULL OR key < $3) ORDER BY key", self.s),
+                    &[&self.job, &lo, &hi],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
         })
         .await
     }

@@ -3,7 +3,7 @@
 //! finish is one atomic step that checks the holder's token. All keys share one hash tag,
 //! `{jfs-sync:NAME}`, so the scripts touch one slot.
 
-use super::{Board, Control, Finish, Saved, Spec, Unit, WorkerReport};
+use super::{Board, Control, Finish, Plan, Round, Saved, Spec, Unit, WorkerReport};
 use crate::stats::Summary;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
@@ -157,6 +157,61 @@ for _, id in ipairs(redis.call('ZRANGE', P..'leases', 0, -1)) do
   end
 end
 return asked
+"#;
+
+/// A new job, or the next round of a done one: the old round's records go, the planned keys
+/// (written first to the staging set ARGV[8]) become the round's, and the units are made.
+const NEW_ROUND: &str = r#"
+local P, staging = ARGV[1], ARGV[8]
+local st = redis.call('GET', P..'state')
+if st and st ~= 'done' then
+  redis.call('DEL', staging)
+  return 0
+end
+if not st then
+  redis.call('SET', P..'spec', ARGV[2])
+  redis.call('SET', P..'created', now)
+  if ARGV[3] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[3]) end
+  if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[4]) end
+end
+for _, id in ipairs(redis.call('ZRANGE', P..'all', 0, -1)) do redis.call('DEL', P..'u:'..id) end
+redis.call('DEL', P..'all', P..'pending', P..'leases', P..'deletes', P..'keys', P..'delete_unit')
+if redis.call('EXISTS', staging) == 1 then
+  redis.call('PERSIST', staging)
+  redis.call('RENAME', staging, P..'keys')
+end
+local n = #ARGV - 8 + 1
+for i = 1, n do
+  local id = redis.call('INCR', P..'next')
+  local u = P..'u:'..id
+  redis.call('HSET', u, 'kind', 'copy', 'state', 'pending', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
+  if i > 1 then redis.call('HSET', u, 'lo', ARGV[7 + i]) end
+  if ARGV[8 + i] then redis.call('HSET', u, 'hi', ARGV[8 + i]) end
+  redis.call('ZADD', P..'all', id, id)
+  redis.call('ZADD', P..'pending', id, id)
+end
+redis.call('SET', P..'left', n)
+if ARGV[5] == '1' then
+  local d = redis.call('INCR', P..'next')
+  redis.call('HSET', P..'u:'..d, 'kind', 'delete', 'state', 'held', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
+  redis.call('ZADD', P..'all', d, d)
+  redis.call('SET', P..'delete_unit', d)
+end
+redis.call('SET', P..'target', ARGV[6])
+redis.call('SET', P..'keys_mode', ARGV[7])
+redis.call('SET', P..'state', 'running')
+return 1
+"#;
+
+/// The job's state; a round that ends done records its target as the journal position.
+const SET_STATE: &str = r#"
+local P = ARGV[1]
+redis.call('SET', P..'state', ARGV[2])
+if ARGV[2] == 'done' then
+  local t = redis.call('GET', P..'target')
+  if t then redis.call('SET', P..'journal_seq', t) end
+end
+return 1
 "#;
 
 const RELEASE: &str = r#"
@@ -387,10 +442,11 @@ impl Board for RedisBoard {
     }
 
     async fn set_state(&self, state: &str) -> Result<()> {
-        let _: () = self
-            .cmd(
+        let _: i64 = self
+            .run(
                 "changing the job's state",
-                redis::cmd("SET").arg(format!("{}state", self.p)).arg(state),
+                &script(SET_STATE),
+                vec![state.to_string()],
             )
             .await?;
         Ok(())
@@ -620,6 +676,10 @@ impl Board for RedisBoard {
             "deletes",
             "bucket:bytes",
             "bucket:requests",
+            "keys",
+            "journal_seq",
+            "target",
+            "keys_mode",
         ] {
             keys.push(format!("{}{k}", self.p));
         }
@@ -629,5 +689,80 @@ impl Board for RedisBoard {
                 .await?;
         }
         Ok(())
+    }
+
+    async fn round(&self) -> Result<Round> {
+        let v: (Option<u64>, Option<u64>, Option<String>) = self
+            .cmd(
+                "reading the job's journal position",
+                redis::cmd("MGET")
+                    .arg(format!("{}journal_seq", self.p))
+                    .arg(format!("{}target", self.p))
+                    .arg(format!("{}keys_mode", self.p)),
+            )
+            .await?;
+        Ok(Round {
+            journal_seq: v.0,
+            target: v.1,
+            keys: v.2.as_deref() == Some("1"),
+        })
+    }
+
+    async fn new_round(
+        &self,
+        spec: &Spec,
+        bwlimit: Option<&str>,
+        tps: Option<u32>,
+        plan: &Plan,
+    ) -> Result<bool> {
+        // The keys go to a staging set first (gone by itself if this worker dies now); the
+        // round's script makes it the round's set in the same step that makes the units.
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let staging = format!("{}staging:{}-{nonce}", self.p, std::process::id());
+        if let Some(keys) = &plan.keys {
+            for chunk in keys.chunks(1000) {
+                let mut c = redis::cmd("ZADD");
+                c.arg(&staging);
+                for k in chunk {
+                    c.arg(0).arg(k);
+                }
+                let _: i64 = self.cmd("storing the round's keys", &c).await?;
+            }
+            let _: i64 = self
+                .cmd(
+                    "storing the round's keys",
+                    redis::cmd("EXPIRE").arg(&staging).arg(3600),
+                )
+                .await?;
+        }
+        let mut args = vec![
+            serde_json::to_string(spec)?,
+            bwlimit.unwrap_or("").to_string(),
+            tps.map(|t| t.to_string()).unwrap_or_default(),
+            if spec.delete_dst { "1" } else { "0" }.to_string(),
+            plan.target.to_string(),
+            if plan.keys.is_some() { "1" } else { "0" }.to_string(),
+            staging,
+        ];
+        args.extend(plan.cuts());
+        let n: i64 = self
+            .run("planning the job's round", &script(NEW_ROUND), args)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn keys_in(&self, lo: Option<&str>, hi: Option<&str>) -> Result<Vec<String>> {
+        let min = lo.map_or("-".to_string(), |l| format!("[{l}"));
+        let max = hi.map_or("+".to_string(), |h| format!("({h}"));
+        self.cmd(
+            "reading the round's keys",
+            redis::cmd("ZRANGEBYLEX")
+                .arg(format!("{}keys", self.p))
+                .arg(min)
+                .arg(max),
+        )
+        .await
     }
 }
