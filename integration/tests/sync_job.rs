@@ -710,6 +710,11 @@ fn from_journal_rounds(engine_var: &str, tag: &str) {
     let sum = &rep["summary"];
     eprintln!("{engine_var}: round 2: {} units: {sum}", rep["units"]);
     assert_eq!(err.matches("planned a round").count(), 1, "{err}");
+    assert_eq!(
+        err.matches("--from-journal: entries").count(),
+        1,
+        "the journal is read by one worker only: {err}"
+    );
     assert!(
         err.contains("changed keys in") && rep["units"].as_u64().unwrap() >= 3,
         "the round's keys in more than one unit (and the deletion step): {rep}\n{err}"

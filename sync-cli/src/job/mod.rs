@@ -64,6 +64,9 @@ pub struct Plan {
     pub target: u64,
 }
 
+/// How long one worker may take to plan a round before another takes over.
+const PLANNING_TIME: Duration = Duration::from_secs(300);
+
 /// Keys per unit of a round planned from the journal.
 const KEYS_PER_UNIT: usize = 2000;
 
@@ -244,6 +247,9 @@ pub trait Board: Send + Sync {
         tps: Option<u32>,
         plan: &Plan,
     ) -> Result<bool>;
+    /// Become the one worker that plans the next round (for `ttl`, after which another may
+    /// take over); creates the job's record (done, no units) when there is none.
+    async fn claim_planning(&self, spec: &Spec, ttl: Duration) -> Result<bool>;
     /// The keys of a round planned from the journal in `[lo, hi)`, in byte order.
     async fn keys_in(&self, lo: Option<&str>, hi: Option<&str>) -> Result<Vec<String>>;
 }
@@ -602,9 +608,11 @@ pub async fn plan_round(
     bwlimit: Option<&str>,
     tps: Option<u32>,
 ) -> Result<bool> {
-    let since = match board.spec().await? {
-        None => None,
-        Some(have) => {
+    // One worker reads the journal; the others wait for its plan (or take over when it
+    // does not come within the planning time).
+    let mut waiting = false;
+    loop {
+        if let Some(have) = board.spec().await? {
             if !have.same_work(spec) {
                 bail!(
                     "this job was created for {} -> {} with other options ({}); this worker runs {} -> {} ({}): run the job's own command, or give the job another name",
@@ -614,9 +622,17 @@ pub async fn plan_round(
             if board.control().await?.state != "done" {
                 return Ok(false); // a round is under way: join it
             }
-            board.round().await?.journal_seq
         }
-    };
+        if board.claim_planning(spec, PLANNING_TIME).await? {
+            break;
+        }
+        if !waiting {
+            eprintln!("jfs-sync: another worker is planning the next round from the journal: waiting for its plan");
+            waiting = true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let since = board.round().await?.journal_seq;
     let (keys, target) = crate::journal::changes(src, dst, since).await?;
     let plan = Plan { keys, target };
     let started = board.new_round(spec, bwlimit, tps, &plan).await?;

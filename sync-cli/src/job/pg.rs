@@ -147,17 +147,18 @@ impl PgBoard {
             .query_one(
                 "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1
                    AND (table_name, column_name) IN (('jfs_sync_units', 'steal'), ('jfs_sync_jobs', 'journal_seq'),
-                        ('jfs_sync_jobs', 'target'), ('jfs_sync_jobs', 'keys_mode'))",
+                        ('jfs_sync_jobs', 'target'), ('jfs_sync_jobs', 'keys_mode'), ('jfs_sync_jobs', 'planning_until'))",
                 &[&s.trim_matches('"')],
             )
             .await?
             .get(0);
-        if have < 4 {
+        if have < 5 {
             tx.batch_execute(&format!(
                 "ALTER TABLE {s}.jfs_sync_units ADD COLUMN IF NOT EXISTS steal int NOT NULL DEFAULT 0;
                  ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS journal_seq bigint;
                  ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS target bigint;
-                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS keys_mode bool NOT NULL DEFAULT false;"
+                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS keys_mode bool NOT NULL DEFAULT false;
+                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS planning_until timestamptz;"
             ))
             .await?;
         }
@@ -698,6 +699,12 @@ impl Board for PgBoard {
         if state != "done" {
             return Ok(false);
         }
+        // The first round: the limits of the command that planned it.
+        tx.execute(
+            &format!("UPDATE {s}.jfs_sync_jobs SET bwlimit = $2, tps = $3 WHERE name = $1 AND target IS NULL"),
+            &[&self.job, &bwlimit, &tps.map(|t| t as i32)],
+        )
+        .await?;
         for t in ["jfs_sync_keys", "jfs_sync_units", "jfs_sync_deletes"] {
             tx.execute(&format!("DELETE FROM {s}.{t} WHERE job = $1"), &[&self.job])
                 .await?;
@@ -730,12 +737,33 @@ impl Board for PgBoard {
             .await?;
         }
         tx.execute(
-            &format!("UPDATE {s}.jfs_sync_jobs SET state = 'running', target = $2, keys_mode = $3 WHERE name = $1"),
+            &format!("UPDATE {s}.jfs_sync_jobs SET state = 'running', target = $2, keys_mode = $3, planning_until = NULL WHERE name = $1"),
             &[&self.job, &(plan.target as i64), &plan.keys.is_some()],
         )
         .await?;
         tx.commit().await?;
         Ok(true)
+    }
+
+    async fn claim_planning(&self, spec: &Spec, ttl: Duration) -> Result<bool> {
+        timed("claiming the planning of a round", async {
+            let c = self.client().await?;
+            let s = &self.s;
+            c.execute(
+                &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state) VALUES ($1, $2, 'done') ON CONFLICT DO NOTHING"),
+                &[&self.job, &serde_json::to_string(spec)?],
+            )
+            .await?;
+            let n = c
+                .execute(
+                    &format!("UPDATE {s}.jfs_sync_jobs SET planning_until = clock_timestamp() + $2 * interval '1 millisecond'
+                              WHERE name = $1 AND state = 'done' AND (planning_until IS NULL OR planning_until < clock_timestamp())"),
+                    &[&self.job, &(ttl.as_millis() as f64)],
+                )
+                .await?;
+            Ok(n == 1)
+        })
+        .await
     }
 
     async fn keys_in(&self, lo: Option<&str>, hi: Option<&str>) -> Result<Vec<String>> {

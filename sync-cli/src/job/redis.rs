@@ -171,6 +171,9 @@ end
 if not st then
   redis.call('SET', P..'spec', ARGV[2])
   redis.call('SET', P..'created', now)
+end
+if not redis.call('GET', P..'target') then
+  -- The first round: the limits of the command that planned it.
   if ARGV[3] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[3]) end
   if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[4]) end
 end
@@ -199,8 +202,22 @@ if ARGV[5] == '1' then
 end
 redis.call('SET', P..'target', ARGV[6])
 redis.call('SET', P..'keys_mode', ARGV[7])
+redis.call('DEL', P..'planning')
 redis.call('SET', P..'state', 'running')
 return 1
+"#;
+
+/// One planner per round: the job's record is made (done, no units) when there is none.
+const CLAIM_PLANNING: &str = r#"
+local P = ARGV[1]
+if redis.call('EXISTS', P..'state') == 0 then
+  redis.call('SET', P..'spec', ARGV[2])
+  redis.call('SET', P..'state', 'done')
+  redis.call('SET', P..'created', now)
+end
+if redis.call('GET', P..'state') ~= 'done' then return 0 end
+if redis.call('SET', P..'planning', '1', 'NX', 'PX', ARGV[3]) then return 1 end
+return 0
 "#;
 
 /// The job's state; a round that ends done records its target as the journal position.
@@ -680,6 +697,7 @@ impl Board for RedisBoard {
             "journal_seq",
             "target",
             "keys_mode",
+            "planning",
         ] {
             keys.push(format!("{}{k}", self.p));
         }
@@ -749,6 +767,17 @@ impl Board for RedisBoard {
         args.extend(plan.cuts());
         let n: i64 = self
             .run("planning the job's round", &script(NEW_ROUND), args)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn claim_planning(&self, spec: &Spec, ttl: Duration) -> Result<bool> {
+        let n: i64 = self
+            .run(
+                "claiming the planning of a round",
+                &script(CLAIM_PLANNING),
+                vec![serde_json::to_string(spec)?, ttl.as_millis().to_string()],
+            )
             .await?;
         Ok(n == 1)
     }
