@@ -108,6 +108,17 @@ impl Spec {
             && self.max_delete == o.max_delete
             && self.from_journal == o.from_journal
     }
+
+    /// `spec` (a joining worker's) is this job's work, or a clear refusal.
+    pub fn check_same_work(&self, spec: &Spec) -> Result<()> {
+        if !self.same_work(spec) {
+            bail!(
+                "this job was created for {} -> {} with other options ({}); this worker runs {} -> {} ({}): run the job's own command, or give the job another name",
+                self.src, self.dst, self.identity, spec.src, spec.dst, spec.identity
+            );
+        }
+        Ok(())
+    }
 }
 
 /// One range of the key space (or the deletion step) and who holds it.
@@ -613,12 +624,7 @@ pub async fn plan_round(
     let mut waiting = false;
     loop {
         if let Some(have) = board.spec().await? {
-            if !have.same_work(spec) {
-                bail!(
-                    "this job was created for {} -> {} with other options ({}); this worker runs {} -> {} ({}): run the job's own command, or give the job another name",
-                    have.src, have.dst, have.identity, spec.src, spec.dst, spec.identity
-                );
-            }
+            have.check_same_work(spec)?;
             if board.control().await?.state != "done" {
                 return Ok(false); // a round is under way: join it
             }
@@ -676,12 +682,7 @@ pub async fn work(
         .spec()
         .await?
         .context("the job vanished just after it was created (removed meanwhile?)")?;
-    if !have.same_work(&spec) {
-        bail!(
-            "this job was created for {} -> {} with other options ({}); this worker runs {} -> {} ({}): run the job's own command, or give the job another name",
-            have.src, have.dst, have.identity, spec.src, spec.dst, spec.identity
-        );
-    }
+    have.check_same_work(&spec)?;
     let mut c = board.control().await?;
     match c.state.as_str() {
         "cancelled" => {

@@ -105,6 +105,35 @@ impl PgBoard {
         Ok(b)
     }
 
+    /// A round's units, pending, cut at `cuts` (none: one unit for every key), and the held
+    /// deletion step when `delete`.
+    async fn make_units(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        cuts: &[String],
+        delete: bool,
+    ) -> Result<()> {
+        let s = &self.s;
+        let mut los: Vec<Option<&str>> = vec![None];
+        los.extend(cuts.iter().map(|c| Some(c.as_str())));
+        let mut his: Vec<Option<&str>> = los[1..].to_vec();
+        his.push(None);
+        tx.execute(
+            &format!("INSERT INTO {s}.jfs_sync_units (job, kind, lo, hi, state)
+                      SELECT $1, 'copy', lo, hi, 'pending' FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS t(lo, hi, n) ORDER BY n"),
+            &[&self.job, &los, &his],
+        )
+        .await?;
+        if delete {
+            tx.execute(
+                &format!("INSERT INTO {s}.jfs_sync_units (job, kind, state) VALUES ($1, 'delete', 'held')"),
+                &[&self.job],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.pool
             .get()
@@ -192,18 +221,7 @@ impl Board for PgBoard {
             if n == 0 {
                 return Ok(false);
             }
-            tx.execute(
-                &format!("INSERT INTO {s}.jfs_sync_units (job, kind, state) VALUES ($1, 'copy', 'pending')"),
-                &[&self.job],
-            )
-            .await?;
-            if spec.delete_dst {
-                tx.execute(
-                    &format!("INSERT INTO {s}.jfs_sync_units (job, kind, state) VALUES ($1, 'delete', 'held')"),
-                    &[&self.job],
-                )
-                .await?;
-            }
+            self.make_units(&tx, &[], spec.delete_dst).await?;
             tx.commit().await?;
             Ok(true)
         })
@@ -718,24 +736,7 @@ impl Board for PgBoard {
                 .await?;
             }
         }
-        let cuts = plan.cuts();
-        let mut los: Vec<Option<String>> = vec![None];
-        los.extend(cuts.iter().cloned().map(Some));
-        let mut his: Vec<Option<String>> = cuts.into_iter().map(Some).collect();
-        his.push(None);
-        tx.execute(
-            &format!("INSERT INTO {s}.jfs_sync_units (job, kind, lo, hi, state)
-                      SELECT $1, 'copy', lo, hi, 'pending' FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS t(lo, hi, n) ORDER BY n"),
-            &[&self.job, &los, &his],
-        )
-        .await?;
-        if spec.delete_dst {
-            tx.execute(
-                &format!("INSERT INTO {s}.jfs_sync_units (job, kind, state) VALUES ($1, 'delete', 'held')"),
-                &[&self.job],
-            )
-            .await?;
-        }
+        self.make_units(&tx, &plan.cuts(), spec.delete_dst).await?;
         tx.execute(
             &format!("UPDATE {s}.jfs_sync_jobs SET state = 'running', target = $2, keys_mode = $3, planning_until = NULL WHERE name = $1"),
             &[&self.job, &(plan.target as i64), &plan.keys.is_some()],

@@ -21,6 +21,30 @@ pub struct RedisBoard {
 /// Lua: the server's time in milliseconds.
 const NOW: &str = "local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
 
+/// Lua: make a round's units, pending, cut at ARGV[first..] (none: one unit for every key),
+/// and the held deletion step when `delete`.
+const MAKE_UNITS: &str = r#"
+local function make_units(P, first, delete)
+  local n = #ARGV - first + 2
+  for i = 1, n do
+    local id = redis.call('INCR', P..'next')
+    local u = P..'u:'..id
+    redis.call('HSET', u, 'kind', 'copy', 'state', 'pending', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
+    if i > 1 then redis.call('HSET', u, 'lo', ARGV[first + i - 2]) end
+    if ARGV[first + i - 1] then redis.call('HSET', u, 'hi', ARGV[first + i - 1]) end
+    redis.call('ZADD', P..'all', id, id)
+    redis.call('ZADD', P..'pending', id, id)
+  end
+  redis.call('SET', P..'left', n)
+  if delete then
+    local d = redis.call('INCR', P..'next')
+    redis.call('HSET', P..'u:'..d, 'kind', 'delete', 'state', 'held', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
+    redis.call('ZADD', P..'all', d, d)
+    redis.call('SET', P..'delete_unit', d)
+  end
+end
+"#;
+
 const CREATE: &str = r#"
 local P = ARGV[1]
 if redis.call('EXISTS', P..'spec') == 1 then return 0 end
@@ -29,17 +53,7 @@ redis.call('SET', P..'state', 'running')
 redis.call('SET', P..'created', now)
 if ARGV[3] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[4]) end
-local id = redis.call('INCR', P..'next')
-redis.call('HSET', P..'u:'..id, 'kind', 'copy', 'state', 'pending', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
-redis.call('ZADD', P..'all', id, id)
-redis.call('ZADD', P..'pending', id, id)
-if ARGV[5] == '1' then
-  local d = redis.call('INCR', P..'next')
-  redis.call('HSET', P..'u:'..d, 'kind', 'delete', 'state', 'held', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
-  redis.call('ZADD', P..'all', d, d)
-  redis.call('SET', P..'delete_unit', d)
-end
-redis.call('SET', P..'left', 1)
+make_units(P, 6, ARGV[5] == '1')
 return 1
 "#;
 
@@ -183,23 +197,7 @@ if redis.call('EXISTS', staging) == 1 then
   redis.call('PERSIST', staging)
   redis.call('RENAME', staging, P..'keys')
 end
-local n = #ARGV - 8 + 1
-for i = 1, n do
-  local id = redis.call('INCR', P..'next')
-  local u = P..'u:'..id
-  redis.call('HSET', u, 'kind', 'copy', 'state', 'pending', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
-  if i > 1 then redis.call('HSET', u, 'lo', ARGV[7 + i]) end
-  if ARGV[8 + i] then redis.call('HSET', u, 'hi', ARGV[8 + i]) end
-  redis.call('ZADD', P..'all', id, id)
-  redis.call('ZADD', P..'pending', id, id)
-end
-redis.call('SET', P..'left', n)
-if ARGV[5] == '1' then
-  local d = redis.call('INCR', P..'next')
-  redis.call('HSET', P..'u:'..d, 'kind', 'delete', 'state', 'held', 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
-  redis.call('ZADD', P..'all', d, d)
-  redis.call('SET', P..'delete_unit', d)
-end
+make_units(P, 9, ARGV[5] == '1')
 redis.call('SET', P..'target', ARGV[6])
 redis.call('SET', P..'keys_mode', ARGV[7])
 redis.call('DEL', P..'planning')
@@ -406,7 +404,7 @@ impl Board for RedisBoard {
         let n: i64 = self
             .run(
                 "creating the job",
-                &script(CREATE),
+                &Script::new(&format!("{NOW}{MAKE_UNITS}{CREATE}")),
                 vec![
                     serde_json::to_string(spec)?,
                     bwlimit.unwrap_or("").to_string(),
@@ -766,7 +764,11 @@ impl Board for RedisBoard {
         ];
         args.extend(plan.cuts());
         let n: i64 = self
-            .run("planning the job's round", &script(NEW_ROUND), args)
+            .run(
+                "planning the job's round",
+                &Script::new(&format!("{NOW}{MAKE_UNITS}{NEW_ROUND}")),
+                args,
+            )
             .await?;
         Ok(n == 1)
     }
