@@ -80,7 +80,7 @@ fn encode(data: &[u8]) -> Vec<u8> {
 
 /// The data of a cache file, if it is whole and is the block `want_len` long, with the
 /// CRC32C it was stored with (checked here against the data).
-fn decode(mut file: Vec<u8>, want_len: u32) -> Option<(Bytes, u32)> {
+fn decode(file: Vec<u8>, want_len: u32) -> Option<(Bytes, u32)> {
     if file.len() < HEADER || &file[..4] != MAGIC || file[4] != VERSION {
         return None;
     }
@@ -89,7 +89,8 @@ fn decode(mut file: Vec<u8>, want_len: u32) -> Option<(Bytes, u32)> {
     if len != want_len || file.len() != HEADER + len as usize {
         return None;
     }
-    let data = Bytes::from(file.split_off(HEADER));
+    // The block is the file past its header: a view of the buffer read, not a copy.
+    let data = Bytes::from(file).slice(HEADER..);
     (crc32c::crc32c(&data) == crc).then_some((data, crc))
 }
 

@@ -349,6 +349,8 @@ pub struct FileReader {
 /// A read that continues within this distance of the last one counts as sequential (the
 /// kernel sends concurrent reads of one stream slightly out of order).
 const NEAR: u64 = 2 << 20;
+/// How far behind the latest read blocks are kept (see `read`).
+const BEHIND: u64 = 8 << 20;
 
 impl FileReader {
     /// A reader of `ino` as it is now (its length and chunk records are read lazily and kept
@@ -458,8 +460,11 @@ impl FileReader {
             st.ahead_to = 0;
         }
         st.next = end;
-        // Blocks the reader has gone past are dropped.
-        st.held.retain(|_, h| h.end > offset);
+        // Blocks the reader has gone past are dropped, keeping those just behind: the kernel
+        // sends one stream's reads concurrently and they arrive slightly out of order (a
+        // read of the next block before the last piece of this one), which would otherwise
+        // fetch this block again.
+        st.held.retain(|_, h| h.end + BEHIND > offset);
         self.ensure_chunks(&mut st, offset, end).await?;
         let plan = self.fs.plan_with(&st.chunks, st.length, offset, len);
         let mut waits = Vec::new();
