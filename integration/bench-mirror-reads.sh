@@ -12,7 +12,8 @@
 #     the fallback, and `jfs warmup` of the same file, vs curl fetching the blocks over the
 #     same link.
 # Needs root (drop_caches, netns, tc).   bash integration/bench-mirror-reads.sh
-# SIZE_MB=256 (model file, default 1024), LINK_MB=128 (file read over the link, default 256).
+# SIZE_MB=256 (model file, default 1024), LINK_MB=128 (file read over the link, default 256),
+# PARTS=13 (which parts to run, default 1234; part 3 needs part 1's mount to have been made).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
@@ -21,6 +22,7 @@ JFS=$CARGO_TARGET_DIR/release/jfs
 AGENT=$CARGO_TARGET_DIR/release/mirror-agent
 SIZE_MB=${SIZE_MB:-1024}
 LINK_MB=${LINK_MB:-256}
+PARTS=${PARTS:-1234}
 D=$(mktemp -d /tmp/jfs-bench-mirror.XXXXXX)
 NSA=jfsbrA$$ NSB=jfsbrB$$
 PRIMARY=rocksdb://$D/primary/meta
@@ -116,6 +118,7 @@ echo "mirror benchmark: $SIZE_MB MiB model file; $(nproc) cores; $(date -u +%F)"
 echo
 
 # 1-2: everything through the fallback (nothing copied yet).
+if [[ $PARTS == *[12]* ]]; then
 "$JFS" mount "$MIRROR" "$MM" -d --cache-size 0 --log "$D/mirror-mount.log" >/dev/null
 # (the origin holds the model's blocks and the 8 MiB of ttfb.bin: <1% more bytes than the model)
 drop; t_direct=$(secs sh -c "find '$D/primary/blocks' -path '*/chunks/*' -type f | sort | xargs cat > /dev/null")
@@ -130,8 +133,10 @@ echo "| $SIZE_MB MiB, dd bs=1M | $(mbps "$t_direct") MiB/s (all blocks, cat) | $
 echo
 echo "time to first byte of a 4 MiB read: through the fallback ${ttfb_fb} ms; one origin block file read directly ${ttfb_direct} ms"
 "$JFS" umount "$MM" >/dev/null
+fi
 
 # 3: the copier released; the model loads from the mirror's own store.
+if [[ $PARTS == *3* ]]; then
 MIRROR_AGENT_ADMIN_TOKEN=$BENCH_ADMIN "$AGENT" limits --admin "$MADMIN" --bwlimit off >/dev/null
 "$AGENT" status --admin "$MADMIN" --wait-applied "$HEAD" --timeout 600s >/dev/null
 "$JFS" mount "$MIRROR" "$MM" -d --cache-size 0 --log "$D/mirror-mount.log" >/dev/null
@@ -141,6 +146,9 @@ echo
 echo "| load a $SIZE_MB MiB safetensors-shaped model (mmap, every tensor copied) | local disk | mirror mount (blocks at the mirror) | ratio |"
 echo "|---|---|---|---|"
 echo "| cold (page cache dropped) | $(mbps "$t_load_local") MiB/s | $(mbps "$t_load_mm") MiB/s | $(ratio "$t_load_local" "$t_load_mm") |"
+"$JFS" umount "$MM" >/dev/null
+fi
+[[ $PARTS == *4* ]] || exit 0
 
 # 4: the origin behind a 100 Mbit/s link. Namespace A serves the origin's block directory over
 # HTTP, its side of the veth shaped by tbf; the mirror mount runs in namespace B (its own

@@ -3,7 +3,9 @@
 # in one run, as ratios. A RocksDB volume whose blocks are in a local directory (file://), so
 # the figures measure the mount, not a network. Needs root (drop_caches, bdi read-ahead).
 #   bash integration/bench-mount.sh            # 1 GiB file, 10,000 small files
-#   SIZE_MB=256 SMALL=2000 bash integration/bench-mount.sh
+#   SIZE_MB=256 SMALL=2000 ROUNDS=5 bash integration/bench-mount.sh
+# Each large-file figure is the median of ROUNDS (default 3) runs, local and mount taken in
+# turn, so that a slow moment of the VM's disk does not land on one side only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
@@ -11,6 +13,7 @@ cargo build --release --locked -p jfs >/dev/null
 JFS=$CARGO_TARGET_DIR/release/jfs
 SIZE_MB=${SIZE_MB:-1024}
 SMALL=${SMALL:-10000}
+ROUNDS=${ROUNDS:-3}
 D=$(mktemp -d /tmp/jfs-bench-mount.XXXXXX)
 MNT=$D/mnt
 mkdir -p "$MNT" "$D/local"
@@ -21,6 +24,17 @@ drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 secs() { python3 -c 'import sys,time; t=time.time(); import subprocess; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(f"{time.time()-t:.3f}")' "$@"; }
 mbps() { python3 -c "print(f'{$SIZE_MB/$1:.0f}')"; }
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+median() { python3 -c 'import sys,statistics; print(f"{statistics.median(map(float,sys.argv[1:])):.3f}")' "$@"; }
+# in_turn A B: run shell commands A and B ROUNDS times each, in turn, page cache dropped before
+# each; sets TA and TB to their median seconds.
+in_turn() {
+  local a=() b=()
+  for _ in $(seq "$ROUNDS"); do
+    drop; a+=("$(secs sh -c "$1")")
+    drop; b+=("$(secs sh -c "$2")")
+  done
+  TA=$(median "${a[@]}"); TB=$(median "${b[@]}")
+}
 mount_it() { "$JFS" mount "$META" "$MNT" -d --cache-dir "$D/cache" --free-space-ratio 0.01 --log "$D/mount.log" "$@" >/dev/null; }
 pid_of_mount() { "$JFS" status "$META" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["sessions"][0]["pid"])'; }
 
@@ -31,8 +45,8 @@ echo
 
 # --- sequential write
 mount_it
-drop; t_cp_local=$(secs sh -c "cp $D/local/src.bin $D/local/copy.bin && sync $D/local/copy.bin")
-drop; t_cp_mnt=$(secs cp "$D/local/src.bin" "$MNT/a.bin")
+in_turn "cp $D/local/src.bin $D/local/copy.bin && sync $D/local/copy.bin; rm $D/local/copy.bin" "cp $D/local/src.bin $MNT/a.bin"
+t_cp_local=$TA t_cp_mnt=$TB
 PYW='import sys
 src, dst = sys.argv[1], sys.argv[2]
 with open(src, "rb") as s, open(dst, "wb") as d:
@@ -42,10 +56,10 @@ with open(src, "rb") as s, open(dst, "wb") as d:
         d.write(b)
     d.flush()
     import os; os.fsync(d.fileno())'
-drop; t_py_local=$(secs python3 -c "$PYW" "$D/local/src.bin" "$D/local/py.bin")
-drop; t_py_mnt=$(secs python3 -c "$PYW" "$D/local/src.bin" "$MNT/py.bin")
+in_turn "python3 -c '$PYW' $D/local/src.bin $D/local/py.bin; rm $D/local/py.bin" "python3 -c '$PYW' $D/local/src.bin $MNT/py.bin"
+t_py_local=$TA t_py_mnt=$TB
 cmp "$D/local/src.bin" "$MNT/a.bin"
-echo "| write ${SIZE_MB} MiB | local | mount | mount/local |"
+echo "| write ${SIZE_MB} MiB, median of $ROUNDS | local | mount | mount/local |"
 echo "|---|---|---|---|"
 echo "| cp (local: cp + sync) | $(mbps "$t_cp_local") MiB/s | $(mbps "$t_cp_mnt") MiB/s | $(ratio "$t_cp_local" "$t_cp_mnt") |"
 echo "| Python, 64 KiB writes + fsync | $(mbps "$t_py_local") MiB/s | $(mbps "$t_py_mnt") MiB/s | $(ratio "$t_py_local" "$t_py_mnt") |"
@@ -56,33 +70,38 @@ mount_it --cache-size 0
 PID=$(pid_of_mount)
 PYR='import sys
 with open(sys.argv[1], "rb") as f: f.read()'
-drop; t_dd_local=$(secs dd if="$D/local/src.bin" of=/dev/null bs=1M)
-drop; t_dd_cold=$(secs dd if="$MNT/a.bin" of=/dev/null bs=1M)
+in_turn "dd if=$D/local/src.bin of=/dev/null bs=1M status=none" "dd if=$MNT/a.bin of=/dev/null bs=1M status=none"
+t_dd_local=$TA t_dd_cold=$TB
 HWM=$(awk '/VmHWM/ {print $2}' /proc/"$PID"/status)
-drop; t_py_local=$(secs python3 -c "$PYR" "$D/local/src.bin")
-drop; t_py_cold=$(secs python3 -c "$PYR" "$MNT/a.bin")
+in_turn "python3 -c '$PYR' $D/local/src.bin" "python3 -c '$PYR' $MNT/a.bin"
+t_py_local=$TA t_py_cold=$TB
 "$JFS" umount "$MNT" >/dev/null
 mount_it
 "$JFS" warmup "$MNT/a.bin" >/dev/null
-drop; t_dd_warm=$(secs dd if="$MNT/a.bin" of=/dev/null bs=1M)
-drop; t_py_warm=$(secs python3 -c "$PYR" "$MNT/a.bin")
+in_turn "dd if=$D/local/src.bin of=/dev/null bs=1M status=none" "dd if=$MNT/a.bin of=/dev/null bs=1M status=none"
+t_dd_local_w=$TA t_dd_warm=$TB
+in_turn "python3 -c '$PYR' $D/local/src.bin" "python3 -c '$PYR' $MNT/a.bin"
+t_py_local_w=$TA t_py_warm=$TB
 # A second open of an unchanged file keeps the page cache (FOPEN_KEEP_CACHE).
 t_py_again=$(secs python3 -c "$PYR" "$MNT/a.bin")
 echo
-echo "| read ${SIZE_MB} MiB | local (cold) | mount cold | ratio | mount warm (local cache) | ratio |"
+echo "| read ${SIZE_MB} MiB, median of $ROUNDS | local (cold) | mount cold | ratio | mount warm (local cache) | ratio |"
 echo "|---|---|---|---|---|---|"
-echo "| dd bs=1M | $(mbps "$t_dd_local") MiB/s | $(mbps "$t_dd_cold") MiB/s | $(ratio "$t_dd_local" "$t_dd_cold") | $(mbps "$t_dd_warm") MiB/s | $(ratio "$t_dd_local" "$t_dd_warm") |"
-echo "| Python open().read() | $(mbps "$t_py_local") MiB/s | $(mbps "$t_py_cold") MiB/s | $(ratio "$t_py_local" "$t_py_cold") | $(mbps "$t_py_warm") MiB/s | $(ratio "$t_py_local" "$t_py_warm") |"
+echo "| dd bs=1M | $(mbps "$t_dd_local") MiB/s | $(mbps "$t_dd_cold") MiB/s | $(ratio "$t_dd_local" "$t_dd_cold") | $(mbps "$t_dd_warm") MiB/s (local $(mbps "$t_dd_local_w")) | $(ratio "$t_dd_local_w" "$t_dd_warm") |"
+echo "| Python open().read() | $(mbps "$t_py_local") MiB/s | $(mbps "$t_py_cold") MiB/s | $(ratio "$t_py_local" "$t_py_cold") | $(mbps "$t_py_warm") MiB/s (local $(mbps "$t_py_local_w")) | $(ratio "$t_py_local_w" "$t_py_warm") |"
 echo
 echo "second open of the unchanged file (page cache kept): $(mbps "$t_py_again") MiB/s"
 echo "peak RSS of the mount process during the cold read: $((HWM / 1024)) MiB (buffer 300 MiB + 64 MiB = 364 MiB allowed)"
 
-# --- jfs get vs cp
-drop; t_cp=$(secs cp "$D/local/src.bin" "$D/local/cp-out.bin")
-drop; t_get=$(secs "$JFS" get "$META" /a.bin "$D/local/get-out.bin")
+# --- jfs get vs cp (jfs get syncs what it wrote before it renames it into place; plain cp
+# leaves it in the page cache, so both are shown)
+in_turn "cp $D/local/src.bin $D/local/cp-out.bin; rm $D/local/cp-out.bin" "$JFS get $META /a.bin $D/local/get-out.bin; rm $D/local/get-out.bin"
+t_cp=$TA t_get=$TB
+in_turn "cp $D/local/src.bin $D/local/cp-out.bin && sync $D/local/cp-out.bin; rm $D/local/cp-out.bin" "$JFS get $META /a.bin $D/local/get-out.bin"
+t_cps=$TA t_get2=$TB
 cmp "$D/local/src.bin" "$D/local/get-out.bin"
 echo
-echo "jfs get of the ${SIZE_MB} MiB file: $(mbps "$t_get") MiB/s; cp: $(mbps "$t_cp") MiB/s; get/cp $(ratio "$t_cp" "$t_get")"
+echo "jfs get of the ${SIZE_MB} MiB file (median of $ROUNDS): $(mbps "$t_get") MiB/s; cp: $(mbps "$t_cp") MiB/s, get/cp $(ratio "$t_cp" "$t_get"); cp + sync: $(mbps "$t_cps") MiB/s, get/(cp + sync) $(ratio "$t_cps" "$t_get2")"
 
 # --- many small files
 PYS='import sys, os, time

@@ -15,6 +15,8 @@ use std::time::{Duration, UNIX_EPOCH};
 /// Bytes per write/read call: two 4 MiB blocks, so pieces of one file move in parallel.
 const PIECE: u64 = 8 << 20;
 const PIECES_IN_FLIGHT: usize = 4;
+/// `jfs get` has the disk write out what it wrote at least this often (see `get_file`).
+const FLUSH_EVERY: u64 = 64 << 20;
 
 /// A temporary name beside `name`, with this process's id in it (so that a later run can
 /// tell a leftover of a killed process from a copy in flight).
@@ -379,6 +381,10 @@ async fn get_file(
         .await?;
         let mut off = 0u64;
         let mut pending: Option<tokio::task::JoinHandle<std::io::Result<()>>> = None;
+        // The disk writes what was written so far while later pieces are read, instead of
+        // all of it at the final sync (at most one such flush at a time; none is waited for).
+        let mut flushing: Option<tokio::task::JoinHandle<std::io::Result<()>>> = None;
+        let mut unflushed = 0u64;
         while off < len {
             check_interrupted()?;
             let buf = reader.read(off, PIECE.min(len - off) as usize).await?;
@@ -392,16 +398,26 @@ async fn get_file(
             if let Some(p) = pending.take() {
                 p.await??;
             }
-            let file = file.clone();
+            let f = file.clone();
             let at = off;
-            pending = Some(tokio::task::spawn_blocking(move || {
-                file.write_all_at(&buf, at)
-            }));
+            pending = Some(tokio::task::spawn_blocking(move || f.write_all_at(&buf, at)));
             progress.add_bytes(n);
             off += n;
+            unflushed += n;
+            if unflushed >= FLUSH_EVERY && flushing.as_ref().is_none_or(|f| f.is_finished()) {
+                if let Some(f) = flushing.take() {
+                    f.await??;
+                }
+                let f = file.clone();
+                flushing = Some(tokio::task::spawn_blocking(move || f.sync_data()));
+                unflushed = 0;
+            }
         }
         if let Some(p) = pending.take() {
             p.await??;
+        }
+        if let Some(f) = flushing.take() {
+            f.await??;
         }
         Ok(())
     }
