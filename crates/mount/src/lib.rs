@@ -79,7 +79,9 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
 }
 
 /// Raise the kernel's read-ahead of the mount (its bdi) so sequential reads reach the
-/// daemon as 1 MiB requests; needs root, best effort.
+/// daemon as 1 MiB requests, several at a time; needs root, best effort. 16 MiB: a model
+/// loaded through mmap (safetensors) faults in that much per miss, which measured 0.79x of
+/// local disk against 0.70x with 4 MiB; plain reads were the same with either.
 fn raise_kernel_readahead(mp: &Path, kb: u64) {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = std::fs::metadata(mp) else { return };
@@ -91,6 +93,8 @@ fn raise_kernel_readahead(mp: &Path, kb: u64) {
     }
 }
 
+/// The mount's kernel read-ahead (see `raise_kernel_readahead`).
+const KERNEL_READAHEAD_KB: u64 = 16 << 10;
 /// How often a read-only mount catches up with its metadata's writer (well inside a
 /// mirror's consistency window, 1 s by default).
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
@@ -279,7 +283,7 @@ async fn serve(
             let r = fsession.run();
             let _ = done_tx.send(r);
         })?;
-    raise_kernel_readahead(mp, 4096);
+    raise_kernel_readahead(mp, KERNEL_READAHEAD_KB);
     match mounts::find(mp) {
         Ok(Some(m)) if m.is_jfs() => guard.arm(&m.dev),
         _ => {
