@@ -3,7 +3,8 @@
 //!
 //! `FileReader` is the reader of one open file, shared by the mount and `jfs get`: it keeps
 //! the file's chunk records, keeps the blocks it fetched while the reader is still inside them
-//! (a 4 MiB block serves many 128 KiB kernel reads), and reads ahead on sequential access with
+//! (a 4 MiB block serves many kernel reads) or just behind (they arrive out of order), and
+//! reads ahead on sequential access with
 //! a window that starts at one block and doubles while the reader keeps consuming it, up to
 //! `max_window`. Random access reads no further than it needs. Memory for blocks held is taken
 //! from a `Budget` shared by every reader and writer of a process, so read-ahead never grows
