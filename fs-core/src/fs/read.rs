@@ -2,13 +2,12 @@
 //! zeros) from the chunks' slice records, then its blocks are fetched from the store.
 //!
 //! `FileReader` is the reader of one open file, shared by the mount and `jfs get`: it keeps
-//! the file's chunk records, keeps the blocks it fetched while the reader is still inside them
-//! (a 4 MiB block serves many kernel reads) or just behind (they arrive out of order), and
-//! reads ahead on sequential access with
-//! a window that starts at one block and doubles while the reader keeps consuming it, up to
-//! `max_window`. Random access reads no further than it needs. Memory for blocks held is taken
-//! from a `Budget` shared by every reader and writer of a process, so read-ahead never grows
-//! past it (it reads less ahead instead).
+//! the file's chunk records, keeps the blocks it fetched while the reader is still inside
+//! them (a 4 MiB block serves many kernel reads) or just behind (they arrive out of order),
+//! and reads ahead on sequential access with a window that starts at one block and doubles
+//! while the reader keeps consuming it, up to `max_window`. Random access reads no further
+//! than it needs. Memory for blocks held is taken from a `Budget` shared by every reader and
+//! writer of a process, so read-ahead never grows past it (it reads less ahead instead).
 
 use super::data::{build_view, decode_chunk};
 use super::Fs;
