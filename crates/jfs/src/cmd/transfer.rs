@@ -400,7 +400,9 @@ async fn get_file(
             }
             let f = file.clone();
             let at = off;
-            pending = Some(tokio::task::spawn_blocking(move || f.write_all_at(&buf, at)));
+            pending = Some(tokio::task::spawn_blocking(move || {
+                f.write_all_at(&buf, at)
+            }));
             progress.add_bytes(n);
             off += n;
             unflushed += n;
