@@ -82,7 +82,7 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
 /// daemon as 1 MiB requests, several at a time; needs root, best effort. 16 MiB: a model
 /// loaded through mmap (safetensors) faults in that much per miss, which measured 0.79x of
 /// local disk against 0.70x with 4 MiB; plain reads were the same with either.
-fn raise_kernel_readahead(mp: &Path, kb: u64) {
+pub fn raise_kernel_readahead(mp: &Path, kb: u64) {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = std::fs::metadata(mp) else { return };
     let dev = m.dev();
@@ -94,7 +94,7 @@ fn raise_kernel_readahead(mp: &Path, kb: u64) {
 }
 
 /// The mount's kernel read-ahead (see `raise_kernel_readahead`).
-const KERNEL_READAHEAD_KB: u64 = 16 << 10;
+pub const KERNEL_READAHEAD_KB: u64 = 16 << 10;
 /// How often a read-only mount catches up with its metadata's writer (well inside a
 /// mirror's consistency window, 1 s by default).
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);

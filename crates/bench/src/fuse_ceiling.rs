@@ -1,0 +1,213 @@
+//! jfs-fuse-ceiling: the fastest a FUSE file system built on fuser can serve a sequential read
+//! on this machine. It mounts a file system with one file whose every read is answered from
+//! a buffer already in memory (no store, no metadata, no checksum), with the settings of
+//! `jfs mount` (max_read 1 MiB, the same request loops, kernel read-ahead, background
+//! limits), then reads that file with 1 MiB `read`s against a local file of the same size,
+//! page cache dropped before each read, local and FUSE in turn. What `jfs mount` reads
+//! beyond this bound it cannot get by work of its own. Needs root (drop_caches, mounting).
+//! Prints one JSON object; `integration/bench-mount.sh` records it in BENCHMARKS.md.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, Request,
+};
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+#[derive(Parser)]
+struct Args {
+    /// An empty directory to mount the file system on.
+    #[arg(long)]
+    mountpoint: PathBuf,
+    /// A local file to compare with (its size is the size of the FUSE file).
+    #[arg(long)]
+    local: PathBuf,
+    /// Reads of each side; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Answer each read from a tokio task, as `jfs mount` does, instead of on the request
+    /// loop's own thread.
+    #[arg(long)]
+    from_tasks: bool,
+}
+
+const FILE_INO: u64 = 2;
+const NAME: &str = "data";
+/// The reply buffer: one max_read's worth, served at every offset.
+const PIECE: usize = 1 << 20;
+
+struct Null {
+    size: u64,
+    piece: Arc<Vec<u8>>,
+    rt: Option<tokio::runtime::Handle>,
+}
+
+fn attr(ino: u64, size: u64) -> FileAttr {
+    let (kind, perm, nlink) = if ino == 1 {
+        (FileType::Directory, 0o755, 2)
+    } else {
+        (FileType::RegularFile, 0o444, 1)
+    };
+    FileAttr {
+        ino: INodeNo(ino),
+        size,
+        blocks: size.div_ceil(512),
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind,
+        perm,
+        nlink,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: PIECE as u32,
+        flags: 0,
+    }
+}
+
+const TTL: Duration = Duration::from_secs(60);
+
+impl Filesystem for Null {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // The values `jfs mount` negotiates.
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if parent.0 == 1 && name == NAME {
+            reply.entry(&TTL, &attr(FILE_INO, self.size), Generation(0));
+        } else {
+            reply.error(Errno::ENOENT);
+        }
+    }
+
+    fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match i.0 {
+            1 => reply.attr(&TTL, &attr(1, 0)),
+            FILE_INO => reply.attr(&TTL, &attr(FILE_INO, self.size)),
+            _ => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, _i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // No FOPEN_KEEP_CACHE: every open reads through FUSE again.
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let n = (size as u64).min(self.size.saturating_sub(offset)) as usize;
+        let n = n.min(PIECE);
+        match &self.rt {
+            None => reply.data(&self.piece[..n]),
+            Some(rt) => {
+                let piece = self.piece.clone();
+                rt.spawn(async move { reply.data(&piece[..n]) });
+            }
+        }
+    }
+}
+
+fn drop_caches() -> Result<()> {
+    rustix::fs::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping the page cache (run as root)")
+}
+
+/// Read `p` whole with 1 MiB reads, page cache dropped first: MiB/s.
+fn read_rate(p: &Path) -> Result<f64> {
+    drop_caches()?;
+    let mut f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
+    let mut buf = vec![0u8; PIECE];
+    let t = Instant::now();
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    let s = t.elapsed().as_secs_f64();
+    Ok(total as f64 / (1 << 20) as f64 / s)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let size = std::fs::metadata(&a.local)
+        .with_context(|| format!("reading {}", a.local.display()))?
+        .len();
+    if size == 0 || a.rounds == 0 {
+        bail!("--local must name a non-empty file and --rounds must be at least 1");
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    let piece: Vec<u8> = (0..PIECE).map(|i| (i * 7 + 1) as u8).collect();
+    let fs = Null {
+        size,
+        piece: Arc::new(piece),
+        rt: a.from_tasks.then(|| rt.handle().clone()),
+    };
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = vec![
+        fuser::MountOption::FSName("jfs-fuse-ceiling".into()),
+        fuser::MountOption::RO,
+        fuser::MountOption::AutoUnmount,
+    ];
+    cfg.acl = fuser::SessionACL::All;
+    // `jfs mount`'s default request loops (--fuse-threads 4), each on its own descriptor.
+    cfg.n_threads = Some(4);
+    cfg.clone_fd = true;
+    let session = fuser::Session::new(fs, &a.mountpoint, &cfg)
+        .with_context(|| format!("mounting on {}", a.mountpoint.display()))?;
+    let bg = session.spawn()?;
+    mount::raise_kernel_readahead(&a.mountpoint, mount::KERNEL_READAHEAD_KB);
+    let file = a.mountpoint.join(NAME);
+    let result = (|| -> Result<(f64, f64)> {
+        let (mut local, mut fuse) = (Vec::new(), Vec::new());
+        for _ in 0..a.rounds {
+            local.push(read_rate(&a.local)?);
+            fuse.push(read_rate(&file)?);
+        }
+        Ok((median(local), median(fuse)))
+    })();
+    // AutoUnmount leaves the unmount to fusermount3's watcher; detach now so the request
+    // loops end (as `jfs mount` does on SIGTERM).
+    mount::mounts::lazy_unmount(&a.mountpoint)?;
+    bg.join()?;
+    let (local, fuse) = result?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "bytes": size,
+            "rounds": a.rounds,
+            "replies_from_tasks": a.from_tasks,
+            "local_mib_s": (local * 10.0).round() / 10.0,
+            "fuse_null_mib_s": (fuse * 10.0).round() / 10.0,
+            "ceiling_ratio": (fuse / local * 100.0).round() / 100.0,
+        })
+    );
+    Ok(())
+}
