@@ -1142,3 +1142,92 @@ backend!(redis_file, "redis", "file");
 backend!(redis_s3, "redis", "s3");
 backend!(postgres_file, "postgres", "file");
 backend!(postgres_s3, "postgres", "s3");
+
+/// A store that answers every read `delay` late (a distant one: S3, an origin over a WAN).
+struct Slow {
+    inner: std::sync::Arc<dyn fs_core::BlockStore>,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl fs_core::BlockStore for Slow {
+    fn display_url(&self) -> String {
+        self.inner.display_url()
+    }
+    async fn put(&self, key: &str, data: bytes::Bytes) -> fs_core::Result<()> {
+        self.inner.put(key, data).await
+    }
+    async fn get(&self, key: &str) -> fs_core::Result<bytes::Bytes> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.get(key).await
+    }
+    async fn head(&self, key: &str) -> fs_core::Result<Option<fs_core::store::ObjectMeta>> {
+        self.inner.head(key).await
+    }
+    async fn delete(&self, key: &str) -> fs_core::Result<()> {
+        self.inner.delete(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<fs_core::store::ObjectMeta>) -> fs_core::Result<()> + Send),
+    ) -> fs_core::Result<()> {
+        self.inner.list(prefix, f).await
+    }
+}
+
+/// The read-ahead window grows as far as the store's latency asks: a local store keeps a
+/// few blocks in flight, a store 40 ms away gets the window doubled at every step, and
+/// both read the same bytes with each block fetched once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_ahead_window_follows_the_store_latency() {
+    use std::sync::Arc;
+    let v = integration::volume("rocksdb", "file").await;
+    let len = 96 << 20;
+    let (f, _) = v.fs.create(ROOT_INO, b"weights", 0o644, O).await.unwrap();
+    v.fs.write(f, 0, &data(21, len)).await.unwrap();
+    let want = read_all(&v.fs, f).await;
+    assert_eq!(want.len(), len);
+    let mut windows = Vec::new();
+    for delay in [Duration::ZERO, Duration::from_millis(40)] {
+        let store: Arc<dyn fs_core::BlockStore> = Arc::new(Slow {
+            inner: integration::open_store(&v.store_url),
+            delay,
+        });
+        let fs = Arc::new(Fs::open(v.fs.engine().clone(), store).await.unwrap());
+        let budget = fs_core::Budget::new(512 << 20);
+        let r = fs_core::FileReader::new(
+            fs,
+            f,
+            fs_core::ReadAhead {
+                max_window: 256 << 20,
+                budget: Some(budget.clone()),
+            },
+        )
+        .await
+        .unwrap();
+        let (mut got, mut most) = (Vec::with_capacity(len), 0);
+        loop {
+            let b = r.read(got.len() as u64, 1 << 20).await.unwrap();
+            if b.is_empty() {
+                break;
+            }
+            got.extend_from_slice(&b);
+            most = most.max(r.stats().window);
+        }
+        assert!(got == want, "bytes read with a {delay:?} store differ");
+        assert_eq!(r.stats().fetched, 24, "each 4 MiB block fetched once");
+        windows.push(most);
+    }
+    // Local: at most 4 x (the reader's rate x the quickest fetch); fetches on two cores
+    // keep that under 8 blocks. Before, the window doubled to 64 MiB here too.
+    assert!(
+        windows[0] <= 32 << 20,
+        "a local store keeps a small window: {windows:?}"
+    );
+    // 40 ms away: 4, 8, 16, 32 and 64 MiB at 4, 12, 28 and 60 MiB read.
+    assert!(
+        windows[1] >= 64 << 20,
+        "a store 40 ms away grows the window: {windows:?}"
+    );
+}

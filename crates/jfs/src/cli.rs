@@ -96,7 +96,8 @@ pub struct MountArgs {
     /// Memory for write buffers and read-ahead.
     #[arg(long, default_value = "300M", value_parser = parse_size)]
     pub buffer_size: u64,
-    /// The largest read-ahead window of one file (grows from one block on sequential reads).
+    /// The largest read-ahead window of one file (grows from one block on sequential reads,
+    /// as far as the store's latency asks for).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub max_readahead: u64,
     /// At a mirror site, what opens do while the mirror is out of its consistency window:
