@@ -350,7 +350,8 @@ pub struct FileReader {
     cfg: ReadAhead,
     st: tokio::sync::Mutex<State>,
     stats: std::sync::Mutex<ReadStats>,
-    /// The quickest block fetch seen, in nanoseconds (`u64::MAX` before the first).
+    /// The quickest block fetch since the window was last sized, in nanoseconds (`u64::MAX`
+    /// when none finished).
     min_fetch_ns: Arc<AtomicU64>,
 }
 
@@ -460,22 +461,25 @@ impl FileReader {
     /// The read-ahead window after `window`, once the reader has consumed a window's worth
     /// (`streak` bytes since `started`, when the window was last sized). It doubles, but
     /// not past four times what the store must have in flight to keep up with the reader:
-    /// the reader's recent rate times the quickest fetch seen (the bandwidth-delay product;
-    /// four, because fetches under load take longer than the quickest), and never below
-    /// `MIN_WINDOW_BLOCKS`. While the store is what the reader waits for,
-    /// the rate is the window over the latency, so the window keeps doubling up to
-    /// `max_window` (S3, an origin over a WAN); a store that answers within a millisecond
-    /// or two (a local disk, the local cache) keeps a few blocks in flight instead of 256
-    /// MiB (measured: a 1 GiB read through the mount peaked at 115 MiB RSS instead of 400,
-    /// at the same speed).
+    /// the reader's recent rate times the quickest fetch of that stretch (the
+    /// bandwidth-delay product; four, because fetches under load take longer than the
+    /// quickest), and never below `MIN_WINDOW_BLOCKS`. While the store is what the reader
+    /// waits for, the rate is the window over the latency, so the window keeps doubling up
+    /// to `max_window` (S3, an origin over a WAN); a store that answers within a
+    /// millisecond or two (a local disk, the local cache) keeps a few blocks in flight
+    /// instead of 256 MiB (measured: a 1 GiB read through the mount peaked at 115 MiB RSS
+    /// instead of 400, at the same speed). The quickest fetch is taken per stretch, so a
+    /// file whose first part came from the local cache and whose rest comes from S3 grows
+    /// its window again within one stretch.
     fn next_window(&self, window: u64, streak: u64, started: Instant) -> u64 {
         let bs = self.fs.settings.block_size as u64;
         let max = self.cfg.max_window.max(bs);
         let doubled = (window * 2).min(max);
-        let min_ns = self.min_fetch_ns.load(Ordering::Relaxed);
+        let min_ns = self.min_fetch_ns.swap(u64::MAX, Ordering::Relaxed);
         let secs = started.elapsed().as_secs_f64();
         if min_ns == u64::MAX || secs <= 0.0 {
-            return doubled;
+            // No fetch finished while a whole window was read: it was all fetched already.
+            return window;
         }
         let needed = 4.0 * (streak as f64 / secs) * (min_ns as f64 / 1e9);
         let floor = (MIN_WINDOW_BLOCKS * bs).min(max);
