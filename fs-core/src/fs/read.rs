@@ -467,7 +467,7 @@ impl FileReader {
     /// waits for, the rate is the window over the latency, so the window keeps doubling up
     /// to `max_window` (S3, an origin over a WAN); a store that answers within a
     /// millisecond or two (a local disk, the local cache) keeps a few blocks in flight
-    /// instead of 256 MiB (measured: a 1 GiB read through the mount peaked at 115 MiB RSS
+    /// instead of 256 MiB (measured: a 1 GiB read through the mount peaked at 138 MiB RSS
     /// instead of 400, at the same speed). The quickest fetch is taken per stretch, so a
     /// file whose first part came from the local cache and whose rest comes from S3 grows
     /// its window again within one stretch.
