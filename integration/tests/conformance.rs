@@ -862,16 +862,17 @@ mod cases {
         let want = read_all(&fs, f).await;
         assert_eq!(want.len(), len + (3 << 20));
         let budget = fs_core::Budget::new(64 << 20);
-        let r = fs_core::FileReader::new(
-            fs.clone(),
-            f,
-            fs_core::ReadAhead {
-                max_window: 32 << 20,
-                budget: Some(budget.clone()),
-            },
-        )
-        .await
-        .unwrap();
+        let reader = |budget: fs_core::Budget| {
+            fs_core::FileReader::new(
+                fs.clone(),
+                f,
+                fs_core::ReadAhead {
+                    max_window: 32 << 20,
+                    budget: Some(budget),
+                },
+            )
+        };
+        let r = reader(budget.clone()).await.unwrap();
         let mut got = Vec::with_capacity(want.len());
         let mut off = 0u64;
         loop {
@@ -891,16 +892,7 @@ mod cases {
         // The kernel's concurrent reads of one stream arrive slightly out of order (here the
         // 1 MiB pieces 0, 2, 1, 4, 3, ...: a piece of the next block before the last piece
         // of this one): still each block fetched once.
-        let r3 = fs_core::FileReader::new(
-            fs.clone(),
-            f,
-            fs_core::ReadAhead {
-                max_window: 32 << 20,
-                budget: Some(budget.clone()),
-            },
-        )
-        .await
-        .unwrap();
+        let r3 = reader(budget.clone()).await.unwrap();
         let pieces = want.len().div_ceil(1 << 20) as u64;
         let mut got = vec![0u8; want.len()];
         let order = (0..pieces).map(|i| match i {
@@ -921,16 +913,7 @@ mod cases {
         assert!(st3.fetched <= st.fetched, "{st3:?} against in-order {st:?}");
         drop(r3);
         // Random reads (no read-ahead) give the same bytes.
-        let r2 = fs_core::FileReader::new(
-            fs.clone(),
-            f,
-            fs_core::ReadAhead {
-                max_window: 32 << 20,
-                budget: Some(fs_core::Budget::new(8 << 20)),
-            },
-        )
-        .await
-        .unwrap();
+        let r2 = reader(fs_core::Budget::new(8 << 20)).await.unwrap();
         for i in 0..40u64 {
             let off = (i * 7_777_777) % (want.len() as u64 + 1000);
             let b = r2.read(off, 200_000).await.unwrap();

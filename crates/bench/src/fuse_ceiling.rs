@@ -76,10 +76,7 @@ const TTL: Duration = Duration::from_secs(60);
 
 impl Filesystem for Null {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // The values `jfs mount` negotiates.
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        let _ = config.set_max_write(1 << 20);
+        mount::fuse::negotiate(config);
         Ok(())
     }
 

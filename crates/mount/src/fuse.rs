@@ -160,11 +160,17 @@ fn time_ns(t: TimeOrNow) -> i64 {
     }
 }
 
+/// What the mount asks of the kernel at init: 64 requests in the background, 1 MiB writes
+/// (`jfs-fuse-ceiling` asks the same, to measure the same path).
+pub fn negotiate(config: &mut KernelConfig) {
+    let _ = config.set_max_background(64);
+    let _ = config.set_congestion_threshold(48);
+    let _ = config.set_max_write(1 << 20);
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        let _ = config.set_max_write(1 << 20);
+        negotiate(config);
         Ok(())
     }
 
