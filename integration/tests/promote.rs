@@ -125,6 +125,22 @@ async fn rejoin_as_mirror(
     let newp = volume::open(new_meta, &volume::Options::default())
         .await
         .unwrap();
+    // Until it has taken the new primary's history (by replay or a resync), the old site's
+    // own, longer history can already look converged: wait for the promotion to be there.
+    let epoch = fs_core::site::epoch(&**newp.engine()).await.unwrap();
+    let t0 = Instant::now();
+    while fs_core::site::epoch(&*open_ro(old_meta).await)
+        .await
+        .unwrap()
+        != epoch
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the old site never took the new primary's epoch {epoch}; log:\n{}",
+            tail(&rejoin.log_text(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     wait_converged(&rejoin, &**newp.engine(), Duration::from_secs(120)).await;
     (rejoin, newp)
 }
