@@ -108,6 +108,51 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+impl Error {
+    /// An operating-system error in fs-core's kinds, in one place for every caller (stores
+    /// on local disk, commands that go through a mount): what retrying cannot fix (a
+    /// read-only file system, permission denied, a full disk, a missing file) is permanent;
+    /// interruptions and timeouts are temporary.
+    pub fn from_io(e: &std::io::Error, what: impl fmt::Display) -> Error {
+        use std::io::ErrorKind as K;
+        let kind = match e.raw_os_error() {
+            Some(2) => ErrorKind::NotFound,                    // ENOENT
+            Some(17) => ErrorKind::AlreadyExists,              // EEXIST
+            Some(20) | Some(40) => ErrorKind::NotDir, // ENOTDIR, ELOOP (a symlink on the way)
+            Some(21) => ErrorKind::IsDir,             // EISDIR
+            Some(39) => ErrorKind::NotEmpty,          // ENOTEMPTY
+            Some(22) => ErrorKind::InvalidArgument,   // EINVAL
+            Some(36) => ErrorKind::NameTooLong,       // ENAMETOOLONG
+            Some(1) | Some(13) => ErrorKind::PermissionDenied, // EPERM, EACCES
+            Some(30) => ErrorKind::ReadOnly,          // EROFS
+            Some(16) => ErrorKind::Busy,              // EBUSY
+            _ => match e.kind() {
+                K::NotFound => ErrorKind::NotFound,
+                K::AlreadyExists => ErrorKind::AlreadyExists,
+                K::PermissionDenied => ErrorKind::PermissionDenied,
+                K::InvalidInput => ErrorKind::InvalidArgument,
+                _ => ErrorKind::Backend,
+            },
+        };
+        let temporary = matches!(
+            e.kind(),
+            K::Interrupted
+                | K::TimedOut
+                | K::WouldBlock
+                | K::ConnectionReset
+                | K::ConnectionAborted
+                | K::ConnectionRefused
+                | K::BrokenPipe
+                | K::UnexpectedEof
+        );
+        Error {
+            kind,
+            message: format!("{what}: {e}"),
+            temporary,
+        }
+    }
+}
+
 /// Shorthands used throughout fs-core.
 pub fn not_found(what: impl fmt::Display) -> Error {
     Error::new(

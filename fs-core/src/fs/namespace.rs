@@ -8,6 +8,7 @@ use super::{check_name, get_attr, get_dir, lookup_entry, lossy, new_attr, put_at
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
 use crate::journal::Op;
 use crate::keys;
+use crate::path::VolPath;
 use crate::txn::Txn;
 use crate::types::{now_ns, Attr, DirEntry, FileKind, Ino, SetAttr, StatFs, ROOT_INO};
 
@@ -44,16 +45,18 @@ impl Fs {
         Ok((ino, get_attr(&mut tx, ino).await?))
     }
 
-    /// Resolve an absolute volume path ("/a/b"; "" or "/" is the root). Symlinks are not followed.
+    /// Resolve a volume path ("/a/b"; "" or "/" is the root) inside the volume: `..` is taken
+    /// lexically and never climbs above the root (`VolPath::parse`). Symlinks are not followed.
     pub async fn resolve(&self, path: &str) -> Result<(Ino, Attr)> {
+        self.resolve_path(&VolPath::parse(path)?).await
+    }
+
+    /// Resolve a normalized volume path. Symlinks are not followed: every component but the
+    /// last must be a directory.
+    pub async fn resolve_path(&self, path: &VolPath) -> Result<(Ino, Attr)> {
         let mut ino = ROOT_INO;
         let mut attr = self.getattr(ROOT_INO).await?;
-        for comp in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
-            if comp == ".." {
-                ino = attr.parent;
-                attr = self.getattr(ino).await?;
-                continue;
-            }
+        for comp in path.parts() {
             if attr.kind != FileKind::Dir {
                 return Err(Error::new(
                     ErrorKind::NotDir,

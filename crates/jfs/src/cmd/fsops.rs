@@ -2,7 +2,7 @@
 
 use super::{parent_of, Outcome};
 use anyhow::{bail, Context, Result};
-use fs_core::{Attr, ErrorKind, FileKind, Fs, Ino, Owner, SetAttr};
+use fs_core::{Attr, ErrorKind, FileKind, Fs, Ino, Owner, SetAttr, VolPath};
 use std::io::Write;
 
 fn mode_string(a: &Attr) -> String {
@@ -82,14 +82,11 @@ fn list_dir<'a>(
     })
 }
 
-pub async fn ls(fs: &Fs, path: &str, long: bool, recursive: bool) -> Result<Outcome> {
-    let (ino, attr) = fs
-        .resolve(path)
-        .await
-        .with_context(|| format!("ls {path}"))?;
+pub async fn ls(fs: &Fs, path: &VolPath, long: bool, recursive: bool) -> Result<Outcome> {
+    let (ino, attr) = fs.resolve_path(path).await.map_err(|e| at(path, "ls", e))?;
     let mut out = Vec::new();
     if attr.kind == FileKind::Dir {
-        list_dir(fs, path, ino, long, recursive, &mut out).await?;
+        list_dir(fs, &path.to_string(), ino, long, recursive, &mut out).await?;
     } else if long {
         writeln!(
             out,
@@ -109,14 +106,14 @@ pub async fn ls(fs: &Fs, path: &str, long: bool, recursive: bool) -> Result<Outc
     Ok(Outcome::Done)
 }
 
-pub async fn stat(fs: &Fs, path: &str) -> Result<Outcome> {
+pub async fn stat(fs: &Fs, path: &VolPath) -> Result<Outcome> {
     let (ino, a) = fs
-        .resolve(path)
+        .resolve_path(path)
         .await
-        .with_context(|| format!("stat {path}"))?;
+        .map_err(|e| at(path, "stat", e))?;
     let mut v = serde_json::to_value(&a)?;
     v["ino"] = ino.into();
-    v["path"] = path.into();
+    v["path"] = path.to_string().into();
     if a.kind == FileKind::Symlink {
         v["target"] = String::from_utf8_lossy(&fs.readlink(ino).await?)
             .into_owned()
@@ -126,11 +123,11 @@ pub async fn stat(fs: &Fs, path: &str) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-pub async fn cat(fs: &Fs, path: &str) -> Result<Outcome> {
+pub async fn cat(fs: &Fs, path: &VolPath) -> Result<Outcome> {
     let (ino, a) = fs
-        .resolve(path)
+        .resolve_path(path)
         .await
-        .with_context(|| format!("cat {path}"))?;
+        .map_err(|e| at(path, "cat", e))?;
     if a.kind != FileKind::File {
         bail!("{path} is not a regular file");
     }
@@ -156,16 +153,16 @@ pub async fn cat(fs: &Fs, path: &str) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-pub async fn mkdir(fs: &Fs, path: &str, parents: bool) -> Result<Outcome> {
+pub async fn mkdir(fs: &Fs, path: &VolPath, parents: bool) -> Result<Outcome> {
     if !parents {
-        let (p, name) = parent_of(fs, path).await?;
+        let (p, name) = parent_of(fs, path, "mkdir").await?;
         fs.mkdir(p, name.as_bytes(), 0o755, Owner::default())
             .await
-            .with_context(|| format!("mkdir {path}"))?;
+            .map_err(|e| at(path, "mkdir", e))?;
         return Ok(Outcome::Done);
     }
     let mut cur = fs_core::ROOT_INO;
-    for comp in path.split('/').filter(|c| !c.is_empty()) {
+    for comp in path.parts() {
         cur = match fs
             .mkdir(cur, comp.as_bytes(), 0o755, Owner::default())
             .await
@@ -204,8 +201,9 @@ fn remove_tree(fs: &Fs, dir: Ino) -> futures::future::BoxFuture<'_, Result<()>> 
 }
 
 /// fs-core's error in the words of a path-based command: the path the user typed (not an
-/// inode number) and, where there is one, what to do instead.
-fn at(path: &str, op: &str, e: fs_core::Error) -> anyhow::Error {
+/// inode number) and, where there is one, what to do instead. The commands that go through
+/// a mount (`through.rs`) give their errors the same words.
+pub fn at(path: &VolPath, op: &str, e: fs_core::Error) -> anyhow::Error {
     let what = match e.kind() {
         ErrorKind::NotEmpty if op == "rm" => format!(
             "{path} is a directory that is not empty: `jfs rm -r` removes it with everything under it"
@@ -220,8 +218,8 @@ fn at(path: &str, op: &str, e: fs_core::Error) -> anyhow::Error {
     anyhow::anyhow!("{op}: {what}")
 }
 
-pub async fn rm(fs: &Fs, path: &str, recursive: bool) -> Result<Outcome> {
-    let (p, name) = parent_of(fs, path).await?;
+pub async fn rm(fs: &Fs, path: &VolPath, recursive: bool) -> Result<Outcome> {
+    let (p, name) = parent_of(fs, path, "rm").await?;
     let (ino, a) = fs
         .lookup(p, name.as_bytes())
         .await
@@ -243,12 +241,12 @@ pub async fn rm(fs: &Fs, path: &str, recursive: bool) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-pub async fn mv(fs: &Fs, src: &str, dst: &str, no_clobber: bool) -> Result<Outcome> {
-    let (sp, sname) = parent_of(fs, src).await?;
+pub async fn mv(fs: &Fs, src: &VolPath, dst: &VolPath, no_clobber: bool) -> Result<Outcome> {
+    let (sp, sname) = parent_of(fs, src, "mv").await?;
     // Like mv(1): into an existing directory keeps the name.
-    let (dp, dname) = match fs.resolve(dst).await {
+    let (dp, dname) = match fs.resolve_path(dst).await {
         Ok((ino, a)) if a.kind == FileKind::Dir => (ino, sname.clone()),
-        _ => parent_of(fs, dst).await?,
+        _ => parent_of(fs, dst, "mv").await?,
     };
     fs.rename(sp, sname.as_bytes(), dp, dname.as_bytes(), no_clobber)
         .await
@@ -259,29 +257,37 @@ pub async fn mv(fs: &Fs, src: &str, dst: &str, no_clobber: bool) -> Result<Outco
     Ok(Outcome::Done)
 }
 
-pub async fn ln(fs: &Fs, target: &str, link: &str, symbolic: bool) -> Result<Outcome> {
-    let (p, name) = parent_of(fs, link).await?;
-    if symbolic {
-        fs.symlink(p, name.as_bytes(), target.as_bytes(), Owner::default())
-            .await
-            .with_context(|| format!("ln -s {target} {link}"))?;
-    } else {
-        let (ino, _) = fs
-            .resolve(target)
-            .await
-            .with_context(|| format!("ln {target}"))?;
-        fs.link(ino, p, name.as_bytes())
-            .await
-            .with_context(|| format!("ln {target} {link}"))?;
+/// What `ln` links to.
+pub enum LinkTarget {
+    /// `ln -s`: text kept as it is, resolved by whoever follows the link.
+    Text(String),
+    /// `ln`: an entry of the volume.
+    Path(VolPath),
+}
+
+pub async fn ln(fs: &Fs, target: &LinkTarget, link: &VolPath) -> Result<Outcome> {
+    let (p, name) = parent_of(fs, link, "ln").await?;
+    match target {
+        LinkTarget::Text(t) => {
+            fs.symlink(p, name.as_bytes(), t.as_bytes(), Owner::default())
+                .await
+                .map_err(|e| at(link, "ln -s", e))?;
+        }
+        LinkTarget::Path(t) => {
+            let (ino, _) = fs.resolve_path(t).await.map_err(|e| at(t, "ln", e))?;
+            fs.link(ino, p, name.as_bytes())
+                .await
+                .map_err(|e| at(link, "ln", e))?;
+        }
     }
     Ok(Outcome::Done)
 }
 
-pub async fn truncate(fs: &Fs, path: &str, size: u64) -> Result<Outcome> {
+pub async fn truncate(fs: &Fs, path: &VolPath, size: u64) -> Result<Outcome> {
     let (ino, _) = fs
-        .resolve(path)
+        .resolve_path(path)
         .await
-        .with_context(|| format!("truncate {path}"))?;
+        .map_err(|e| at(path, "truncate", e))?;
     fs.setattr(
         ino,
         &SetAttr {

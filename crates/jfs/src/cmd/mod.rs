@@ -4,11 +4,12 @@ mod admin;
 mod cutover;
 mod fsops;
 mod mount;
+mod through;
 mod transfer;
 
 use crate::cli::{Cli, Command, Global};
 use anyhow::{bail, Context, Result};
-use fs_core::{Engine, Fs, Ino};
+use fs_core::{Engine, Fs, Ino, VolPath};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -79,16 +80,20 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             local,
             volpath,
             threads,
-        } => match mount::writer_or_mount(g, &meta_url).await? {
-            Ok(fs) => transfer::put(&fs, &local, &volpath, threads, g.quiet).await,
-            Err(mp) => mount::through::put(&mp, &local, &volpath),
-        },
+        } => {
+            let dest = transfer::Dest::parse(&volpath)?;
+            match mount::writer_or_mount(g, &meta_url).await? {
+                Ok(fs) => transfer::put(&fs, &local, &dest, threads, g.quiet).await,
+                Err(mp) => through::put(&mp, &local, &dest, threads, g.quiet).await,
+            }
+        }
         Command::Get {
             meta_url,
             volpath,
             local,
             threads,
         } => {
+            let volpath = vol_path(&volpath)?;
             transfer::get(
                 Arc::new(open_fs(g, &meta_url, true).await?),
                 &volpath,
@@ -103,55 +108,85 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             path,
             long,
             recursive,
-        } => fsops::ls(&open_fs(g, &meta_url, true).await?, &path, long, recursive).await,
+        } => {
+            let path = vol_path(&path)?;
+            fsops::ls(&open_fs(g, &meta_url, true).await?, &path, long, recursive).await
+        }
         Command::Stat { meta_url, path } => {
+            let path = vol_path(&path)?;
             fsops::stat(&open_fs(g, &meta_url, true).await?, &path).await
         }
         Command::Cat { meta_url, path } => {
+            let path = vol_path(&path)?;
             fsops::cat(&open_fs(g, &meta_url, true).await?, &path).await
         }
         Command::Mkdir {
             meta_url,
             path,
             parents,
-        } => match mount::writer_or_mount(g, &meta_url).await? {
-            Ok(fs) => fsops::mkdir(&fs, &path, parents).await,
-            Err(mp) => mount::through::mkdir(&mp, &path, parents),
-        },
+        } => {
+            let path = vol_path(&path)?;
+            match mount::writer_or_mount(g, &meta_url).await? {
+                Ok(fs) => fsops::mkdir(&fs, &path, parents).await,
+                Err(mp) => through::Root::open(&mp)?.mkdir(&path, parents),
+            }
+        }
         Command::Rm {
             meta_url,
             path,
             recursive,
-        } => match mount::writer_or_mount(g, &meta_url).await? {
-            Ok(fs) => fsops::rm(&fs, &path, recursive).await,
-            Err(mp) => mount::through::rm(&mp, &path, recursive),
-        },
+        } => {
+            let path = vol_path(&path)?;
+            if path.is_root() {
+                bail!("rm {path}: refusing to remove the volume's root");
+            }
+            match mount::writer_or_mount(g, &meta_url).await? {
+                Ok(fs) => fsops::rm(&fs, &path, recursive).await,
+                Err(mp) => through::Root::open(&mp)?.rm(&path, recursive),
+            }
+        }
         Command::Mv {
             meta_url,
             src,
             dst,
             no_clobber,
-        } => match mount::writer_or_mount(g, &meta_url).await? {
-            Ok(fs) => fsops::mv(&fs, &src, &dst, no_clobber).await,
-            Err(mp) => mount::through::mv(&mp, &src, &dst, no_clobber),
-        },
+        } => {
+            let (src, dst) = (vol_path(&src)?, vol_path(&dst)?);
+            match mount::writer_or_mount(g, &meta_url).await? {
+                Ok(fs) => fsops::mv(&fs, &src, &dst, no_clobber).await,
+                Err(mp) => through::Root::open(&mp)?.mv(&src, &dst, no_clobber),
+            }
+        }
         Command::Ln {
             meta_url,
             target,
             link,
             symbolic,
-        } => match mount::writer_or_mount(g, &meta_url).await? {
-            Ok(fs) => fsops::ln(&fs, &target, &link, symbolic).await,
-            Err(mp) => mount::through::ln(&mp, &target, &link, symbolic),
-        },
+        } => {
+            // A symlink's target is text kept as it is (resolved by whoever follows the
+            // link); a hard link's target is a volume path.
+            let link = vol_path(&link)?;
+            let target = if symbolic {
+                fsops::LinkTarget::Text(target)
+            } else {
+                fsops::LinkTarget::Path(vol_path(&target)?)
+            };
+            match mount::writer_or_mount(g, &meta_url).await? {
+                Ok(fs) => fsops::ln(&fs, &target, &link).await,
+                Err(mp) => through::Root::open(&mp)?.ln(&target, &link),
+            }
+        }
         Command::Truncate {
             meta_url,
             path,
             size,
-        } => match mount::writer_or_mount(g, &meta_url).await? {
-            Ok(fs) => fsops::truncate(&fs, &path, size).await,
-            Err(mp) => mount::through::truncate(&mp, &path, size),
-        },
+        } => {
+            let path = vol_path(&path)?;
+            match mount::writer_or_mount(g, &meta_url).await? {
+                Ok(fs) => fsops::truncate(&fs, &path, size).await,
+                Err(mp) => through::Root::open(&mp)?.truncate(&path, size),
+            }
+        }
         Command::Dump { meta_url, file } => {
             admin::dump(&*open_engine(g, &meta_url, true).await?, file.as_deref()).await
         }
@@ -266,45 +301,28 @@ pub fn volume_options(
     }
 }
 
-/// Split "/a/b/c" into ("/a/b", "c").
-pub fn split_path(path: &str) -> Result<(String, String)> {
-    let p = path.trim_end_matches('/');
-    match p.rsplit_once('/') {
-        Some((dir, name)) if !name.is_empty() => Ok((
-            if dir.is_empty() {
-                "/".into()
-            } else {
-                dir.into()
-            },
-            name.into(),
-        )),
-        None if !p.is_empty() => Ok(("/".into(), p.into())),
-        _ => bail!("{path:?} names the root, not an entry"),
-    }
+/// A volume path from the command line, resolved inside the volume before anything else
+/// happens (`..` never climbs above the root: such a path is refused, naming it).
+pub fn vol_path(path: &str) -> Result<VolPath> {
+    Ok(VolPath::parse(path)?)
+}
+
+/// The parent directory of `path` and its last name, refusing the root (`op` names the
+/// command in the message).
+pub fn split_last<'a>(path: &'a VolPath, op: &str) -> Result<(VolPath, &'a str)> {
+    path.split_last()
+        .with_context(|| format!("{op} {path}: that is the volume's root, not an entry in it"))
 }
 
 /// Resolve the parent directory of `path` and return (parent ino, last name).
-pub async fn parent_of(fs: &Fs, path: &str) -> Result<(Ino, String)> {
-    let (dir, name) = split_path(path)?;
+pub async fn parent_of(fs: &Fs, path: &VolPath, op: &str) -> Result<(Ino, String)> {
+    let (dir, name) = split_last(path, op)?;
     let (ino, attr) = fs
-        .resolve(&dir)
+        .resolve_path(&dir)
         .await
-        .with_context(|| format!("resolving {dir}"))?;
+        .with_context(|| format!("{op} {path}: resolving {dir}"))?;
     if attr.kind != fs_core::FileKind::Dir {
-        bail!("{dir} is not a directory");
+        bail!("{op} {path}: {dir} is not a directory");
     }
-    Ok((ino, name))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn split_path_cases() {
-        let s = |p| super::split_path(p).ok();
-        assert_eq!(s("/a/b"), Some(("/a".into(), "b".into())));
-        assert_eq!(s("/a"), Some(("/".into(), "a".into())));
-        assert_eq!(s("a"), Some(("/".into(), "a".into())));
-        assert_eq!(s("/a/b/"), Some(("/a".into(), "b".into())));
-        assert_eq!(s("/"), None);
-    }
+    Ok((ino, name.to_string()))
 }

@@ -5,7 +5,7 @@
 use super::{parent_of, Outcome};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use fs_core::{ErrorKind, FileKind, Fs, Ino, Owner, SetAttr};
+use fs_core::{ErrorKind, FileKind, Fs, Ino, Owner, SetAttr, VolPath};
 use futures::{StreamExt, TryStreamExt};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ const FLUSH_EVERY: u64 = 64 << 20;
 
 /// A temporary name beside `name`, with this process's id in it (so that a later run can
 /// tell a leftover of a killed process from a copy in flight).
-fn tmp_name(name: &str) -> String {
+pub fn tmp_name(name: &str) -> String {
     format!(
         ".{name}.jfs-tmp-{}-{:08x}",
         std::process::id(),
@@ -58,7 +58,7 @@ fn remove_stale_temps(dest: &Path) {
     }
 }
 
-fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
     m.mtime() * 1_000_000_000 + m.mtime_nsec()
 }
 
@@ -212,29 +212,53 @@ async fn put_file(fs: &Fs, job: &PutJob, progress: &Progress) -> Result<()> {
     Ok(())
 }
 
-pub async fn put(
-    fs: &Fs,
-    local: &Path,
-    volpath: &str,
-    threads: usize,
-    quiet: bool,
-) -> Result<Outcome> {
-    let base = local
+/// Where `jfs put` puts: a volume path, and whether it was written with a trailing `/`.
+pub struct Dest {
+    pub path: VolPath,
+    pub dir_slash: bool,
+}
+
+impl Dest {
+    pub fn parse(volpath: &str) -> Result<Dest> {
+        Ok(Dest {
+            path: super::vol_path(volpath)?,
+            dir_slash: volpath.ends_with('/'),
+        })
+    }
+
+    /// Whether `local` goes *into* the existing directory `self.path` (under its own name),
+    /// rather than becoming `self.path`: like cp, a file into a directory, and a directory
+    /// into one named with a trailing `/`.
+    pub fn goes_into(&self, local: &Path, is_dir: bool) -> bool {
+        is_dir
+            && (self.dir_slash
+                || std::fs::symlink_metadata(local)
+                    .map(|m| !m.is_dir())
+                    .unwrap_or(true))
+    }
+}
+
+/// The name a local path is put under.
+pub fn base_name(local: &Path) -> Result<String> {
+    local
         .file_name()
         .and_then(|n| n.to_str())
         .map(str::to_string)
-        .with_context(|| format!("{} has no UTF-8 file name", local.display()))?;
-    let (parent, name) = match fs.resolve(volpath).await {
-        Ok((ino, a))
-            if a.kind == FileKind::Dir
-                && std::fs::symlink_metadata(local)
-                    .map(|m| !m.is_dir())
-                    .unwrap_or(true) =>
-        {
-            (ino, base)
-        }
-        Ok((ino, a)) if a.kind == FileKind::Dir && volpath.ends_with('/') => (ino, base),
-        _ => parent_of(fs, volpath).await?,
+        .with_context(|| format!("{} has no UTF-8 file name", local.display()))
+}
+
+pub async fn put(
+    fs: &Fs,
+    local: &Path,
+    dest: &Dest,
+    threads: usize,
+    quiet: bool,
+) -> Result<Outcome> {
+    let base = base_name(local)?;
+    let (parent, name) = match fs.resolve_path(&dest.path).await {
+        Ok((ino, a)) if dest.goes_into(local, a.kind == FileKind::Dir) => (ino, base),
+        Ok(_) if dest.dir_slash => bail!("put: {}/ is not a directory", dest.path),
+        _ => parent_of(fs, &dest.path, "put").await?,
     };
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
@@ -262,7 +286,7 @@ pub async fn put(
     report("put", files, bytes, t0.elapsed(), &failures, quiet)
 }
 
-fn report(
+pub fn report(
     what: &str,
     files: u64,
     bytes: u64,
@@ -441,23 +465,17 @@ async fn get_file(
 
 pub async fn get(
     fs: Arc<Fs>,
-    volpath: &str,
+    volpath: &VolPath,
     local: &Path,
     threads: usize,
     quiet: bool,
 ) -> Result<Outcome> {
     let (ino, attr) = fs
-        .resolve(volpath)
+        .resolve_path(volpath)
         .await
-        .with_context(|| format!("resolving {volpath}"))?;
+        .map_err(|e| super::fsops::at(volpath, "get", e))?;
     let dest = if local.is_dir() {
-        let base = volpath
-            .trim_end_matches('/')
-            .rsplit('/')
-            .next()
-            .filter(|b| !b.is_empty())
-            .unwrap_or("root");
-        local.join(base)
+        local.join(volpath.name().unwrap_or("root"))
     } else {
         local.to_path_buf()
     };

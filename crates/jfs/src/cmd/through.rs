@@ -1,0 +1,381 @@
+//! The write commands done through a live read-write mount of the volume, for a RocksDB
+//! volume (RocksDB admits one writing process, and the mount is it): plain file-system calls,
+//! so the mount's kernel caches and open files stay coherent.
+//!
+//! Two rules keep a volume path inside the volume. The path was resolved inside the volume
+//! first (`VolPath`: `..` never climbs above its root). And it is never joined onto the
+//! mount point's host path: it is walked from the mount's root directory one name at a time,
+//! no name ever a symlink (`open_dir_nofollow`), and every call is made relative to the
+//! directory handle so reached (cap-std), so nothing outside the mount can be touched
+//! whatever the volume holds. Errors have the words of the commands without a mount
+//! (`fsops::at`), and `put` reports like `transfer::put`: a file counts as done only once
+//! the mount has committed it (fsync), a failed one is named, and the summary line and exit
+//! code are the same.
+
+use super::fsops::{at, LinkTarget};
+use super::transfer::{base_name, mtime_ns, report, tmp_name, Dest};
+use super::{split_last, Outcome};
+use crate::progress::Progress;
+use anyhow::{bail, Context, Result};
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, SystemTimeSpec};
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
+use fs_core::VolPath;
+use futures::StreamExt;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// An io error in fs-core's words, for `fsops::at`.
+fn fse(e: std::io::Error) -> fs_core::Error {
+    fs_core::Error::from_io(&e, "through the mount")
+}
+
+/// The root directory of a live mount of the volume.
+pub struct Root {
+    mp: PathBuf,
+    root: Dir,
+}
+
+impl Root {
+    pub fn open(mp: &Path) -> Result<Root> {
+        let root = Dir::open_ambient_dir(mp, cap_std::ambient_authority())
+            .with_context(|| format!("opening the mount at {}", mp.display()))?;
+        Ok(Root {
+            mp: mp.to_path_buf(),
+            root,
+        })
+    }
+
+    /// The directory at `p`, walked from the root one name at a time, following no symlink.
+    fn dir(&self, p: &VolPath) -> std::io::Result<Dir> {
+        let mut d = self.root.try_clone()?;
+        for name in p.parts() {
+            d = d.open_dir_nofollow(name)?;
+        }
+        Ok(d)
+    }
+
+    /// Whether `p` names an entry (of any kind; the last name is not followed).
+    fn exists(&self, p: &VolPath) -> bool {
+        match p.split_last() {
+            None => true,
+            Some((dir, name)) => self
+                .dir(&dir)
+                .is_ok_and(|d| d.symlink_metadata(name).is_ok()),
+        }
+    }
+
+    /// The directory that holds `p`, and `p`'s last name.
+    fn parent<'a>(&self, p: &'a VolPath, op: &str) -> Result<(Dir, &'a str)> {
+        let (dir, name) = split_last(p, op)?;
+        let d = self.dir(&dir).map_err(|e| at(p, op, fse(e)))?;
+        Ok((d, name))
+    }
+
+    fn ctx(&self, what: String) -> String {
+        format!("{what} (through the mount at {})", self.mp.display())
+    }
+
+    pub fn mkdir(&self, path: &VolPath, parents: bool) -> Result<Outcome> {
+        if !parents {
+            let (d, name) = self.parent(path, "mkdir")?;
+            d.create_dir(name).map_err(|e| at(path, "mkdir", fse(e)))?;
+            return Ok(Outcome::Done);
+        }
+        let mut d = self.root.try_clone()?;
+        for name in path.parts() {
+            d = match d.open_dir_nofollow(name) {
+                Ok(sub) => sub,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    d.create_dir(name).map_err(|e| at(path, "mkdir", fse(e)))?;
+                    d.open_dir_nofollow(name)
+                        .map_err(|e| at(path, "mkdir", fse(e)))?
+                }
+                Err(_) if d.symlink_metadata(name).is_ok() => {
+                    bail!("mkdir -p {path}: {name} exists and is not a directory")
+                }
+                Err(e) => return Err(at(path, "mkdir", fse(e))),
+            };
+        }
+        Ok(Outcome::Done)
+    }
+
+    pub fn rm(&self, path: &VolPath, recursive: bool) -> Result<Outcome> {
+        if path.is_root() {
+            bail!("rm {path}: refusing to remove the volume's root");
+        }
+        let (d, name) = self.parent(path, "rm")?;
+        let m = d
+            .symlink_metadata(name)
+            .map_err(|e| at(path, "rm", fse(e)))?;
+        let r = if m.is_dir() {
+            if recursive {
+                // cap-std removes the tree through handles below `d`, following no symlink.
+                d.remove_dir_all(name)
+            } else {
+                d.remove_dir(name)
+            }
+        } else {
+            d.remove_file_or_symlink(name)
+        };
+        r.map_err(|e| at(path, "rm", fse(e)))
+            .with_context(|| self.ctx(format!("rm {path}")))?;
+        Ok(Outcome::Done)
+    }
+
+    pub fn mv(&self, src: &VolPath, dst: &VolPath, no_clobber: bool) -> Result<Outcome> {
+        let (sd, sname) = self.parent(src, "mv")?;
+        // Like mv(1): into an existing directory keeps the name.
+        let (dd, dname) = match self.dir(dst) {
+            Ok(d) => (d, sname),
+            Err(_) => self.parent(dst, "mv")?,
+        };
+        let r = if no_clobber {
+            rustix::fs::renameat_with(&sd, sname, &dd, dname, rustix::fs::RenameFlags::NOREPLACE)
+                .map_err(std::io::Error::from)
+        } else {
+            sd.rename(sname, &dd, dname)
+        };
+        r.map_err(|e| {
+            let e = fse(e);
+            match e.kind() {
+                fs_core::ErrorKind::NotFound => at(src, "mv", e),
+                _ => at(dst, "mv", e),
+            }
+        })?;
+        Ok(Outcome::Done)
+    }
+
+    pub fn ln(&self, target: &LinkTarget, link: &VolPath) -> Result<Outcome> {
+        let (ld, lname) = self.parent(link, "ln")?;
+        match target {
+            LinkTarget::Text(t) => ld
+                .symlink_contents(t, lname)
+                .map_err(|e| at(link, "ln -s", fse(e)))?,
+            LinkTarget::Path(t) => {
+                let (td, tname) = self.parent(t, "ln")?;
+                td.hard_link(tname, &ld, lname)
+                    .map_err(|e| at(link, "ln", fse(e)))?
+            }
+        }
+        Ok(Outcome::Done)
+    }
+
+    pub fn truncate(&self, path: &VolPath, size: u64) -> Result<Outcome> {
+        let (d, name) = self.parent(path, "truncate")?;
+        let mut o = OpenOptions::new();
+        o.write(true).follow(FollowSymlinks::No);
+        let f = d
+            .open_with(name, &o)
+            .map_err(|e| at(path, "truncate", fse(e)))?;
+        f.set_len(size)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| at(path, "truncate", fse(e)))
+            .with_context(|| self.ctx(format!("truncate {path}")))?;
+        Ok(Outcome::Done)
+    }
+}
+
+/// One file to copy into the mount.
+struct Job {
+    dir: Arc<Dir>,
+    name: String,
+    local: PathBuf,
+    meta: std::fs::Metadata,
+}
+
+/// `jfs put` through a mount.
+pub async fn put(
+    mp: &Path,
+    local: &Path,
+    dest: &Dest,
+    threads: usize,
+    quiet: bool,
+) -> Result<Outcome> {
+    let root = Root::open(mp)?;
+    let (dir, name) = match root.dir(&dest.path) {
+        Ok(d) if dest.goes_into(local, true) => (d, base_name(local)?),
+        Ok(_) => {
+            let (d, n) = root.parent(&dest.path, "put")?;
+            (d, n.to_string())
+        }
+        Err(_) if dest.dir_slash && root.exists(&dest.path) => {
+            bail!("put: {}/ is not a directory", dest.path)
+        }
+        Err(_) => {
+            let (d, n) = root.parent(&dest.path, "put")?;
+            (d, n.to_string())
+        }
+    };
+    let mut jobs = Vec::new();
+    let mut dirs = Vec::new();
+    plan(&root, &Arc::new(dir), local, &name, &mut jobs, &mut dirs)?;
+    let total: u64 = jobs.iter().map(|j| j.meta.len()).sum();
+    let progress = Arc::new(Progress::new("put", total, quiet));
+    let t0 = std::time::Instant::now();
+    let failures: Vec<anyhow::Error> = futures::stream::iter(jobs.into_iter().map(|j| {
+        let (progress, mp) = (progress.clone(), root.mp.clone());
+        async move {
+            tokio::task::spawn_blocking(move || put_file(&j, &progress, &mp))
+                .await
+                .unwrap_or_else(|e| Err(anyhow::anyhow!("copy task failed: {e}")))
+        }
+    }))
+    .buffer_unordered(threads.max(1))
+    .filter_map(|r| async move { r.err() })
+    .collect()
+    .await;
+    // Directories last: creating their children changed their mtimes.
+    for (parent, name, meta) in dirs.iter().rev() {
+        parent
+            .set_times(
+                name,
+                None,
+                Some(SystemTimeSpec::Absolute(
+                    cap_std::time::SystemTime::from_std(system_time(mtime_ns(meta))),
+                )),
+            )
+            .with_context(|| root.ctx(format!("setting the mtime of {name}")))?;
+    }
+    let progress =
+        Arc::try_unwrap(progress).map_err(|_| anyhow::anyhow!("a copy task outlived the put"))?;
+    let (files, bytes) = progress.finish();
+    report("put", files, bytes, t0.elapsed(), &failures, quiet)
+}
+
+fn system_time(ns: i64) -> std::time::SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64)
+}
+
+/// Create the directory tree in the mount (keeping existing directories), the symlinks, and
+/// collect the files to copy.
+fn plan(
+    root: &Root,
+    parent: &Arc<Dir>,
+    local: &Path,
+    name: &str,
+    jobs: &mut Vec<Job>,
+    dirs: &mut Vec<(Arc<Dir>, String, std::fs::Metadata)>,
+) -> Result<()> {
+    let meta =
+        std::fs::symlink_metadata(local).with_context(|| format!("reading {}", local.display()))?;
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        match parent.create_dir(name) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(e).with_context(|| root.ctx(format!("creating directory {name}")))
+            }
+        }
+        let d = parent
+            .open_dir_nofollow(name)
+            .with_context(|| format!("{name} exists in the volume and is not a directory"))?;
+        parent
+            .set_permissions(name, Permissions::from_mode(meta.mode() & 0o7777))
+            .with_context(|| root.ctx(format!("setting the mode of {name}")))?;
+        let d = Arc::new(d);
+        let mut children: Vec<_> = std::fs::read_dir(local)
+            .with_context(|| format!("listing {}", local.display()))?
+            .collect::<std::io::Result<_>>()?;
+        children.sort_by_key(|e| e.file_name());
+        for c in children {
+            let cname = c
+                .file_name()
+                .to_str()
+                .map(str::to_string)
+                .with_context(|| format!("{:?} is not UTF-8", c.path()))?;
+            plan(root, &d, &c.path(), &cname, jobs, dirs)?;
+        }
+        dirs.push((parent.clone(), name.to_string(), meta));
+    } else if ft.is_symlink() {
+        let target = std::fs::read_link(local)?;
+        if let Ok(m) = parent.symlink_metadata(name) {
+            if m.is_dir() {
+                bail!("{name} exists in the volume as a directory");
+            }
+            parent
+                .remove_file_or_symlink(name)
+                .with_context(|| root.ctx(format!("replacing {name}")))?;
+        }
+        parent
+            .symlink_contents(&target, name)
+            .with_context(|| root.ctx(format!("symlink {name}")))?;
+    } else if ft.is_file() {
+        jobs.push(Job {
+            dir: parent.clone(),
+            name: name.to_string(),
+            local: local.to_path_buf(),
+            meta,
+        });
+    } else {
+        tracing::warn!(path = %local.display(), "skipping: not a file, directory or symlink");
+    }
+    Ok(())
+}
+
+/// Copy one file under a temporary name, have the mount commit it (fsync: a failed upload
+/// is reported there, not lost at close), then rename it into place.
+fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
+    if super::interrupted() {
+        bail!("interrupted");
+    }
+    let tmp = tmp_name(&job.name);
+    let mut o = OpenOptions::new();
+    o.write(true)
+        .create_new(true)
+        .follow(FollowSymlinks::No)
+        .mode(job.meta.mode() & 0o7777);
+    let result = (|| -> Result<()> {
+        let mut out = job
+            .dir
+            .open_with(&tmp, &o)
+            .with_context(|| format!("creating {tmp}"))?;
+        let mut src = std::fs::File::open(&job.local)
+            .with_context(|| format!("opening {}", job.local.display()))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            if super::interrupted() {
+                bail!("interrupted");
+            }
+            let n = src.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            out.write_all(&buf[..n])?;
+            progress.add_bytes(n as u64);
+        }
+        out.sync_all()
+            .context("the mount could not commit the file")?;
+        let out = out.into_std();
+        if rustix::process::geteuid().is_root() {
+            rustix::fs::fchown(
+                &out,
+                Some(rustix::process::Uid::from_raw(job.meta.uid())),
+                Some(rustix::process::Gid::from_raw(job.meta.gid())),
+            )?;
+        }
+        let atime = job.meta.atime() * 1_000_000_000 + job.meta.atime_nsec();
+        out.set_times(
+            std::fs::FileTimes::new()
+                .set_accessed(system_time(atime))
+                .set_modified(system_time(mtime_ns(&job.meta))),
+        )?;
+        job.dir
+            .rename(&tmp, &job.dir, &job.name)
+            .with_context(|| format!("renaming into place: {}", job.name))?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = job.dir.remove_file(&tmp);
+        return Err(e.context(format!(
+            "copying {} (through the mount at {})",
+            job.local.display(),
+            mp.display()
+        )));
+    }
+    progress.add_file();
+    Ok(())
+}
