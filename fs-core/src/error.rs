@@ -166,3 +166,29 @@ pub fn corrupt(what: impl Into<String>) -> Error {
 pub fn invalid(what: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidArgument, what)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, ErrorKind};
+
+    fn check(errno: i32, kind: ErrorKind, temporary: bool) {
+        let e = Error::from_io(&std::io::Error::from_raw_os_error(errno), "writing x");
+        assert_eq!(
+            (e.kind(), e.is_temporary()),
+            (kind, temporary),
+            "errno {errno}: {e}"
+        );
+    }
+
+    #[test]
+    fn operating_system_errors_that_retrying_cannot_fix_are_permanent() {
+        check(30, ErrorKind::ReadOnly, false); // EROFS
+        check(13, ErrorKind::PermissionDenied, false); // EACCES
+        check(1, ErrorKind::PermissionDenied, false); // EPERM
+        check(28, ErrorKind::Backend, false); // ENOSPC
+        check(2, ErrorKind::NotFound, false);
+        check(40, ErrorKind::NotDir, false); // ELOOP: a symlink on the way
+        check(4, ErrorKind::Backend, true); // EINTR
+        check(110, ErrorKind::Backend, true); // ETIMEDOUT
+    }
+}

@@ -40,6 +40,23 @@ pub struct Session {
     /// What the session acknowledged (e.g. a storage generation), by barrier name.
     #[serde(default)]
     pub acks: BTreeMap<String, u64>,
+    /// Set while this writer's puts to a cutover's secondary store fail (its blocks go to the
+    /// repair list): shown by `jfs cutover status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<Degraded>,
+}
+
+/// A writer whose puts to the cutover's other store fail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Degraded {
+    /// The store that refuses, and its role in the cutover ("a" or "b").
+    pub store: String,
+    pub role: String,
+    /// The latest error.
+    pub error: String,
+    /// The first failure of this run of failures, and how many blocks failed since.
+    pub since_ns: i64,
+    pub failures: u64,
 }
 
 /// This machine's host name (from the kernel).
@@ -73,6 +90,7 @@ impl Session {
             start_ns: now,
             beat_ns: now,
             acks: BTreeMap::new(),
+            degraded: None,
         }
     }
 

@@ -62,6 +62,10 @@ pub enum Phase {
         backfilled: bool,
         #[serde(default)]
         verified: bool,
+        /// Set by `abort` from `switched` (A is the primary again): the abort is under way,
+        /// and `jfs cutover abort` finishes it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        aborting: bool,
     },
     /// B has every block: reads go to B first (A for anything missing), writes go to both and
     /// wait for B, so that `abort` can still return to A.
@@ -79,7 +83,7 @@ pub enum Role {
 }
 
 impl Role {
-    fn tag(self) -> &'static str {
+    pub fn tag(self) -> &'static str {
         match self {
             Role::A => "a",
             Role::B => "b",
@@ -182,10 +186,12 @@ impl Phase {
                 to,
                 backfilled,
                 verified,
+                aborting,
             } => format!(
-                "dual(A {from} primary, B {to} secondary{}{})",
+                "dual(A {from} primary, B {to} secondary{}{}{})",
                 if *backfilled { ", backfilled" } else { "" },
-                if *verified { ", verified" } else { "" }
+                if *verified { ", verified" } else { "" },
+                if *aborting { ", aborting" } else { "" }
             ),
             Phase::Switched { from, to } => {
                 format!("switched(B {to} primary, A {from} secondary)")
@@ -234,6 +240,7 @@ impl StorageState {
                     to: to.clone(),
                     backfilled: false,
                     verified: false,
+                    aborting: false,
                 }))
             }
             (Phase::Dual { from, to, .. }, Event::Start { to: want }) if want == to => {
@@ -245,17 +252,28 @@ impl StorageState {
                 "a cutover is already in progress ({}); to move to {to}, finish or abort it first",
                 p.describe()
             )),
-            (Phase::Dual { from, to, verified, .. }, Event::Backfilled) => Ok(same(Phase::Dual {
+            (
+                Phase::Dual {
+                    from,
+                    to,
+                    verified,
+                    aborting,
+                    ..
+                },
+                Event::Backfilled,
+            ) => Ok(same(Phase::Dual {
                 from: from.clone(),
                 to: to.clone(),
                 backfilled: true,
                 verified: *verified,
+                aborting: *aborting,
             })),
             (
                 Phase::Dual {
                     from,
                     to,
                     backfilled,
+                    aborting,
                     ..
                 },
                 Event::Verified,
@@ -268,6 +286,7 @@ impl StorageState {
                     to: to.clone(),
                     backfilled: true,
                     verified: true,
+                    aborting: *aborting,
                 }))
             }
             (Phase::Dual { from, to, verified, .. }, Event::Switch) => {
@@ -300,6 +319,7 @@ impl StorageState {
                 to: to.clone(),
                 backfilled: true,
                 verified: true,
+                aborting: true,
             })),
             (Phase::Single { store }, e) => refuse(format!(
                 "no cutover is in progress (the volume's blocks are in {store} alone): `{}` has nothing to do; start one with `jfs cutover start META_URL --to STORE`",
@@ -372,6 +392,16 @@ pub fn gen_of(raw: Option<&[u8]>) -> Result<u64> {
 /// record, and `settings.storage` kept equal to the primary store. Returns the state before
 /// and after (equal when `ev` changed nothing, e.g. a re-run `start`).
 pub async fn transition(engine: &dyn Engine, ev: &Event) -> Result<(StorageState, StorageState)> {
+    transition_as(engine, ev, None).await
+}
+
+/// `transition`, audited as done by `who` (the operator's command, when a mount commits the
+/// step for it) instead of this process.
+pub async fn transition_as(
+    engine: &dyn Engine,
+    ev: &Event,
+    who: Option<&str>,
+) -> Result<(StorageState, StorageState)> {
     use crate::engine::CommitOutcome;
     use crate::journal::Op;
     for attempt in 1u32.. {
@@ -393,7 +423,10 @@ pub async fn transition(engine: &dyn Engine, ev: &Event) -> Result<(StorageState
             return Ok((cur.clone(), cur));
         }
         tx.put(keys::STORAGE.to_vec(), encode(&next));
-        let audit = Audit::new(ev.name(), &cur, &next);
+        let mut audit = Audit::new(ev.name(), &cur, &next);
+        if let Some(w) = who {
+            audit.who = w.to_string();
+        }
         tx.put(
             keys::audit(audit.at_ns, audit.gen),
             serde_json::to_vec(&audit).expect("audit records serialize"),
@@ -429,13 +462,18 @@ pub struct Audit {
 }
 
 impl Audit {
-    pub fn new(action: &str, from: &StorageState, to: &StorageState) -> Audit {
+    /// `user@host pid N` of this process.
+    pub fn who_am_i() -> String {
         let user = std::env::var("SUDO_USER")
             .or_else(|_| std::env::var("USER"))
             .unwrap_or_else(|_| format!("uid {}", own_uid()));
+        format!("{user}@{} pid {}", session::hostname(), std::process::id())
+    }
+
+    pub fn new(action: &str, from: &StorageState, to: &StorageState) -> Audit {
         Audit {
             at_ns: to.changed_ns,
-            who: format!("{user}@{} pid {}", session::hostname(), std::process::id()),
+            who: Audit::who_am_i(),
             action: action.to_string(),
             from: from.phase.describe(),
             to: to.phase.describe(),
@@ -704,10 +742,21 @@ mod tests {
             &s,
             Event::Abort,
             Ok((
-                "dual(A file:///a primary, B s3://b/vol secondary, backfilled, verified)",
+                "dual(A file:///a primary, B s3://b/vol secondary, backfilled, verified, aborting)",
                 3,
             )),
         );
+        // An interrupted abort is finished by abort, or undone by switch.
+        let ab = s.step(&Event::Abort, 1).unwrap();
+        check(&ab, Event::Abort, Ok(("single(file:///a)", 4)));
+        check(
+            &ab,
+            Event::Switch,
+            Ok(("switched(B s3://b/vol primary, A file:///a secondary)", 4)),
+        );
+        // The flag is left out of records that do not have it (as older releases wrote).
+        assert!(!String::from_utf8(encode(&d)).unwrap().contains("aborting"));
+        assert_eq!(decode(&encode(&ab)).unwrap(), ab);
         let f = s.step(&Event::Finish, 1).unwrap();
         check(&f, Event::Abort, Err("no cutover is in progress"));
         assert_eq!(f.phase.roles(), None);

@@ -75,6 +75,35 @@ pub fn flip_bit(store_url: &str, key: &str, at: usize) {
     std::fs::write(&p, b).unwrap();
 }
 
+/// A read-only bind mount over a directory (a store that refuses writes with EROFS, as a
+/// full or failed disk remounted read-only does), undone when dropped.
+pub struct ReadOnlyBind(PathBuf);
+
+impl ReadOnlyBind {
+    pub fn over(dir: &Path) -> ReadOnlyBind {
+        let d = dir.to_str().unwrap();
+        let ok = |args: &[&str]| {
+            let s = Command::new("mount").args(args).status().unwrap();
+            assert!(s.success(), "mount {args:?}");
+        };
+        ok(&["--bind", d, d]);
+        let r = ReadOnlyBind(dir.to_path_buf());
+        ok(&["-o", "remount,ro,bind", d]);
+        r
+    }
+
+    /// Over the directory of a `file://` store.
+    pub fn over_store(store_url: &str) -> ReadOnlyBind {
+        ReadOnlyBind::over(Path::new(store_url.trim_start_matches("file://")))
+    }
+}
+
+impl Drop for ReadOnlyBind {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// Whether a `jfs mount` is mounted at `mp`.
 pub fn is_mounted(mp: &Path) -> bool {
     let t = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

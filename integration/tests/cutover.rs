@@ -559,3 +559,138 @@ async fn stale_generations_are_fenced_and_silent_sessions_expire() {
     assert!(got == data(3, 5 << 20));
     fs_core::session::remove(&*engine, &ghost.id).await.unwrap();
 }
+
+/// Abort from `switched` with the old store A refusing writes (a read-only bind mount): the
+/// abort fails and commits nothing (the volume stays switched, every write through the mount
+/// goes on succeeding), and the writer whose puts to A fail is shown as degraded in
+/// `cutover status` and its metrics, with the store's own error (EROFS is permanent: no
+/// retries, no grace waited per block). Once A is writable, abort finishes on A alone and
+/// every checkpoint reads back from A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_abort_keeps_the_volume_switched_and_names_the_degraded_writer() {
+    use integration::mountproc::ReadOnlyBind;
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let meta = vol.meta_url.clone();
+    drop(vol.fs);
+    let b_store = format!("file://{}/b", dir.path().display());
+    let m = Mount::start(&meta, dir.path(), "mnt", &["--cache-size", "0"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let log = Arc::new(Log::default());
+    // Not tolerant: a single failed checkpoint write fails the test.
+    let w = mount_writer(m.mp.clone(), "ckpt", stop.clone(), log.clone(), false);
+    let run_dir = m.run_dir.display().to_string();
+    let env = [
+        ("META_URL", meta.as_str()),
+        ("NEW_STORE", b_store.as_str()),
+        ("JFS_RUN_DIR", run_dir.as_str()),
+    ];
+    for step in ["start", "backfill", "verify", "switch"] {
+        runbook::run_ok(RB, step, &env);
+    }
+    let switched = status_json(&meta);
+    assert!(
+        switched["describe"]
+            .as_str()
+            .unwrap()
+            .starts_with("switched("),
+        "{switched}"
+    );
+    let ro = ReadOnlyBind::over_store(&vol.store_url);
+    // The writer's puts to A now fail: it shows as degraded, with the store's error.
+    let t0 = Instant::now();
+    let degraded = loop {
+        let st = status_json(&meta);
+        if let Some(d) = st["degraded_sessions"].as_array().and_then(|v| v.first()) {
+            break d.clone();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no degraded writer shown: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(degraded["degraded"]["role"], "a", "{degraded}");
+    assert_eq!(degraded["degraded"]["store"], vol.store_url, "{degraded}");
+    let err = degraded["degraded"]["error"].as_str().unwrap();
+    assert!(err.contains("Read-only file system"), "{degraded}");
+    let text = jfs_ok(&["cutover", "status", &meta]);
+    assert!(
+        text.lines().any(|l| l.starts_with("DEGRADED writer")
+            && l.contains(&vol.store_url)
+            && l.contains("Read-only file system")),
+        "{text}"
+    );
+    assert_eq!(
+        integration::mountproc::metric(&m.stats(), "jfs_dual_write_degraded"),
+        1.0
+    );
+    // Abort refuses to make A the store written first: nothing changes.
+    let o = runbook::run(RB, "abort", &env);
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{out}");
+    assert!(
+        out.contains("nothing was changed") && out.contains("stays switched("),
+        "{out}"
+    );
+    let st = status_json(&meta);
+    assert_eq!(
+        st["state"], switched["state"],
+        "abort committed something: {st}"
+    );
+    // Writes go on (the writer asserts each one); a few more land while A refuses.
+    let n = log.files.lock().unwrap().len();
+    let t0 = Instant::now();
+    while log.files.lock().unwrap().len() < n + 3 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "writes stalled");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(ro);
+    let out = runbook::run_ok(RB, "abort", &env);
+    assert!(
+        out.contains(&format!("cutover aborted: single({})", vol.store_url)),
+        "{out}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    w.join().unwrap();
+    let st = status_json(&meta);
+    assert_eq!(st["degraded_sessions"].as_array().unwrap().len(), 0, "{st}");
+    retire(&b_store);
+    let files = log.files.lock().unwrap().clone();
+    check_files(&m.mp, &files);
+    m.stop();
+    let out = jfs_ok(&["fsck", "--deep", &meta]);
+    assert!(out.contains(" 0 broken"), "{out}");
+}
+
+/// An abort interrupted after its first step (switched -> dual, A first again) is named by
+/// `cutover status` with the command that finishes it, and that command finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_names_an_interrupted_abort_and_abort_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let meta = vol.meta_url.clone();
+    let b_store = format!("file://{}/b", dir.path().display());
+    let env = [("META_URL", meta.as_str()), ("NEW_STORE", b_store.as_str())];
+    for step in ["start", "backfill", "verify", "switch"] {
+        runbook::run_ok(RB, step, &env);
+    }
+    // What a killed `abort` leaves: its first transition only.
+    fs_core::storage::transition(&**vol.fs.engine(), &fs_core::storage::Event::Abort)
+        .await
+        .unwrap();
+    let text = jfs_ok(&["cutover", "status", &meta]);
+    assert!(
+        text.contains("aborting)")
+            && text.contains(&format!(
+                "next step: finish the interrupted abort: jfs cutover abort {meta}"
+            )),
+        "{text}"
+    );
+    let out = runbook::run_ok(RB, "abort", &env);
+    assert!(
+        out.contains(&format!("cutover aborted: single({})", vol.store_url)),
+        "{out}"
+    );
+}

@@ -5,7 +5,7 @@
 //!
 //! These need /dev/fuse and fusermount3 (Debian fuse3): without them they fail, never skip.
 
-use integration::mountproc::{fuse_ready, Mount};
+use integration::mountproc::{fuse_ready, Mount, ReadOnlyBind};
 use integration::{bin, data, meta_url, store_url, unique};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -248,29 +248,6 @@ fn volume_paths_never_leave_the_volume_with_or_without_a_mount() {
     );
 }
 
-/// A read-only bind mount over a directory, undone on drop (the store refusing writes).
-struct ReadOnly(PathBuf);
-
-impl ReadOnly {
-    fn over(dir: &Path) -> ReadOnly {
-        let d = dir.to_str().unwrap();
-        let ok = |args: &[&str]| {
-            let s = Command::new("mount").args(args).status().unwrap();
-            assert!(s.success(), "mount {args:?}");
-        };
-        ok(&["--bind", d, d]);
-        let r = ReadOnly(dir.to_path_buf());
-        ok(&["-o", "remount,ro,bind", d]);
-        r
-    }
-}
-
-impl Drop for ReadOnly {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn put_through_a_mount_reports_a_store_that_refuses_writes_like_put_without_one() {
     let v = new_vol();
@@ -284,12 +261,12 @@ fn put_through_a_mount_reports_a_store_that_refuses_writes_like_put_without_one(
     let put = |v: &Vol| v.jfs(&["put", &v.meta, src.to_str().unwrap(), "/tree"]);
     // Without a mount first: the reference behaviour.
     let reference = {
-        let _ro = ReadOnly::over(&store_dir);
+        let _ro = ReadOnlyBind::over(&store_dir);
         put(&v)
     };
     let m = v.mount();
     let through = {
-        let _ro = ReadOnly::over(&store_dir);
+        let _ro = ReadOnlyBind::over(&store_dir);
         put(&v)
     };
     for (what, o) in [

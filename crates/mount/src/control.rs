@@ -79,6 +79,9 @@ pub enum Request {
     /// writer); answers the states before and after.
     Cutover {
         event: fs_core::storage::Event,
+        /// The operator's command (`user@host pid N`), for the audit record.
+        #[serde(default)]
+        who: Option<String>,
     },
 }
 
@@ -164,8 +167,14 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
             };
             send(&mut w, &v).await
         }
-        Request::Cutover { event } => {
-            let v = match fs_core::storage::transition(&**ctl.vfs.fs.engine(), &event).await {
+        Request::Cutover { event, who } => {
+            let v = match fs_core::storage::transition_as(
+                &**ctl.vfs.fs.engine(),
+                &event,
+                who.as_deref(),
+            )
+            .await
+            {
                 Ok((before, after)) => {
                     serde_json::json!({"done": true, "before": before, "after": after})
                 }

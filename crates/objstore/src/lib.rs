@@ -102,7 +102,55 @@ fn remove_stale_temp(dir: &std::path::Path) {
     }
 }
 
+/// Write a block of a `file://` store: a temporary file in `<root>/.jfs-tmp`, synced, then
+/// renamed into place (a crash never leaves half a block under a block's name). Done here
+/// rather than by OpenDAL's fs writer, which reports every error it does not know as
+/// temporary: a read-only or full disk was retried for seconds per block (a cutover's dual
+/// write waited its grace on each). Errors are classified by `Error::from_io`.
+fn put_local(root: &std::path::Path, path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = root.join(".jfs-tmp").join(format!(
+        "{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 impl OpendalStore {
+    /// `key` under a `file://` store's directory, refused unless it is a plain relative path.
+    fn local_path(
+        &self,
+        root: &std::path::Path,
+        key: &str,
+        doing: &str,
+    ) -> Result<std::path::PathBuf> {
+        plain_key_path(root, key).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "{doing} {key:?} in {}: not a block key (empty, `.` or `..` parts)",
+                    self.display
+                ),
+            )
+        })
+    }
+
     pub fn open(url: &str, opts: &StoreOptions) -> Result<Self> {
         let op = operator(url, opts)?;
         let local_root = match parse_url(url)? {
@@ -319,6 +367,14 @@ impl BlockStore for OpendalStore {
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<()> {
+        if let Some(root) = self.local_root.clone() {
+            let path = self.local_path(&root, key, "writing")?;
+            let what = format!("writing {key} in {}", self.display);
+            return match tokio::task::spawn_blocking(move || put_local(&root, &path, &data)).await {
+                Ok(r) => r.map_err(|e| Error::from_io(&e, what)),
+                Err(e) => Err(Error::new(ErrorKind::Backend, format!("{what}: {e}"))),
+            };
+        }
         let what = format!("writing {key}");
         let mut w = self.op.writer(key).await.map_err(|e| map_err(e, &what))?;
         let res = async {
@@ -337,15 +393,7 @@ impl BlockStore for OpendalStore {
 
     async fn get(&self, key: &str) -> Result<Bytes> {
         if let Some(root) = self.local_root.as_deref() {
-            let Some(path) = plain_key_path(root, key) else {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "reading {key:?} in {}: not a block key (empty, `.` or `..` parts)",
-                        self.display
-                    ),
-                ));
-            };
+            let path = self.local_path(root, key, "reading")?;
             let read = tokio::task::spawn_blocking(move || std::fs::read(path)).await;
             return match read {
                 Ok(Ok(v)) => Ok(Bytes::from(v)),
@@ -353,9 +401,9 @@ impl BlockStore for OpendalStore {
                     ErrorKind::NotFound,
                     format!("reading {key}: not found in {}", self.display),
                 )),
-                Ok(Err(e)) => Err(Error::new(
-                    ErrorKind::Backend,
-                    format!("reading {key} in {}: {e}", self.display),
+                Ok(Err(e)) => Err(Error::from_io(
+                    &e,
+                    format!("reading {key} in {}", self.display),
                 )),
                 Err(e) => Err(Error::new(
                     ErrorKind::Backend,
@@ -385,6 +433,16 @@ impl BlockStore for OpendalStore {
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
+        if let Some(root) = self.local_root.as_deref() {
+            let path = self.local_path(root, key, "deleting")?;
+            let what = format!("deleting {key} in {}", self.display);
+            return match tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Ok(Err(e)) => Err(Error::from_io(&e, what)),
+                Err(e) => Err(Error::new(ErrorKind::Backend, format!("{what}: {e}"))),
+            };
+        }
         self.op
             .delete(key)
             .await

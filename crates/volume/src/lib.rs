@@ -28,7 +28,7 @@ pub use cache::{CacheConfig, CacheUsage, CachedStore, DiskCache, MeteredStore};
 pub use fallback::{FallbackStore, Wanted, ORIGIN_TIMEOUT};
 pub use metrics::StoreMetrics;
 pub use moving::MovingEngine;
-pub use placement::{DualStore, Follower, Opener, StorageHolder};
+pub use placement::{DualStore, Follower, Opener, StorageHolder, WriterHealth};
 
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::{BlockStore, Engine, Fs};

@@ -47,6 +47,8 @@ pub struct StoreMetrics {
     pub mirror_damaged: Counter,
     /// Blocks a cutover's dual write could not put in the other store: recorded for repair.
     pub dual_repairs: Counter,
+    /// 1 while this writer's latest put to a cutover's other store failed.
+    pub dual_degraded: Gauge,
 }
 
 fn latency() -> Histogram {
@@ -85,6 +87,7 @@ impl Default for StoreMetrics {
             fills_skipped: Counter::default(),
             mirror_damaged: Counter::default(),
             dual_repairs: Counter::default(),
+            dual_degraded: Gauge::default(),
         }
     }
 }
@@ -207,6 +210,11 @@ impl StoreMetrics {
             "jfs_dual_write_repairs",
             "Blocks a storage cutover's dual write could not put in the other store (recorded for repair)",
             self.dual_repairs.clone(),
+        );
+        r.register(
+            "jfs_dual_write_degraded",
+            "1 while this writer's latest put to a storage cutover's other store failed (see `jfs cutover status`)",
+            self.dual_degraded.clone(),
         );
         r.register(
             "jfs_origin_errors",

@@ -19,7 +19,7 @@ use crate::MeteredStore;
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::error::{ErrorKind, Result};
-use fs_core::session::Session;
+use fs_core::session::{Degraded, Session};
 use fs_core::storage::{self, Phase, Placement, Role, StorageFollow, StorageState};
 use fs_core::{keys, BlockCheck, BlockStore, Engine, ObjectMeta};
 use std::sync::{Arc, RwLock};
@@ -32,6 +32,53 @@ pub const SECONDARY_GRACE: Duration = Duration::from_secs(2);
 /// long for live writers).
 pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 
+/// Whether this writer's puts to a cutover's other store are failing: set by its dual
+/// stores, published in its session record by its `Follower` (`jfs cutover status` lists
+/// degraded writers) and as the `jfs_dual_write_degraded` gauge.
+#[derive(Default)]
+pub struct WriterHealth(std::sync::Mutex<Option<Degraded>>);
+
+impl WriterHealth {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Degraded>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn failed(&self, role: Role, store: &str, error: &str) {
+        let mut g = self.lock();
+        match &mut *g {
+            Some(d) if d.store == store => {
+                d.failures += 1;
+                d.error = error.to_string();
+            }
+            _ => {
+                *g = Some(Degraded {
+                    store: store.to_string(),
+                    role: role.tag().to_string(),
+                    error: error.to_string(),
+                    since_ns: fs_core::now_ns(),
+                    failures: 1,
+                })
+            }
+        }
+    }
+
+    fn ok(&self, store: &str) {
+        let mut g = self.lock();
+        if g.as_ref().is_some_and(|d| d.store == store) {
+            *g = None;
+        }
+    }
+
+    fn clear(&self) {
+        *self.lock() = None;
+    }
+
+    /// The current run of failures, if any.
+    pub fn current(&self) -> Option<Degraded> {
+        self.lock().clone()
+    }
+}
+
 /// Writes to two stores, reads from the first that has the block.
 pub struct DualStore {
     primary: Arc<dyn BlockStore>,
@@ -40,6 +87,7 @@ pub struct DualStore {
     secondary_role: Role,
     engine: Arc<dyn Engine>,
     metrics: Arc<StoreMetrics>,
+    health: Arc<WriterHealth>,
 }
 
 impl DualStore {
@@ -49,6 +97,7 @@ impl DualStore {
         secondary_role: Role,
         engine: Arc<dyn Engine>,
         metrics: Arc<StoreMetrics>,
+        health: Arc<WriterHealth>,
     ) -> DualStore {
         DualStore {
             primary,
@@ -56,6 +105,7 @@ impl DualStore {
             secondary_role,
             engine,
             metrics,
+            health,
         }
     }
 }
@@ -89,10 +139,17 @@ impl BlockStore for DualStore {
             None => tokio::time::timeout(grace, second).await,
         };
         let err = match second {
-            Ok(Ok(())) => return Ok(()),
+            Ok(Ok(())) => {
+                self.health.ok(&self.secondary.display_url());
+                self.metrics.dual_degraded.set(0);
+                return Ok(());
+            }
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("no answer within {grace:?} after the primary store had it"),
         };
+        self.health
+            .failed(self.secondary_role, &self.secondary.display_url(), &err);
+        self.metrics.dual_degraded.set(1);
         self.metrics.dual_repairs.inc();
         tracing::warn!(block = key, store = %self.secondary.display_url(), error = %err, "writing a block to the cutover's other store failed; recorded for repair");
         storage::repair_add(&*self.engine, self.secondary_role, key, &err)
@@ -159,6 +216,7 @@ impl Opener {
         &self,
         state: &StorageState,
         engine: &Arc<dyn Engine>,
+        health: &Arc<WriterHealth>,
     ) -> Result<Arc<dyn BlockStore>> {
         let primary = self.open(state.phase.primary())?;
         Ok(match (state.phase.secondary(), state.phase.roles()) {
@@ -168,8 +226,13 @@ impl Opener {
                 role,
                 engine.clone(),
                 self.metrics.clone(),
+                health.clone(),
             )),
-            _ => primary,
+            _ => {
+                health.clear();
+                self.metrics.dual_degraded.set(0);
+                primary
+            }
         })
     }
 }
@@ -184,6 +247,7 @@ pub struct StorageHolder {
     reloading: tokio::sync::Mutex<()>,
     /// The session that follows this holder, when the holder outlives its `Volume`.
     kept: std::sync::Mutex<Option<Follower>>,
+    health: Arc<WriterHealth>,
 }
 
 impl StorageHolder {
@@ -194,7 +258,8 @@ impl StorageHolder {
         settings_store: &str,
     ) -> Result<Arc<StorageHolder>> {
         let state = storage::current(&*engine, settings_store).await?;
-        let store = opener.build(&state, &engine)?;
+        let health = Arc::new(WriterHealth::default());
+        let store = opener.build(&state, &engine, &health)?;
         let (gen_tx, _) = watch::channel(state.gen);
         Ok(Arc::new(StorageHolder {
             engine,
@@ -208,6 +273,7 @@ impl StorageHolder {
             gen_tx,
             reloading: tokio::sync::Mutex::new(()),
             kept: std::sync::Mutex::new(None),
+            health,
         }))
     }
 
@@ -222,6 +288,11 @@ impl StorageHolder {
 
     fn store(&self) -> Arc<dyn BlockStore> {
         self.current().store.clone()
+    }
+
+    /// Whether this writer's puts to a cutover's other store are failing now.
+    pub fn degraded(&self) -> Option<Degraded> {
+        self.health.current()
     }
 
     /// Keep `f` running as long as this holder lives.
@@ -246,7 +317,7 @@ impl StorageFollow for StorageHolder {
         if state.gen == cur.gen {
             return Ok(cur);
         }
-        let store = self.opener.build(&state, &self.engine)?;
+        let store = self.opener.build(&state, &self.engine, &self.health)?;
         tracing::info!(
             from = cur.gen,
             to = state.gen,
@@ -375,6 +446,18 @@ impl Follower {
                     if session.acks.get(storage::ACK) != Some(&g) {
                         session.acks.insert(storage::ACK.into(), g);
                         beat = true;
+                    }
+                    // A run of failed writes to the other store starts or ends (its count is
+                    // refreshed with the heartbeat).
+                    let d = h.degraded();
+                    if d.is_some() != session.degraded.is_some()
+                        || d.as_ref().map(|d| &d.store)
+                            != session.degraded.as_ref().map(|d| &d.store)
+                    {
+                        beat = true;
+                    }
+                    if beat {
+                        session.degraded = d;
                     }
                 }
                 if beat {

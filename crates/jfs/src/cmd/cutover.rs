@@ -137,7 +137,10 @@ async fn step(g: &Global, meta_url: &str, ev: &Event) -> Result<(StorageState, S
             tracing::info!(mountpoint = %mp.display(), "the volume is mounted read-write here: the step goes through the mount");
             let v = mount::control::call(
                 &mp,
-                &mount::control::Request::Cutover { event: ev.clone() },
+                &mount::control::Request::Cutover {
+                    event: ev.clone(),
+                    who: Some(storage::Audit::who_am_i()),
+                },
                 |_| {},
             )
             .await?;
@@ -153,7 +156,9 @@ async fn step(g: &Global, meta_url: &str, ev: &Event) -> Result<(StorageState, S
 /// Wait until every live session has acknowledged generation `gen`, saying whom it waits for.
 async fn wait_barrier(e: &dyn Engine, gen: u64, b: &BarrierArgs) -> Result<()> {
     let t0 = Instant::now();
-    let mut last_say = None::<Instant>;
+    // Live sessions re-read the record every FOLLOW_EVERY: say whom we wait for only once
+    // they have had a few of those to follow, then every 5 s.
+    let mut say_at = t0 + 4 * volume::placement::FOLLOW_EVERY;
     loop {
         let waiting = storage::waiting_sessions(e, gen, b.session_timeout).await?;
         if waiting.is_empty() {
@@ -183,13 +188,13 @@ async fn wait_barrier(e: &dyn Engine, gen: u64, b: &BarrierArgs) -> Result<()> {
                 b.session_timeout
             );
         }
-        if last_say.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+        if Instant::now() >= say_at {
             eprintln!(
                 "jfs: waiting for {} session(s) to follow generation {gen}: {}",
                 waiting.len(),
                 names.join("; ")
             );
-            last_say = Some(Instant::now());
+            say_at = Instant::now() + Duration::from_secs(5);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -561,20 +566,64 @@ async fn finish(g: &Global, meta_url: &str, barrier: &BarrierArgs) -> Result<Out
     Ok(Outcome::Done)
 }
 
+/// Show that `store` takes writes now: put a small object under the volume's prefix, read it
+/// back, delete it.
+async fn prove_writable(store: &dyn BlockStore, settings: &Settings) -> fs_core::Result<()> {
+    let key = format!("{}/jfs_probe_{:016x}", settings.name, rand::random::<u64>());
+    let body = bytes::Bytes::from(format!("jfs cutover probe {}", fs_core::now_ns()));
+    store.put(&key, body.clone()).await?;
+    let back = store.get(&key).await;
+    let _ = store.delete(&key).await;
+    if back? != body {
+        return Err(fs_core::Error::new(
+            ErrorKind::Corrupt,
+            format!("{key} read back different bytes"),
+        ));
+    }
+    Ok(())
+}
+
 async fn abort(g: &Global, meta_url: &str, barrier: &BarrierArgs) -> Result<Outcome> {
     let e = open_engine(g, meta_url, true).await?;
     let settings = settings_of(&*e).await?;
     let mut st = state_of(&*e).await?;
-    if let Phase::Switched { .. } = st.phase {
-        // Back to dual first: A becomes the primary again, writes wait for it.
+    if let Phase::Switched { from, to } = &st.phase {
+        // Back to dual first, where A is the store written first again. That is committed
+        // only once A has shown it takes writes and holds what it lacked: otherwise every
+        // write would fail there. Until then the volume stays switched.
+        let stay = || {
+            format!(
+                "abort: nothing was changed: the volume stays {} (reads and writes go to {to} first). Once {from} takes writes, run `jfs cutover abort {meta_url}` again",
+                st.phase.describe()
+            )
+        };
+        let (a, b) = (store(g, from)?, store(g, to)?);
+        prove_writable(&*a, &settings)
+            .await
+            .with_context(|| format!("the old store {from} does not take writes"))
+            .with_context(stay)?;
+        let n = drain(&*e, &settings, Role::A, &*b, &*a)
+            .await
+            .with_context(stay)?;
+        if n > 0 {
+            eprintln!("jfs: copied back {n} blocks that were missing in {from}");
+        }
         let (_, after) = step(g, meta_url, &Event::Abort).await?;
         wait_barrier(&*e, after.gen, barrier).await?;
         st = after;
     }
     if let Phase::Dual { from, to, .. } = &st.phase {
-        // Blocks written while B was the primary may be missing in A: copy them back.
+        // Blocks written while B was the primary may be missing in A: copy them back (those
+        // a writer could not put in A between the check above and the switch back too).
         wait_barrier(&*e, st.gen, barrier).await?;
-        let n = drain(&*e, &settings, Role::A, &*store(g, to)?, &*store(g, from)?).await?;
+        let n = drain(&*e, &settings, Role::A, &*store(g, to)?, &*store(g, from)?)
+            .await
+            .with_context(|| {
+                format!(
+                    "the abort is not finished: the volume is {} ({from} is written first). Once {from} takes the blocks it lacks, run `jfs cutover abort {meta_url}` again (or `jfs cutover switch {meta_url}` to make {to} the primary again)",
+                    st.phase.describe()
+                )
+            })?;
         if n > 0 {
             eprintln!("jfs: copied back {n} blocks that were missing in {from}");
         }
@@ -604,11 +653,23 @@ async fn status(g: &Global, meta_url: &str, json: bool) -> Result<Outcome> {
         storage::repairs(&*e, Some(Role::B)).await?,
     );
     let audit = storage::audit_log(&*e).await?;
+    // Live writers whose puts to the other store fail.
+    let now = fs_core::now_ns();
+    let degraded: Vec<(fs_core::session::Session, fs_core::session::Degraded)> =
+        fs_core::session::list(&*e)
+            .await?
+            .into_iter()
+            .filter(|s| s.is_live(now, fs_core::session::DEFAULT_TIMEOUT))
+            .filter_map(|s| s.degraded.clone().map(|d| (s, d)))
+            .collect();
     if json {
         let v = serde_json::json!({
             "state": st,
             "describe": st.phase.describe(),
             "waiting_sessions": waiting,
+            "degraded_sessions": degraded.iter().map(|(s, d)| serde_json::json!({
+                "session": s.id, "mountpoint": s.mountpoint, "host": s.host, "pid": s.pid, "degraded": d,
+            })).collect::<Vec<_>>(),
             "repairs": {"a": ra.len(), "b": rb.len()},
             "audit": audit,
         });
@@ -618,6 +679,9 @@ async fn status(g: &Global, meta_url: &str, json: bool) -> Result<Outcome> {
     println!("storage: {} (generation {})", st.phase.describe(), st.gen);
     let next = match &st.phase {
         Phase::Single { .. } => "nothing in progress (jfs cutover start META_URL --to STORE)",
+        Phase::Dual { aborting: true, .. } => &format!(
+            "finish the interrupted abort: jfs cutover abort {meta_url} (or jfs cutover switch {meta_url} to make the new store the primary again)"
+        ),
         Phase::Dual {
             backfilled: false, ..
         } => "backfill",
@@ -644,6 +708,21 @@ async fn status(g: &Global, meta_url: &str, json: bool) -> Result<Outcome> {
             s.host,
             s.pid,
             s.acks.get(storage::ACK).copied().unwrap_or(0)
+        );
+    }
+    let now = fs_core::now_ns();
+    for (s, d) in &degraded {
+        println!(
+            "DEGRADED writer {} ({}@{} pid {}): {} blocks it wrote since {:.0}s ago are not in {} (store {}); they are in the repair list. Latest error: {}",
+            s.id,
+            s.mountpoint,
+            s.host,
+            s.pid,
+            d.failures,
+            (now - d.since_ns) as f64 / 1e9,
+            d.role.to_uppercase(),
+            d.store,
+            d.error
         );
     }
     for a in audit.iter().rev().take(10).rev() {
