@@ -596,6 +596,12 @@ async fn a_failed_abort_keeps_the_volume_switched_and_names_the_degraded_writer(
             .starts_with("switched("),
         "{switched}"
     );
+    // The steps went through the mount; the audit names the commands, not the mount.
+    let mount_pid = format!("pid {}", m.pid());
+    for a in switched["audit"].as_array().unwrap() {
+        let who = a["who"].as_str().unwrap();
+        assert!(who.contains(" pid ") && !who.ends_with(&mount_pid), "{a}");
+    }
     let ro = ReadOnlyBind::over_store(&vol.store_url);
     // The writer's puts to A now fail: it shows as degraded, with the store's error.
     let t0 = Instant::now();
