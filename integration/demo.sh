@@ -8,7 +8,7 @@
 # reads fall back to the origin store (and fill the mirror's store), then with it released.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash integration/install-deps.sh build
+bash integration/install-deps.sh demo
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
 cargo build --release --locked -p jfs -p mirror-agent
 BIN=$CARGO_TARGET_DIR/release

@@ -637,3 +637,93 @@ async fn a_format_1_volume_reads_by_length_and_a_newer_format_is_refused() {
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("use a newer jfs"));
 }
+
+/// A format refused because the metadata is formatted already names the volume there and
+/// creates nothing (no store directory, no `.jfs-tmp`); running the original format again
+/// says the same, never that the volume's own store belongs to "another volume".
+#[test]
+fn a_refused_format_names_the_volume_and_creates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = format!("rocksdb://{}/meta", tmp.path().display());
+    let s = format!("file://{}/s", tmp.path().display());
+    ok(&["format", &m, "v", "--storage", &s]);
+    let uuid = {
+        let st: serde_json::Value = serde_json::from_str(&ok(&["status", &m, "--json"])).unwrap();
+        st["settings"]["uuid"].as_str().unwrap().to_string()
+    };
+    let s2 = tmp.path().join("s2");
+    for store in [format!("file://{}", s2.display()), s.clone()] {
+        let err = fails_clearly(
+            &jfs(&["format", &m, "v", "--storage", &store]),
+            "already holds volume \"v\"",
+        );
+        assert!(
+            err.contains(&uuid) && !err.contains("another volume"),
+            "{err}"
+        );
+    }
+    assert!(!s2.exists(), "a refused format created {}", s2.display());
+    // Other metadata, same name, the store of the first volume: that is another volume.
+    let m2 = format!("rocksdb://{}/meta2", tmp.path().display());
+    fails_clearly(
+        &jfs(&["format", &m2, "v", "--storage", &s]),
+        "another volume named \"v\"",
+    );
+    assert!(
+        !tmp.path().join("meta2").exists(),
+        "a refused format left metadata behind"
+    );
+    for engine in ["redis", "postgres"] {
+        let (url, _) = meta_url(engine);
+        let s3 = tmp.path().join(format!("s-{engine}"));
+        let st = format!("file://{}", s3.display());
+        ok(&["format", &url, "w", "--storage", &st]);
+        fails_clearly(
+            &jfs(&["format", &url, "w", "--storage", &st]),
+            "already holds volume \"w\"",
+        );
+        let s4 = tmp.path().join(format!("s4-{engine}"));
+        fails_clearly(
+            &jfs(&[
+                "format",
+                &url,
+                "w",
+                "--storage",
+                &format!("file://{}", s4.display()),
+            ]),
+            "already holds volume \"w\"",
+        );
+        assert!(!s4.exists());
+    }
+}
+
+/// Names up to the 255-byte limit go into a volume and come out of it (their temporary
+/// names fit too).
+#[test]
+fn the_longest_legal_names_go_in_and_come_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = format!("rocksdb://{}/meta", tmp.path().display());
+    format_local(&m, tmp.path());
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let names = [
+        "n".repeat(255),
+        "é".repeat(127),
+        "x".repeat(240),
+        "y".repeat(226),
+    ];
+    for (i, n) in names.iter().enumerate() {
+        std::fs::write(src.join(n), data(i as u64, 1000 + i)).unwrap();
+    }
+    ok(&["put", &m, src.to_str().unwrap(), "/t"]);
+    let out = tmp.path().join("out");
+    ok(&["get", &m, "/t", out.to_str().unwrap()]);
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(
+            std::fs::read(out.join(n)).unwrap(),
+            data(i as u64, 1000 + i),
+            "{n}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), names.len());
+}

@@ -823,3 +823,44 @@ fn operator_mistakes_are_refused_without_harm() {
     assert!(st.success(), "mount process exit: {st}");
     assert!(!is_mounted(&m.mp));
 }
+
+/// `jfs mount -d` without `--log` appends to one log per mount point; a failed attempt
+/// prints its own errors only, not those of earlier attempts.
+#[test]
+fn a_failed_background_mount_prints_this_attempts_errors_only() {
+    fuse_ready();
+    let tmp = tempfile::tempdir().unwrap();
+    let mp = tmp.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let rd = tmp.path().join("run");
+    let env = [("JFS_RUN_DIR", rd.to_str().unwrap())];
+    // First attempt: metadata that holds no volume.
+    let unformatted = format!("rocksdb://{}/none", tmp.path().display());
+    std::fs::create_dir_all(tmp.path().join("none")).unwrap();
+    let o = jfs(&["mount", &unformatted, mp.to_str().unwrap(), "-d"], &env);
+    let first = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_ne!(o.status.code(), Some(0), "{first}");
+    // Second attempt: a real volume, but a metrics address that is taken.
+    let v = new_vol("rocksdb");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let o = jfs(
+        &[
+            "mount",
+            &v.meta,
+            mp.to_str().unwrap(),
+            "-d",
+            "--metrics",
+            &addr,
+        ],
+        &env,
+    );
+    let second = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_ne!(o.status.code(), Some(0), "{second}");
+    assert!(second.contains("--metrics"), "{second}");
+    assert!(
+        !second.contains("jfs format") && !second.contains("no RocksDB volume"),
+        "the second attempt printed the first one's errors: {second}"
+    );
+    assert!(!is_mounted(&mp));
+}

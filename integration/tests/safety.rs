@@ -216,8 +216,23 @@ async fn writes_into_a_mirror_are_refused_until_it_is_detached() {
     write_files(&vol.fs, "f", 3, 300_000).await;
     let mut pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", "").await;
     wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;
-    assert_eq!(pair.mirror.term(), 0);
     let m = pair.m_meta.clone();
+    // While its agent runs (and holds the RocksDB writer's lock), a write names the mirror
+    // and its primary too, never advising to stop the agent.
+    let local0 = dir.path().join("local0");
+    std::fs::write(&local0, b"x").unwrap();
+    for args in [
+        vec!["put", &m, s(&local0), "/new"],
+        vec!["mkdir", &m, "/d"],
+        vec!["rm", &m, "/f0"],
+    ] {
+        let err = fails_clearly(&run("jfs", &args, &[]), "is the metadata of mirror \"m1\"");
+        assert!(
+            err.contains(&pair.listen) && !err.contains("stop that process"),
+            "{err}"
+        );
+    }
+    assert_eq!(pair.mirror.term(), 0);
     let m_store = pair.m_store.strip_prefix("file://").unwrap().to_string();
     let p_store = vol.store_url.strip_prefix("file://").unwrap().to_string();
     let dump = |url: &str| {

@@ -312,3 +312,34 @@ fn put_through_a_mount_reports_a_store_that_refuses_writes_like_put_without_one(
     let o = v.jfs(&["fsck", &v.meta]);
     assert!(o.status.success(), "fsck: {}", text(&o));
 }
+
+/// `jfs umount --force` with a file held open (and written, not yet closed) returns only once
+/// the mount process has committed what it buffered and exited: the RocksDB volume can be
+/// opened for writing at once afterwards, and the unclosed file's bytes are there.
+#[test]
+fn umount_force_returns_once_the_mount_process_let_go() {
+    use std::io::Write;
+    let v = new_vol();
+    let mut m = v.mount();
+    let held = data(11, 3 << 20);
+    let mut f = std::fs::File::create(m.mp.join("held")).unwrap();
+    f.write_all(&held).unwrap();
+    // Not closed, not synced: the write sits in the mount's buffer.
+    let o = v.jfs(&["umount", "--force", m.mp.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("exited"),
+        "umount --force does not say the process let go: {}",
+        text(&o)
+    );
+    // The writer lock is free now: a write command opens the volume itself.
+    let o = v.jfs(&["mkdir", &v.meta, "/after"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st = m.child.take().unwrap().wait().unwrap();
+    assert!(st.success(), "mount process exit: {st}");
+    drop(f);
+    let o = v.jfs(&["cat", &v.meta, "/held"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.stdout.len(), held.len());
+    assert!(o.stdout == held, "the unclosed file's bytes differ");
+}

@@ -3,7 +3,10 @@
 //! - `matches`: clap parsing whose "did you mean" never points at a destructive flag or
 //!   subcommand the user did not type (`--delete-after` must not suggest `--delete-src`);
 //! - `init_logging`: tracing on stderr, human or JSON, with ANSI colour only when stderr is a
-//!   terminal and `NO_COLOR` is unset, so log files and pipes stay greppable.
+//!   terminal and `NO_COLOR` is unset, so log files and pipes stay greppable;
+//! - `quiet_on_closed_pipe` / `closed_pipe`: a reader that goes away (`jfs status | head -1`)
+//!   ends the command quietly with exit code 0, as it ends `cat`, instead of a panic or an
+//!   error line.
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use std::io::IsTerminal;
@@ -155,4 +158,34 @@ mod tests {
         // Harmless suggestions stay.
         assert!(rendered(&["t", "--dry-rn"]).contains("--dry-run"));
     }
+}
+
+/// Make a print to a closed stdout end the process quietly (exit code 0): `println!` panics
+/// on a broken pipe, and the binaries print with it throughout. Other panics are reported as
+/// before. Call first thing in `main`.
+pub fn quiet_on_closed_pipe() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        previous(info)
+    }));
+}
+
+/// Whether an error (given as its chain, e.g. `anyhow::Error::chain`) is a write to a closed
+/// pipe: the command's reader went away, which is not the command's failure.
+pub fn closed_pipe<'a>(
+    mut chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> bool {
+    chain.any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

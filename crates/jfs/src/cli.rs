@@ -118,7 +118,8 @@ pub struct MountArgs {
     /// every open).
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub open_cache: std::time::Duration,
-    /// Serve Prometheus metrics at ADDR/metrics (e.g. 127.0.0.1:9567; off by default).
+    /// Serve Prometheus metrics at ADDR/metrics (e.g. 127.0.0.1:9570; off by default; the
+    /// agents' admin ports are 9567 and 9568).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
     /// Let other users use the mount (root always may).

@@ -42,6 +42,7 @@ fn fix_malloc_threshold() {
 }
 
 fn main() -> ExitCode {
+    cli_common::quiet_on_closed_pipe();
     fix_malloc_threshold();
     // `jfs mount` starts a copy of itself as its mount guard (see mount::guard).
     let mut raw = std::env::args_os().skip(1);
@@ -65,6 +66,7 @@ fn main() -> ExitCode {
     match rt.block_on(cmd::run(args)) {
         Ok(cmd::Outcome::Done) => ExitCode::SUCCESS,
         Ok(cmd::Outcome::Partial) => ExitCode::from(1),
+        Err(e) if cli_common::closed_pipe(e.chain()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("jfs: error: {e:#}");
             ExitCode::from(2)

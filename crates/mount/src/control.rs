@@ -77,6 +77,12 @@ pub enum Request {
     },
     /// A storage cutover step (`jfs cutover`), committed by this process (the one RocksDB
     /// writer); answers the states before and after.
+    /// Commit what is buffered and exit (`jfs umount --force`): answers with this process's
+    /// pid first. With `now`, the process does not wait for open files to be closed.
+    Exit {
+        #[serde(default)]
+        now: bool,
+    },
     Cutover {
         event: fs_core::storage::Event,
         /// The operator's command (`user@host pid N`), for the audit record.
@@ -106,6 +112,8 @@ pub struct Ctl {
     pub store: Arc<volume::CachedStore>,
     pub exporter: Arc<Exporter>,
     pub mountpoint: PathBuf,
+    /// Asks `run` to shut down (the flag: without waiting for open files).
+    pub exit: tokio::sync::mpsc::Sender<bool>,
 }
 
 pub async fn serve(listener: UnixListener, ctl: Arc<Ctl>) {
@@ -149,8 +157,15 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
                 "metrics": ctl.exporter.text(),
                 "known_inodes": ctl.vfs.known_inodes(),
                 "mountpoint": ctl.mountpoint,
+                "pid": std::process::id(),
             });
             send(&mut w, &v).await
+        }
+        Request::Exit { now } => {
+            let v = serde_json::json!({"done": true, "pid": std::process::id()});
+            send(&mut w, &v).await?;
+            let _ = ctl.exit.send(now).await;
+            Ok(())
         }
         Request::Gc {
             delete,

@@ -305,11 +305,13 @@ async fn serve(
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
     }
+    let (exit_tx, mut exit_rx) = tokio::sync::mpsc::channel::<bool>(1);
     let ctl = Arc::new(control::Ctl {
         vfs: vfs.clone(),
         store: store.clone(),
         exporter: exporter.clone(),
         mountpoint: mp.to_path_buf(),
+        exit: exit_tx,
     });
     let ctl_task = tokio::spawn(control::serve(listener, ctl));
     let metrics_task = match o.metrics {
@@ -403,15 +405,17 @@ async fn serve(
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // Ok(session result), or Err(now): asked to stop (now: without waiting for open files).
     let result = tokio::select! {
-        r = &mut done_rx => Some(r),
-        _ = term.recv() => None,
-        _ = int.recv() => None,
+        r = &mut done_rx => Ok(r),
+        _ = term.recv() => Err(false),
+        _ = int.recv() => Err(false),
+        now = exit_rx.recv() => Err(now.unwrap_or(false)),
     };
     let result = match result {
-        Some(r) => r,
-        None => {
-            tracing::info!("signalled: committing buffers and unmounting");
+        Ok(r) => r,
+        Err(now) => {
+            tracing::info!(now, "asked to stop: committing buffers and unmounting");
             vfs.flush_all().await;
             if let Err(e) = unmounter.unmount() {
                 tracing::warn!(error = %e, "unmount failed (files open?); detaching lazily");
@@ -422,10 +426,19 @@ async fn serve(
             if mounts::find(mp).ok().flatten().is_some() {
                 let _ = mounts::lazy_unmount(mp);
             }
-            match tokio::time::timeout(Duration::from_secs(30), &mut done_rx).await {
+            // Files still open keep a lazily detached session going: wait for them a while,
+            // or not at all when asked to stop now (their next calls fail once we exit).
+            let wait = if now {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(30)
+            };
+            match tokio::time::timeout(wait, &mut done_rx).await {
                 Ok(r) => r,
                 Err(_) => {
-                    tracing::warn!("the FUSE session did not end within 30 s; exiting anyway");
+                    tracing::warn!(
+                        "the FUSE session did not end within {wait:?} (files open); exiting anyway"
+                    );
                     Ok(Ok(()))
                 }
             }

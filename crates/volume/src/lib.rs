@@ -128,15 +128,39 @@ pub async fn open_engine(
     password_file: Option<PathBuf>,
     create: bool,
 ) -> Result<Arc<dyn Engine>> {
-    meta::open(
+    let opened = meta::open(
         meta_url,
         &meta::OpenOptions {
             read_only: access == Access::Read,
             create,
-            password_file,
+            password_file: password_file.clone(),
         },
     )
-    .await
+    .await;
+    match opened {
+        // A RocksDB volume another process writes: when that is a mirror's metadata (its
+        // agent applies the journal), the refusal names the mirror and its primary, as every
+        // writer's refusal at a mirror does, instead of advising to stop that process.
+        Err(e) if e.kind() == ErrorKind::Busy && access == Access::Write => {
+            let reader = meta::open(
+                meta_url,
+                &meta::OpenOptions {
+                    read_only: true,
+                    create: false,
+                    password_file,
+                },
+            )
+            .await;
+            match reader {
+                Ok(r) => match fs_core::site::marker(&*r).await {
+                    Ok(Some(m)) => Err(fs_core::site::writes_refused(&r.display_url(), Some(&m))),
+                    _ => Err(e),
+                },
+                Err(_) => Err(e),
+            }
+        }
+        r => r,
+    }
 }
 
 /// Open an existing block store by URL, composed with this crate's layers.

@@ -28,22 +28,45 @@ pub async fn format(
     s.trash_secs = trash.as_secs();
     s.gc_grace_secs = grace.as_secs();
     s.validate()?;
-    let store = volume::create_store(storage, g.endpoint.as_deref())
-        .with_context(|| format!("opening the storage {storage}"))?;
-    store
-        .check()
-        .await
-        .with_context(|| format!("checking the storage {storage}"))?;
-    // A store prefix that cannot be this volume's is refused before the metadata is
-    // created (format claims it, writing its owner record, once the metadata checks pass).
-    fs_core::owner::claimable(&*store, &s)
-        .await
-        .with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
-    let engine = super::open_engine_with(g, meta_url, false, true).await?;
-    volume::check_site(&*engine, volume::Access::Write, true).await?;
-    let fs = Fs::format(engine, store, s)
-        .await
-        .with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
+    objstore::check_url(storage)?;
+    // The metadata first, read-only: a volume formatted there already is named, and nothing
+    // is created (neither the store's directory nor the engine's).
+    already_formatted(g, meta_url).await?;
+    // A local store's directory is created only by a format that then succeeds.
+    let local_dir = storage
+        .strip_prefix("file://")
+        .map(std::path::PathBuf::from)
+        .filter(|d| !d.exists());
+    let made = async {
+        let store = volume::create_store(storage, g.endpoint.as_deref())
+            .with_context(|| format!("opening the storage {storage}"))?;
+        store
+            .check()
+            .await
+            .with_context(|| format!("checking the storage {storage}"))?;
+        // A store prefix that cannot be this volume's is refused before the metadata is
+        // created (format claims it, writing its owner record, once the metadata checks pass).
+        fs_core::owner::claimable(&*store, &s)
+            .await
+            .with_context(|| format!("formatting {}", meta::redact(meta_url)))?;
+        let engine = super::open_engine_with(g, meta_url, false, true).await?;
+        volume::check_site(&*engine, volume::Access::Write, true).await?;
+        Fs::format(engine, store, s)
+            .await
+            .with_context(|| format!("formatting {}", meta::redact(meta_url)))
+    }
+    .await;
+    let fs = match made {
+        Ok(fs) => fs,
+        Err(e) => {
+            if let Some(d) = local_dir {
+                // Only what this attempt made: its temp dir and the (then empty) directory.
+                let _ = std::fs::remove_dir(d.join(".jfs-tmp"));
+                let _ = std::fs::remove_dir(&d);
+            }
+            return Err(e);
+        }
+    };
     println!(
         "formatted volume {:?} (uuid {}) in {} with blocks in {}",
         fs.settings().name,
@@ -52,6 +75,37 @@ pub async fn format(
         storage
     );
     Ok(Outcome::Done)
+}
+
+/// Refuse to format metadata that already holds a volume, naming it (read-only: creates
+/// nothing).
+async fn already_formatted(g: &Global, meta_url: &str) -> Result<()> {
+    let engine = match super::open_engine(g, meta_url, true).await {
+        Ok(e) => e,
+        // Nothing there yet (a RocksDB directory that does not exist): format creates it.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<fs_core::Error>()
+                    .is_some_and(|x| x.kind() == fs_core::ErrorKind::NotFormatted)
+            }) =>
+        {
+            return Ok(())
+        }
+        Err(e) => return Err(e),
+    };
+    // A mirror's metadata: the refusal every writer gets there.
+    volume::check_site(&*engine, volume::Access::Write, true).await?;
+    match Fs::load_settings(&*engine).await {
+        Ok(have) => bail!(
+            "{} already holds volume {:?} (uuid {}, blocks in {}): nothing was changed. To start afresh, give other metadata (a new RocksDB path, Redis database or PostgreSQL schema)",
+            meta::redact(meta_url),
+            have.name,
+            have.uuid,
+            have.storage
+        ),
+        Err(e) if e.kind() == fs_core::ErrorKind::NotFormatted => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
@@ -71,7 +125,8 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
         }
         None => {
             let mut out = std::io::stdout().lock();
-            serde_json::to_writer_pretty(&mut out, &d)?;
+            // As an io::Error, so that a closed pipe is recognised as one.
+            serde_json::to_writer_pretty(&mut out, &d).map_err(std::io::Error::from)?;
             out.write_all(b"\n")?;
         }
     }

@@ -104,6 +104,9 @@ async fn background(m: &MountArgs) -> Result<Outcome> {
         .append(true)
         .open(&log)
         .with_context(|| format!("opening the log file {}", log.display()))?;
+    // The log is appended to by every mount of this mount point: what this attempt says
+    // starts here.
+    let start = logf.metadata().map(|m| m.len()).unwrap_or(0);
     let args: Vec<std::ffi::OsString> = std::env::args_os()
         .skip(1)
         .filter(|a| a != "-d" && a != "--background")
@@ -122,7 +125,7 @@ async fn background(m: &MountArgs) -> Result<Outcome> {
     let t0 = Instant::now();
     loop {
         if let Some(st) = child.try_wait()? {
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail = this_attempt(&log, start);
             let tail: Vec<&str> = tail.lines().rev().take(5).collect();
             bail!(
                 "the mount process exited ({st}) before mounting:\n{}",
@@ -151,6 +154,18 @@ async fn background(m: &MountArgs) -> Result<Outcome> {
     }
 }
 
+/// What a mount log holds from byte `start` on (this attempt's lines).
+fn this_attempt(log: &Path, start: u64) -> String {
+    use std::io::{Read, Seek};
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(log) {
+        if f.seek(std::io::SeekFrom::Start(start)).is_ok() {
+            let _ = f.read_to_string(&mut s);
+        }
+    }
+    s
+}
+
 pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
     if mounts::is_stale(mp) {
         mounts::lazy_unmount(mp)?;
@@ -171,7 +186,7 @@ pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
     }
     let sock = control::socket_path(&canon);
     if force {
-        mounts::lazy_unmount(&canon)?;
+        return force_unmount(&canon).await;
     } else {
         mounts::unmount(&canon).map_err(|e| {
             anyhow!("{e:#}\n(files open there? close them, or detach with `jfs umount --force`)")
@@ -183,6 +198,55 @@ pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("jfs: unmounted {}", canon.display());
+    Ok(Outcome::Done)
+}
+
+/// `jfs umount --force`: detach the mount point now, have the mount process commit what it
+/// buffers and exit without waiting for open files, and return only once that process is
+/// gone (it holds the volume: a RocksDB volume's lock, its session).
+async fn force_unmount(mp: &Path) -> Result<Outcome> {
+    let pid = match control::call(mp, &Request::Exit { now: true }, |_| {}).await {
+        Ok(v) => v["pid"].as_u64().map(|p| p as u32),
+        Err(e) => {
+            tracing::warn!(error = %e, "the mount process does not answer on its control socket");
+            None
+        }
+    };
+    // The process detaches itself when it answered; make sure of it either way.
+    if let Err(e) = mounts::lazy_unmount(mp) {
+        if mounts::find(mp)?.is_some() {
+            return Err(e);
+        }
+    }
+    let Some(pid) = pid else {
+        eprintln!(
+            "jfs: detached {}; no mount process answered on its control socket, so none was asked to exit (a process still serving it holds the volume until it ends)",
+            mp.display()
+        );
+        return Ok(Outcome::Partial);
+    };
+    let t0 = Instant::now();
+    // Gone, or a zombie its parent has not reaped yet: either way it holds nothing.
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+    };
+    while alive(pid) {
+        if t0.elapsed() > Duration::from_secs(120) {
+            bail!(
+                "detached {}, but the mount process (pid {pid}) has not exited within 120 s: it still holds the volume (see its log; kill it if it hangs)",
+                mp.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "jfs: unmounted {} (the mount process, pid {pid}, committed what it buffered and exited)",
+        mp.display()
+    );
     Ok(Outcome::Done)
 }
 

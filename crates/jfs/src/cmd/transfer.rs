@@ -18,11 +18,34 @@ const PIECES_IN_FLIGHT: usize = 4;
 /// `jfs get` has the disk write out what it wrote at least this often (see `get_file`).
 const FLUSH_EVERY: u64 = 64 << 20;
 
+/// The longest file name (bytes) local file systems and volumes take.
+const NAME_MAX: usize = 255;
+/// What `tmp_name` adds after the prefix: `-<pid up to 10 digits>-<8 hex>`.
+const TMP_SUFFIX_MAX: usize = 1 + 10 + 1 + 8;
+
+/// The part of `name`'s temporary names before the process id: `.NAME.jfs-tmp`, or, for a
+/// name too long for that to fit with the suffix, its first bytes and a checksum of the whole
+/// (`.NAM~1a2b3c4d.jfs-tmp`), so that every legal name has a legal temporary name.
+pub fn tmp_prefix(name: &str) -> String {
+    let plain = format!(".{name}.jfs-tmp");
+    if plain.len() + TMP_SUFFIX_MAX <= NAME_MAX {
+        return plain;
+    }
+    let sum = format!("~{:08x}", crc32c::crc32c(name.as_bytes()));
+    let room = NAME_MAX - TMP_SUFFIX_MAX - ".".len() - sum.len() - ".jfs-tmp".len();
+    let mut cut = room.min(name.len());
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(".{}{sum}.jfs-tmp", &name[..cut])
+}
+
 /// A temporary name beside `name`, with this process's id in it (so that a later run can
-/// tell a leftover of a killed process from a copy in flight).
+/// tell a leftover of a killed process from a copy in flight); never longer than a legal name.
 pub fn tmp_name(name: &str) -> String {
     format!(
-        ".{name}.jfs-tmp-{}-{:08x}",
+        "{}-{}-{:08x}",
+        tmp_prefix(name),
         std::process::id(),
         rand::random::<u32>()
     )
@@ -34,7 +57,7 @@ fn remove_stale_temps(dest: &Path) {
     let (Some(dir), Some(name)) = (dest.parent(), dest.file_name().and_then(|n| n.to_str())) else {
         return;
     };
-    let prefix = format!(".{name}.jfs-tmp-");
+    let prefix = format!("{}-", tmp_prefix(name));
     let Ok(rd) = std::fs::read_dir(if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -499,4 +522,25 @@ pub async fn get(
     }
     let (files, bytes) = progress.finish();
     report("get", files, bytes, t0.elapsed(), &failures, quiet)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_legal_name_has_a_legal_temporary_name() {
+        for len in [1, 200, 225, 226, 240, 254, 255] {
+            for unit in ["a", "é", "水"] {
+                let name: String = unit.repeat(len / unit.len());
+                let t = tmp_name(&name);
+                assert!(t.len() <= NAME_MAX, "{len} x {unit:?}: {} bytes", t.len());
+                assert!(t.starts_with(&format!("{}-", tmp_prefix(&name))));
+            }
+        }
+        assert!(tmp_name("model.bin").starts_with(".model.bin.jfs-tmp-"));
+        // Two long names that share their first bytes have different prefixes.
+        let (a, b) = ("x".repeat(250) + "a", "x".repeat(250) + "b");
+        assert_ne!(tmp_prefix(&a), tmp_prefix(&b));
+    }
 }
