@@ -20,6 +20,18 @@ pub struct Worker {
 impl Worker {
     /// `prefix`: a command to run it under (e.g. `ip netns exec NS`).
     pub fn start(dir: &Path, name: &str, prefix: &[&str], args: &[&str]) -> Worker {
+        Self::start_with(dir, name, prefix, args, true)
+    }
+
+    /// `start`; without `own_state`, no `--state-dir` (the default one, as a user runs it),
+    /// with XDG_CACHE_HOME in `dir` so that tests do not share it.
+    pub fn start_with(
+        dir: &Path,
+        name: &str,
+        prefix: &[&str],
+        args: &[&str],
+        own_state: bool,
+    ) -> Worker {
         let (out, err) = (
             dir.join(format!("{name}.out")),
             dir.join(format!("{name}.err")),
@@ -33,15 +45,13 @@ impl Worker {
             }
             None => Command::new(bin("jfs-sync")),
         };
-        c.args(args)
-            .args([
-                "--worker",
-                name,
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--json",
-            ])
-            .stdin(Stdio::null())
+        c.args(args).args(["--worker", name, "--json"]);
+        if own_state {
+            c.args(["--state-dir", state.to_str().unwrap()]);
+        } else {
+            c.env("XDG_CACHE_HOME", dir.join("cache"));
+        }
+        c.stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(
                 std::fs::OpenOptions::new()

@@ -1132,3 +1132,497 @@ fn terminal_progress_is_a_bar_with_total_and_eta() {
         600
     );
 }
+
+/// `jfs ARGS` (the admin CLI), which must succeed; its stdout.
+fn jfs(args: &[&str]) -> String {
+    let o = Command::new(bin("jfs")).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "jfs {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A RocksDB volume with file:// blocks under `dir`: its META_URL.
+fn rocks_volume(dir: &Path, name: &str) -> String {
+    let meta = format!("rocksdb://{}/meta", dir.display());
+    jfs(&[
+        "format",
+        &meta,
+        name,
+        "--storage",
+        &format!("file://{}/blocks", dir.display()),
+    ]);
+    meta
+}
+
+/// Issue 25, item 7: resume state and journal positions are kept per what SRC and DST are,
+/// not per the command's text. The same `jfs://SRCVOL/data DIR --from-journal` with SRCVOL
+/// pointing at another volume (another uuid, a shorter journal) copies that volume; the same
+/// relative DST from another working directory is another destination; a --state-dir that
+/// holds another sync's progress is refused, naming both.
+#[test]
+fn resume_state_belongs_to_what_the_endpoints_are_not_their_spelling() {
+    let t = tempfile::tempdir().unwrap();
+    let (va, vb) = (t.path().join("va"), t.path().join("vb"));
+    std::fs::create_dir_all(&va).unwrap();
+    std::fs::create_dir_all(&vb).unwrap();
+    let (a, b) = (rocks_volume(&va, "a"), rocks_volume(&vb, "b"));
+    let (ta, tb) = (t.path().join("ta"), t.path().join("tb"));
+    make_tree(&ta, 60, 0);
+    for i in 0..5 {
+        std::fs::create_dir_all(tb.join("only-b")).unwrap();
+        std::fs::write(tb.join(format!("only-b/f{i}")), data(500 + i, 3000)).unwrap();
+    }
+    jfs(&["put", &a, s(&ta), "/data"]);
+    jfs(&["put", &b, s(&tb), "/data"]);
+    let dst = t.path().join("dst");
+    let job = Job::new();
+    let run = |meta: &str, cwd: &Path, dst: &str, extra: &[&str], code: i32| {
+        let mut c = job.cmd(&["jfs://SRCVOL/data", dst, "--from-journal", "--json"]);
+        c.args(extra).env("SRCVOL", meta).current_dir(cwd);
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(code), "{err}");
+        let v: Value = serde_json::from_str(
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .last()
+                .unwrap_or("null"),
+        )
+        .unwrap();
+        (v, err)
+    };
+    let (v, _) = run(&a, t.path(), s(&dst), &[], 0);
+    assert_eq!(n(&v, "copied"), 60, "{v}");
+    // SRCVOL now names volume b: its files arrive (it was "listed 0, copied 0" before).
+    let (v, err) = run(&b, t.path(), s(&dst), &[], 0);
+    assert!(err.contains("full listing this time"), "{err}");
+    assert_eq!((n(&v, "listed"), n(&v, "copied")), (5, 5), "{v}");
+    for i in 0..5 {
+        assert_eq!(
+            std::fs::read(dst.join(format!("only-b/f{i}"))).unwrap(),
+            data(500 + i, 3000)
+        );
+    }
+    // Back to a: its position is its own (nothing changed there since).
+    let (v, _) = run(&a, t.path(), s(&dst), &[], 0);
+    assert_eq!(n(&v, "listed"), 0, "{v}");
+    // The same relative DST from another working directory is another directory.
+    let other = t.path().join("elsewhere");
+    std::fs::create_dir_all(&other).unwrap();
+    let (v, _) = run(&a, t.path(), "rel-dst", &[], 0);
+    assert_eq!(n(&v, "copied"), 60, "{v}");
+    let (v, err) = run(&a, &other, "rel-dst", &[], 0);
+    assert!(err.contains("full listing this time"), "{err}");
+    assert_eq!(n(&v, "copied"), 60, "{v}");
+    assert_eq!(
+        bytes_only(&tree(&t.path().join("rel-dst"))),
+        bytes_only(&tree(&other.join("rel-dst")))
+    );
+    // A state directory named by hand that holds another sync's progress: refused loudly.
+    let sd = t.path().join("state");
+    run(&a, t.path(), s(&dst), &["--state-dir", s(&sd)], 0);
+    let o = job
+        .cmd(&[
+            "jfs://SRCVOL/data",
+            s(&dst),
+            "--from-journal",
+            "--state-dir",
+            s(&sd),
+        ])
+        .env("SRCVOL", &b)
+        .output()
+        .unwrap();
+    let e = integration::fails_clearly(&o, "holds the progress of another sync");
+    assert!(
+        e.contains("another --state-dir") && e.contains("volume uuid"),
+        "names both and the way out: {e}"
+    );
+}
+
+/// Every file under `dir` of a volume, from `jfs ls -R`.
+fn volume_names(meta: &str, dir: &str) -> Vec<String> {
+    jfs(&["ls", meta, dir, "-R"])
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// Issue 25, item 18: a sync into a volume killed with -9 leaves its temporary files; the
+/// run that resumes writes over them and renames them into place (the same temporary name at
+/// every attempt), and leftovers it finds on its destination (an earlier release's names
+/// included) are removed: `check` finds nothing extra and exits 0, and a copy out of the
+/// volume carries none of them.
+#[test]
+fn a_killed_sync_into_a_volume_leaves_no_temporary_files() {
+    let t = tempfile::tempdir().unwrap();
+    let meta = rocks_volume(t.path(), "k");
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("big.bin"), data(1, 24 << 20)).unwrap();
+    std::fs::write(src.join("sub/second.bin"), data(2, 16 << 20)).unwrap();
+    for i in 0..20 {
+        std::fs::write(src.join(format!("sub/s{i:02}")), data(10 + i, 5000)).unwrap();
+    }
+    // Leftovers as an earlier release's interrupted runs left them.
+    let junk = t.path().join("junk");
+    std::fs::create_dir_all(junk.join("sub")).unwrap();
+    std::fs::write(junk.join(".old.bin.jfs-sync-tmp-9d8247b3"), b"half").unwrap();
+    std::fs::write(junk.join("sub/.gone.jfs-sync-tmp"), b"half").unwrap();
+    jfs(&["put", &meta, s(&junk), "/k"]);
+    let job = Job::new();
+    let args = [s(&src), "jfs://V/k", "--bwlimit", "8M", "--threads", "2"];
+    let mut child = job
+        .cmd(&args)
+        .env("VOL", &meta)
+        .env("V", &meta)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed while a temporary file of this run is in the volume.
+    let t0 = Instant::now();
+    loop {
+        let names = volume_names(&meta, "/k");
+        if names
+            .iter()
+            .any(|n| n.contains(".big.bin.jfs-sync-tmp") || n.contains(".second.bin.jfs-sync-tmp"))
+        {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the copy ended before a temporary file was seen: make it bigger"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no temporary file: {names:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let o = job.cmd(&args).env("V", &meta).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = volume_names(&meta, "/k");
+    assert!(
+        names.iter().all(|n| !n.contains("jfs-sync-tmp")),
+        "temporary files left in the volume: {names:?}"
+    );
+    let o = job
+        .cmd(&["check", s(&src), "jfs://V/k", "--json"])
+        .env("V", &meta)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (n(&v, "missing"), n(&v, "differing"), n(&v, "extra")),
+        (0, 0, 0),
+        "{v}"
+    );
+    assert_eq!(o.status.code(), Some(0));
+    let out = t.path().join("out");
+    let o = job
+        .cmd(&["jfs://V/k", s(&out)])
+        .env("V", &meta)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&out)));
+}
+
+/// Issue 25, item 20: names up to the limit (255 bytes) are copied, to a directory and into
+/// a volume; the temporary name they are written under fits too.
+#[test]
+fn the_longest_legal_names_are_copied() {
+    let t = tempfile::tempdir().unwrap();
+    let meta = rocks_volume(&t.path().join("vol"), "long");
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    let names: Vec<String> = [241usize, 242, 250, 255]
+        .iter()
+        .map(|n| "n".repeat(*n))
+        .chain(["é".repeat(127)]) // 254 bytes of two-byte characters
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        std::fs::write(src.join(name), data(i as u64, 1000 + i)).unwrap();
+        // A big one goes through the streamed path (pieces), not the one-call copy.
+        std::fs::write(src.join("d").join(name), data(40 + i as u64, 5 << 20)).unwrap();
+    }
+    let job = Job::new();
+    let dst = t.path().join("dst");
+    let v = job.sync(&[s(&src), s(&dst)], 0);
+    assert_eq!(n(&v, "copied"), 2 * names.len() as u64, "{v}");
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
+    let mut c = job.cmd(&[s(&src), "jfs://LV/in", "--json"]);
+    let o = c.env("LV", &meta).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Read back by jfs-sync (`jfs get` writes its own temporary names, which do not fit yet).
+    let out = t.path().join("out");
+    let o = job
+        .cmd(&["jfs://LV/in", s(&out)])
+        .env("LV", &meta)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(bytes_only(&tree(&src)), bytes_only(&tree(&out)));
+}
+
+/// Issue 25, item 21: `check` exits 1 when anything is missing, differs or is extra, as its
+/// help says, and 0 only when both sides hold the same objects.
+#[test]
+fn check_exits_1_for_extra_objects_too() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    make_tree(&src, 10, 0);
+    let job = Job::new();
+    job.sync(&[s(&src), s(&dst)], 0);
+    let check = || {
+        let o = job.run(&["check", s(&src), s(&dst)]);
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    assert_eq!(check().0, Some(0), "{}", check().1);
+    std::fs::write(dst.join("only-here"), b"x").unwrap();
+    let (code, err) = check();
+    assert!(err.contains("1 extra"), "{err}");
+    assert_eq!(code, Some(1), "{err}");
+    let help = String::from_utf8_lossy(&job.run(&["check", "--help"]).stdout).into_owned();
+    assert!(help.contains("extra"), "{help}");
+}
+
+/// A read-only tmpfs mounted at `dir` (root), unmounted on drop.
+struct RoMount(PathBuf);
+
+impl RoMount {
+    fn new(dir: &Path) -> RoMount {
+        std::fs::create_dir_all(dir).unwrap();
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", s(dir)])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "mount (this test needs root): {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        RoMount(dir.to_path_buf())
+    }
+}
+
+impl Drop for RoMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).output();
+    }
+}
+
+/// Issue 25, item 24: a read-only destination fails each file once (no retries: they could
+/// not help), saying why, and the run ends with exit 1.
+#[test]
+fn a_read_only_destination_is_not_retried() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    for i in 0..12 {
+        std::fs::create_dir_all(src.join(format!("d{}", i % 3))).unwrap();
+        std::fs::write(src.join(format!("d{}/f{i}", i % 3)), data(i, 100)).unwrap();
+    }
+    std::fs::write(src.join("top"), data(99, 10)).unwrap();
+    let dst = t.path().join("ro");
+    let _m = RoMount::new(&dst);
+    let job = Job::new();
+    let o = job.run(&[s(&src), s(&dst), "--retries", "5", "--json"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let failed: Vec<&str> = err.lines().filter(|l| l.contains("failed:")).collect();
+    assert_eq!(failed.len(), 13, "one line per file: {err}");
+    for l in &failed {
+        assert!(
+            l.contains("after 1 attempt(s) (a read-only file system: not retried)"),
+            "{l}"
+        );
+    }
+    assert!(!err.contains("retrying"), "{err}");
+}
+
+/// Issue 25, item 26: `--delete-dst` without `--dirs` removes the directories its deletes
+/// emptied (a directory renamed at the source leaves no empty one behind), to a directory and
+/// into a volume; directories that still hold anything (an excluded file) stay.
+#[test]
+fn delete_dst_removes_the_directories_it_emptied() {
+    let t = tempfile::tempdir().unwrap();
+    let meta = rocks_volume(&t.path().join("vol"), "dirs");
+    let src = t.path().join("src");
+    for d in ["a/deep", "keep"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    std::fs::write(src.join("a/deep/x"), b"x").unwrap();
+    std::fs::write(src.join("a/y"), b"y").unwrap();
+    std::fs::write(src.join("keep/z"), b"z").unwrap();
+    let dst = t.path().join("dst");
+    let job = Job::new();
+    job.sync(&[s(&src), s(&dst)], 0);
+    let mut c = job.cmd(&[s(&src), "jfs://DV/t"]);
+    assert!(c.env("DV", &meta).output().unwrap().status.success());
+    // At dst only, under what will be emptied: an excluded file keeps its directory.
+    std::fs::write(dst.join("keep/z.log"), b"excluded").unwrap();
+    std::fs::rename(src.join("a"), src.join("b")).unwrap();
+    std::fs::remove_file(src.join("keep/z")).unwrap();
+    let v = job.sync(&[s(&src), s(&dst), "--delete-dst", "--exclude", "*.log"], 0);
+    assert_eq!(n(&v, "deleted"), 3, "{v}");
+    let mut dirs: Vec<String> = walk_dirs(&dst);
+    dirs.sort();
+    assert_eq!(
+        dirs,
+        ["b", "b/deep", "keep"],
+        "no emptied directory is left"
+    );
+    let mut c = job.cmd(&[s(&src), "jfs://DV/t", "--delete-dst"]);
+    let o = c.env("DV", &meta).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = volume_names(&meta, "/t");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n == "a" || n.ends_with("/a") || n == "keep"),
+        "emptied directories left in the volume: {names:?}"
+    );
+}
+
+/// Directories under `root`, relative.
+fn walk_dirs(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.push(p.strip_prefix(root).unwrap().display().to_string());
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Issue 25, item 26: two runs of the same sync at once (one state directory) are refused
+/// with what to do, not RocksDB's LOCK error.
+#[test]
+fn a_state_directory_in_use_is_refused_with_what_to_do() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big"), data(3, 8 << 20)).unwrap();
+    let (dst, sd) = (t.path().join("dst"), t.path().join("state"));
+    let job = Job::new();
+    let args = [s(&src), s(&dst), "--bwlimit", "1M", "--state-dir", s(&sd)];
+    let mut first = job
+        .cmd(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !sd.join("LOCK").exists() || !sd.join("CURRENT").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the first run never opened its state"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = job.run(&args);
+    let _ = first.kill();
+    let _ = first.wait();
+    let e = integration::fails_clearly(&o, "is in use by another jfs-sync");
+    assert!(e.contains("--state-dir"), "{e}");
+    assert!(!e.contains("LOCK"), "{e}");
+}
+
+/// Issue 25, item 26: a sync into a volume whose primary moved (a fenced old primary) is told
+/// the META_URL to use now, not only the new primary agent's address.
+#[test]
+fn a_sync_into_a_moved_volume_names_the_meta_url_to_use() {
+    let t = tempfile::tempdir().unwrap();
+    let meta = rocks_volume(t.path(), "moved");
+    let new_meta = "redis://10.9.8.7:6379/3?prefix=vol";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let e = meta::open(&meta, &meta::OpenOptions::default())
+            .await
+            .unwrap();
+        fs_core::site::set_moved(
+            &*e,
+            Some(&fs_core::site::Moved {
+                version: 1,
+                meta_url: new_meta.into(),
+                epoch: 1,
+                at_seq: 1,
+                at_ns: 0,
+            }),
+        )
+        .await
+        .unwrap();
+        fs_core::site::set_marker(
+            &*e,
+            &fs_core::site::MirrorMarker {
+                version: fs_core::site::MARKER_VERSION,
+                name: "region-a".into(),
+                primary: "b.internal:9566".into(),
+                store: format!("file://{}/blocks", t.path().display()),
+                origin_store: None,
+                since_ns: 0,
+            },
+        )
+        .await
+        .unwrap();
+    });
+    drop(rt);
+    let src = t.path().join("src");
+    make_tree(&src, 3, 0);
+    let job = Job::new();
+    let o = job
+        .cmd(&[s(&src), "jfs://MV/x"])
+        .env("MV", &meta)
+        .output()
+        .unwrap();
+    let e = integration::fails_clearly(&o, new_meta);
+    assert!(e.contains("MV"), "says which variable to change: {e}");
+}
+
+/// Issue 25, item 26: each subcommand's help lists only the flags it takes.
+#[test]
+fn job_status_help_lists_only_its_own_flags() {
+    let job = Job::new();
+    let help = String::from_utf8_lossy(&job.run(&["job", "status", "--help"]).stdout).into_owned();
+    assert!(help.contains("--json"), "{help}");
+    for flag in ["--endpoint", "--threads", "--transfers", "--log-file"] {
+        assert!(
+            !help.contains(flag),
+            "job status --help lists {flag}: {help}"
+        );
+    }
+    for sub in ["pause", "resume", "cancel", "delete"] {
+        let help = String::from_utf8_lossy(&job.run(&["job", sub, "--help"]).stdout).into_owned();
+        assert!(
+            !help.contains("--threads") && !help.contains("--json"),
+            "{sub}: {help}"
+        );
+    }
+    let o = job.run(&["job", "status", "redis://127.0.0.1:1/0#x", "--threads", "4"]);
+    assert_eq!(o.status.code(), Some(2));
+    // The sync and check still take theirs.
+    let help = String::from_utf8_lossy(&job.run(&["--help"]).stdout).into_owned();
+    assert!(
+        help.contains("--threads") && help.contains("--endpoint"),
+        "{help}"
+    );
+    let help = String::from_utf8_lossy(&job.run(&["check", "--help"]).stdout).into_owned();
+    assert!(
+        help.contains("--threads") && help.contains("--json"),
+        "{help}"
+    );
+}

@@ -755,3 +755,613 @@ fn from_journal_rounds_are_shared_through_postgres() {
 fn from_journal_rounds_are_shared_through_redis() {
     from_journal_rounds("JFS_TEST_REDIS", "jobjredis");
 }
+
+/// Files under `root` (not directories), counted.
+fn files_in(root: &std::path::Path) -> usize {
+    let mut n = 0;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Every record a job `name` has in its engine: Redis keys, or PostgreSQL rows.
+fn records_of(engine_var: &str, name: &str) -> usize {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let url = env(engine_var);
+        if engine_var.contains("REDIS") {
+            let (info, prefix) = meta::redis_info(&url, &meta::OpenOptions::default()).unwrap();
+            let client = redis::Client::open(info).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{prefix}*jfs-sync:{name}}}*"))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            keys.len()
+        } else {
+            let (cfg, schema) = meta::pg_config(&url, &meta::OpenOptions::default()).unwrap();
+            let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            let mut n = 0i64;
+            for (t, col) in [
+                ("jfs_sync_jobs", "name"),
+                ("jfs_sync_units", "job"),
+                ("jfs_sync_workers", "job"),
+                ("jfs_sync_deletes", "job"),
+                ("jfs_sync_buckets", "job"),
+                ("jfs_sync_keys", "job"),
+            ] {
+                let r = c
+                    .query_one(
+                        &format!("SELECT count(*) FROM {schema}.{t} WHERE {col} = $1"),
+                        &[&name],
+                    )
+                    .await
+                    .unwrap();
+                n += r.get::<_, i64>(0);
+            }
+            n as usize
+        }
+    })
+}
+
+/// Issue 25, item 19: a job deleted (`job delete --force`) while its workers copy: each
+/// worker stops, says so and exits 2, never "job done"; nothing of the job is written back
+/// (no record of it is left in the engine once they are gone). A job cancelled meanwhile
+/// stays cancelled, its workers exit 2 saying so.
+fn a_deleted_or_cancelled_job_stops_its_workers(engine_var: &str, tag: &str) {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    let total = small_tree(&src, 10, 300, 0);
+    for (what, verb) in [
+        ("delete", "was deleted while this worker ran"),
+        ("cancel", "the job was cancelled"),
+    ] {
+        let name = unique(tag);
+        let url = format!("{}#{name}", env(engine_var));
+        let dst = t.path().join(format!("dst-{what}"));
+        let args = [
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+            "--job",
+            &url,
+            "--bwlimit",
+            "1M",
+            "--lease",
+            "3s",
+        ];
+        let mut ws: Vec<Worker> = (0..2)
+            .map(|i| Worker::start(t.path(), &format!("{what}{i}"), &[], &args))
+            .collect();
+        let t0 = Instant::now();
+        while files_in(&dst) < 100 {
+            assert!(t0.elapsed() < Duration::from_secs(60), "nothing copied");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if what == "delete" {
+            jobs::job("delete", &url, &["--force"]);
+        } else {
+            jobs::job("cancel", &url, &[]);
+        }
+        for w in ws.iter_mut() {
+            let code = w.wait(Duration::from_secs(60));
+            let err = w.stderr();
+            assert_eq!(code, Some(2), "worker {}: {err}", w.name);
+            assert!(err.contains(verb), "worker {}: {err}", w.name);
+            assert!(!err.contains("job done"), "worker {}: {err}", w.name);
+        }
+        assert!(
+            files_in(&dst) < total,
+            "the job ran to its end before the {what}"
+        );
+        if what == "delete" {
+            assert_eq!(
+                records_of(engine_var, &name),
+                0,
+                "the deleted job was written back"
+            );
+            let o = Command::new(bin("jfs-sync"))
+                .args(["job", "status", &url])
+                .output()
+                .unwrap();
+            integration::fails_clearly(&o, "no job at");
+        } else {
+            assert_eq!(jobs::status(&url)["state"], "cancelled");
+            jobs::job("delete", &url, &[]);
+        }
+    }
+}
+
+#[test]
+fn a_deleted_or_cancelled_job_stops_its_workers_postgres() {
+    a_deleted_or_cancelled_job_stops_its_workers("JFS_TEST_PG", "deljpg");
+}
+
+#[test]
+fn a_deleted_or_cancelled_job_stops_its_workers_redis() {
+    a_deleted_or_cancelled_job_stops_its_workers("JFS_TEST_REDIS", "deljredis");
+}
+
+/// `jfs ARGS` with `env` (and JFS_META_PASSWORD removed unless given there), which must
+/// succeed.
+fn jfs_env(args: &[&str], env: &[(&str, &str)]) {
+    let mut c = Command::new(bin("jfs"));
+    c.args(args).env_remove("JFS_META_PASSWORD");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    assert!(
+        o.status.success(),
+        "jfs {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Issue 25, item 22: a worker that joins with other options is told which option differs,
+/// with the job's value and its own; so is one whose `jfs://NAME` names another volume.
+#[test]
+fn a_worker_with_other_options_is_told_which_and_both_values() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    small_tree(&src, 1, 3, 0);
+    let (s, d1) = (src.to_str().unwrap(), t.path().join("d1"));
+    let d1 = d1.to_str().unwrap();
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(bin("jfs-sync"));
+        c.args(args).env("XDG_CACHE_HOME", t.path());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let url = format!("{}#{}", env("JFS_TEST_PG"), unique("opts"));
+    let o = run(&["job", "create", s, d1, "--job", &url, "--size-only"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let e = integration::fails_clearly(
+        &run(&[s, d1, "--job", &url, "--checksum"], &[]),
+        r#"--checksum: the job has "false", this worker has "true""#,
+    );
+    assert!(
+        e.contains(r#"--size-only: the job has "true", this worker has "false""#),
+        "{e}"
+    );
+    assert!(
+        !e.contains("falsefalse") && !e.contains("|"),
+        "no internal strings: {e}"
+    );
+    let d2 = t.path().join("d2");
+    let e = integration::fails_clearly(
+        &run(
+            &[s, d2.to_str().unwrap(), "--job", &url, "--size-only"],
+            &[],
+        ),
+        &format!("DST: the job has {d1:?}"),
+    );
+    assert!(
+        e.contains(&format!("this worker has {:?}", d2.to_str().unwrap())),
+        "{e}"
+    );
+    jobs::job("delete", &url, &[]);
+    // The same `jfs://JV/data` naming another volume on this worker.
+    let mut metas = Vec::new();
+    for v in ["a", "b"] {
+        let m = format!("rocksdb://{}/{v}", t.path().display());
+        let store = format!("file://{}/{v}-blocks", t.path().display());
+        jfs_env(&["format", &m, v, "--storage", &store], &[]);
+        jfs_env(&["put", &m, s, "/data"], &[]);
+        metas.push(m);
+    }
+    let url = format!("{}#{}", env("JFS_TEST_PG"), unique("vols"));
+    let d3 = t.path().join("d3");
+    let d3 = d3.to_str().unwrap();
+    let o = run(
+        &["job", "create", "jfs://JV/data", d3, "--job", &url],
+        &[("JV", &metas[0])],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let e = integration::fails_clearly(
+        &run(&["jfs://JV/data", d3, "--job", &url], &[("JV", &metas[1])]),
+        "what SRC jfs://JV/data is: the job has \"volume path volume uuid",
+    );
+    assert!(
+        !std::path::Path::new(d3).exists() || std::fs::read_dir(d3).unwrap().next().is_none(),
+        "nothing was copied: {e}"
+    );
+    jobs::job("delete", &url, &[]);
+}
+
+/// A Redis server without a password on a free port, stopped (by PID) on drop.
+struct OpenRedis {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl OpenRedis {
+    fn start() -> OpenRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no", "--dir", dir.path().to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (apt: redis-server)");
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        OpenRedis {
+            child,
+            url: format!("redis://127.0.0.1:{port}/0"),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for OpenRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 25, item 23: the engine that refused a password is named (the job's Redis, the
+/// job's PostgreSQL, or a volume's metadata), a wrong Redis password is said at once (not
+/// "no answer within 10s"), and a job on PostgreSQL with a password-less Redis volume works
+/// with the job's password given by `?password_env=` (the documented way).
+#[test]
+fn each_refused_password_names_its_engine() {
+    let wrong = [("JFS_META_PASSWORD", "Wr0ng-pw")];
+    for (var, who) in [
+        ("JFS_TEST_REDIS", "the job's Redis"),
+        ("JFS_TEST_PG", "the job's PostgreSQL"),
+    ] {
+        let url = format!("{}#{}", env(var), unique("pw"));
+        let t0 = Instant::now();
+        let o = Command::new(bin("jfs-sync"))
+            .args(["job", "status", &url])
+            .envs(wrong)
+            .output()
+            .unwrap();
+        let e = integration::fails_clearly(&o, who);
+        assert!(e.contains("refused the password"), "{e}");
+        assert!(!e.contains("no answer") && !e.contains("Wr0ng"), "{e}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(9),
+            "took {:?}",
+            t0.elapsed()
+        );
+    }
+    let t = tempfile::tempdir().unwrap();
+    let r = OpenRedis::start();
+    let vol = format!("{}?prefix={}", r.url, unique("pv"));
+    let store = format!("file://{}/blocks", t.path().display());
+    jfs_env(&["format", &vol, "pv", "--storage", &store], &[]);
+    let src = t.path().join("src");
+    let files = small_tree(&src, 2, 20, 0);
+    jfs_env(&["put", &vol, src.to_str().unwrap(), "/data"], &[]);
+    let pw = env("JFS_META_PASSWORD");
+    let pg = env("JFS_TEST_PG");
+    let dst = t.path().join("dst");
+    // JFS_META_PASSWORD set for the job is sent to the volume's Redis too: refused, saying
+    // which engine and what to do.
+    let job = format!("{pg}#{}", unique("pw"));
+    let o = Command::new(bin("jfs-sync"))
+        .args(["jfs://RV/data", dst.to_str().unwrap(), "--job", &job])
+        .env("RV", &vol)
+        .env("JFS_META_PASSWORD", &pw)
+        .env("XDG_CACHE_HOME", t.path())
+        .output()
+        .unwrap();
+    let e = integration::fails_clearly(&o, "opening volume RV (its metadata at redis://");
+    assert!(
+        e.contains("has no password") && e.contains("?password_env="),
+        "{e}"
+    );
+    // The job's password by ?password_env=, JFS_META_PASSWORD unset: it works.
+    let (base, name) = job.split_once('#').unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let job = format!("{base}{sep}password_env=JOB_PW#{name}");
+    let o = Command::new(bin("jfs-sync"))
+        .args(["jfs://RV/data", dst.to_str().unwrap(), "--job", &job])
+        .env("RV", &vol)
+        .env("JOB_PW", &pw)
+        .env_remove("JFS_META_PASSWORD")
+        .env("XDG_CACHE_HOME", t.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(files_in(&dst), files);
+    let o = Command::new(bin("jfs-sync"))
+        .args(["job", "delete", &job])
+        .env("JOB_PW", &pw)
+        .env_remove("JFS_META_PASSWORD")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Issue 25, item 25: a finished job's status shows its duration and average rate, never a
+/// negative rate, and every report's seconds are the time it ran.
+#[test]
+fn job_status_and_reports_show_real_times_and_rates() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    small_tree(&src, 4, 100, 0);
+    let url = format!("{}#{}", env("JFS_TEST_REDIS"), unique("rate"));
+    let dst = t.path().join("dst");
+    let args = [
+        src.to_str().unwrap(),
+        dst.to_str().unwrap(),
+        "--job",
+        &url,
+        "--bwlimit",
+        "400K",
+        "--lease",
+        "3s",
+    ];
+    let mut ws = vec![Worker::start(t.path(), "rate0", &[], &args)];
+    let rep = wait_all(&mut ws, Duration::from_secs(60));
+    for part in ["summary", "worker"] {
+        let secs = rep[part]["seconds"].as_f64().unwrap();
+        assert!(secs >= 1.0, "{part} seconds {secs}: {rep}");
+    }
+    let st = jobs::status(&url);
+    let f = |k: &str| st[k].as_f64().unwrap_or_else(|| panic!("{k} in {st}"));
+    assert!(f("elapsed_s") >= 1.0, "{st}");
+    assert!(f("average_rate") > 0.0, "{st}");
+    assert!(st["rate"].as_f64().unwrap().is_sign_positive(), "{st}");
+    assert!(st["totals"]["seconds"].as_f64().unwrap() >= 1.0, "{st}");
+    for w in st["workers"].as_array().unwrap() {
+        assert!(w["totals"]["seconds"].as_f64().unwrap() > 0.0, "{w}");
+    }
+    let o = Command::new(bin("jfs-sync"))
+        .args(["job", "status", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        !text.contains("-0.0") && !text.contains(" in 0.0s"),
+        "{text}"
+    );
+    assert!(text.contains("on average"), "{text}");
+    jobs::job("delete", &url, &[]);
+}
+
+/// Issue 25, item 26: several workers of one job on one host, none given --state-dir, each
+/// takes a state of its own (not RocksDB's LOCK error).
+#[test]
+fn workers_on_one_host_need_no_state_dir_of_their_own() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    let total = small_tree(&src, 6, 100, 3);
+    let url = format!("{}#{}", env("JFS_TEST_PG"), unique("slots"));
+    let dst = t.path().join("dst");
+    let args = [
+        src.to_str().unwrap(),
+        dst.to_str().unwrap(),
+        "--job",
+        &url,
+        "--bwlimit",
+        "2M",
+    ];
+    let mut ws: Vec<Worker> = (0..3)
+        .map(|i| Worker::start_with(t.path(), &format!("slot{i}"), &[], &args, false))
+        .collect();
+    let rep = wait_all(&mut ws, Duration::from_secs(120));
+    assert_eq!(n(&rep["summary"], "copied"), total as u64, "{rep}");
+    assert_eq!(files_in(&dst), total);
+    jobs::job("delete", &url, &[]);
+}
+
+/// Issue 25, item 26: runbooks/migrate-with-many-workers.md as an operator runs it, step by
+/// step, each step's output compared with the runbook's "Expect"; the refusals its mistakes
+/// table lists are refusals, and the incremental rounds of its section 7 run (the table once
+/// said they were refused).
+#[test]
+fn the_many_workers_runbook_runs_as_written() {
+    use integration::runbook;
+    const RB: &str = "migrate-with-many-workers";
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    let total = small_tree(&src, 3, 40, 2);
+    let dst = t.path().join("dst");
+    let pg = env("JFS_TEST_PG");
+    let job = |tag: &str| {
+        let sep = if pg.contains('?') { '&' } else { '?' };
+        format!("{pg}{sep}password_env=JOB_PW#{}", unique(tag))
+    };
+    let pw = env("JFS_META_PASSWORD");
+    let cache = t.path().to_str().unwrap().to_string();
+    let (s, d) = (src.to_str().unwrap(), dst.to_str().unwrap());
+    let j1 = job("rb");
+    let env1 = [
+        ("SRC", s),
+        ("DST", d),
+        ("JOB", j1.as_str()),
+        ("JOB_PW", pw.as_str()),
+        ("XDG_CACHE_HOME", cache.as_str()),
+    ];
+    let out = runbook::run_ok(RB, "create", &env1);
+    assert!(
+        out.contains("created; start workers with: jfs-sync"),
+        "{out}"
+    );
+    let out = runbook::run_ok(RB, "set", &env1);
+    assert!(
+        out.contains("job limits now bwlimit 100M, tps 500"),
+        "{out}"
+    );
+    let out = runbook::run_ok(RB, "pause", &env1);
+    assert!(out.contains("paused"), "{out}");
+    let out = runbook::run_ok(RB, "resume", &env1);
+    assert!(out.contains("running"), "{out}");
+    let out = runbook::run_ok(RB, "worker", &env1);
+    assert!(out.contains("job done: listed"), "{out}");
+    assert_eq!(files_in(&dst), total);
+    let out = runbook::run_ok(RB, "status", &env1);
+    assert!(
+        out.contains("0 running, 0 pending, 0 failed") && out.contains(": done"),
+        "{out}"
+    );
+    // The mistakes table: the flags it says are refused with --job are.
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../runbooks/migrate-with-many-workers.md"),
+    )
+    .unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with('|') && l.contains("with `--job`") && l.contains("refused"))
+        .expect("the mistakes table names what is refused with --job");
+    let first = row.split('|').nth(1).unwrap();
+    assert!(
+        !first.contains("--from-journal"),
+        "section 7 runs --from-journal jobs: {row}"
+    );
+    let list = t.path().join("list");
+    std::fs::write(&list, "top0\n").unwrap();
+    for flag in first
+        .split('`')
+        .filter(|w| w.starts_with("--") && *w != "--job")
+    {
+        let mut c = Command::new(bin("jfs-sync"));
+        c.args([s, d, "--job", &j1, flag]).env("JOB_PW", &pw);
+        if flag == "--files-from" {
+            c.arg(&list);
+        }
+        let o = c.output().unwrap();
+        integration::fails_clearly(&o, flag);
+    }
+    let out = runbook::run_ok(RB, "delete", &env1);
+    assert!(out.contains("removed"), "{out}");
+    // Cancel: a job stays cancelled.
+    let j2 = job("rbc");
+    let env2 = [
+        ("SRC", s),
+        ("DST", d),
+        ("JOB", j2.as_str()),
+        ("JOB_PW", pw.as_str()),
+        ("XDG_CACHE_HOME", cache.as_str()),
+    ];
+    runbook::run_ok(RB, "create", &env2);
+    let out = runbook::run_ok(RB, "cancel", &env2);
+    assert!(out.contains("cancelled"), "{out}");
+    let out = runbook::run(RB, "worker", &env2);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the job was cancelled"));
+    runbook::run_ok(RB, "delete", &env2);
+    // Section 7: rounds from a volume's journal.
+    let meta = format!("rocksdb://{}/vol", t.path().display());
+    let store = format!("file://{}/blocks", t.path().display());
+    for args in [
+        vec!["format", &meta, "v", "--storage", &store],
+        vec!["put", &meta, s, "/data"],
+    ] {
+        let o = Command::new(bin("jfs")).args(&args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let j3 = job("rbj");
+    let d3 = t.path().join("d3");
+    let env3 = [
+        ("SRCVOL", meta.as_str()),
+        ("DST", d3.to_str().unwrap()),
+        ("JOB", j3.as_str()),
+        ("JOB_PW", pw.as_str()),
+        ("XDG_CACHE_HOME", cache.as_str()),
+    ];
+    let out = runbook::run_ok(RB, "incremental", &env3);
+    assert!(
+        out.contains("a full listing") && out.contains("job done"),
+        "{out}"
+    );
+    assert_eq!(files_in(&d3), total);
+    let out = runbook::run_ok(RB, "incremental", &env3);
+    assert!(
+        out.contains("0 changed keys") && out.contains("job done"),
+        "{out}"
+    );
+    runbook::run_ok(RB, "delete", &env3);
+}
+
+/// Ranges that finish at the same moment still release the deletion step: the last of them
+/// to commit sees every range done (found by the runbook's test: a job "done" with its
+/// deletion step left held, so nothing was deleted).
+#[test]
+fn ranges_finishing_at_once_still_start_the_deletion_step() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        for var in ["JFS_TEST_PG", "JFS_TEST_REDIS"] {
+            for round in 0..8 {
+                let url = format!("{}#{}", env(var), unique("fin"));
+                let board = sync_cli::job::open(&url).await.unwrap();
+                let spec = sync_cli::job::Spec {
+                    src: "/a".into(),
+                    dst: "/b".into(),
+                    src_id: None,
+                    dst_id: None,
+                    identity: String::new(),
+                    delete_dst: true,
+                    max_delete: None,
+                    from_journal: false,
+                    legacy_identity: None,
+                };
+                assert!(board.create(&spec, None, None).await.unwrap());
+                board.bind().await.unwrap();
+                let u = board.claim("w", 60_000, 10).await.unwrap().unwrap();
+                let cuts: Vec<String> = (1..16).map(|i| format!("k{i:02}")).collect();
+                assert!(board.split(u.id, u.token, &cuts).await.unwrap());
+                let mut held = vec![u];
+                while let Some(u) = board.claim("w", 60_000, 10).await.unwrap() {
+                    held.push(u);
+                }
+                assert_eq!(held.len(), 16, "the copy units (the deletion step is held)");
+                let done = sync_cli::job::Finish {
+                    state: "done",
+                    dst_listed: 0,
+                    error: None,
+                    tally: None,
+                };
+                let ends = futures::future::join_all(
+                    held.iter().map(|u| board.finish(u.id, u.token, &done)),
+                )
+                .await;
+                assert!(ends.iter().all(|e| matches!(e, Ok(true))), "{ends:?}");
+                let units = board.units().await.unwrap();
+                let step = units.iter().find(|u| u.kind == "delete").unwrap();
+                assert_eq!(step.state, "pending", "{var} round {round}: {units:?}");
+                board.remove().await.unwrap();
+            }
+        }
+    });
+}

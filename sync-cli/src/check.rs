@@ -26,7 +26,12 @@ async fn next(
 ) -> Result<Option<Entry>> {
     while buf.is_empty() {
         match rx.recv().await {
-            Some(p) => buf.extend(p?.into_iter().filter(|e| e.kind == Kind::File)),
+            // jfs-sync's temporary files (a copy in progress, or left by an interrupted run)
+            // are not objects of either side.
+            Some(p) => buf.extend(
+                p?.into_iter()
+                    .filter(|e| e.kind == Kind::File && !crate::endpoint::is_temp(&e.key)),
+            ),
             None => return Ok(None),
         }
     }

@@ -63,7 +63,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
-    /// Compare SRC and DST: report missing, differing and extra objects (exit 1 if any differ).
+    /// Compare SRC and DST: report missing, differing and extra objects (exit 0 when the two
+    /// sides hold the same objects, 1 when any is missing, differs or is extra, 2 on an error).
     Check(CheckArgs),
     /// A shared job: its progress, and pause, resume, cancel, limits, removal.
     #[command(subcommand)]
@@ -78,8 +79,9 @@ pub enum JobCmd {
     /// one line per worker; errors.
     Status {
         job: String,
-        #[command(flatten)]
-        common: Common,
+        /// The status as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Workers finish nothing new: each gives its units back (cursor kept) and waits.
     Pause { job: String },
@@ -132,22 +134,22 @@ pub struct CheckArgs {
 #[derive(Args, Debug, Clone)]
 pub struct Common {
     /// S3 endpoint URL (else from the URL's ?endpoint= or AWS_ENDPOINT_URL).
-    #[arg(long, global = true, help_heading = WHAT)]
+    #[arg(long, help_heading = WHAT)]
     pub endpoint: Option<String>,
     /// Concurrent object transfers.
-    #[arg(long, short = 'p', visible_alias = "transfers", default_value_t = 16, global = true, help_heading = SPEED)]
+    #[arg(long, short = 'p', visible_alias = "transfers", default_value_t = 16, help_heading = SPEED)]
     pub threads: usize,
     /// Final statistics as one JSON object on the last line of stdout.
-    #[arg(long, global = true, help_heading = OUTPUT)]
+    #[arg(long, help_heading = OUTPUT)]
     pub json: bool,
     /// Log format on stderr (human or json).
-    #[arg(long, default_value = "human", global = true, help_heading = OUTPUT)]
+    #[arg(long, default_value = "human", help_heading = OUTPUT)]
     pub log_format: String,
     /// More logging (-v, -vv).
-    #[arg(long, short = 'v', action = clap::ArgAction::Count, global = true, help_heading = OUTPUT)]
+    #[arg(long, short = 'v', action = clap::ArgAction::Count, help_heading = OUTPUT)]
     pub verbose: u8,
     /// Write logs to FILE (appended) instead of stderr.
-    #[arg(long, value_name = "FILE", global = true, help_heading = OUTPUT)]
+    #[arg(long, value_name = "FILE", help_heading = OUTPUT)]
     pub log_file: Option<PathBuf>,
 }
 

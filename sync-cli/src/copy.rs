@@ -204,8 +204,41 @@ impl Copier<'_> {
     }
 }
 
+/// An error that retrying cannot fix: a hostile key or unsupported kind (`Permanent`), a
+/// destination that refuses writes (read-only file system, permission denied, EPERM) or a
+/// name it cannot hold, from the local file system or a volume.
+pub fn is_permanent(e: &anyhow::Error) -> Option<&'static str> {
+    for c in e.chain() {
+        if c.is::<crate::endpoint::Permanent>() {
+            return Some("");
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            match io.raw_os_error() {
+                Some(30) => return Some("a read-only file system"),
+                Some(13) | Some(1) => return Some("permission denied"),
+                Some(36) => return Some("a name too long for the file system"),
+                _ => {}
+            }
+            match io.kind() {
+                std::io::ErrorKind::ReadOnlyFilesystem => return Some("a read-only file system"),
+                std::io::ErrorKind::PermissionDenied => return Some("permission denied"),
+                _ => {}
+            }
+        }
+        if let Some(f) = c.downcast_ref::<fs_core::Error>() {
+            match f.kind() {
+                fs_core::ErrorKind::ReadOnly => return Some("a read-only volume"),
+                fs_core::ErrorKind::PermissionDenied => return Some("permission denied"),
+                fs_core::ErrorKind::NameTooLong => return Some("a name too long for the volume"),
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
 /// Run `f` up to `1 + retries` times, sleeping 1 s, 2 s, 4 s... (capped at 30 s) in between.
-/// Permanent errors (hostile keys, unsupported kinds) fail at once: retrying cannot help.
+/// Permanent errors (`is_permanent`) fail at once: retrying cannot help.
 pub async fn with_retries<T, F, Fut>(retries: u32, key: &str, mut f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -215,13 +248,23 @@ where
     loop {
         match f().await {
             Ok(v) => return Ok(v),
-            Err(e)
-                if attempt >= retries
-                    || e.chain().any(|c| c.is::<crate::endpoint::Permanent>()) =>
-            {
-                return Err(e.context(format!("{key:?}: failed after {} attempt(s)", attempt + 1)))
-            }
             Err(e) => {
+                if let Some(why) = is_permanent(&e) {
+                    let what = if why.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({why}: not retried)")
+                    };
+                    return Err(e.context(format!(
+                        "{key:?}: failed after {} attempt(s){what}",
+                        attempt + 1
+                    )));
+                }
+                if attempt >= retries {
+                    return Err(
+                        e.context(format!("{key:?}: failed after {} attempt(s)", attempt + 1))
+                    );
+                }
                 attempt += 1;
                 tracing::warn!(key, attempt, error = %format!("{e:#}"), "retrying");
                 tokio::time::sleep(

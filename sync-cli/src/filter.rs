@@ -10,6 +10,7 @@
 //! - a key `a/b/c` is tested as `a/`, `a/b/`, then `a/b/c`. At each layer the first rule that
 //!   matches decides: an exclude is final (everything below an excluded directory is
 //!   excluded), an include ends that layer. A key no rule excludes is included.
+//!
 //! Rules are tried in the order given on the command line, includes and excludes interleaved.
 
 use anyhow::{bail, Context, Result};

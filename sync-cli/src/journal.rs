@@ -228,7 +228,7 @@ async fn changed_keys(
     let mut keys: BTreeSet<String> = volume_paths
         .iter()
         .filter_map(|p| vol.key_of(&format!("/{p}")))
-        .filter(|k| !k.is_empty())
+        .filter(|k| !k.is_empty() && !crate::endpoint::is_temp(k))
         .collect();
     // A renamed directory: everything now under the new name, and (for deletion at the
     // destination) everything the destination still has under the old name.

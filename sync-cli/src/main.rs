@@ -30,7 +30,12 @@ const DESTRUCTIVE: &[&str] = &[
 
 fn main() {
     let (cli, matches) = cli_common::parse::<Cli>(DESTRUCTIVE);
-    init_logging(&cli.common);
+    // The flags of the command given (each subcommand takes only the flags it uses).
+    match &cli.cmd {
+        Some(Cmd::Check(a)) => init_logging(&a.common),
+        Some(Cmd::Job(JobCmd::Create { common, .. })) => init_logging(common),
+        _ => init_logging(&cli.common),
+    }
     let rules = match filter_rules(&matches) {
         Ok(r) => r,
         Err(e) => {
@@ -322,33 +327,80 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         precision_ns: src.mtime_precision_ns().max(dst.mtime_precision_ns()),
         dst_upload_time: dst.mtime_is_upload(),
     };
-    // The job's identity: what decides which objects it copies.
-    let identity = format!(
-        "{:?}|{:?}|{}{}{}{}{}{}{}{}|{:?}|{:?}",
-        rules,
-        a.files_from,
-        a.checksum,
-        a.update,
-        a.ignore_existing,
-        a.existing,
-        a.force_update,
-        a.dirs,
-        a.links,
-        a.delete_dst,
-        (a.min_size, a.max_size, &a.start, &a.end, a.size_only),
-        a.from_journal
+    // The options that decide which objects are copied and how (a shared job's workers must
+    // agree on them; a resume state is the progress of these and no others), by name.
+    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+    let num = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
+    let identity = sync_cli::job::options_identity(&[
+        (
+            "filters",
+            format!(
+                "{:?}",
+                rules
+                    .iter()
+                    .map(|(inc, p)| format!("{} {p}", if *inc { '+' } else { '-' }))
+                    .collect::<Vec<_>>()
+            ),
+        ),
+        (
+            "--files-from",
+            a.files_from
+                .as_ref()
+                .map(|f| overlap::local(&f.to_string_lossy()).display().to_string())
+                .unwrap_or_default(),
+        ),
+        ("--checksum", a.checksum.to_string()),
+        ("--size-only", a.size_only.to_string()),
+        ("--update", a.update.to_string()),
+        ("--ignore-existing", a.ignore_existing.to_string()),
+        ("--existing", a.existing.to_string()),
+        ("--force-update", a.force_update.to_string()),
+        ("--dirs", a.dirs.to_string()),
+        ("--links", a.links.to_string()),
+        ("--perms", a.perms.to_string()),
+        ("--delete-dst", a.delete_dst.to_string()),
+        ("--min-size", num(a.min_size)),
+        ("--max-size", num(a.max_size)),
+        ("--start", opt(&a.start)),
+        ("--end", opt(&a.end)),
+        ("--from-journal", a.from_journal.to_string()),
+    ]);
+    // What SRC and DST are, not how they were spelled: a volume by its uuid, a directory by
+    // its absolute resolved path, a store by endpoint, bucket and prefix. Resume state is
+    // keyed by these, so `jfs://NAME/` naming another volume, or a relative path run from
+    // another directory, never picks up another job's progress.
+    let (src_id, dst_id) = (
+        overlap::identity(&src_spec, ep, &src.places()),
+        overlap::identity(&dst_spec, ep, &dst.places()),
     );
     let state = if a.dry_run {
         None
     } else {
-        let dir = a.state_dir.clone().unwrap_or_else(|| {
-            let job = a.job.as_deref().map(meta::redact).unwrap_or_default();
-            state::default_dir(&src_spec, &dst_spec, &format!("{identity}{job}"))
-        });
-        if a.reset_state {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        Some(Arc::new(State::open(&dir)?))
+        let job = a.job.as_deref().map(meta::redact).unwrap_or_default();
+        let ident = format!("{src_id}\n{dst_id}\n{identity}\n{job}");
+        let st = match &a.state_dir {
+            Some(dir) => {
+                if a.reset_state {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                State::open(dir)?
+            }
+            None => {
+                let dir = state::default_dir(&src_id, &dst_id, &format!("{identity}{job}"));
+                if a.reset_state {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                if a.job.is_some() {
+                    // Workers of one job on one host: each takes the first slot no other
+                    // running worker holds.
+                    state::open_free_slot(&dir)?
+                } else {
+                    State::open(&dir)?
+                }
+            }
+        };
+        st.claim(&ident, a.state_dir.is_some())?;
+        Some(Arc::new(st))
     };
     let mut opts = Options {
         threads: c.threads,
@@ -389,13 +441,35 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     }
     if let Some(url) = a.job.clone() {
         let board = sync_cli::job::open(&url).await?;
+        // Object stores are compared by their spec (workers may reach one by different
+        // endpoints); directories and volumes by what they are on this host.
+        let job_id = |id: &str| {
+            (id.starts_with("directory ") || id.starts_with("volume path ")).then(|| id.to_string())
+        };
         let spec = sync_cli::job::Spec {
             src: src_spec.clone(),
             dst: dst_spec.clone(),
+            src_id: job_id(&src_id),
+            dst_id: job_id(&dst_id),
             identity: identity.clone(),
             delete_dst: a.delete_dst,
             max_delete: a.max_delete.clone(),
             from_journal: a.from_journal,
+            legacy_identity: Some(format!(
+                "{:?}|{:?}|{}{}{}{}{}{}{}{}|{:?}|{:?}",
+                rules,
+                a.files_from,
+                a.checksum,
+                a.update,
+                a.ignore_existing,
+                a.existing,
+                a.force_update,
+                a.dirs,
+                a.links,
+                a.delete_dst,
+                (a.min_size, a.max_size, &a.start, &a.end, a.size_only),
+                a.from_journal
+            )),
         };
         if plan_only {
             let created = if a.from_journal {
@@ -432,10 +506,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
                 .unwrap_or(a.stats),
             quiet,
         };
-        let metrics = match &a.metrics {
-            Some(_) => Some(stats.clone()),
-            None => None,
-        };
+        let metrics = a.metrics.as_ref().map(|_| stats.clone());
         tracing::info!(job = %meta::redact(&url), worker = %wo.worker, "joining the shared job");
         let r = sync_cli::job::work(
             board,
@@ -453,13 +524,15 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         if let Some(m) = &r.message {
             eprintln!("jfs-sync: {m}");
         }
-        eprintln!(
-            "jfs-sync: job {}: {}; {} units, {} reassigned after a lost lease",
-            r.state,
-            r.summary.line(),
-            r.units,
-            r.reassigned
-        );
+        if r.state != "deleted" {
+            eprintln!(
+                "jfs-sync: job {}: {}; {} units, {} reassigned after a lost lease",
+                r.state,
+                r.summary.line(),
+                r.units,
+                r.reassigned
+            );
+        }
         eprintln!(
             "jfs-sync: this worker: {}; {} saves refused (lease lost)",
             r.worker.line(),
@@ -509,10 +582,10 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
 async fn job_cmd(j: JobCmd) -> Result<i32> {
     use sync_cli::job;
     match j {
-        JobCmd::Status { job: url, common } => {
+        JobCmd::Status { job: url, json } => {
             let b = job::open(&url).await?;
             let st = job::status(&*b, &url).await?;
-            if common.json {
+            if json {
                 println!("{}", serde_json::to_string(&st)?);
             } else {
                 print!("{}", st.text());
@@ -533,7 +606,7 @@ async fn job_cmd(j: JobCmd) -> Result<i32> {
             if let Some(b) = &bwlimit {
                 BwSchedule::parse(b).with_context(|| format!("--bwlimit {b:?}"))?;
             }
-            let b = job::open(&url).await?;
+            let b = open_job(&url).await?;
             let c = b.control().await?;
             let bw = match bwlimit {
                 Some(x) if x == "off" || x == "0" => None,
@@ -573,7 +646,7 @@ async fn job_cmd(j: JobCmd) -> Result<i32> {
 
 /// Move a job to `want` from one of the states `from`.
 async fn job_state(url: &str, want: &str, from: &[&str]) -> Result<i32> {
-    let b = sync_cli::job::open(url).await?;
+    let b = open_job(url).await?;
     let c = b.control().await?;
     if c.state == want {
         eprintln!("jfs-sync: job {} is {want} already", meta::redact(url));
@@ -586,12 +659,29 @@ async fn job_state(url: &str, want: &str, from: &[&str]) -> Result<i32> {
             c.state
         );
     }
-    b.set_state(want).await?;
+    if !b.set_state(want, Some(&c.state)).await? {
+        let now = b.control().await?.state;
+        bail!(
+            "job {} became {now} meanwhile: it cannot become {want} from there; look again with `jfs-sync job status`",
+            meta::redact(url)
+        );
+    }
     eprintln!(
         "jfs-sync: job {} {want} (workers see it within a third of their lease)",
         meta::redact(url)
     );
     Ok(0)
+}
+
+/// An existing job, joined (`Board::bind`), for the commands that change it: a job deleted
+/// meanwhile is then never written back.
+async fn open_job(url: &str) -> Result<Arc<dyn sync_cli::job::Board>> {
+    let b = sync_cli::job::open(url).await?;
+    match b.bind().await {
+        Ok(_) => Ok(b),
+        Err(e) if sync_cli::job::is_gone(&e) => bail!("no job at {}", meta::redact(url)),
+        Err(e) => Err(e),
+    }
 }
 
 fn refuse_overlap(
@@ -627,5 +717,11 @@ async fn check(a: sync_cli::cli::CheckArgs) -> Result<i32> {
             r.same, r.missing, r.differing, r.extra
         );
     }
-    Ok(if r.missing + r.differing > 0 { 1 } else { 0 })
+    // Extra objects are a difference too: the two sides are not the same (rclone's `check`
+    // counts them the same way).
+    Ok(if r.missing + r.differing + r.extra > 0 {
+        1
+    } else {
+        0
+    })
 }

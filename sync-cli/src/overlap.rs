@@ -86,6 +86,21 @@ pub fn find(src: &[(String, Place)], dst: &[(String, Place)]) -> Option<String> 
     None
 }
 
+/// What an endpoint is, beyond its spelling, for keying its resume state and comparing the
+/// workers of a shared job: `volume path uuid X path /p` for a volume (from `opened`, the
+/// places of the opened endpoint), `directory /abs/resolved` for a local directory,
+/// `prefix STORE/PREFIX` for an object store (service, endpoint, bucket), else the spec.
+pub fn identity(spec: &str, endpoint_flag: Option<&str>, opened: &[(String, Place)]) -> String {
+    let (what, place) = match opened.first() {
+        Some(p) => p.clone(),
+        None => match of_spec(spec, endpoint_flag).into_iter().next() {
+            Some(p) => p,
+            None => return format!("spec {spec}"),
+        },
+    };
+    format!("{what} {place}")
+}
+
 /// An absolute local path with `.`/`..` resolved and symlinks resolved as far as it exists.
 pub fn local(path: &str) -> PathBuf {
     let p = Path::new(path);

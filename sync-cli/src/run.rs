@@ -556,7 +556,7 @@ pub async fn sync_range(
                 tokio::select! {
                     _ = iv.tick() => {
                         ticks += 1;
-                        if ticks % 60 == 0 {
+                        if ticks.is_multiple_of(60) {
                             ctx.o.limits.refresh();
                         }
                     }
@@ -607,6 +607,20 @@ pub async fn sync_range(
                 .map(|e| e.key.clone())
                 .expect("one side");
             let inline = |o: Outcome| ctx.window().inline(key.clone(), o);
+            if crate::endpoint::is_temp(&key) {
+                // A file being written by jfs-sync (or left by an interrupted run): never
+                // copied, compared or counted. On the destination it is a leftover of an
+                // earlier attempt on this range (this run's own are made after its listing
+                // of their directory): removed, so that nothing shows it or copies it on.
+                if let (Some(d), false) = (&de, o.dry_run) {
+                    match dst.delete(&d.key, Kind::File).await {
+                        Ok(()) => tracing::info!(key = %d.key, "removed a temporary file an interrupted run left"),
+                        Err(e) => tracing::warn!(key = %d.key, error = %format!("{e:#}"), "removing a temporary file an interrupted run left"),
+                    }
+                }
+                ctx.window().merged_to = Some(key.clone());
+                continue;
+            }
             let Some(s) = se else {
                 let d = de.expect("dst side");
                 if !o.filter.in_range(&d.key) || !o.filter.key_included(&d.key) {
@@ -766,6 +780,7 @@ pub async fn sync_range(
                 st.finish()?;
             }
         } else {
+            let mut files = Vec::new();
             for (key, is_dir) in deletes {
                 let kind = if is_dir { Kind::Dir } else { Kind::File };
                 match with_retries(o.retries, &key, || dst.delete(&key, kind)).await {
@@ -774,12 +789,20 @@ pub async fn sync_range(
                         if let Some(st) = &state {
                             st.deleted(&key)?;
                         }
+                        if !is_dir {
+                            files.push(key);
+                        }
                     }
                     Err(e) => {
                         Stats::add(&stats.failed, 1);
                         eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
                     }
                 }
+            }
+            // Without --dirs, directories are not objects of the sync: those the deletes
+            // emptied go with them (with --dirs, an extraneous directory is itself deleted).
+            if !o.dirs {
+                crate::endpoint::prune_emptied(&*dst, &files).await;
             }
         }
     } else if o.delete_dst && (failed > 0 || fatal.is_some()) {

@@ -2,10 +2,12 @@
 //! and options>): the listing cursor (every key at or before it is resolved) with the tally of
 //! what those keys came to, the keys copied after it (with what was done to them), the
 //! destination keys to delete at the end, and the journal position for `--from-journal`.
+//! A state records whose progress it is (`claim`: what SRC and DST are, by volume uuid,
+//! resolved path or store, and the options), and is never used for another job.
 //! Puts go through the WAL without fsync: a killed process (even kill -9) loses nothing the
 //! OS has, and a lost tail only means a few objects are copied again.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use rocksdb::{WriteBatch, DB};
 use std::path::{Path, PathBuf};
 
@@ -20,6 +22,8 @@ const TALLY: &[u8] = b"tally";
 /// Deletes done so far in the deletion step (it may be interrupted too).
 const DELETED: &[u8] = b"deleted";
 const JOURNAL_SEQ: &[u8] = b"journal_seq";
+/// Whose progress this is: SRC's and DST's identities, the options, the shared job.
+const IDENTITY: &[u8] = b"identity";
 const DONE: &[u8] = b"done:";
 const DELETE: &[u8] = b"del:";
 const MULTIPART: &[u8] = b"mpu:";
@@ -52,12 +56,16 @@ impl State {
         // Small memtables: a million done-keys should not cost 64 MiB buffers of RAM.
         o.set_write_buffer_size(8 << 20);
         o.set_max_write_buffer_number(2);
-        let db = DB::open(&o, path).with_context(|| {
-            format!(
-                "opening the state in {} (is another jfs-sync running the same job?)",
-                path.display()
-            )
-        })?;
+        let db = match DB::open(&o, path) {
+            Ok(db) => db,
+            Err(e) if locked(&e) => {
+                return Err(anyhow::Error::new(Locked(path.to_path_buf())));
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("opening the resume state in {}", path.display())))
+            }
+        };
         Ok(State {
             db,
             path: path.to_path_buf(),
@@ -66,6 +74,58 @@ impl State {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Tie this state to `identity` (what SRC and DST are and the options): a fresh state
+    /// records it; a state kept for another identity is refused, naming both (`chosen`: the
+    /// user named this directory); a state of an earlier release, which recorded none, is
+    /// started afresh. Progress is never taken from another job's state.
+    pub fn claim(&self, identity: &str, chosen: bool) -> Result<()> {
+        match self.db.get(IDENTITY)? {
+            Some(v) if v == identity.as_bytes() => Ok(()),
+            Some(v) => {
+                let had = String::from_utf8_lossy(&v).into_owned();
+                let show = |s: &str| {
+                    let mut l = s.lines();
+                    format!("{} -> {}", l.next().unwrap_or("?"), l.next().unwrap_or("?"))
+                };
+                let what = if show(&had) == show(identity) {
+                    "with other options".to_string()
+                } else {
+                    format!("for {}", show(&had))
+                };
+                bail!(
+                    "the resume state in {} holds the progress of another sync ({what}); this run is {}: {}",
+                    self.path.display(),
+                    show(identity),
+                    if chosen {
+                        "give this run another --state-dir (or --reset-state to discard that progress)"
+                    } else {
+                        "run with --reset-state to start this one afresh"
+                    }
+                )
+            }
+            None => {
+                let has_progress = self.cursor()?.is_some()
+                    || self.journal_seq()?.is_some()
+                    || self
+                        .db
+                        .prefix_iterator(DONE)
+                        .next()
+                        .is_some_and(|r| r.is_ok_and(|(k, _)| k.starts_with(DONE)));
+                if has_progress {
+                    eprintln!(
+                        "jfs-sync: the resume state in {} does not say whose progress it holds (an earlier release wrote it): starting afresh",
+                        self.path.display()
+                    );
+                    let mut b = WriteBatch::default();
+                    b.delete_range(&[0u8][..], &[0xffu8; 8][..]);
+                    self.db.write(b)?;
+                }
+                self.db.put(IDENTITY, identity)?;
+                Ok(self.db.flush_wal(true)?)
+            }
+        }
     }
 
     pub fn cursor(&self) -> Result<Option<String>> {
@@ -206,10 +266,14 @@ impl State {
     /// replaying a WAL with a put and a delete per object of this run.
     pub fn finish(&self) -> Result<()> {
         let seq = self.journal_seq()?;
+        let identity = self.db.get(IDENTITY)?;
         let mut b = WriteBatch::default();
         b.delete_range(&[0u8][..], &[0xffu8; 8][..]);
         if let Some(seq) = seq {
             b.put(JOURNAL_SEQ, seq.to_string());
+        }
+        if let Some(id) = identity {
+            b.put(IDENTITY, id);
         }
         self.db.write(b)?;
         self.db.flush()?;
@@ -222,7 +286,47 @@ impl State {
     }
 }
 
-/// The default state dir of a job: a hash of what defines it.
+/// A state directory another process holds open (RocksDB's lock).
+#[derive(Debug)]
+pub struct Locked(pub PathBuf);
+
+impl std::fmt::Display for Locked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the resume state in {} is in use by another jfs-sync (the same SRC, DST and options, or the same --state-dir): wait for it to end, or give this run a --state-dir of its own (each worker of a shared job needs its own)",
+            self.0.display()
+        )
+    }
+}
+
+impl std::error::Error for Locked {}
+
+fn locked(e: &rocksdb::Error) -> bool {
+    let m = e.to_string();
+    m.contains("lock")
+        && (m.contains("Resource temporarily unavailable") || m.contains("No locks available"))
+}
+
+/// The state of a shared job's worker without `--state-dir`: the first of `dir/worker-N`
+/// that no running worker holds, so that several workers of one job run on one host (a
+/// restarted worker takes over a slot, with the multipart uploads it recorded).
+pub fn open_free_slot(dir: &Path) -> Result<State> {
+    for i in 0..64 {
+        match State::open(&dir.join(format!("worker-{i}"))) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.is::<Locked>() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    bail!(
+        "64 workers of this job run on this host already (their states are in {}): give this one a --state-dir of its own",
+        dir.display()
+    )
+}
+
+/// The default state dir of a job: a hash of what defines it (`src` and `dst` are the
+/// endpoints' identities, not their spelling).
 pub fn default_dir(src: &str, dst: &str, options: &str) -> PathBuf {
     let h = crc32c::crc32c_append(
         crc32c::crc32c(format!("{src}\0{dst}").as_bytes()),

@@ -95,13 +95,16 @@ pub(crate) fn map_err(e: redis::RedisError, what: &str) -> Error {
     let temporary =
         e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal();
     let msg = format!("redis {what}: {e}");
+    if msg.contains("without any password configured") {
+        return no_password_wanted(what);
+    }
     if e.kind() == redis::ErrorKind::AuthenticationFailed
         || msg.contains("NOAUTH")
         || msg.contains("WRONGPASS")
     {
         return Error::new(
             ErrorKind::PermissionDenied,
-            format!("redis {what}: authentication failed (check JFS_META_PASSWORD)"),
+            format!("redis {what}: authentication failed (check the password: {}, or the variable the URL's ?password_env= names)", crate::PASSWORD_ENV),
         );
     }
     if temporary {
@@ -111,12 +114,24 @@ pub(crate) fn map_err(e: redis::RedisError, what: &str) -> Error {
     }
 }
 
+/// A password sent to a Redis that has none.
+fn no_password_wanted(what: &str) -> Error {
+    Error::new(
+        ErrorKind::PermissionDenied,
+        format!("redis {what}: authentication failed: this Redis has no password, but one was sent (from {}, or the variable the URL's ?password_env= names): leave {} unset for it, and give the URLs that need a password their own ?password_env=VAR", crate::PASSWORD_ENV, crate::PASSWORD_ENV),
+    )
+}
+
 impl RedisEngine {
     pub async fn connect(
         info: redis::ConnectionInfo,
         prefix: &str,
         display: String,
     ) -> Result<Self> {
+        let sent_password = info.redis.password.is_some();
+        let mut bare = info.clone();
+        bare.redis.password = None;
+        bare.redis.username = None;
         let client = redis::Client::open(info)
             .map_err(|e| Error::new(ErrorKind::Config, format!("redis URL: {e}")))?;
         // Probe with one plain connection first: a refused connection or bad credentials fail
@@ -124,14 +139,33 @@ impl RedisEngine {
         let probe_cfg = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Duration::from_secs(5))
             .set_response_timeout(Duration::from_secs(10));
-        let mut probe = client
-            .get_multiplexed_async_connection_with_config(&probe_cfg)
-            .await
-            .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
-        let _: String = redis::cmd("PING")
-            .query_async(&mut probe)
-            .await
-            .map_err(|e| map_err(e, &format!("connecting to {display}")))?;
+        let probed = async {
+            let mut probe = client
+                .get_multiplexed_async_connection_with_config(&probe_cfg)
+                .await?;
+            redis::cmd("PING").query_async::<String>(&mut probe).await
+        }
+        .await;
+        if let Err(e) = probed {
+            let mut err = map_err(e, &format!("connecting to {display}"));
+            // The client library keeps no word of why a password was refused: a server with no
+            // password at all refuses any (one meant for another URL, e.g. JFS_META_PASSWORD
+            // set for a job engine). Say so when that is the case.
+            if sent_password && err.kind() == ErrorKind::PermissionDenied {
+                if let Ok(c) = redis::Client::open(bare) {
+                    let open = async {
+                        let mut p = c
+                            .get_multiplexed_async_connection_with_config(&probe_cfg)
+                            .await?;
+                        redis::cmd("PING").query_async::<String>(&mut p).await
+                    };
+                    if open.await.is_ok() {
+                        err = no_password_wanted(&format!("connecting to {display}"));
+                    }
+                }
+            }
+            return Err(err);
+        }
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Duration::from_secs(5))
             .set_response_timeout(Duration::from_secs(60))

@@ -200,7 +200,7 @@ impl LocalDir {
                     }
                 }),
             };
-            let tmp = format!(".{name}.jfs-sync-tmp");
+            let tmp = super::temp_name(&name);
             let mut to = dir
                 .create(&tmp)
                 .with_context(|| format!("creating {tmp} for {key}"))?
@@ -471,9 +471,9 @@ impl LocalSink {
                 Some(p) => {
                     dir.create_dir_all(p)
                         .with_context(|| format!("creating the directory of {key}"))?;
-                    format!("{}/.{name}.jfs-sync-tmp", p.display())
+                    format!("{}/{}", p.display(), super::temp_name(name))
                 }
-                None => format!(".{name}.jfs-sync-tmp"),
+                None => super::temp_name(name),
             };
             let file = dir
                 .create(&tmp)
@@ -662,6 +662,23 @@ impl Endpoint for LocalDir {
 
     fn as_local(&self) -> Option<&LocalDir> {
         Some(self)
+    }
+
+    async fn remove_empty_dir(&self, key: &str) -> Result<bool> {
+        check_key(key)?;
+        let (dir, k) = (self.dir.clone(), key.to_string());
+        blocking(move || match dir.remove_dir(rel(&k)) {
+            Ok(()) => Ok(true),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.kind() == std::io::ErrorKind::DirectoryNotEmpty
+                    || e.raw_os_error() == Some(39) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e).with_context(|| format!("removing directory {k}")),
+        })
+        .await
     }
 
     fn durable_later(&self) -> bool {

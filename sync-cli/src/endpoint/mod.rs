@@ -102,6 +102,12 @@ pub trait Endpoint: Send + Sync {
     async fn sync(&self) -> Result<()> {
         Ok(())
     }
+    /// Remove directory `key` (a key ending in '/') if it is empty: Ok(true) when removed,
+    /// Ok(false) when it holds something or is not there. Endpoints without directories
+    /// (object stores) have nothing to remove.
+    async fn remove_empty_dir(&self, _key: &str) -> Result<bool> {
+        Ok(false)
+    }
     /// Places this endpoint reads or writes that its spec alone does not tell (a volume's
     /// uuid and block store), for the overlap check.
     fn places(&self) -> Vec<(String, crate::overlap::Place)> {
@@ -136,6 +142,51 @@ impl std::fmt::Display for TooWide {
 }
 
 impl std::error::Error for TooWide {}
+
+/// What ends the temporary name a file is written under before it is renamed into place.
+pub const TMP_SUFFIX: &str = ".jfs-sync-tmp";
+
+/// The temporary name of a file called `name` in the same directory: `.NAME.jfs-sync-tmp`,
+/// or, for a name too long for that (a name has at most 255 bytes), the name cut on a
+/// character boundary plus its CRC32C: `.PREFIX~CRC.jfs-sync-tmp`. The same for every
+/// attempt, so that a resumed run writes over what an interrupted one left and renames it.
+pub fn temp_name(name: &str) -> String {
+    const MAX: usize = 255;
+    if 1 + name.len() + TMP_SUFFIX.len() <= MAX {
+        return format!(".{name}{TMP_SUFFIX}");
+    }
+    let room = MAX - 1 - 9 - TMP_SUFFIX.len(); // '.', '~' and 8 hex digits, the suffix
+    let mut cut = room.min(name.len());
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(
+        ".{}~{:08x}{TMP_SUFFIX}",
+        &name[..cut],
+        crc32c::crc32c(name.as_bytes())
+    )
+}
+
+/// Is `key` a temporary file of jfs-sync: `temp_name`'s form, or the `.NAME.jfs-sync-tmp-HEX`
+/// an earlier release wrote in volumes? Such files are never copied, compared or counted;
+/// a run that finds one on its destination removes it.
+pub fn is_temp(key: &str) -> bool {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    if !name.starts_with('.') {
+        return false;
+    }
+    if name.ends_with(TMP_SUFFIX) && name.len() > 1 + TMP_SUFFIX.len() {
+        return true;
+    }
+    match name.rsplit_once("-") {
+        Some((head, hex)) => {
+            head.ends_with(TMP_SUFFIX)
+                && hex.len() == 8
+                && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        }
+        None => false,
+    }
+}
 
 /// Object keys are untrusted. A key is refused when it could name something outside the
 /// destination or something other than what it says: empty or `.`/`..` components, an
@@ -174,6 +225,33 @@ pub fn check_key(key: &str) -> Result<()> {
     Ok(())
 }
 
+/// After `--delete-dst` deleted `deleted` (file keys) without `--dirs`: remove the
+/// directories those deletes left empty, deepest first (a directory renamed at the source
+/// leaves none behind). A directory that still holds anything (an excluded file, a copy)
+/// stays; so does the destination's root. Returns how many were removed.
+pub async fn prune_emptied(dst: &dyn Endpoint, deleted: &[String]) -> usize {
+    let mut dirs = std::collections::BTreeSet::new();
+    for k in deleted {
+        let mut k = k.trim_end_matches('/');
+        while let Some((parent, _)) = k.rsplit_once('/') {
+            dirs.insert(format!("{parent}/"));
+            k = parent;
+        }
+    }
+    let mut removed = 0;
+    // Descending key order puts `a/b/` before `a/`.
+    for d in dirs.iter().rev() {
+        match dst.remove_empty_dir(d).await {
+            Ok(true) => removed += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(dir = %d, error = %format!("{e:#}"), "removing a directory the deletes emptied")
+            }
+        }
+    }
+    removed
+}
+
 /// Open an endpoint from its command-line form: a local path (or `file://`), `s3://`,
 /// `memory://`, or `jfs://NAME/path`. `write`: this run writes or deletes there (a volume is
 /// then opened for writing, which a mirror's metadata refuses); `create` makes a missing
@@ -199,56 +277,6 @@ pub async fn open(
         ));
     }
     Ok(Arc::new(LocalDir::open_with(spec, create)?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_key;
-    use proptest::prelude::*;
-
-    #[test]
-    fn hostile_keys_are_refused() {
-        for k in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "a/../../x",
-            "a/./b",
-            "a//b",
-            "a\\..\\b",
-            "C:/x",
-            "c:x",
-            "a\0b",
-            "a\nb",
-            &"x".repeat(256),
-            &format!("a/{}", "y".repeat(300)),
-        ] {
-            assert!(check_key(k).is_err(), "{k:?} was accepted");
-        }
-        for k in ["a", "a/b.txt", "dir/", "..a", "a..", "ü/ñ", "a b/c-d_e"] {
-            assert!(check_key(k).is_ok(), "{k:?} was refused");
-        }
-    }
-
-    proptest! {
-        /// Any key that passes never leaves the destination: joined under a root and
-        /// normalised, it still starts with that root.
-        #[test]
-        fn accepted_keys_stay_inside(parts in proptest::collection::vec("[a-z.]{0,4}|\\.\\.|\\.", 1..6)) {
-            let key = parts.join("/");
-            if check_key(&key).is_ok() {
-                let mut depth: i32 = 0;
-                for c in key.split('/') {
-                    match c {
-                        ".." => depth -= 1,
-                        "." | "" => {}
-                        _ => depth += 1,
-                    }
-                    prop_assert!(depth >= 0, "{key} escapes");
-                }
-            }
-        }
-    }
 }
 
 /// A destination that does not exist yet, for `--dry-run`: it lists nothing and refuses
@@ -295,5 +323,90 @@ impl Endpoint for Missing {
     }
     async fn delete(&self, _key: &str, _kind: Kind) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_key;
+    use proptest::prelude::*;
+
+    #[test]
+    fn temporary_names_fit_every_legal_name_and_are_recognised() {
+        use super::{is_temp, temp_name};
+        for len in [1, 200, 241, 242, 250, 255] {
+            let name = "n".repeat(len);
+            let t = temp_name(&name);
+            assert!(t.len() <= 255, "{len}: {} bytes", t.len());
+            assert!(is_temp(&t) && is_temp(&format!("a/b/{t}")), "{t}");
+            assert!(!is_temp(&name));
+            assert_eq!(t, temp_name(&name), "the same name each time");
+        }
+        // Long names that differ only after the cut get different temporary names.
+        let (a, b) = (
+            format!("{}a", "x".repeat(250)),
+            format!("{}b", "x".repeat(250)),
+        );
+        assert_ne!(temp_name(&a), temp_name(&b));
+        // Multi-byte characters are never cut in half.
+        let wide = "é".repeat(127); // 254 bytes
+        assert!(temp_name(&wide).len() <= 255);
+        assert!(
+            is_temp("d/.big.bin.jfs-sync-tmp-9d8247b3"),
+            "an earlier release's form"
+        );
+        for k in [
+            "x.jfs-sync-tmp",
+            ".jfs-sync-tmp",
+            "a/.b",
+            ".a.jfs-sync-tmp-xyz",
+            "a",
+        ] {
+            assert!(!is_temp(k), "{k}");
+        }
+    }
+
+    #[test]
+    fn hostile_keys_are_refused() {
+        for k in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a/./b",
+            "a//b",
+            "a\\..\\b",
+            "C:/x",
+            "c:x",
+            "a\0b",
+            "a\nb",
+            &"x".repeat(256),
+            &format!("a/{}", "y".repeat(300)),
+        ] {
+            assert!(check_key(k).is_err(), "{k:?} was accepted");
+        }
+        for k in ["a", "a/b.txt", "dir/", "..a", "a..", "ü/ñ", "a b/c-d_e"] {
+            assert!(check_key(k).is_ok(), "{k:?} was refused");
+        }
+    }
+
+    proptest! {
+        /// Any key that passes never leaves the destination: joined under a root and
+        /// normalised, it still starts with that root.
+        #[test]
+        fn accepted_keys_stay_inside(parts in proptest::collection::vec("[a-z.]{0,4}|\\.\\.|\\.", 1..6)) {
+            let key = parts.join("/");
+            if check_key(&key).is_ok() {
+                let mut depth: i32 = 0;
+                for c in key.split('/') {
+                    match c {
+                        ".." => depth -= 1,
+                        "." | "" => {}
+                        _ => depth += 1,
+                    }
+                    prop_assert!(depth >= 0, "{key} escapes");
+                }
+            }
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
 use crate::listing::KeyRange;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::{Attr, ErrorKind, FileKind, Fs, Ino, Owner, SetAttr};
@@ -42,6 +42,20 @@ fn entry(key: String, a: &Attr, target: Option<String>) -> Entry {
     }
 }
 
+/// Where a fenced volume moved (`volume.moved`), read without writing anything.
+async fn moved_to(url: &str) -> Option<String> {
+    let opts = meta::OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let engine = meta::open(url, &opts).await.ok()?;
+    fs_core::site::moved(&*engine)
+        .await
+        .ok()
+        .flatten()
+        .map(|m| m.meta_url)
+}
+
 impl VolumeEndpoint {
     /// Open `NAME/path`. `write`: this volume is the destination (refused on a mirror's
     /// metadata); otherwise it is only read (RocksDB: a secondary beside its writer).
@@ -56,9 +70,28 @@ impl VolumeEndpoint {
             },
             ..Default::default()
         };
-        let fs = volume::open(&url, &opts)
-            .await
-            .with_context(|| format!("opening volume {name}"))?;
+        let fs = match volume::open(&url, &opts).await {
+            Ok(fs) => fs,
+            Err(e) => {
+                // A fenced old primary: say where the volume went (the META_URL to point NAME
+                // at), not only which agent follows whom.
+                let moved = if write && e.kind() == ErrorKind::ReadOnly {
+                    moved_to(&url).await
+                } else {
+                    None
+                };
+                let e = anyhow::Error::new(e);
+                return Err(match moved {
+                    Some(to) => e.context(format!(
+                        "opening volume {name}: its primary moved to {to} (this metadata was fenced): point {name} at it (export {name}='{to}', with its password as before) and run again"
+                    )),
+                    None => e.context(format!(
+                        "opening volume {name} (its metadata at {})",
+                        meta::redact(&url)
+                    )),
+                });
+            }
+        };
         Ok(VolumeEndpoint {
             fs: Arc::new(fs),
             name: name.to_string(),
@@ -257,11 +290,24 @@ impl Endpoint for VolumeEndpoint {
     async fn sink(&self, key: &str, _size: u64) -> Result<Box<dyn Sink>> {
         check_key(key)?;
         let (parent, name) = self.parent_dir(key, true).await?;
-        let tmp = format!(".{name}.jfs-sync-tmp-{:08x}", rand_u32());
-        let (ino, _) = self
+        // The same temporary name at every attempt: what an interrupted run left under it is
+        // replaced here, and renamed into place by this attempt (never left behind).
+        let tmp = super::temp_name(&name);
+        let ino = match self
             .fs
             .create(parent, tmp.as_bytes(), 0o644, Owner::default())
-            .await?;
+            .await
+        {
+            Ok((ino, _)) => ino,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                self.fs.unlink(parent, tmp.as_bytes()).await?;
+                self.fs
+                    .create(parent, tmp.as_bytes(), 0o644, Owner::default())
+                    .await?
+                    .0
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(Box::new(VolumeSink {
             fs: self.fs.clone(),
             parent,
@@ -326,6 +372,24 @@ impl Endpoint for VolumeEndpoint {
         Some(self)
     }
 
+    async fn remove_empty_dir(&self, key: &str) -> Result<bool> {
+        let Ok((parent, name)) = self.parent_dir(key, false).await else {
+            return Ok(false);
+        };
+        match self.fs.rmdir(parent, name.as_bytes()).await {
+            Ok(()) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::NotFound | ErrorKind::NotEmpty | ErrorKind::NotDir
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn delete(&self, key: &str, kind: Kind) -> Result<()> {
         let (parent, name) = match self.parent_dir(key, false).await {
             Ok(p) => p,
@@ -341,18 +405,6 @@ impl Endpoint for VolumeEndpoint {
             _ => Ok(()),
         }
     }
-}
-
-fn rand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish() as u32
 }
 
 /// A volume is walked one directory at a time (children with their attributes).

@@ -37,13 +37,26 @@ use tokio::sync::watch;
 pub struct Spec {
     pub src: String,
     pub dst: String,
-    /// The options that decide what is copied and deleted (filters, comparison, deletes).
+    /// What SRC and DST are, beyond their spelling (a volume's uuid, a local directory's
+    /// absolute resolved path): the same `jfs://NAME/path` may name another volume on
+    /// another host, the same relative path another directory. None for object stores,
+    /// which workers may reach by different endpoints, and for jobs of earlier releases.
+    #[serde(default)]
+    pub src_id: Option<String>,
+    #[serde(default)]
+    pub dst_id: Option<String>,
+    /// The options that decide what is copied and deleted (filters, comparison, deletes), one
+    /// `--option=value` per line (`options_identity`).
     pub identity: String,
     pub delete_dst: bool,
     pub max_delete: Option<String>,
     /// Rounds planned from the source volume's journal (`--from-journal`).
     #[serde(default)]
     pub from_journal: bool,
+    /// This worker's options as the release before named them (one string): a job that
+    /// release created is joined when they match (not stored).
+    #[serde(skip)]
+    pub legacy_identity: Option<String>,
 }
 
 /// Where a `--from-journal` job stands.
@@ -87,6 +100,12 @@ impl Spec {
     /// The same work: the same places and options. An object store's `endpoint=` may differ
     /// (workers on other hosts or networks reach the same bucket by other addresses).
     pub fn same_work(&self, o: &Spec) -> bool {
+        self.differences(o).is_empty()
+    }
+
+    /// How `o` (a joining worker's spec) differs from this job's: one phrase per difference,
+    /// naming the option and both values.
+    pub fn differences(&self, o: &Spec) -> Vec<String> {
         fn place(spec: &str) -> String {
             let Some((base, q)) = spec.split_once('?') else {
                 return spec.to_string();
@@ -101,23 +120,136 @@ impl Spec {
                 format!("{base}?{}", kept.join("&"))
             }
         }
-        place(&self.src) == place(&o.src)
-            && place(&self.dst) == place(&o.dst)
-            && self.identity == o.identity
-            && self.delete_dst == o.delete_dst
-            && self.max_delete == o.max_delete
-            && self.from_journal == o.from_journal
+        let mut out = Vec::new();
+        let mut differ = |what: &str, job: &str, this: &str| {
+            if job != this {
+                out.push(format!(
+                    "{what}: the job has {job:?}, this worker has {this:?}"
+                ));
+            }
+        };
+        differ("SRC", &place(&self.src), &place(&o.src));
+        differ("DST", &place(&self.dst), &place(&o.dst));
+        if let (Some(a), Some(b)) = (&self.src_id, &o.src_id) {
+            differ(&format!("what SRC {} is", o.src), a, b);
+        }
+        if let (Some(a), Some(b)) = (&self.dst_id, &o.dst_id) {
+            differ(&format!("what DST {} is", o.dst), a, b);
+        }
+        let (mine, theirs) = (options_of(&self.identity), options_of(&o.identity));
+        match (mine, theirs) {
+            (Some(a), Some(b)) => {
+                let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+                for n in names {
+                    let none = String::from("(not given)");
+                    differ(n, a.get(n).unwrap_or(&none), b.get(n).unwrap_or(&none));
+                }
+            }
+            // A job of the release before: its options were one string.
+            (None, _) if o.legacy_identity.as_deref() == Some(self.identity.as_str()) => {}
+            _ => differ("options", &self.identity, &o.identity),
+        }
+        let opt = |m: &Option<String>| m.clone().unwrap_or_else(|| "(not given)".into());
+        differ(
+            "--delete-dst",
+            &self.delete_dst.to_string(),
+            &o.delete_dst.to_string(),
+        );
+        differ("--max-delete", &opt(&self.max_delete), &opt(&o.max_delete));
+        differ(
+            "--from-journal",
+            &self.from_journal.to_string(),
+            &o.from_journal.to_string(),
+        );
+        out.dedup();
+        out
     }
 
-    /// `spec` (a joining worker's) is this job's work, or a clear refusal.
+    /// `spec` (a joining worker's) is this job's work, or a clear refusal naming what differs.
     pub fn check_same_work(&self, spec: &Spec) -> Result<()> {
-        if !self.same_work(spec) {
+        let d = self.differences(spec);
+        if !d.is_empty() {
             bail!(
-                "this job was created for {} -> {} with other options ({}); this worker runs {} -> {} ({}): run the job's own command, or give the job another name",
-                self.src, self.dst, self.identity, spec.src, spec.dst, spec.identity
+                "this job was created for {} -> {} with other options than this worker's: {}; run the job's own command (`jfs-sync job status` shows SRC and DST), or give the job another name",
+                self.src,
+                self.dst,
+                d.join("; ")
             );
         }
         Ok(())
+    }
+}
+
+/// The options that decide what a sync copies, one `name=value` per line: part of a job's
+/// identity and of the local resume state's.
+pub fn options_identity(opts: &[(&str, String)]) -> String {
+    opts.iter()
+        .map(|(k, v)| format!("{k}={}", v.replace('\n', "\\n")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The options of an identity written by `options_identity` (None: an earlier release's
+/// form, compared whole).
+fn options_of(identity: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    let mut m = std::collections::BTreeMap::new();
+    for line in identity.lines() {
+        let (k, v) = line.split_once('=')?;
+        if !k.starts_with("--") && k != "filters" {
+            return None;
+        }
+        m.insert(k.to_string(), v.to_string());
+    }
+    Some(m)
+}
+
+/// The job a worker joined is gone: deleted by `jfs-sync job delete` (or deleted and made
+/// again under its name) while the worker ran. Every write of the worker is refused with it.
+#[derive(Debug)]
+pub struct JobGone(pub String);
+
+impl std::fmt::Display for JobGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the job {} was deleted", self.0)
+    }
+}
+
+impl std::error::Error for JobGone {}
+
+pub fn is_gone(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<JobGone>())
+}
+
+/// A fresh incarnation for a job being made: 64 random bits in hex.
+pub fn new_incarnation() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// What a Redis refusal means, in words an operator can act on. `password_from` says where
+/// the password sent came from (a variable, or none).
+pub fn redis_refusal(e: &::redis::RedisError, password_from: &str) -> String {
+    let msg = e.to_string();
+    if msg.contains("without any password configured") {
+        format!("it has no password, but one was sent (from {password_from}): give this URL no password (unset it, or give the URLs that need one their own ?password_env=VAR)")
+    } else if msg.contains("NOAUTH") {
+        format!("it needs a password and none was given: set {password_from}")
+    } else if e.kind() == ::redis::ErrorKind::AuthenticationFailed
+        || msg.contains("WRONGPASS")
+        || msg.contains("invalid password")
+    {
+        format!("it refused the password (authentication failed): check {password_from}")
+    } else if e.is_connection_refusal() {
+        format!("connection refused (is Redis running there?): {msg}")
+    } else {
+        msg
     }
 }
 
@@ -186,8 +318,10 @@ pub struct Control {
     pub state: String,
     pub bwlimit: Option<String>,
     pub tps: Option<u32>,
-    /// Seconds since the job was created (the engine's clock).
+    /// Seconds since the job (its round) started (the engine's clock).
     pub age_s: f64,
+    /// Seconds from the start to the end of the job (its round), or to now while it runs.
+    pub elapsed_s: f64,
 }
 
 /// What a save came to.
@@ -209,7 +343,14 @@ pub trait Board: Send + Sync {
     async fn create(&self, spec: &Spec, bwlimit: Option<&str>, tps: Option<u32>) -> Result<bool>;
     async fn spec(&self) -> Result<Option<Spec>>;
     async fn control(&self) -> Result<Control>;
-    async fn set_state(&self, state: &str) -> Result<()>;
+    /// The job's URL for messages (no password).
+    fn display(&self) -> String;
+    /// Join the job as it is now: from here on every call fails with `JobGone` once the job
+    /// is deleted (or deleted and made again), in the same atomic step as the write it would
+    /// have made. Returns the job's incarnation; `JobGone` when there is no job.
+    async fn bind(&self) -> Result<String>;
+    /// Set the job's state, only from state `from` when given (Ok(false): it was not there).
+    async fn set_state(&self, state: &str, from: Option<&str>) -> Result<bool>;
     async fn set_limits(&self, bwlimit: Option<&str>, tps: Option<u32>) -> Result<()>;
     async fn report(&self, r: &WorkerReport) -> Result<()>;
     /// A pending unit, or one whose lease ran out, now leased to `worker` under a new token.
@@ -286,18 +427,45 @@ pub async fn open(url: &str) -> Result<Arc<dyn Board>> {
         );
     }
     let opts = meta::OpenOptions::default();
+    let password_from = password_source(base);
     match base.split_once("://").map(|(s, _)| s) {
         Some("redis") => {
-            let (info, prefix) = meta::redis_info(base, &opts)?;
-            Ok(Arc::new(redis::RedisBoard::connect(info, &prefix, name, meta::redact(url)).await?))
+            let (info, prefix) = meta::redis_info(base, &opts).context("--job")?;
+            Ok(Arc::new(
+                redis::RedisBoard::connect(info, &prefix, name, meta::redact(url), &password_from)
+                    .await?,
+            ))
         }
         Some("postgres" | "postgresql") => {
-            let (cfg, schema) = meta::pg_config(base, &opts)?;
-            Ok(Arc::new(pg::PgBoard::connect(cfg, &schema, name, meta::redact(url)).await?))
+            let (cfg, schema) = meta::pg_config(base, &opts).context("--job")?;
+            Ok(Arc::new(
+                pg::PgBoard::connect(cfg, &schema, name, meta::redact(url), &password_from).await?,
+            ))
         }
         _ => bail!(
             "--job {}: a shared job lives in Redis or PostgreSQL: redis://HOST:PORT/DB#NAME or postgres://USER@HOST:PORT/DB#NAME",
             meta::redact(url)
+        ),
+    }
+}
+
+/// Where the password sent with `url` comes from, for messages: the variable its
+/// `?password_env=` names, else JFS_META_PASSWORD (or "no password" when that is unset).
+pub fn password_source(url: &str) -> String {
+    let var = url::Url::parse(url).ok().and_then(|u| {
+        u.query_pairs()
+            .find(|(k, _)| k == "password_env")
+            .map(|(_, v)| v.into_owned())
+    });
+    match var {
+        Some(v) => format!("the variable {v} (the URL's ?password_env=)"),
+        None if std::env::var_os(meta::PASSWORD_ENV).is_some_and(|v| !v.is_empty()) => format!(
+            "{} (one password for every URL without ?password_env=)",
+            meta::PASSWORD_ENV
+        ),
+        None => format!(
+            "{} (not set: no password was sent) or ?password_env=VAR in the URL",
+            meta::PASSWORD_ENV
         ),
     }
 }
@@ -392,9 +560,20 @@ struct Worker {
     limits: Arc<crate::limits::Limits>,
     /// This round works on the keys its plan stored (read from the journal), not listings.
     keys_mode: bool,
+    /// The job was deleted while this worker ran: it stops, and writes nothing more (every
+    /// write is refused by the engine anyway).
+    gone: AtomicBool,
+    started: Instant,
 }
 
 impl Worker {
+    /// Note an error of a call to the job: a deleted job stops every unit at once.
+    fn note(&self, e: &anyhow::Error) {
+        if is_gone(e) && !self.gone.swap(true, Ordering::SeqCst) {
+            self.stop_all();
+        }
+    }
+
     fn totals(&self) -> Summary {
         let mut t = self.done.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for s in self.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
@@ -499,6 +678,10 @@ impl UnitProgress {
                 self.w.refused("sharing", self.id, self.token);
                 Some(false)
             }
+            Err(e) if is_gone(&e) => {
+                self.w.note(&e);
+                Some(false)
+            }
             Err(e) => {
                 tracing::warn!(unit = self.id, error = %format!("{e:#}"), "recording a cut of the range");
                 None
@@ -554,12 +737,15 @@ impl Shared for UnitProgress {
         tally: &Summary,
         deletes: Vec<(String, bool)>,
     ) -> Result<()> {
-        match self
+        let saved = self
             .w
             .board
             .save(self.id, self.token, cursor, tally, &deletes)
-            .await?
-        {
+            .await;
+        if let Err(e) = &saved {
+            self.w.note(e);
+        }
+        match saved? {
             Saved::Kept => Ok(()),
             Saved::ShareWanted => {
                 if let Some(me) = self.me.upgrade() {
@@ -580,12 +766,22 @@ impl Shared for UnitProgress {
 }
 
 /// Budget shared through the job: the limits draw from the engine's bucket.
-struct JobBudget(Arc<dyn Board>);
+struct JobBudget(std::sync::Weak<Worker>);
 
 #[async_trait]
 impl crate::limits::SharedBudget for JobBudget {
     async fn take(&self, what: &'static str, rate: u64, n: u64) -> Result<Option<Duration>> {
-        self.0.take(what, rate, n).await
+        let Some(w) = self.0.upgrade() else {
+            return Ok(None);
+        };
+        if w.gone.load(Ordering::SeqCst) {
+            return Ok(None); // the copies in flight are stopping: nothing more to pace
+        }
+        let r = w.board.take(what, rate, n).await;
+        if let Err(e) = &r {
+            w.note(e);
+        }
+        r
     }
 }
 
@@ -678,6 +874,10 @@ pub async fn work(
         eprintln!("jfs-sync: created the job; other workers join with the same command");
     }
     let keys_mode = spec.from_journal && board.round().await?.keys;
+    board
+        .bind()
+        .await
+        .context("joining the job (removed just after it was created?)")?;
     let have = board
         .spec()
         .await?
@@ -696,7 +896,6 @@ pub async fn work(
         _ => {}
     }
     let limits = base.limits.clone();
-    limits.share(Some(Arc::new(JobBudget(board.clone()))));
     apply_limits(&limits, &c);
     let w = Arc::new(Worker {
         board: board.clone(),
@@ -709,7 +908,10 @@ pub async fn work(
         control: Mutex::new(c),
         limits: limits.clone(),
         keys_mode,
+        gone: AtomicBool::new(false),
+        started: t0,
     });
+    limits.share(Some(Arc::new(JobBudget(Arc::downgrade(&w)))));
     let base = Arc::new(base);
     let keeper = tokio::spawn(keep_leases(w.clone(), metrics));
     let stopping = Arc::new(AtomicBool::new(false));
@@ -733,6 +935,10 @@ pub async fn work(
     // passing outage).
     let mut failing_since: Option<Instant> = None;
     let result: Result<String> = loop {
+        if w.gone.load(Ordering::SeqCst) {
+            w.stop_all();
+            break Ok("deleted".into());
+        }
         if stopping.load(Ordering::SeqCst) {
             break Ok("interrupted".into());
         }
@@ -774,6 +980,10 @@ pub async fn work(
                 failing_since = None;
                 u
             }
+            Err(e) if is_gone(&e) => {
+                w.note(&e);
+                continue;
+            }
             Err(e) => {
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > Duration::from_secs(120) {
@@ -798,7 +1008,13 @@ pub async fn work(
                 }
             }
             if slots.is_empty() {
-                let units = board.units().await?;
+                let units = match board.units().await {
+                    Ok(u) => u,
+                    Err(e) => {
+                        w.note(&e);
+                        break Err(e);
+                    }
+                };
                 let open = units
                     .iter()
                     .filter(|u| matches!(u.state.as_str(), "pending" | "running"))
@@ -806,8 +1022,26 @@ pub async fn work(
                 if open == 0 {
                     let failed = units.iter().any(|u| u.state == "failed");
                     let end = if failed { "failed" } else { "done" };
-                    board.set_state(end).await?;
-                    break Ok(end.into());
+                    // Only a running job ends here: a job paused or cancelled meanwhile stays
+                    // so, and one deleted meanwhile is not written back (`JobGone`).
+                    match board.set_state(end, Some("running")).await {
+                        Ok(true) => break Ok(end.into()),
+                        Ok(false) => {
+                            let now = board.control().await.map(|c| c.state);
+                            if let Ok(st) = &now {
+                                w.control.lock().unwrap_or_else(|p| p.into_inner()).state =
+                                    st.clone();
+                            }
+                            continue;
+                        }
+                        Err(e) => {
+                            w.note(&e);
+                            if is_gone(&e) {
+                                continue;
+                            }
+                            break Err(e);
+                        }
+                    }
                 }
                 if !idle_logged {
                     tracing::info!(open, "waiting: the units left are held by other workers");
@@ -848,7 +1082,29 @@ pub async fn work(
     while slots.join_next().await.is_some() {}
     keeper.abort();
     limits.share(None);
-    let state = result?;
+    let seconds = |t: f64| (t * 1000.0).round() / 1000.0;
+    let mut mine = w.totals();
+    mine.seconds = seconds(t0.elapsed().as_secs_f64());
+    let state = match result {
+        Ok(s) => s,
+        Err(e) if is_gone(&e) || w.gone.load(Ordering::SeqCst) => "deleted".into(),
+        Err(e) => return Err(e),
+    };
+    if state == "deleted" || w.gone.load(Ordering::SeqCst) {
+        return Ok(JobReport {
+            summary: mine.clone(),
+            worker: mine,
+            state: "deleted".into(),
+            units: 0,
+            reassigned: 0,
+            refused: w.refused.load(Ordering::Relaxed),
+            message: Some(format!(
+                "the job {} was deleted while this worker ran (`jfs-sync job delete`): this worker stopped and wrote nothing more to it; what it copied stays at the destination, and a new job (or a plain sync) finds it there",
+                board.display()
+            )),
+            code: 2,
+        });
+    }
     let units = board.units().await?;
     let mut summary = Summary::default();
     for u in &units {
@@ -857,8 +1113,12 @@ pub async fn work(
             summary.failed += 1;
         }
     }
-    summary.seconds = (t0.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-    let mine = w.totals();
+    // The job's own duration (from its start, or its round's, to its end), not this
+    // worker's: workers join and leave at any time.
+    summary.seconds = match board.control().await {
+        Ok(c) if c.elapsed_s > 0.0 => seconds(c.elapsed_s),
+        _ => mine.seconds,
+    };
     let reassigned = units.iter().map(|u| u.reassigned).sum();
     let errors: Vec<String> = units
         .iter()
@@ -917,6 +1177,9 @@ async fn keep_leases(w: Arc<Worker>, metrics: Option<Arc<Stats>>) {
     let host = host_name();
     loop {
         tokio::time::sleep(every).await;
+        if w.gone.load(Ordering::SeqCst) {
+            return; // nothing more is written to a deleted job
+        }
         let held: Vec<(i64, i64)> = w
             .held
             .lock()
@@ -936,6 +1199,10 @@ async fn keep_leases(w: Arc<Worker>, metrics: Option<Arc<Stats>>) {
                     }
                 }
             }
+            Err(e) if is_gone(&e) => {
+                w.note(&e);
+                return;
+            }
             Err(e) => {
                 let since = w
                     .renewed
@@ -954,7 +1221,8 @@ async fn keep_leases(w: Arc<Worker>, metrics: Option<Arc<Stats>>) {
                 continue;
             }
         }
-        let totals = w.totals();
+        let mut totals = w.totals();
+        totals.seconds = (w.started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
         let dt = last_t.elapsed().as_secs_f64().max(1e-3);
         let rate = totals.bytes.saturating_sub(last_bytes) as f64 / dt;
         (last_bytes, last_t) = (totals.bytes, Instant::now());
@@ -972,6 +1240,7 @@ async fn keep_leases(w: Arc<Worker>, metrics: Option<Arc<Stats>>) {
             age_ms: 0,
         };
         if let Err(e) = w.board.report(&report).await {
+            w.note(&e);
             tracing::warn!(error = %format!("{e:#}"), "reporting to the job");
         }
         match w.board.control().await {
@@ -987,7 +1256,10 @@ async fn keep_leases(w: Arc<Worker>, metrics: Option<Arc<Stats>>) {
                 }
                 *cur = c;
             }
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "reading the job's state"),
+            Err(e) => {
+                w.note(&e);
+                tracing::warn!(error = %format!("{e:#}"), "reading the job's state")
+            }
         }
         if !w.o.quiet && last_log.elapsed() >= w.o.every {
             last_log = Instant::now();
@@ -1121,6 +1393,11 @@ async fn run_unit(
             }),
         ),
         Err(e) if e.to_string().contains("the lease passed to another worker") => return Ok(()),
+        _ if w.gone.load(Ordering::SeqCst) => return Ok(()),
+        Err(e) if is_gone(e) => {
+            w.note(e);
+            return Ok(());
+        }
         Err(e) => (
             "finishing",
             Some(Finish {
@@ -1138,6 +1415,9 @@ async fn run_unit(
     // the keys past it belong to the piece the job has not heard of yet.
     let mut pending = progress.cutting.lock().await;
     loop {
+        if w.gone.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         match progress.confirm_cut(&mut pending).await {
             Some(true) => break,
             Some(false) => return Ok(()), // the unit is another worker's now
@@ -1159,6 +1439,10 @@ async fn run_unit(
             Ok(false) => {
                 w.refused(what, u.id, u.token);
                 return Ok(());
+            }
+            Err(e) if is_gone(&e) => {
+                w.note(&e);
+                return Ok(()); // the job was deleted: nothing to record it in
             }
             Err(e) if Instant::now() < deadline => {
                 tracing::warn!(unit = u.id, error = %format!("{e:#}"), "recording the end of a unit; trying again");
@@ -1202,15 +1486,24 @@ async fn delete_step(
     ordered.sort();
     ordered.reverse(); // deepest first: `a/x` before `a/`
     let mut tally = Summary::default();
+    let mut files = Vec::new();
     for (key, is_dir) in ordered {
         let kind = if is_dir { Kind::Dir } else { Kind::File };
         match crate::copy::with_retries(base.retries, &key, || dst.delete(&key, kind)).await {
-            Ok(()) => tally.deleted += 1,
+            Ok(()) => {
+                tally.deleted += 1;
+                if !is_dir {
+                    files.push(key);
+                }
+            }
             Err(e) => {
                 tally.failed += 1;
                 eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
             }
         }
+    }
+    if !base.dirs {
+        crate::endpoint::prune_emptied(&*dst, &files).await;
     }
     let f = Finish {
         state: if tally.failed == 0 { "done" } else { "failed" },
@@ -1239,9 +1532,16 @@ pub struct Status {
     pub units_pending: usize,
     pub units_failed: usize,
     pub reassigned: i64,
+    /// What the units came to; `seconds` is the job's duration (`elapsed_s`).
     pub totals: Summary,
-    /// Bytes per second, summed over the workers heard from in the last minute.
+    /// Bytes per second now, summed over the workers heard from in the last minute (0 once
+    /// none is).
     pub rate: f64,
+    /// Seconds from the job's start (its round's, with --from-journal) to its end, or to now
+    /// while it runs.
+    pub elapsed_s: f64,
+    /// Bytes per second over `elapsed_s`.
+    pub average_rate: f64,
     /// Seconds left at the pace of the units done so far (None before any is done).
     pub eta_s: Option<f64>,
     pub workers: Vec<WorkerReport>,
@@ -1262,12 +1562,18 @@ pub async fn status(board: &dyn Board, url: &str) -> Result<Status> {
     for u in &units {
         totals.add(&u.tally);
     }
+    totals.seconds = (c.elapsed_s * 1000.0).round() / 1000.0;
     let live: Vec<WorkerReport> = workers.into_iter().collect();
+    // Folded from +0.0: a sum of no f64 is -0.0, which would print as "-0.0 MiB/s".
     let rate: f64 = live
         .iter()
-        .filter(|w| w.age_ms < 60_000)
-        .map(|w| w.rate)
-        .sum();
+        .filter(|w| w.age_ms < 60_000 && w.rate.is_finite())
+        .fold(0.0, |a, w| a + w.rate.max(0.0));
+    let average_rate = if c.elapsed_s > 0.0 {
+        totals.bytes as f64 / c.elapsed_s
+    } else {
+        0.0
+    };
     let done = count("done");
     let left = count("pending") + count("running");
     let eta_s = (done > 0 && c.state == "running").then(|| c.age_s / done as f64 * left as f64);
@@ -1285,6 +1591,8 @@ pub async fn status(board: &dyn Board, url: &str) -> Result<Status> {
         reassigned: units.iter().map(|u| u.reassigned).sum(),
         totals,
         rate,
+        elapsed_s: c.elapsed_s,
+        average_rate,
         eta_s,
         workers: live,
         errors: units
@@ -1302,7 +1610,7 @@ pub async fn status(board: &dyn Board, url: &str) -> Result<Status> {
 impl Status {
     pub fn text(&self) -> String {
         let mut s = format!(
-            "job {} ({} -> {}): {}\n  units: {} done, {} running, {} pending, {} failed; {} reassigned after a lost lease\n  {}\n  rate {:.1} MiB/s, ETA {}; limits: bwlimit {}, tps {}\n",
+            "job {} ({} -> {}): {}\n  units: {} done, {} running, {} pending, {} failed; {} reassigned after a lost lease\n  {}\n  rate {:.1} MiB/s now, {:.1} MiB/s on average over {:.1}s, ETA {}; limits: bwlimit {}, tps {}\n",
             self.job,
             self.src,
             self.dst,
@@ -1314,6 +1622,8 @@ impl Status {
             self.reassigned,
             self.totals.line(),
             self.rate / (1 << 20) as f64,
+            self.average_rate / (1 << 20) as f64,
+            self.elapsed_s,
             self.eta_s.map_or("unknown".to_string(), |e| format!("{e:.0}s")),
             self.bwlimit.as_deref().unwrap_or("off"),
             self.tps.map_or("off".to_string(), |t| t.to_string()),
@@ -1347,5 +1657,57 @@ impl Status {
             s.push_str(&format!("  error: {e}\n"));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(identity: &str) -> Spec {
+        Spec {
+            src: "/a".into(),
+            dst: "s3://b/p?endpoint=http://x".into(),
+            src_id: Some("directory /a".into()),
+            dst_id: None,
+            identity: identity.into(),
+            delete_dst: false,
+            max_delete: None,
+            from_journal: false,
+            legacy_identity: None,
+        }
+    }
+
+    #[test]
+    fn differences_name_the_option_and_both_values() {
+        let job = spec(&options_identity(&[
+            ("--checksum", "false".into()),
+            ("--dirs", "true".into()),
+        ]));
+        let mut w = spec(&options_identity(&[
+            ("--checksum", "true".into()),
+            ("--dirs", "true".into()),
+        ]));
+        w.dst = "s3://b/p?endpoint=http://y".into(); // another endpoint: the same bucket
+        assert_eq!(
+            job.differences(&w),
+            [r#"--checksum: the job has "false", this worker has "true""#]
+        );
+        w.identity = job.identity.clone();
+        assert!(job.same_work(&w));
+        w.src_id = Some("directory /elsewhere/a".into());
+        assert_eq!(
+            job.differences(&w),
+            [
+                r#"what SRC /a is: the job has "directory /a", this worker has "directory /elsewhere/a""#
+            ]
+        );
+        // A job the release before made: one string of options, joined when it matches.
+        let mut old = spec("[]|None|falsefalse");
+        old.src_id = None;
+        let mut w = spec(&job.identity);
+        assert!(!old.same_work(&w));
+        w.legacy_identity = Some("[]|None|falsefalse".into());
+        assert!(old.same_work(&w));
     }
 }

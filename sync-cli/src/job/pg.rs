@@ -14,6 +14,12 @@ pub struct PgBoard {
     s: String,
     job: String,
     display: String,
+    /// Where the password sent came from, for messages.
+    password_from: String,
+    /// The incarnation of the job this worker joined ("" before `bind`): every write holds
+    /// the job's row with it (FOR KEY SHARE) in its transaction, so a `job delete` (which
+    /// takes the row first) either waits for the write or the write sees the job gone.
+    bound: std::sync::Mutex<String>,
 }
 
 /// Every call gives up after this long (a worker cut off from the database must notice).
@@ -79,6 +85,7 @@ impl PgBoard {
         schema: &str,
         job: &str,
         display: String,
+        password_from: &str,
     ) -> Result<Self> {
         session(&mut cfg);
         let mgr = Manager::from_config(
@@ -100,8 +107,20 @@ impl PgBoard {
             s: schema.to_string(),
             job: job.to_string(),
             display,
+            password_from: password_from.to_string(),
+            bound: Default::default(),
         };
-        b.migrate().await?;
+        b.migrate().await.map_err(|e| {
+            let e = flat(e);
+            if e.to_string().starts_with("the job's PostgreSQL") {
+                e
+            } else {
+                e.context(format!(
+                    "the job's PostgreSQL {}: setting up its tables",
+                    b.display
+                ))
+            }
+        })?;
         Ok(b)
     }
 
@@ -135,10 +154,96 @@ impl PgBoard {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
-        self.pool
-            .get()
-            .await
-            .with_context(|| format!("connecting to the job's database {}", self.display))
+        self.pool.get().await.map_err(|e| {
+            if auth_refused(&e) {
+                anyhow::anyhow!(
+                    "the job's PostgreSQL {}: it refused the password (authentication failed): check {}",
+                    self.display,
+                    self.password_from
+                )
+            } else {
+                anyhow::anyhow!("the job's PostgreSQL {}: {}", self.display, pg_error(&e))
+            }
+        })
+    }
+
+    /// A transaction holding the job's row when this board is bound (see `bound`).
+    async fn begin<'a>(
+        &self,
+        c: &'a mut deadpool_postgres::Object,
+    ) -> Result<deadpool_postgres::Transaction<'a>> {
+        let tx = c.transaction().await?;
+        let inc = self.bound.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if !inc.is_empty() {
+            let row = tx
+                .query_opt(
+                    &format!(
+                        "SELECT 1 FROM {}.jfs_sync_jobs WHERE name = $1 AND incarnation = $2 FOR KEY SHARE",
+                        self.s
+                    ),
+                    &[&self.job, &inc],
+                )
+                .await?;
+            if row.is_none() {
+                return Err(anyhow::Error::new(super::JobGone(self.display.clone())));
+            }
+        }
+        Ok(tx)
+    }
+
+    async fn new_round_in(
+        &self,
+        spec: &Spec,
+        bwlimit: Option<&str>,
+        tps: Option<u32>,
+        plan: &Plan,
+    ) -> Result<bool> {
+        let mut c = self.client().await?;
+        let s = &self.s;
+        let tx = c.transaction().await?;
+        tx.execute(
+            &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state, bwlimit, tps, incarnation) VALUES ($1, $2, 'done', $3, $4, $5) ON CONFLICT DO NOTHING"),
+            &[&self.job, &serde_json::to_string(spec)?, &bwlimit, &tps.map(|t| t as i32), &super::new_incarnation()],
+        )
+        .await?;
+        let state: String = tx
+            .query_one(
+                &format!("SELECT state FROM {s}.jfs_sync_jobs WHERE name = $1 FOR UPDATE"),
+                &[&self.job],
+            )
+            .await?
+            .get(0);
+        if state != "done" {
+            return Ok(false);
+        }
+        // The first round: the limits of the command that planned it.
+        tx.execute(
+            &format!("UPDATE {s}.jfs_sync_jobs SET bwlimit = $2, tps = $3 WHERE name = $1 AND target IS NULL"),
+            &[&self.job, &bwlimit, &tps.map(|t| t as i32)],
+        )
+        .await?;
+        for t in ["jfs_sync_keys", "jfs_sync_units", "jfs_sync_deletes"] {
+            tx.execute(&format!("DELETE FROM {s}.{t} WHERE job = $1"), &[&self.job])
+                .await?;
+        }
+        if let Some(keys) = &plan.keys {
+            for chunk in keys.chunks(10_000) {
+                tx.execute(
+                    &format!("INSERT INTO {s}.jfs_sync_keys (job, key) SELECT $1, k FROM unnest($2::text[]) AS t(k) ON CONFLICT DO NOTHING"),
+                    &[&self.job, &chunk],
+                )
+                .await?;
+            }
+        }
+        self.make_units(&tx, &plan.cuts(), spec.delete_dst).await?;
+        tx.execute(
+            &format!("UPDATE {s}.jfs_sync_jobs SET state = 'running', target = $2, keys_mode = $3, planning_until = NULL,
+                        created = clock_timestamp(), finished = NULL, incarnation = COALESCE(incarnation, $4) WHERE name = $1"),
+            &[&self.job, &(plan.target as i64), &plan.keys.is_some(), &super::new_incarnation()],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -176,18 +281,21 @@ impl PgBoard {
             .query_one(
                 "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1
                    AND (table_name, column_name) IN (('jfs_sync_units', 'steal'), ('jfs_sync_jobs', 'journal_seq'),
-                        ('jfs_sync_jobs', 'target'), ('jfs_sync_jobs', 'keys_mode'), ('jfs_sync_jobs', 'planning_until'))",
+                        ('jfs_sync_jobs', 'target'), ('jfs_sync_jobs', 'keys_mode'), ('jfs_sync_jobs', 'planning_until'),
+                        ('jfs_sync_jobs', 'incarnation'), ('jfs_sync_jobs', 'finished'))",
                 &[&s.trim_matches('"')],
             )
             .await?
             .get(0);
-        if have < 5 {
+        if have < 7 {
             tx.batch_execute(&format!(
                 "ALTER TABLE {s}.jfs_sync_units ADD COLUMN IF NOT EXISTS steal int NOT NULL DEFAULT 0;
                  ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS journal_seq bigint;
                  ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS target bigint;
                  ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS keys_mode bool NOT NULL DEFAULT false;
-                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS planning_until timestamptz;"
+                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS planning_until timestamptz;
+                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS incarnation text;
+                 ALTER TABLE {s}.jfs_sync_jobs ADD COLUMN IF NOT EXISTS finished timestamptz;"
             ))
             .await?;
         }
@@ -196,9 +304,84 @@ impl PgBoard {
     }
 }
 
+/// A PostgreSQL error in one line: the server's own message (with its code, detail and
+/// hint) when the server answered, else the error and its causes, each said once.
+/// tokio-postgres prints "db error" plus its cause in its own text and gives the cause as a
+/// source too, so a chain printed whole (`{:#}`) would say it twice.
+pub fn pg_error(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(db) = err
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(|p| p.as_db_error())
+            .or_else(|| err.downcast_ref::<tokio_postgres::error::DbError>())
+        {
+            let mut m = format!("PostgreSQL: {} ({})", db.message(), db.code().code());
+            if let Some(d) = db.detail() {
+                m.push_str(&format!("; {d}"));
+            }
+            if let Some(h) = db.hint() {
+                m.push_str(&format!("; hint: {h}"));
+            }
+            return m;
+        }
+        cur = err.source();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = err.source();
+    }
+    // deadpool's wording of "the connection could not be made".
+    parts
+        .join(": ")
+        .replace("Error occurred while creating a new object: ", "")
+}
+
+/// Did the server refuse the password?
+fn auth_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(db) = err
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(|p| p.as_db_error())
+        {
+            return db.code().code() == "28P01";
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// An error of this module with PostgreSQL's own errors said once (see `pg_error`).
+fn flat(e: anyhow::Error) -> anyhow::Error {
+    if e.chain().any(|c| c.is::<super::JobGone>()) {
+        return e;
+    }
+    let has_pg = e
+        .chain()
+        .any(|c| c.is::<tokio_postgres::Error>() || c.is::<deadpool_postgres::PoolError>());
+    if !has_pg {
+        return e;
+    }
+    let mut outer: Vec<String> = Vec::new();
+    for c in e.chain() {
+        if c.is::<tokio_postgres::Error>() || c.is::<deadpool_postgres::PoolError>() {
+            outer.push(pg_error(c));
+            break;
+        }
+        outer.push(c.to_string());
+    }
+    anyhow::anyhow!(outer.join(": "))
+}
+
 async fn timed<T>(what: &str, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
-        Ok(r) => r.with_context(|| what.to_string()),
+        Ok(r) => r.map_err(flat).with_context(|| what.to_string()),
         Err(_) => {
             anyhow::bail!("{what}: no answer from the job's database within {CALL_TIMEOUT:?}")
         }
@@ -214,8 +397,8 @@ impl Board for PgBoard {
             let s = &self.s;
             let n = tx
                 .execute(
-                    &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state, bwlimit, tps) VALUES ($1, $2, 'running', $3, $4) ON CONFLICT DO NOTHING"),
-                    &[&self.job, &serde_json::to_string(spec)?, &bwlimit, &tps.map(|t| t as i32)],
+                    &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state, bwlimit, tps, incarnation) VALUES ($1, $2, 'running', $3, $4, $5) ON CONFLICT DO NOTHING"),
+                    &[&self.job, &serde_json::to_string(spec)?, &bwlimit, &tps.map(|t| t as i32), &super::new_incarnation()],
                 )
                 .await?;
             if n == 0 {
@@ -250,44 +433,86 @@ impl Board for PgBoard {
             let c = self.client().await?;
             let r = c
                 .query_opt(
-                    &format!("SELECT state, bwlimit, tps, EXTRACT(EPOCH FROM clock_timestamp() - created)::float8
+                    &format!("SELECT state, bwlimit, tps, EXTRACT(EPOCH FROM clock_timestamp() - created)::float8,
+                                     GREATEST(EXTRACT(EPOCH FROM COALESCE(finished, clock_timestamp()) - created)::float8, 0)
                               FROM {}.jfs_sync_jobs WHERE name = $1", self.s),
                     &[&self.job],
                 )
                 .await?
-                .context("the job does not exist (removed?)")?;
+                .ok_or_else(|| anyhow::Error::new(super::JobGone(self.display.clone())))?;
             Ok(Control {
                 state: r.get(0),
                 bwlimit: r.get(1),
                 tps: r.get::<_, Option<i32>>(2).map(|t| t as u32),
                 age_s: r.get(3),
+                elapsed_s: r.get(4),
             })
         })
         .await
     }
 
-    async fn set_state(&self, state: &str) -> Result<()> {
-        timed("changing the job's state", async {
+    fn display(&self) -> String {
+        self.display.clone()
+    }
+
+    async fn bind(&self) -> Result<String> {
+        timed("joining the job", async {
             let c = self.client().await?;
-            c.execute(
-                &format!(
-                    "UPDATE {}.jfs_sync_jobs SET state = $2,
-                       journal_seq = CASE WHEN $2 = 'done' THEN COALESCE(target, journal_seq) ELSE journal_seq END
-                     WHERE name = $1",
-                    self.s
-                ),
-                &[&self.job, &state],
-            )
-            .await?;
-            Ok(())
+            let row = c
+                .query_opt(
+                    &format!(
+                        "UPDATE {}.jfs_sync_jobs SET incarnation = COALESCE(incarnation, $2) WHERE name = $1 RETURNING incarnation",
+                        self.s
+                    ),
+                    &[&self.job, &super::new_incarnation()],
+                )
+                .await?
+                .ok_or_else(|| anyhow::Error::new(super::JobGone(self.display.clone())))?;
+            let inc: String = row.get(0);
+            *self.bound.lock().unwrap_or_else(|p| p.into_inner()) = inc.clone();
+            Ok(inc)
+        })
+        .await
+    }
+
+    async fn set_state(&self, state: &str, from: Option<&str>) -> Result<bool> {
+        timed("changing the job's state", async {
+            let mut c = self.client().await?;
+            let tx = self.begin(&mut c).await?;
+            let n = tx
+                .execute(
+                    &format!(
+                        "UPDATE {}.jfs_sync_jobs SET state = $2,
+                           journal_seq = CASE WHEN $2 = 'done' THEN COALESCE(target, journal_seq) ELSE journal_seq END,
+                           finished = CASE WHEN $2 IN ('done', 'failed', 'cancelled') THEN clock_timestamp() ELSE NULL END
+                         WHERE name = $1 AND ($3::text IS NULL OR state = $3)",
+                        self.s
+                    ),
+                    &[&self.job, &state, &from],
+                )
+                .await?;
+            if n == 0 {
+                let exists = tx
+                    .query_opt(
+                        &format!("SELECT 1 FROM {}.jfs_sync_jobs WHERE name = $1", self.s),
+                        &[&self.job],
+                    )
+                    .await?;
+                if exists.is_none() {
+                    return Err(anyhow::Error::new(super::JobGone(self.display.clone())));
+                }
+            }
+            tx.commit().await?;
+            Ok(n == 1)
         })
         .await
     }
 
     async fn set_limits(&self, bwlimit: Option<&str>, tps: Option<u32>) -> Result<()> {
         timed("changing the job's limits", async {
-            let c = self.client().await?;
-            c.execute(
+            let mut c = self.client().await?;
+            let tx = self.begin(&mut c).await?;
+            tx.execute(
                 &format!(
                     "UPDATE {}.jfs_sync_jobs SET bwlimit = $2, tps = $3 WHERE name = $1",
                     self.s
@@ -295,6 +520,7 @@ impl Board for PgBoard {
                 &[&self.job, &bwlimit, &tps.map(|t| t as i32)],
             )
             .await?;
+            tx.commit().await?;
             Ok(())
         })
         .await
@@ -302,13 +528,15 @@ impl Board for PgBoard {
 
     async fn report(&self, r: &WorkerReport) -> Result<()> {
         timed("reporting to the job", async {
-            let c = self.client().await?;
-            c.execute(
+            let mut c = self.client().await?;
+            let tx = self.begin(&mut c).await?;
+            tx.execute(
                 &format!("INSERT INTO {}.jfs_sync_workers (job, worker, seen, report) VALUES ($1, $2, clock_timestamp(), $3)
                           ON CONFLICT (job, worker) DO UPDATE SET seen = excluded.seen, report = excluded.report", self.s),
                 &[&self.job, &r.worker, &serde_json::to_string(r)?],
             )
             .await?;
+            tx.commit().await?;
             Ok(())
         })
         .await
@@ -316,7 +544,8 @@ impl Board for PgBoard {
 
     async fn claim(&self, worker: &str, lease_ms: u64, max_attempts: u32) -> Result<Option<Unit>> {
         timed("claiming a unit", async {
-            let c = self.client().await?;
+            let mut c = self.client().await?;
+            let c = self.begin(&mut c).await?;
             let s = &self.s;
             let lease = lease_ms as f64;
             let max = max_attempts as i32;
@@ -334,6 +563,7 @@ impl Board for PgBoard {
                         "WITH c AS (
                            SELECT id, state AS was FROM {s}.jfs_sync_units
                             WHERE job = $1 AND (state = 'pending' OR (state = 'running' AND lease_until < clock_timestamp()))
+                              AND EXISTS (SELECT 1 FROM {s}.jfs_sync_jobs WHERE name = $1 AND state = 'running')
                             ORDER BY state = 'running' DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
                          UPDATE {s}.jfs_sync_units u SET state = 'running', owner = $2, token = token + 1,
                                 attempts = attempts + 1, reassigned = reassigned + (c.was = 'running')::int,
@@ -344,6 +574,7 @@ impl Board for PgBoard {
                     &[&self.job, &worker, &lease],
                 )
                 .await?;
+            c.commit().await?;
             Ok(row.as_ref().map(unit))
         })
         .await
@@ -354,7 +585,8 @@ impl Board for PgBoard {
             return Ok(Vec::new());
         }
         timed("renewing leases", async {
-            let c = self.client().await?;
+            let mut c = self.client().await?;
+            let c = self.begin(&mut c).await?;
             let ids: Vec<i64> = held.iter().map(|h| h.0).collect();
             let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
             let rows = c
@@ -369,6 +601,7 @@ impl Board for PgBoard {
                     &[&self.job, &worker, &(lease_ms as f64), &ids, &tokens],
                 )
                 .await?;
+            c.commit().await?;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })
         .await
@@ -384,7 +617,7 @@ impl Board for PgBoard {
     ) -> Result<Saved> {
         timed("saving progress", async {
             let mut c = self.client().await?;
-            let tx = c.transaction().await?;
+            let tx = self.begin(&mut c).await?;
             let s = &self.s;
             let row = tx
                 .query_opt(
@@ -420,7 +653,7 @@ impl Board for PgBoard {
     async fn finish(&self, id: i64, token: i64, f: &Finish<'_>) -> Result<bool> {
         timed("recording the end of a unit", async {
             let mut c = self.client().await?;
-            let tx = c.transaction().await?;
+            let tx = self.begin(&mut c).await?;
             let s = &self.s;
             let tally = f.tally.map(serde_json::to_string).transpose()?;
             let row = tx
@@ -433,7 +666,14 @@ impl Board for PgBoard {
                 .await?;
             let Some(row) = row else { return Ok(false) };
             if row.get::<_, &str>(0) == "copy" && f.state == "done" {
-                // The deletion step may start once every range is done.
+                // The deletion step may start once every range is done. Ranges finishing at
+                // once would each see the other still running (and leave the step held for
+                // good): they take the job's row in turn, so the last one sees them all done.
+                tx.execute(
+                    &format!("SELECT 1 FROM {s}.jfs_sync_jobs WHERE name = $1 FOR NO KEY UPDATE"),
+                    &[&self.job],
+                )
+                .await?;
                 tx.execute(
                     &format!("UPDATE {s}.jfs_sync_units SET state = 'pending' WHERE job = $1 AND kind = 'delete' AND state = 'held'
                                 AND NOT EXISTS (SELECT 1 FROM {s}.jfs_sync_units WHERE job = $1 AND kind = 'copy' AND state <> 'done')"),
@@ -451,17 +691,18 @@ impl Board for PgBoard {
         timed("splitting a unit", async {
             let mut c = self.client().await?;
             let s = &self.s;
+            let tx = self.begin(&mut c).await?;
             if cuts.is_empty() {
-                let n = c
+                let n = tx
                     .execute(
                         &format!("UPDATE {s}.jfs_sync_units SET steal = 2
                                   WHERE job = $1 AND id = $2 AND token = $3 AND state = 'running'"),
                         &[&self.job, &id, &token],
                     )
                     .await?;
+                tx.commit().await?;
                 return Ok(n == 1);
             }
-            let tx = c.transaction().await?;
             // Keys compare byte by byte (COLLATE "C"), as everywhere else in a job.
             let row = tx
                 .query_opt(
@@ -494,9 +735,10 @@ impl Board for PgBoard {
 
     async fn ask_split(&self, n: usize) -> Result<usize> {
         timed("asking for a share of a range", async {
-            let c = self.client().await?;
+            let mut c = self.client().await?;
+            let tx = self.begin(&mut c).await?;
             let s = &self.s;
-            let asked = c
+            let asked = tx
                 .execute(
                     &format!(
                         "UPDATE {s}.jfs_sync_units SET steal = 1 WHERE job = $1 AND id IN
@@ -506,6 +748,7 @@ impl Board for PgBoard {
                     &[&self.job, &(n as i64)],
                 )
                 .await?;
+            tx.commit().await?;
             Ok(asked as usize)
         })
         .await
@@ -513,14 +756,16 @@ impl Board for PgBoard {
 
     async fn release(&self, id: i64, token: i64) -> Result<bool> {
         timed("giving a unit back", async {
-            let c = self.client().await?;
-            let n = c
+            let mut c = self.client().await?;
+            let tx = self.begin(&mut c).await?;
+            let n = tx
                 .execute(
                     &format!("UPDATE {}.jfs_sync_units SET state = 'pending', owner = NULL, lease_until = NULL
                               WHERE job = $1 AND id = $2 AND token = $3 AND state = 'running'", self.s),
                     &[&self.job, &id, &token],
                 )
                 .await?;
+            tx.commit().await?;
             Ok(n == 1)
         })
         .await
@@ -529,7 +774,7 @@ impl Board for PgBoard {
     async fn retry_failed(&self) -> Result<u64> {
         timed("retrying failed units", async {
             let mut c = self.client().await?;
-            let tx = c.transaction().await?;
+            let tx = self.begin(&mut c).await?;
             let s = &self.s;
             let n = tx
                 .execute(
@@ -545,7 +790,7 @@ impl Board for PgBoard {
                 &[&self.job, &if all_done { "pending" } else { "held" }],
             )
             .await?;
-            tx.execute(&format!("UPDATE {s}.jfs_sync_jobs SET state = 'running' WHERE name = $1"), &[&self.job])
+            tx.execute(&format!("UPDATE {s}.jfs_sync_jobs SET state = 'running', finished = NULL WHERE name = $1"), &[&self.job])
                 .await?;
             tx.commit().await?;
             Ok(n)
@@ -611,7 +856,8 @@ impl Board for PgBoard {
 
     async fn take(&self, what: &str, rate: u64, n: u64) -> Result<Option<Duration>> {
         timed("drawing from the job's limit", async {
-            let c = self.client().await?;
+            let mut c = self.client().await?;
+            let c = self.begin(&mut c).await?;
             let s = &self.s;
             let (rate, n) = (rate as f64, n as f64);
             let burst = rate / 20.0;
@@ -637,6 +883,7 @@ impl Board for PgBoard {
                 row = c.query_opt(&draw, &args).await?;
             }
             let t: f64 = row.context("the job's bucket vanished (was the job deleted?)")?.get(0);
+            c.commit().await?;
             Ok(if t > 0.0 {
                 None
             } else {
@@ -650,6 +897,16 @@ impl Board for PgBoard {
         timed("removing the job", async {
             let mut c = self.client().await?;
             let tx = c.transaction().await?;
+            // The job's row first: a worker's write holds it (FOR KEY SHARE) for its whole
+            // transaction, so it ends before this starts, or finds the job gone.
+            tx.execute(
+                &format!(
+                    "SELECT 1 FROM {}.jfs_sync_jobs WHERE name = $1 FOR UPDATE",
+                    self.s
+                ),
+                &[&self.job],
+            )
+            .await?;
             for t in [
                 "jfs_sync_keys",
                 "jfs_sync_units",
@@ -699,51 +956,10 @@ impl Board for PgBoard {
         tps: Option<u32>,
         plan: &Plan,
     ) -> Result<bool> {
-        let mut c = self.client().await?;
-        let s = &self.s;
-        let tx = c.transaction().await?;
-        tx.execute(
-            &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state, bwlimit, tps) VALUES ($1, $2, 'done', $3, $4) ON CONFLICT DO NOTHING"),
-            &[&self.job, &serde_json::to_string(spec)?, &bwlimit, &tps.map(|t| t as i32)],
-        )
-        .await?;
-        let state: String = tx
-            .query_one(
-                &format!("SELECT state FROM {s}.jfs_sync_jobs WHERE name = $1 FOR UPDATE"),
-                &[&self.job],
-            )
-            .await?
-            .get(0);
-        if state != "done" {
-            return Ok(false);
-        }
-        // The first round: the limits of the command that planned it.
-        tx.execute(
-            &format!("UPDATE {s}.jfs_sync_jobs SET bwlimit = $2, tps = $3 WHERE name = $1 AND target IS NULL"),
-            &[&self.job, &bwlimit, &tps.map(|t| t as i32)],
-        )
-        .await?;
-        for t in ["jfs_sync_keys", "jfs_sync_units", "jfs_sync_deletes"] {
-            tx.execute(&format!("DELETE FROM {s}.{t} WHERE job = $1"), &[&self.job])
-                .await?;
-        }
-        if let Some(keys) = &plan.keys {
-            for chunk in keys.chunks(10_000) {
-                tx.execute(
-                    &format!("INSERT INTO {s}.jfs_sync_keys (job, key) SELECT $1, k FROM unnest($2::text[]) AS t(k) ON CONFLICT DO NOTHING"),
-                    &[&self.job, &chunk],
-                )
-                .await?;
-            }
-        }
-        self.make_units(&tx, &plan.cuts(), spec.delete_dst).await?;
-        tx.execute(
-            &format!("UPDATE {s}.jfs_sync_jobs SET state = 'running', target = $2, keys_mode = $3, planning_until = NULL WHERE name = $1"),
-            &[&self.job, &(plan.target as i64), &plan.keys.is_some()],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(true)
+        self.new_round_in(spec, bwlimit, tps, plan)
+            .await
+            .map_err(flat)
+            .context("planning the job's round")
     }
 
     async fn claim_planning(&self, spec: &Spec, ttl: Duration) -> Result<bool> {
@@ -751,8 +967,8 @@ impl Board for PgBoard {
             let c = self.client().await?;
             let s = &self.s;
             c.execute(
-                &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state) VALUES ($1, $2, 'done') ON CONFLICT DO NOTHING"),
-                &[&self.job, &serde_json::to_string(spec)?],
+                &format!("INSERT INTO {s}.jfs_sync_jobs (name, spec, state, incarnation, finished) VALUES ($1, $2, 'done', $3, clock_timestamp()) ON CONFLICT DO NOTHING"),
+                &[&self.job, &serde_json::to_string(spec)?, &super::new_incarnation()],
             )
             .await?;
             let n = c

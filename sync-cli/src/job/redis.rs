@@ -16,10 +16,24 @@ pub struct RedisBoard {
     /// Key prefix of this job: `{PREFIX}{jfs-sync:NAME}:`.
     p: String,
     display: String,
+    /// The incarnation of the job this worker joined ("" before `bind`): every script fails
+    /// with `JobGone` once the job's is another (deleted, or deleted and made again).
+    bound: std::sync::Mutex<String>,
 }
 
 /// Lua: the server's time in milliseconds.
 const NOW: &str = "local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
+
+/// Lua, first in every script: ARGV[1] is the job's key prefix, ARGV[2] the incarnation of
+/// the job the caller joined ('' for calls that create a job). A job deleted (or deleted and
+/// created again under its name) since fails every call of a worker that joined it, in the
+/// same atomic step as the write it would have made: nothing is written back.
+const GUARD: &str = r#"
+local P = ARGV[1]
+if ARGV[2] ~= '' and redis.call('GET', P..'id') ~= ARGV[2] then
+  return redis.error_reply('JFS_JOB_GONE the job was deleted')
+end
+"#;
 
 /// Lua: make a round's units, pending, cut at ARGV[first..] (none: one unit for every key),
 /// and the held deletion step when `delete`.
@@ -45,20 +59,32 @@ local function make_units(P, first, delete)
 end
 "#;
 
+/// ARGV[3] spec, [4] bwlimit, [5] tps, [6] '1' with a deletion step, [7] the new job's
+/// incarnation.
 const CREATE: &str = r#"
-local P = ARGV[1]
 if redis.call('EXISTS', P..'spec') == 1 then return 0 end
-redis.call('SET', P..'spec', ARGV[2])
+redis.call('SET', P..'spec', ARGV[3])
+redis.call('SET', P..'id', ARGV[7])
 redis.call('SET', P..'state', 'running')
 redis.call('SET', P..'created', now)
-if ARGV[3] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[3]) end
-if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[4]) end
-make_units(P, 6, ARGV[5] == '1')
+if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[4]) end
+if ARGV[5] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[5]) end
+make_units(P, 8, ARGV[6] == '1')
 return 1
 "#;
 
+/// The job's incarnation (one is given to a job of an earlier release that has none), or
+/// false when there is no job. ARGV[3]: the incarnation to give.
+const BIND: &str = r#"
+if redis.call('EXISTS', P..'spec') == 0 then return false end
+redis.call('SET', P..'id', ARGV[3], 'NX')
+return redis.call('GET', P..'id')
+"#;
+
+/// Units are claimed only while the job runs (not once it is paused, cancelled or over).
 const CLAIM: &str = r#"
-local P, worker, lease, maxatt = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local worker, lease, maxatt = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+if redis.call('GET', P..'state') ~= 'running' then return false end
 for _ = 1, 1000 do
   local id, re = nil, 0
   local exp = redis.call('ZRANGEBYSCORE', P..'leases', '-inf', now, 'LIMIT', 0, 1)
@@ -89,9 +115,9 @@ return false
 "#;
 
 const RENEW: &str = r#"
-local P, worker, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local worker, lease = ARGV[3], tonumber(ARGV[4])
 local kept = {}
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local u = P..'u:'..id
   local v = redis.call('HMGET', u, 'token', 'state', 'owner')
@@ -103,27 +129,27 @@ end
 return kept
 "#;
 
-/// Checks that the caller still holds unit ARGV[2] under token ARGV[3].
+/// Checks that the caller still holds unit ARGV[3] under token ARGV[4].
 const HOLDS: &str = r#"
-local P, id, token = ARGV[1], ARGV[2], ARGV[3]
+local id, token = ARGV[3], ARGV[4]
 local u = P..'u:'..id
 local v = redis.call('HMGET', u, 'token', 'state')
 if v[1] ~= token or v[2] ~= 'running' then return 0 end
 "#;
 
 const SAVE: &str = r#"
-redis.call('HSET', u, 'cursor', ARGV[4], 'tally', ARGV[5])
-for i = 6, #ARGV, 2 do redis.call('HSET', P..'deletes', ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', u, 'cursor', ARGV[5], 'tally', ARGV[6])
+for i = 7, #ARGV, 2 do redis.call('HSET', P..'deletes', ARGV[i], ARGV[i + 1]) end
 if redis.call('HGET', u, 'steal') == '1' then return 2 end
 return 1
 "#;
 
 const FINISH: &str = r#"
-local state = ARGV[4]
-redis.call('HSET', u, 'state', state, 'dst_listed', ARGV[5])
+local state = ARGV[5]
+redis.call('HSET', u, 'state', state, 'dst_listed', ARGV[6])
 redis.call('HDEL', u, 'owner')
-if ARGV[6] ~= '' then redis.call('HSET', u, 'error', ARGV[6]) else redis.call('HDEL', u, 'error') end
-if ARGV[7] ~= '' then redis.call('HSET', u, 'tally', ARGV[7]) end
+if ARGV[7] ~= '' then redis.call('HSET', u, 'error', ARGV[7]) else redis.call('HDEL', u, 'error') end
+if ARGV[8] ~= '' then redis.call('HSET', u, 'tally', ARGV[8]) end
 redis.call('ZREM', P..'leases', id)
 if state == 'done' and redis.call('HGET', u, 'kind') == 'copy' then
   if redis.call('DECR', P..'left') == 0 then
@@ -140,13 +166,13 @@ return 1
 // The holder cuts only past every key it has worked on (and so past its cursor): keys are
 // not compared here, as Lua compares strings by the server's locale.
 const SPLIT: &str = r#"
-if #ARGV == 3 then
+if #ARGV == 4 then
   redis.call('HSET', u, 'steal', 2)
   return 1
 end
 local hi = redis.call('HGET', u, 'hi')
-redis.call('HSET', u, 'hi', ARGV[4], 'steal', 0)
-for i = 4, #ARGV do
+redis.call('HSET', u, 'hi', ARGV[5], 'steal', 0)
+for i = 5, #ARGV do
   local n = redis.call('INCR', P..'next')
   redis.call('HSET', P..'u:'..n, 'kind', 'copy', 'state', 'pending', 'lo', ARGV[i], 'token', 0, 'attempts', 0, 'reassigned', 0, 'dst_listed', 0)
   local e = ARGV[i + 1] or hi
@@ -154,12 +180,12 @@ for i = 4, #ARGV do
   redis.call('ZADD', P..'all', n, n)
   redis.call('ZADD', P..'pending', n, n)
 end
-redis.call('INCRBY', P..'left', #ARGV - 3)
+redis.call('INCRBY', P..'left', #ARGV - 4)
 return 1
 "#;
 
 const ASK_SPLIT: &str = r#"
-local P, n = ARGV[1], tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
 local asked = 0
 for _, id in ipairs(redis.call('ZRANGE', P..'leases', 0, -1)) do
   if asked >= n then break end
@@ -174,22 +200,26 @@ return asked
 "#;
 
 /// A new job, or the next round of a done one: the old round's records go, the planned keys
-/// (written first to the staging set ARGV[8]) become the round's, and the units are made.
+/// (written first to the staging set ARGV[9]) become the round's, and the units are made.
+/// ARGV[3] spec, [4] bwlimit, [5] tps, [6] deletion step, [7] target, [8] keys mode,
+/// [9] staging set, [10] the incarnation of a new job, [11..] cuts.
 const NEW_ROUND: &str = r#"
-local P, staging = ARGV[1], ARGV[8]
+local staging = ARGV[9]
 local st = redis.call('GET', P..'state')
 if st and st ~= 'done' then
   redis.call('DEL', staging)
   return 0
 end
 if not st then
-  redis.call('SET', P..'spec', ARGV[2])
-  redis.call('SET', P..'created', now)
+  redis.call('SET', P..'spec', ARGV[3])
 end
+redis.call('SET', P..'id', ARGV[10], 'NX')
+redis.call('SET', P..'created', now)
+redis.call('DEL', P..'finished')
 if not redis.call('GET', P..'target') then
   -- The first round: the limits of the command that planned it.
-  if ARGV[3] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[3]) end
-  if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[4]) end
+  if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[4]) end
+  if ARGV[5] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[5]) end
 end
 for _, id in ipairs(redis.call('ZRANGE', P..'all', 0, -1)) do redis.call('DEL', P..'u:'..id) end
 redis.call('DEL', P..'all', P..'pending', P..'leases', P..'deletes', P..'keys', P..'delete_unit')
@@ -197,35 +227,61 @@ if redis.call('EXISTS', staging) == 1 then
   redis.call('PERSIST', staging)
   redis.call('RENAME', staging, P..'keys')
 end
-make_units(P, 9, ARGV[5] == '1')
-redis.call('SET', P..'target', ARGV[6])
-redis.call('SET', P..'keys_mode', ARGV[7])
+make_units(P, 11, ARGV[6] == '1')
+redis.call('SET', P..'target', ARGV[7])
+redis.call('SET', P..'keys_mode', ARGV[8])
 redis.call('DEL', P..'planning')
 redis.call('SET', P..'state', 'running')
 return 1
 "#;
 
 /// One planner per round: the job's record is made (done, no units) when there is none.
+/// ARGV[3] spec, [4] planning time (ms), [5] the incarnation of a new job.
 const CLAIM_PLANNING: &str = r#"
-local P = ARGV[1]
 if redis.call('EXISTS', P..'state') == 0 then
-  redis.call('SET', P..'spec', ARGV[2])
+  redis.call('SET', P..'spec', ARGV[3])
+  redis.call('SET', P..'id', ARGV[5])
   redis.call('SET', P..'state', 'done')
   redis.call('SET', P..'created', now)
+  redis.call('SET', P..'finished', now)
 end
 if redis.call('GET', P..'state') ~= 'done' then return 0 end
-if redis.call('SET', P..'planning', '1', 'NX', 'PX', ARGV[3]) then return 1 end
+if redis.call('SET', P..'planning', '1', 'NX', 'PX', ARGV[4]) then return 1 end
 return 0
 "#;
 
-/// The job's state; a round that ends done records its target as the journal position.
+/// The job's state ARGV[3], only from state ARGV[4] when given (0 when it was not there);
+/// a round that ends done records its target as the journal position. The time it ended
+/// is kept, for its duration and average rate.
 const SET_STATE: &str = r#"
-local P = ARGV[1]
-redis.call('SET', P..'state', ARGV[2])
-if ARGV[2] == 'done' then
+local to, from = ARGV[3], ARGV[4]
+if redis.call('EXISTS', P..'state') == 0 then return redis.error_reply('JFS_JOB_GONE the job does not exist') end
+if from ~= '' and redis.call('GET', P..'state') ~= from then return 0 end
+redis.call('SET', P..'state', to)
+if to == 'done' then
   local t = redis.call('GET', P..'target')
   if t then redis.call('SET', P..'journal_seq', t) end
 end
+if to == 'done' or to == 'failed' or to == 'cancelled' then
+  redis.call('SET', P..'finished', now)
+else
+  redis.call('DEL', P..'finished')
+end
+return 1
+"#;
+
+/// ARGV[3] bwlimit, [4] tps ('' for none).
+const SET_LIMITS: &str = r#"
+redis.call('DEL', P..'limits')
+if ARGV[3] ~= '' then redis.call('HSET', P..'limits', 'bwlimit', ARGV[3]) end
+if ARGV[4] ~= '' then redis.call('HSET', P..'limits', 'tps', ARGV[4]) end
+return 1
+"#;
+
+/// A worker's report (ARGV[4], a JSON object) under its name ARGV[3], stamped with the
+/// server's time.
+const REPORT: &str = r#"
+redis.call('HSET', P..'workers', ARGV[3], '{"seen_ms":'..now..','..string.sub(ARGV[4], 2))
 return 1
 "#;
 
@@ -238,7 +294,6 @@ return 1
 "#;
 
 const RETRY: &str = r#"
-local P = ARGV[1]
 local n = 0
 for _, id in ipairs(redis.call('ZRANGE', P..'all', 0, -1)) do
   local u = P..'u:'..id
@@ -261,14 +316,15 @@ if d and redis.call('HGET', P..'u:'..d, 'state') == 'failed' then
   end
 end
 redis.call('SET', P..'state', 'running')
+redis.call('DEL', P..'finished')
 return n
 "#;
 
 /// A token bucket that may run into debt (a grant larger than the burst is not starved; the
 /// debt is paid before the next grant).
 const TAKE: &str = r#"
-local b = ARGV[1]..'bucket:'..ARGV[2]
-local rate, n = tonumber(ARGV[3]), tonumber(ARGV[4])
+local b = P..'bucket:'..ARGV[3]
+local rate, n = tonumber(ARGV[4]), tonumber(ARGV[5])
 local burst = rate / 20
 local v = redis.call('HMGET', b, 'tokens', 'at')
 local tokens, at = tonumber(v[1]) or burst, tonumber(v[2]) or now
@@ -280,11 +336,17 @@ return wait
 "#;
 
 fn script(body: &str) -> Script {
-    Script::new(&format!("{NOW}{body}"))
+    Script::new(&format!("{NOW}{GUARD}{body}"))
 }
 
+/// A script that also checks the caller's hold on a unit (`HOLDS`).
 fn guarded(body: &str) -> Script {
-    Script::new(&format!("{NOW}{HOLDS}{body}"))
+    Script::new(&format!("{NOW}{GUARD}{HOLDS}{body}"))
+}
+
+/// A script that makes units (`MAKE_UNITS`).
+fn making(body: &str) -> Script {
+    Script::new(&format!("{NOW}{GUARD}{MAKE_UNITS}{body}"))
 }
 
 /// Every call gives up after this long (a worker cut off from Redis must notice).
@@ -296,8 +358,37 @@ impl RedisBoard {
         prefix: &str,
         job: &str,
         display: String,
+        password_from: &str,
     ) -> Result<Self> {
+        // The same server without a password: to tell "wrong password" from "this server has
+        // none" (the client library keeps no word of why it was refused).
+        let bare = info.redis.password.is_some().then(|| {
+            let mut b = info.clone();
+            b.redis.password = None;
+            b.redis.username = None;
+            b
+        });
         let client = redis::Client::open(info).context("redis client")?;
+        // One plain connection and a PING first: a wrong password or a refused connection is
+        // reported as what it is here (the connection manager below would retry it into a
+        // timeout).
+        if let Err(e) = probe(&client).await {
+            let mut why = match &e {
+                Some(e) => super::redis_refusal(e, password_from),
+                None => format!("no answer within {CALL_TIMEOUT:?}"),
+            };
+            let auth = e
+                .as_ref()
+                .is_some_and(|e| e.kind() == redis::ErrorKind::AuthenticationFailed);
+            if let (true, Some(bare)) = (auth, bare) {
+                if let Ok(c) = redis::Client::open(bare) {
+                    if probe(&c).await.is_ok() {
+                        why = format!("it has no password, but one was sent (from {password_from}): give this URL none (leave JFS_META_PASSWORD unset, and give the URLs that need a password their own ?password_env=VAR)");
+                    }
+                }
+            }
+            anyhow::bail!("the job's Redis {display}: {why}");
+        }
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Duration::from_secs(5))
             .set_response_timeout(CALL_TIMEOUT)
@@ -312,6 +403,7 @@ impl RedisBoard {
             conn,
             p: format!("{prefix}{{jfs-sync:{job}}}:"),
             display,
+            bound: Default::default(),
         })
     }
 
@@ -324,10 +416,14 @@ impl RedisBoard {
         let mut c = self.conn.clone();
         let mut inv = s.prepare_invoke();
         inv.arg(&self.p);
+        inv.arg(self.bound.lock().unwrap_or_else(|p| p.into_inner()).clone());
         for a in args {
             inv.arg(a);
         }
         match tokio::time::timeout(CALL_TIMEOUT, inv.invoke_async(&mut c)).await {
+            Ok(Err(e)) if e.to_string().contains("JFS_JOB_GONE") => {
+                Err(anyhow::Error::new(super::JobGone(self.display.clone())))
+            }
             Ok(r) => r.with_context(|| format!("{what} ({})", self.display)),
             Err(_) => {
                 anyhow::bail!("{what}: no answer from the job's Redis within {CALL_TIMEOUT:?}")
@@ -391,6 +487,25 @@ impl RedisBoard {
     }
 }
 
+/// Connect once and PING: the job's Redis answers, and takes the password it was given.
+/// Err(None): no answer in time.
+async fn probe(client: &redis::Client) -> std::result::Result<(), Option<redis::RedisError>> {
+    let cfg = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Duration::from_secs(5))
+        .set_response_timeout(CALL_TIMEOUT);
+    let r = async {
+        let mut c = client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await?;
+        redis::cmd("PING").query_async::<String>(&mut c).await
+    };
+    match tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(5), r).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(Some(e)),
+        Err(_) => Err(None),
+    }
+}
+
 fn flat(v: Vec<String>) -> std::collections::HashMap<String, String> {
     v.chunks(2)
         .filter(|c| c.len() == 2)
@@ -404,12 +519,13 @@ impl Board for RedisBoard {
         let n: i64 = self
             .run(
                 "creating the job",
-                &Script::new(&format!("{NOW}{MAKE_UNITS}{CREATE}")),
+                &making(CREATE),
                 vec![
                     serde_json::to_string(spec)?,
                     bwlimit.unwrap_or("").to_string(),
                     tps.map(|t| t.to_string()).unwrap_or_default(),
                     if spec.delete_dst { "1" } else { "0" }.to_string(),
+                    super::new_incarnation(),
                 ],
             )
             .await?;
@@ -434,17 +550,20 @@ impl Board for RedisBoard {
                 redis::cmd("GET").arg(format!("{}state", self.p)),
             )
             .await?;
-        let state = state.context("the job does not exist (removed?)")?;
+        let state =
+            state.ok_or_else(|| anyhow::Error::new(super::JobGone(self.display.clone())))?;
         let l: std::collections::HashMap<String, String> = self
             .cmd(
                 "reading the job's limits",
                 redis::cmd("HGETALL").arg(format!("{}limits", self.p)),
             )
             .await?;
-        let created: Option<i64> = self
+        let (created, finished): (Option<i64>, Option<i64>) = self
             .cmd(
                 "reading the job",
-                redis::cmd("GET").arg(format!("{}created", self.p)),
+                redis::cmd("MGET")
+                    .arg(format!("{}created", self.p))
+                    .arg(format!("{}finished", self.p)),
             )
             .await?;
         let now = self.now_ms().await?;
@@ -453,46 +572,60 @@ impl Board for RedisBoard {
             bwlimit: l.get("bwlimit").cloned(),
             tps: l.get("tps").and_then(|t| t.parse().ok()),
             age_s: created.map_or(0.0, |c| (now - c) as f64 / 1000.0),
+            elapsed_s: created.map_or(0.0, |c| {
+                (finished.unwrap_or(now) - c).max(0) as f64 / 1000.0
+            }),
         })
     }
 
-    async fn set_state(&self, state: &str) -> Result<()> {
-        let _: i64 = self
+    fn display(&self) -> String {
+        self.display.clone()
+    }
+
+    async fn bind(&self) -> Result<String> {
+        let inc: Option<String> = self
+            .run(
+                "joining the job",
+                &script(BIND),
+                vec![super::new_incarnation()],
+            )
+            .await?;
+        let inc = inc.ok_or_else(|| anyhow::Error::new(super::JobGone(self.display.clone())))?;
+        *self.bound.lock().unwrap_or_else(|p| p.into_inner()) = inc.clone();
+        Ok(inc)
+    }
+
+    async fn set_state(&self, state: &str, from: Option<&str>) -> Result<bool> {
+        let n: i64 = self
             .run(
                 "changing the job's state",
                 &script(SET_STATE),
-                vec![state.to_string()],
+                vec![state.to_string(), from.unwrap_or("").to_string()],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn set_limits(&self, bwlimit: Option<&str>, tps: Option<u32>) -> Result<()> {
+        let _: i64 = self
+            .run(
+                "changing the job's limits",
+                &script(SET_LIMITS),
+                vec![
+                    bwlimit.unwrap_or("").to_string(),
+                    tps.map(|t| t.to_string()).unwrap_or_default(),
+                ],
             )
             .await?;
         Ok(())
     }
 
-    async fn set_limits(&self, bwlimit: Option<&str>, tps: Option<u32>) -> Result<()> {
-        let key = format!("{}limits", self.p);
-        let mut p = redis::pipe();
-        p.atomic().del(&key);
-        if let Some(b) = bwlimit {
-            p.hset(&key, "bwlimit", b);
-        }
-        if let Some(t) = tps {
-            p.hset(&key, "tps", t);
-        }
-        let mut conn = self.conn.clone();
-        let r: redis::RedisResult<()> = p.query_async(&mut conn).await;
-        r.with_context(|| format!("changing the job's limits ({})", self.display))
-    }
-
     async fn report(&self, r: &WorkerReport) -> Result<()> {
-        let now = self.now_ms().await?;
-        let mut v = serde_json::to_value(r)?;
-        v["seen_ms"] = now.into();
-        let _: () = self
-            .cmd(
+        let _: i64 = self
+            .run(
                 "reporting to the job",
-                redis::cmd("HSET")
-                    .arg(format!("{}workers", self.p))
-                    .arg(&r.worker)
-                    .arg(v.to_string()),
+                &script(REPORT),
+                vec![r.worker.clone(), serde_json::to_string(r)?],
             )
             .await?;
         Ok(())
@@ -696,6 +829,8 @@ impl Board for RedisBoard {
             "target",
             "keys_mode",
             "planning",
+            "id",
+            "finished",
         ] {
             keys.push(format!("{}{k}", self.p));
         }
@@ -761,14 +896,11 @@ impl Board for RedisBoard {
             plan.target.to_string(),
             if plan.keys.is_some() { "1" } else { "0" }.to_string(),
             staging,
+            super::new_incarnation(),
         ];
         args.extend(plan.cuts());
         let n: i64 = self
-            .run(
-                "planning the job's round",
-                &Script::new(&format!("{NOW}{MAKE_UNITS}{NEW_ROUND}")),
-                args,
-            )
+            .run("planning the job's round", &making(NEW_ROUND), args)
             .await?;
         Ok(n == 1)
     }
@@ -778,7 +910,11 @@ impl Board for RedisBoard {
             .run(
                 "claiming the planning of a round",
                 &script(CLAIM_PLANNING),
-                vec![serde_json::to_string(spec)?, ttl.as_millis().to_string()],
+                vec![
+                    serde_json::to_string(spec)?,
+                    ttl.as_millis().to_string(),
+                    super::new_incarnation(),
+                ],
             )
             .await?;
         Ok(n == 1)
