@@ -11,6 +11,7 @@ pub mod mirror;
 pub mod primary;
 pub mod promote;
 pub mod proto;
+pub mod rollback;
 pub mod site;
 pub mod staging;
 pub mod state;

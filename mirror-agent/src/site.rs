@@ -10,10 +10,25 @@ use anyhow::{bail, Context, Result};
 use fs_core::site::{self, MirrorMarker};
 use fs_core::{keys, Engine};
 
-/// Make sure `engine` is this mirror's metadata, marking it when it is empty (or when this
-/// agent's own state shows it has been applying to it: metadata from a release before
-/// markers). Refuses anything else with a line saying what it is and what to do.
-pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Result<()> {
+/// What `claim` does to metadata it accepts.
+pub enum Claim {
+    /// Marked as this mirror's already.
+    Ours,
+    /// Marked as this mirror's, with an older description (primary, stores): rewritten.
+    Update(MirrorMarker),
+    /// Empty, or this agent's state shows it built it before markers existed: marked now.
+    Mark(MirrorMarker, &'static str),
+}
+
+/// Whether `engine` may be this mirror's metadata, without writing anything (`run` and
+/// `check-config --connect` both ask this). `built_here`: this agent's state shows it has
+/// been applying to it (metadata from a release before markers). Refuses anything else with
+/// a line saying what it is and what to do.
+pub async fn plan_claim(
+    engine: &dyn Engine,
+    built_here: bool,
+    cfg: &MirrorConfig,
+) -> Result<Claim> {
     let url = engine.display_url();
     let existing = site::marker(engine).await?;
     let has_volume = engine.get(keys::SETTING).await?.is_some();
@@ -35,16 +50,16 @@ pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Re
                 );
             }
             let new = want(m.since_ns);
-            if new != m {
-                site::set_marker(engine, &new).await?;
-            }
-            Ok(())
+            Ok(if new != m {
+                Claim::Update(new)
+            } else {
+                Claim::Ours
+            })
         }
-        None if !has_volume => {
-            site::set_marker(engine, &want(fs_core::now_ns())).await?;
-            tracing::info!(meta = %url, "marked this metadata as mirror {:?}'s", cfg.name);
-            Ok(())
-        }
+        None if !has_volume => Ok(Claim::Mark(
+            want(fs_core::now_ns()),
+            "marked this metadata as this mirror's",
+        )),
         None => {
             if let Some(d) = site::detached(engine).await? {
                 bail!(
@@ -53,11 +68,11 @@ pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Re
                     d.at_seq
                 );
             }
-            if state.queued_through()? > 0 || state.bootstrap()?.is_some() {
-                // This agent's own state shows it built this mirror (before markers existed).
-                site::set_marker(engine, &want(fs_core::now_ns())).await?;
-                tracing::info!(meta = %url, "marked this mirror's metadata (written by an earlier release)");
-                return Ok(());
+            if built_here {
+                return Ok(Claim::Mark(
+                    want(fs_core::now_ns()),
+                    "marked this mirror's metadata (written by an earlier release)",
+                ));
             }
             let s = fs_core::Fs::load_settings(engine).await?;
             bail!(
@@ -67,6 +82,21 @@ pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Re
             )
         }
     }
+}
+
+/// Make sure `engine` is this mirror's metadata (`plan_claim`), marking it when it is empty
+/// (or when this agent's own state shows it has been applying to it).
+pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Result<()> {
+    let built_here = state.queued_through()? > 0 || state.bootstrap()?.is_some();
+    match plan_claim(engine, built_here, cfg).await? {
+        Claim::Ours => {}
+        Claim::Update(m) => site::set_marker(engine, &m).await?,
+        Claim::Mark(m, what) => {
+            site::set_marker(engine, &m).await?;
+            tracing::info!(meta = %engine.display_url(), mirror = %cfg.name, "{what}");
+        }
+    }
+    Ok(())
 }
 
 /// A primary agent serves a volume of its own: refuse a mirror's metadata.
@@ -98,7 +128,7 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
             "{pending} blocks are not copied to the mirror store yet: start the agent, wait until `mirror-agent status` shows 0 pending, stop it, then detach"
         );
     }
-    let (engine, url, marker) = open_to_detach(&cfg.meta).await?;
+    let (engine, url, marker) = open_to_detach(&cfg.meta, volume::Access::Write).await?;
     if marker.name != m.name {
         bail!(
             "{url} is mirror {:?}'s metadata, not {:?}'s",
@@ -126,7 +156,11 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
 /// again, an engine-migration mirror on the volume's own store). Anything else needs the
 /// agent's state to know every block was copied: `--config`.
 pub async fn detach_meta(meta: &str) -> Result<String> {
-    let (engine, url, marker) = open_to_detach(meta).await?;
+    // Read access, as `fence` has: a RocksDB secondary, so a mount that holds the writer's
+    // lock (the fenced primary's own mount) does not stop the undo; only the records beside
+    // the metadata change, which a secondary may write, and the mount's next commit sees
+    // them.
+    let (engine, url, marker) = open_to_detach(meta, volume::Access::Read).await?;
     let settings = fs_core::Fs::load_settings(&*engine).await?;
     if marker.store != settings.storage {
         bail!(
@@ -143,8 +177,11 @@ pub async fn detach_meta(meta: &str) -> Result<String> {
 }
 
 /// A mirror's metadata opened to be detached: not bootstrapping, and marked.
-async fn open_to_detach(meta: &str) -> Result<(std::sync::Arc<dyn Engine>, String, MirrorMarker)> {
-    let engine = volume::open_engine(meta, volume::Access::Write, None, false).await?;
+async fn open_to_detach(
+    meta: &str,
+    access: volume::Access,
+) -> Result<(std::sync::Arc<dyn Engine>, String, MirrorMarker)> {
+    let engine = volume::open_engine(meta, access, None, false).await?;
     let url = engine.display_url();
     if fs_core::slots::incomplete(&*engine).await?.is_some() {
         bail!("{url} is a mirror that is bootstrapping: its tree is incomplete; let it finish before detaching");
