@@ -8,6 +8,7 @@ pub mod config;
 pub mod handshake;
 pub mod metrics;
 pub mod mirror;
+pub mod preflight;
 pub mod primary;
 pub mod promote;
 pub mod proto;
