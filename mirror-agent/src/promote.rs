@@ -91,7 +91,15 @@ pub async fn fence(a: &FenceArgs<'_>) -> Result<String> {
     if !a.force {
         check_new_primary(a, &target, &mut notes).await?;
     }
-    let head = fence_now(&*e, a, epoch, &settings.storage, "mirror-agent fence").await?;
+    let head = fence_now(
+        &*e,
+        a,
+        epoch,
+        &settings.storage,
+        "mirror-agent fence",
+        false,
+    )
+    .await?;
     tracing::warn!(meta = %url, head, "fenced: this metadata refuses every writer and its agent ships nothing");
     let next = match target {
         Some(Target::Promoted(ep)) => format!(
@@ -178,6 +186,11 @@ async fn check_moved_to(
     let t = reach(to).await.map_err(|e| {
         anyhow!("--moved-to {redacted} cannot be reached ({e:#}): give the new primary's META_URL as its mounts will open it, or --force to fence without checking")
     })?;
+    if t.display_url() == url {
+        bail!(
+            "--moved-to {redacted} is the metadata being fenced: give the new primary's META_URL"
+        );
+    }
     let ts = fs_core::Fs::load_settings(&*t).await.map_err(|e| {
         anyhow!("--moved-to {redacted} holds no volume ({e}): give the new primary's META_URL, or --force")
     })?;
@@ -285,13 +298,16 @@ async fn probe_agent(addr: &str, name: &str) -> Probe {
 
 /// Write the fence: where the volume goes first (a commit refused by the marker then always
 /// finds it and waits for the new primary instead of failing), the fence record, the marker;
-/// then the last entry, once no commit is in flight any more. Returns that seq.
+/// then the last entry (`settle`: once no commit is in flight any more, for a loss window
+/// that must be exact; a planned move checks the head again before it promotes anyway).
+/// Returns that seq.
 async fn fence_now(
     e: &dyn Engine,
     a: &FenceArgs<'_>,
     epoch: u64,
     store: &str,
     by: &str,
+    settle: bool,
 ) -> Result<u64> {
     if let Some(to) = a.moved_to {
         let m = Moved {
@@ -324,7 +340,11 @@ async fn fence_now(
         };
         site::set_marker(e, &marker).await?;
     }
-    let head = settled_head(e).await?;
+    let head = if settle {
+        settled_head(e).await?
+    } else {
+        e.journal_bounds().await?.last
+    };
     f.at_seq = head;
     site::set_fenced(e, Some(&f)).await?;
     if let Some(mut m) = site::moved(e).await? {
@@ -556,6 +576,7 @@ async fn fence_old(
         old_epoch,
         &os.storage,
         &format!("the forced promotion of {url}"),
+        true,
     )
     .await?;
     tracing::warn!(old = %redacted, head, "fenced the old primary's metadata before promoting: its writers are refused, its mounts move here");
