@@ -136,15 +136,32 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
             m.name
         );
     }
-    let d = site::detach(&*engine, &marker).await?;
-    // The volume's blocks are now those of the mirror store: writes go there, never to the
-    // primary's store.
+    // The volume's blocks will be those of the mirror store: it must answer before anything
+    // changes (a detached volume still pointing at the primary's store would write there).
     let store = volume::open_store(&marker.store, None)?;
-    let mut fs = fs_core::Fs::open(engine, store).await?;
+    store.check().await.map_err(|e| {
+        anyhow::anyhow!(
+            "the mirror store {} does not answer ({e}): nothing was changed",
+            marker.store
+        )
+    })?;
+    let d = site::detach(&*engine, &marker).await?;
     let store_url = marker.store.clone();
-    fs.update_settings("storage", |s| s.storage = store_url.clone())
-        .await
-        .context("pointing the detached volume at the mirror store")?;
+    let pointed = async {
+        let mut fs = fs_core::Fs::open(engine.clone(), store).await?;
+        fs.update_settings("storage", |s| s.storage = store_url.clone())
+            .await
+    }
+    .await;
+    if let Err(e) = pointed {
+        // Back to the mirror it was: a volume of its own that writes into the primary's
+        // store must never be left behind.
+        site::set_marker(&*engine, &marker).await?;
+        engine.aux_put(site::DETACHED, None).await?;
+        return Err(anyhow::Error::new(e).context(
+            "pointing the detached volume at the mirror store failed; it is a mirror again, nothing changed",
+        ));
+    }
     Ok(format!(
         "detached mirror {:?} at seq {}: {url} is now a volume of its own, writable, with blocks in {}; its replication slot at the primary still holds gc there: drop it with `mirror-agent slot drop {} --meta PRIMARY_META_URL`",
         d.name, d.at_seq, marker.store, d.name
