@@ -88,9 +88,13 @@ pub async fn fence(a: &FenceArgs<'_>) -> Result<String> {
         Some(to) if !a.force => Some(check_moved_to(to, &url, &settings, epoch).await?),
         _ => None,
     };
-    if !a.force {
-        check_new_primary(a, &target, &mut notes).await?;
-    }
+    // A primary agent answering at the new address means the new site runs as the primary
+    // already (in a planned move its agent starts after the promotion).
+    let answered = if a.force {
+        false
+    } else {
+        check_new_primary(a, &target, &mut notes).await?
+    };
     let head = fence_now(
         &*e,
         a,
@@ -108,6 +112,10 @@ pub async fn fence(a: &FenceArgs<'_>) -> Result<String> {
         ),
         Some(Target::Mirror) => format!(
             "Next: wait until the mirror has applied seq {head} (mirror-agent status --wait-applied {head}), stop it, then promote it (mirror-agent promote --config MIRROR_CONFIG --old-meta {url})"
+        ),
+        None if answered => format!(
+            "Next: a primary agent answers at {} already (a failover): start a mirror agent here named {:?} following it (runbooks/failover.md, step 4); what this site committed that the new primary never received is saved when it rejoins",
+            a.new_primary, a.name
         ),
         None => format!(
             "Next: a planned move: wait until the mirror has applied seq {head} (mirror-agent status --wait-applied {head}), stop it, then promote it; after a failover (the new primary promoted already): start a mirror agent here named {:?} following {}",
@@ -217,11 +225,12 @@ async fn check_moved_to(
 
 /// A primary agent must answer at `new_primary`, except in a planned move (its agent starts
 /// after the promotion): then a note says so.
+/// Whether a primary agent answered.
 async fn check_new_primary(
     a: &FenceArgs<'_>,
     target: &Option<Target>,
     notes: &mut Vec<String>,
-) -> Result<()> {
+) -> Result<bool> {
     let Some((_, port)) = a.new_primary.rsplit_once(':') else {
         bail!(
             "--new-primary {:?} is not HOST:PORT (the new primary agent's `listen`)",
@@ -232,13 +241,13 @@ async fn check_new_primary(
         bail!("--new-primary {:?}: {port:?} is not a port", a.new_primary);
     }
     match probe_agent(a.new_primary, a.name).await {
-        Probe::Knows => Ok(()),
+        Probe::Knows => Ok(true),
         Probe::Unknown => {
             notes.push(format!(
                 "the primary agent at {} does not list a mirror named {:?} yet: add it to its [[primary.mirrors]] before this site rejoins",
                 a.new_primary, a.name
             ));
-            Ok(())
+            Ok(true)
         }
         Probe::Nothing(why) => match target {
             Some(Target::Mirror) => {
@@ -246,7 +255,7 @@ async fn check_new_primary(
                     "nothing answers at {} yet ({why}); in a planned move that is expected: start the new primary agent there after the promotion",
                     a.new_primary
                 ));
-                Ok(())
+                Ok(false)
             }
             _ => bail!(
                 "no primary agent answers at --new-primary {} ({why}): check the address (the new primary agent's `listen`, not its admin port) and that the agent runs; for a planned move give --moved-to NEW_META (the mirror to be promoted); --force fences without checking",

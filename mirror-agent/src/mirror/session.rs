@@ -32,6 +32,13 @@ impl Mirror {
             || self
                 .force_snapshot
                 .load(std::sync::atomic::Ordering::SeqCst);
+        // Caught up already, the switch still to do (it failed last time, e.g. saving a
+        // diverged tail): done now, not only when the next entry arrives.
+        if let Some(Bootstrap::CatchingUp { s_end, .. }) = self.state.bootstrap()? {
+            if self.meta.target().journal_bounds().await?.last >= s_end {
+                self.complete_bootstrap().await?;
+            }
+        }
         let boot = self.state.bootstrap()?;
         let target = self.meta.target();
         let head = target.journal_bounds().await?.last;
