@@ -23,8 +23,18 @@ pub enum Reach {
 }
 
 /// The checks; their warnings. An error says what `run` would refuse, in its words.
-pub async fn check(c: &Config, reach: Reach) -> Result<Vec<String>> {
+pub async fn check(c: &Config, how_far: Reach) -> Result<Vec<String>> {
     let mut warn = c.check().await?;
+    if how_far != Reach::Config {
+        warn.extend(reach(c, how_far).await?);
+    }
+    Ok(warn)
+}
+
+/// The checks of what the configuration names (`run` makes them after `Config::check`,
+/// whose warnings it has logged by then); their warnings.
+pub async fn reach(c: &Config, reach: Reach) -> Result<Vec<String>> {
+    let mut warn = Vec::new();
     if reach == Reach::Config {
         return Ok(warn);
     }

@@ -134,9 +134,12 @@ pub async fn run(a: RunArgs) -> Result<()> {
             format!("config file {}", p.display())
         });
     let c = config(&a)?;
+    for w in c.check().await.with_context(|| what.clone())? {
+        tracing::warn!("{w}");
+    }
     // The checks `check-config --connect` makes too (one function), before anything is
     // created or bound.
-    let checks = mirror_agent::preflight::check(&c, mirror_agent::preflight::Reach::Run)
+    let checks = mirror_agent::preflight::reach(&c, mirror_agent::preflight::Reach::Run)
         .await
         .with_context(|| what.clone())?;
     for w in checks {
