@@ -58,7 +58,7 @@ pub async fn plan_claim(
         }
         None if !has_volume => Ok(Claim::Mark(
             want(fs_core::now_ns()),
-            "marked this metadata as this mirror's",
+            "marked this metadata as this mirror's (empty until its first snapshot)",
         )),
         None => {
             if let Some(d) = site::detached(engine).await? {
