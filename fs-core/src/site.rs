@@ -194,6 +194,7 @@ pub async fn detach(engine: &dyn Engine, m: &MirrorMarker) -> Result<Detached> {
     // A fenced primary detached (a fence undone, or a volume of its own from now on): its
     // mounts must not follow the move it once recorded.
     engine.aux_put(MOVED, None).await?;
+    engine.aux_put(FENCED, None).await?;
     Ok(d)
 }
 
@@ -294,6 +295,34 @@ pub struct Epoch {
     pub at_ns: i64,
     /// The primary it took over from (its agent's address).
     pub from: String,
+    /// Where every earlier epoch began (oldest first; records written before this field
+    /// existed have none): a site that rejoins from an older epoch finds in it the point
+    /// where its history and this one parted.
+    #[serde(default)]
+    pub history: Vec<EpochStart>,
+}
+
+/// Where an epoch began: its promotion continued the history before it from `at_seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochStart {
+    pub epoch: u64,
+    pub at_seq: u64,
+    pub site: String,
+}
+
+impl Epoch {
+    /// The last entry that a site which stayed at epoch `old` (an old primary, fenced or
+    /// not) shares with this history: where the promotion to `old + 1` took over. None when
+    /// this record does not reach back that far (written before `history` existed).
+    pub fn parted_from(&self, old: u64) -> Option<u64> {
+        if self.epoch == old + 1 {
+            return Some(self.at_seq);
+        }
+        self.history
+            .iter()
+            .find(|h| h.epoch == old + 1)
+            .map(|h| h.at_seq)
+    }
 }
 
 /// The epoch record, if the volume was ever promoted.
@@ -332,6 +361,81 @@ pub async fn moved(engine: &dyn Engine) -> Result<Option<Moved>> {
 
 pub async fn set_moved(engine: &dyn Engine, m: Option<&Moved>) -> Result<()> {
     write_record(engine, MOVED, m).await
+}
+
+/// Left by `mirror-agent fence` (and by `promote --force` when it fenced the old primary
+/// itself) beside the marker: which epoch this metadata held when it was fenced, so that a
+/// second fence can tell a site still waiting to rejoin from one that rejoined since.
+pub const FENCED: &str = "volume.fenced";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fenced {
+    pub version: u32,
+    /// The name it was given as a mirror, and the new primary it is to follow.
+    pub name: String,
+    pub primary: String,
+    /// The epoch it held, and its last entry, when fenced.
+    pub epoch: u64,
+    pub at_seq: u64,
+    pub at_ns: i64,
+    /// Who fenced it ("mirror-agent fence", or the forced promotion of a mirror).
+    pub by: String,
+}
+
+pub async fn fenced(engine: &dyn Engine) -> Result<Option<Fenced>> {
+    read_record(engine, FENCED).await
+}
+
+pub async fn set_fenced(engine: &dyn Engine, f: Option<&Fenced>) -> Result<()> {
+    write_record(engine, FENCED, f).await
+}
+
+/// `volume.rollback.<n>`: a diverged tail this site dropped when it rejoined a newer
+/// primary (entries it had committed that the new primary never received), saved for the
+/// operator before the resync replaced them (MongoDB's rollback files are the model). Shown
+/// by `jfs status` until the record is removed (`mirror-agent rollback forget`).
+pub const ROLLBACK_PREFIX: &str = "volume.rollback.";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollback {
+    pub version: u32,
+    /// The directory the tail was saved in, on host `host`.
+    pub dir: String,
+    pub host: String,
+    /// The epoch this site held, and the epoch of the primary it rejoined.
+    pub from_epoch: u64,
+    pub to_epoch: u64,
+    /// The last entry both histories share; the saved entries are `first_seq..=last_seq`.
+    pub parted_at: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub entries: u64,
+    /// Files saved with their bytes, their total size, and files that could not be read.
+    pub files: u64,
+    pub bytes: u64,
+    pub failed: u64,
+    pub at_ns: i64,
+}
+
+impl Rollback {
+    /// The record's name (`volume.rollback.<at_ns>`).
+    pub fn name(&self) -> String {
+        format!("{ROLLBACK_PREFIX}{}", self.at_ns)
+    }
+}
+
+/// Every rollback record, oldest first.
+pub async fn rollbacks(engine: &dyn Engine) -> Result<Vec<Rollback>> {
+    let mut out = Vec::new();
+    for (name, v) in engine.aux_list(ROLLBACK_PREFIX).await? {
+        out.push(decode::<Rollback>(&name, &v)?);
+    }
+    out.sort_by_key(|r| r.at_ns);
+    Ok(out)
+}
+
+pub async fn set_rollback(engine: &dyn Engine, name: &str, r: Option<&Rollback>) -> Result<()> {
+    write_record(engine, name, r).await
 }
 
 /// Written by `mirror-agent promote` before it removes the marker, removed once the epoch is
@@ -378,9 +482,20 @@ pub async fn commit_promotion(
             phase: phase.clone(),
             changed_ns: e.at_ns,
         };
+        // The record keeps where every earlier epoch began (see `Epoch::parted_from`).
+        let mut e = e.clone();
+        if let Some(raw) = tx.get(keys::EPOCH).await? {
+            let prev: Epoch = decode(crate::keys::EPOCH_NAME, &raw)?;
+            e.history = prev.history.clone();
+            e.history.push(EpochStart {
+                epoch: prev.epoch,
+                at_seq: prev.at_seq,
+                site: prev.site.clone(),
+            });
+        }
         tx.put(
             keys::EPOCH.to_vec(),
-            serde_json::to_vec(e).expect("the epoch record serializes"),
+            serde_json::to_vec(&e).expect("the epoch record serializes"),
         );
         // Ids the old primary handed out in entries this site never received (a failover)
         // must not be handed out again: the counters jump by a margin over any client's

@@ -1449,3 +1449,257 @@ async fn a_staged_resync_survives_kill_9_and_never_fences_the_live_metadata() {
     );
     eprintln!("staged resync killed at {kills:?}; {ops} operations meanwhile; {files} files equal");
 }
+
+/// `mirror-agent CMD ARGS` with `env`, stopped by PID if it is still running after 60 s (a
+/// start that should have been refused); its output.
+fn agent_cmd(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    use std::process::Stdio;
+    let mut c = Command::new(bin("mirror-agent"));
+    c.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The refusal in `o` after the config's name (`run` says "config file PATH: ...",
+/// `check-config` "PATH: ..."), which must exist.
+fn refusal(o: &std::process::Output, cfg: &std::path::Path) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        !o.status.success() && o.status.code() == Some(2),
+        "expected a refusal (exit 2), got {:?}: {err}",
+        o.status.code()
+    );
+    let at = format!("{}: ", cfg.display());
+    let i = err
+        .find(&at)
+        .unwrap_or_else(|| panic!("the refusal does not name {}: {err}", cfg.display()));
+    err[i + at.len()..].trim().to_string()
+}
+
+/// Issue 25, item 11: every refusal of `run` before it starts is a refusal of
+/// `check-config --connect`, in the same words (one function makes both), and at a mirror
+/// `check-config --connect` also tries the primary: nothing answering, or a wrong token, is
+/// an error there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_refusal_of_run_is_a_refusal_of_check_config_connect() {
+    let mut site = setup("rocksdb", "rocksdb", "", "").await;
+    let d = site.dir.path().to_path_buf();
+    wait_converged(
+        &site.mirror,
+        &**site.vol.fs.engine(),
+        Duration::from_secs(60),
+    )
+    .await;
+    let (m_meta, m_store, listen) = (
+        site.m_meta.clone(),
+        site.m_store.clone(),
+        site.listen.clone(),
+    );
+    let (p_meta, m_cfg, m_admin) = (
+        site.vol.meta_url.clone(),
+        site.mirror.cfg.clone(),
+        site.mirror.admin.clone(),
+    );
+    let env = [("MIRROR_TOKEN", TOKEN), ("ADMIN_TOKEN", ADMIN_TOKEN)];
+    let port = || format!("127.0.0.1:{}", free_port());
+    let (fresh_redis, _) = meta_url("redis");
+    fn s(p: &std::path::Path) -> &str {
+        p.to_str().unwrap()
+    }
+    let both = |name: &str, toml: String, want: &str| {
+        let cfg = d.join(format!("{name}.toml"));
+        std::fs::write(&cfg, toml).unwrap();
+        let c = s(&cfg);
+        let check = refusal(
+            &agent_cmd(&["check-config", "--config", c, "--connect"], &env),
+            &cfg,
+        );
+        let run = refusal(&agent_cmd(&["run", "--config", c], &env), &cfg);
+        assert!(check.contains(want), "{name}: check-config said {check:?}");
+        assert_eq!(
+            check, run,
+            "{name}: run and check-config --connect disagree"
+        );
+    };
+    let mirror = |meta: &str, state: &str, name: &str, primary: &str| {
+        mirror_toml(meta, &d.join(state), &port(), name, primary, &m_store, "")
+    };
+    // A primary agent on a mirror's metadata, and on metadata with no volume.
+    both(
+        "primary-on-mirror",
+        primary_toml(&m_meta, &d.join("p2s"), &port(), &port(), &["x"], ""),
+        "is the metadata of mirror \"m1\"",
+    );
+    both(
+        "primary-unformatted",
+        primary_toml(&fresh_redis, &d.join("p3s"), &port(), &port(), &["x"], ""),
+        "holds no formatted volume",
+    );
+    // A mirror agent on a primary's volume, and on another mirror's metadata.
+    both(
+        "mirror-on-primary",
+        mirror(&p_meta, "m2s", "m2", &listen),
+        "is not a mirror's metadata",
+    );
+    both(
+        "mirror-on-other-mirror",
+        mirror(&m_meta, "m3s", "m2", &listen),
+        "is the metadata of mirror \"m1\", not \"m2\"",
+    );
+    // A second agent on a state directory in use.
+    let mcfg = std::fs::read_to_string(&m_cfg).unwrap();
+    both(
+        "state-in-use",
+        mcfg.replace(&m_admin, &port()),
+        "in use by another mirror-agent",
+    );
+    // At a mirror, check-config --connect reaches the primary: a good config passes...
+    let good = d.join("good.toml");
+    std::fs::write(&good, mirror(&fresh_redis, "m4s", "m1", &listen)).unwrap();
+    let o = agent_cmd(&["check-config", "--config", s(&good), "--connect"], &env);
+    assert!(
+        o.status.success()
+            && String::from_utf8_lossy(&o.stdout).contains("the primary agent reached"),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // ...a wrong token or a primary that does not answer do not.
+    let o = agent_cmd(
+        &["check-config", "--config", s(&good), "--connect"],
+        &[("MIRROR_TOKEN", "0123456789abcdef-not-the-token"), env[1]],
+    );
+    assert!(
+        refusal(&o, &good).contains("authentication failed"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let nowhere = port();
+    let bad = d.join("bad-primary.toml");
+    std::fs::write(&bad, mirror(&fresh_redis, "m5s", "m1", &nowhere)).unwrap();
+    let o = agent_cmd(&["check-config", "--config", s(&bad), "--connect"], &env);
+    assert!(
+        refusal(&o, &bad).contains(&nowhere),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A detached mirror's metadata.
+    assert_eq!(site.pair.mirror.term(), 0);
+    let o = Command::new(bin("mirror-agent"))
+        .args(["detach", "--config", s(&m_cfg)])
+        .env("MIRROR_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    both(
+        "mirror-on-detached",
+        mirror(&m_meta, "m6s", "m1", &listen),
+        "was mirror \"m1\" and was detached",
+    );
+}
+
+/// Issue 25, item 8: a queued copy whose slice is gone from the mirror's metadata (freed,
+/// then purged by gc: nothing references it, nothing ever will) leaves the queue, and the
+/// mirror reports converged. Such an item outlives its slice when its cancel never reached
+/// the queue, as in a state directory older than the metadata: written here as the agent
+/// writes queue items (state format 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queued_copy_of_a_freed_slice_leaves_the_queue() {
+    use fs_core::{Owner, ROOT_INO};
+    let mut s = setup_with("redis", "rocksdb", "", "", |st| st.trash_secs = 0, None).await;
+    let fs = &s.vol.fs;
+    let o = Owner { uid: 0, gid: 0 };
+    let (ino, _) = fs.create(ROOT_INO, b"gone", 0o644, o).await.unwrap();
+    fs.write(ino, 0, &integration::data(1, 300_000))
+        .await
+        .unwrap();
+    // Its blocks, as the mirror queues them.
+    let settings = fs_core::Fs::load_settings(&**fs.engine()).await.unwrap();
+    let chunk = fs
+        .engine()
+        .get(&fs_core::keys::chunk(ino, 0))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut blocks = Vec::new();
+    for r in fs_core::SliceRec::decode_list(&chunk).unwrap() {
+        blocks.extend(fs_core::keys::slice_block_keys(
+            &settings.name,
+            r.id,
+            r.size,
+            settings.block_size,
+        ));
+    }
+    assert!(!blocks.is_empty());
+    wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
+    // Freed, then purged once the mirror has applied the free.
+    fs.unlink(ROOT_INO, b"gone").await.unwrap();
+    let t0 = Instant::now();
+    loop {
+        wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
+        let out = Command::new(bin("jfs"))
+            .args(["gc", &s.vol.meta_url, "--delete", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if n(&r, "pending_purged") >= 1 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "gc never purged: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
+    assert_eq!(s.pair.mirror.term(), 0);
+    // The agent's queue holds copies of that slice again (format 2: version byte, then
+    // postcard `QItem { len, attempts: 0, next_ns: 0 }`).
+    {
+        let db = rocksdb::DB::open_default(s.dir.path().join("mstate").join("agent.db")).unwrap();
+        for (key, len) in &blocks {
+            let mut v = vec![2u8];
+            let mut l = *len;
+            while l >= 0x80 {
+                v.push((l as u8) | 0x80);
+                l >>= 7;
+            }
+            v.push(l as u8);
+            v.extend([0, 0]);
+            db.put(format!("q/{key}"), v).unwrap();
+        }
+    }
+    s.pair.mirror.restart();
+    wait_converged(&s.mirror, &**fs.engine(), Duration::from_secs(60)).await;
+    let st = status_until(&s.mirror, Duration::from_secs(60), |st| {
+        n(st, "blocks.dropped") == blocks.len() as u64
+    })
+    .await;
+    assert_eq!(n(&st, "blocks.pending"), 0, "{st}");
+    assert_eq!(n(&st, "blocks.failing"), 0, "{st}");
+    assert!(
+        s.mirror.log_text().contains("is not needed any more"),
+        "{}",
+        tail(&s.mirror.log_text(), 20)
+    );
+    assert_same(fs, &s.m_meta, &s.m_store).await;
+}

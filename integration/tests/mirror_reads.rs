@@ -312,9 +312,12 @@ async fn a_forced_resync_keeps_serving_the_previous_state_until_the_switch() {
     let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicU64::new(0));
+    // When each read completed (wall clock, to compare with the logs' timestamps).
+    let done_at = Arc::new(std::sync::Mutex::new(Vec::<std::time::SystemTime>::new()));
     let mut readers = Vec::new();
     for r in 0..3u64 {
-        let (mp, stop, reads) = (m.mp.clone(), stop.clone(), reads.clone());
+        let (mp, stop, reads, done_at) =
+            (m.mp.clone(), stop.clone(), reads.clone(), done_at.clone());
         readers.push(std::thread::spawn(move || {
             let mut newest = 0;
             let mut i = r;
@@ -325,6 +328,7 @@ async fn a_forced_resync_keeps_serving_the_previous_state_until_the_switch() {
                     .unwrap_or_else(|e| panic!("reading {} at the mirror: {e}", p.display()));
                 newest = newest.max(check_versioned(i, &b));
                 reads.fetch_add(1, Ordering::Relaxed);
+                done_at.lock().unwrap().push(std::time::SystemTime::now());
             }
             newest
         }));
@@ -348,41 +352,53 @@ async fn a_forced_resync_keeps_serving_the_previous_state_until_the_switch() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let out = pair.mirror.admin_change("resync", &[]);
     assert!(out.contains("beside the live metadata"), "{out}");
-    // Watch the staged phase: the mirror status, the mount's view, reads going on.
-    let (mut staged_at, mut switched_at) = (None, None);
-    let mut mount_resyncing = false;
+    // The staged phase is judged from what the agent and the mount logged, with their
+    // timestamps, not by sampling gauges: a loaded machine can stretch a sampling loop past
+    // the whole phase.
     let t0 = Instant::now();
-    while switched_at.is_none() {
+    while !pair
+        .mirror
+        .log_text()
+        .contains("switched the live metadata")
+    {
         assert!(
             t0.elapsed() < Duration::from_secs(120),
             "no switch: {}",
             tail(&pair.mirror.log_text(), 15)
         );
-        let st = pair.mirror.status();
-        if staged_at.is_none() && st["resync"].is_object() {
-            staged_at = Some(reads.load(Ordering::Relaxed));
-        }
-        if metric(&m.stats(), "jfs_mirror_resyncing") == 1.0 {
-            mount_resyncing = true;
-        }
-        if pair
-            .mirror
-            .log_text()
-            .contains("switched the live metadata")
-        {
-            switched_at = Some(reads.load(Ordering::Relaxed));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (staged_at, switched_at) = (
-        staged_at.expect("the status never showed the staged resync"),
-        switched_at.unwrap(),
+    let agent_log = pair.mirror.log_text();
+    let staged_from = logged_at(
+        &agent_log,
+        "beside the live metadata (which serves its previous state",
     );
+    let switched = logged_at(&agent_log, "switched the live metadata");
+    let (staged_at, switched_at) = {
+        let d = done_at.lock().unwrap();
+        (
+            d.iter().filter(|t| **t < staged_from).count() as u64,
+            d.iter().filter(|t| **t < switched).count() as u64,
+        )
+    };
     assert!(
         switched_at > staged_at,
         "no read completed while the resync was staged ({staged_at} -> {switched_at})"
     );
-    assert!(mount_resyncing, "the mount never reported the resync");
+    // The mount heard of the staged resync from the agent's progress record (it logs it
+    // when it does).
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&m.log)
+        .unwrap_or_default()
+        .contains("the mirror is resyncing: serving its previous state")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the mount never reported the resync; its log:\n{}",
+            tail(&std::fs::read_to_string(&m.log).unwrap_or_default(), 20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Reads go on after the switch, then everything converges.
     tokio::time::sleep(Duration::from_secs(2)).await;
     pub_stop.store(true, Ordering::Relaxed);
@@ -704,4 +720,44 @@ async fn blocks_read_at_a_mirror_mount_are_copied_ahead_of_the_queue() {
         n(&st, "blocks.copied")
     );
     m.stop();
+}
+
+/// When the first line of `log` containing `what` was logged (its leading RFC 3339 UTC
+/// timestamp, as the binaries log).
+fn logged_at(log: &str, what: &str) -> std::time::SystemTime {
+    let line = log
+        .lines()
+        .find(|l| l.contains(what))
+        .unwrap_or_else(|| panic!("nothing logged {what:?}:\n{}", tail(log, 20)));
+    let ts = line.split_whitespace().next().unwrap_or_default();
+    parse_utc(ts).unwrap_or_else(|| panic!("no timestamp on {line:?}"))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.frac]Z` as a time.
+fn parse_utc(ts: &str) -> Option<std::time::SystemTime> {
+    let ts = ts.strip_suffix('Z')?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>());
+    let (y, mo, da) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|x| x.parse::<i64>());
+    let (h, mi, se) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let doy = (153 * (mo + if mo > 2 { -3 } else { 9 }) + 2) / 5 + da - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + se;
+    let nanos: u32 = format!("{frac:0<9}")[..9].parse().ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::new(secs as u64, nanos))
+}
+
+#[test]
+fn log_timestamps_parse() {
+    let t = parse_utc("2026-11-25T12:18:28.375076Z").unwrap();
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+    assert_eq!(d.as_secs(), 1_795_609_108);
+    assert_eq!(d.subsec_nanos(), 375_076_000);
 }

@@ -190,7 +190,7 @@ async fn planned_site_migration_under_writes_loses_nothing() {
         ("OLD_SITE", "old-site"),
     ];
     let t_fence = Instant::now();
-    let out = runbook::run_ok("site-migration", "fence", &env);
+    let out = runbook::run_checked("site-migration", "fence", &env);
     assert!(out.contains("fenced"), "{out}");
     // The old primary refuses writers outside the mount too.
     let local = dir.path().join("x");
@@ -257,6 +257,8 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     let st = status_json(&pair.m_meta);
     assert_eq!(st["epoch"], 1, "{st}");
     assert!(st["mirror"].is_null(), "{st}");
+    // The runbook's check: the promoted metadata shows as the primary.
+    runbook::run_checked("site-migration", "check", &env);
     // The old primary: its agent refuses to start as a primary; a mirror agent there, named as
     // fenced, rejoins the new primary and converges.
     pair.primary.term();
@@ -286,6 +288,25 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     let n = assert_same(&newp, &old_meta, &vol.store_url).await;
     assert_same_journal(&**newp.engine(), &*open_ro(&old_meta).await).await;
     assert!(status_json(&old_meta)["epoch"] == 1);
+    // Nothing diverged in a planned move: no saved tail.
+    assert_eq!(status_json(&old_meta)["rollbacks"], serde_json::json!([]));
+    // A second fence of the site that rejoined is refused, saying what it is.
+    let o = runbook::run("site-migration", "fence", &env);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("is mirror \"old-site\"")
+            && err.contains("has rejoined as a mirror since; it is not a primary to fence"),
+        "{err}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("epoch 2"),
+        "a refused fence recorded a move"
+    );
+    assert!(fs_core::site::moved(&*open_ro(&old_meta).await)
+        .await
+        .unwrap()
+        .is_none_or(|m| m.epoch == 1));
     let _ = p2;
     eprintln!(
         "site migration: {} checkpoints acknowledged, all at the new primary; longest checkpoint {:?} (fence to promoted {:?}); the old primary rejoined and equals the new one ({n} files)",
@@ -370,11 +391,9 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let out = runbook::run_ok("failover", "promote", &env);
-    assert!(
-        out.contains("primary at epoch 1") && out.contains("LOSS WINDOW"),
-        "{out}"
-    );
+    // The old primary's agent is gone but its metadata answers: the promotion fences it
+    // first, so the loss window is exact and closed.
+    let out = runbook::run_checked("failover", "promote", &env);
     let applied_at_promotion = {
         let e = open_ro(&pair.m_meta).await;
         fs_core::site::epoch_record(&*e)
@@ -386,6 +405,34 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
     assert!(
         applied_at_promotion < old_head,
         "the mirror had everything: no failover to test"
+    );
+    assert!(
+        out.contains(&format!(
+            "LOSS WINDOW: exactly {} entries (seq {}..={old_head})",
+            old_head - applied_at_promotion,
+            applied_at_promotion + 1
+        )) && !out.contains("WARNING"),
+        "{out}"
+    );
+    {
+        let o = open_ro(&old_meta).await;
+        let f = fs_core::site::fenced(&*o)
+            .await
+            .unwrap()
+            .expect("fenced by the promotion");
+        assert_eq!((f.name.as_str(), f.at_seq), ("old-site", old_head), "{f:?}");
+        assert!(fs_core::site::marker(&*o).await.unwrap().is_some());
+    }
+    // Its writers are refused from now on.
+    let late = dir.path().join("late");
+    std::fs::write(&late, b"late").unwrap();
+    let o = Command::new(bin("jfs"))
+        .args(["put", &old_meta, late.to_str().unwrap(), "/late"])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "a write at the fenced old primary went through"
     );
     let p2 = start_new_primary(dir.path(), &pair.m_meta, &new_listen, "old-site");
     // The new primary takes writes (a mount of it); ids never collide with the old site's.
@@ -402,9 +449,22 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
         "a new file reused an inode of the old site"
     );
     m.stop();
-    // The old site comes back: fence first, then rejoin as a mirror.
-    let out = runbook::run_ok("failover", "fence", &env);
-    assert!(out.contains("fenced"), "{out}");
+    // The old site comes back: fence first (the promotion did; repeating it is harmless and
+    // says what comes next after a failover), then rejoin as a mirror.
+    let out = runbook::run_checked("failover", "fence", &env);
+    assert!(out.contains("already fenced"), "{out}");
+    // The lost files, as the old site has them (the tail it will save).
+    let lost: Vec<(String, Vec<u8>)> = {
+        let mut v = Vec::new();
+        for i in 0..4u64 {
+            let (ino, _) = vol.fs.resolve(&format!("/lost-{i}")).await.unwrap();
+            v.push((
+                format!("lost-{i}"),
+                integration::read_all(&vol.fs, ino).await,
+            ));
+        }
+        v
+    };
     drop(vol.fs);
     let (rejoin, newp) = rejoin_as_mirror(
         dir.path(),
@@ -423,17 +483,335 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
         "{}",
         tail(&rejoin.log_text(), 20)
     );
-    let out = runbook::run_ok("failover", "check", &env);
+    // The old site's diverged tail is saved before the resync dropped it, named in the log and
+    // in `jfs status` (the runbook's check), with every lost file's bytes.
+    let out = runbook::run_checked("failover", "check", &env);
     assert!(out.contains("epoch       1"), "{out}");
-    // The lost tail is gone from the old site too; what the new primary wrote is there.
+    assert!(
+        rejoin.log_text().contains("diverged tail") && rejoin.log_text().contains("SAVED"),
+        "{}",
+        tail(&rejoin.log_text(), 20)
+    );
+    // It did not take its own store for the origin it copies from (issue 25, item 17).
+    assert!(
+        rejoin.log_text().contains("a former primary rejoining"),
+        "{}",
+        tail(&rejoin.log_text(), 30)
+    );
+    let st = status_json(&old_meta);
+    let r = &st["rollbacks"][0];
+    assert_eq!(r["parted_at"], applied_at_promotion, "{st}");
+    assert_eq!(r["last_seq"], old_head, "{st}");
+    assert_eq!(r["entries"], old_head - applied_at_promotion, "{st}");
+    let saved = PathBuf::from(r["dir"].as_str().unwrap());
+    for (name, bytes) in &lost {
+        let got = std::fs::read(saved.join("files").join(name))
+            .unwrap_or_else(|e| panic!("{name} is not in the saved tail {}: {e}", saved.display()));
+        assert!(got == *bytes, "{name} differs in the saved tail");
+    }
+    let entries = std::fs::read_to_string(saved.join("entries.jsonl")).unwrap();
+    assert_eq!(
+        entries.lines().count() as u64,
+        old_head - applied_at_promotion
+    );
+    // The lost tail is gone from the old site's metadata; what the new primary wrote is there.
     let old = volume::open(&old_meta, &volume::Options::default())
         .await
         .unwrap();
     assert!(old.resolve("/lost-0").await.is_err());
     assert!(old.resolve("/after").await.is_ok());
+    // Re-applied as the runbook says: at the new primary, byte for byte.
+    let out = runbook::run_ok("failover", "reapply", &env);
+    for (name, _) in &lost {
+        assert!(out.contains(name), "{out}");
+    }
+    let newp2 = volume::open(&pair.m_meta, &volume::Options::default())
+        .await
+        .unwrap();
+    for (name, bytes) in &lost {
+        let (ino, _) = newp2.resolve(&format!("/recovered/{name}")).await.unwrap();
+        assert!(integration::read_all(&newp2, ino).await == *bytes, "{name}");
+    }
     eprintln!(
-        "failover: promoted at seq {applied_at_promotion} of the old site's {old_head}; the old site rejoined, dropped its tail by a resync and equals the new primary ({n} files)"
+        "failover: promoted at seq {applied_at_promotion} of the old site's {old_head} (fenced by the promotion); the old site rejoined, saved its tail ({} entries, {} files) and equals the new primary ({n} files)",
+        r["entries"], r["files"]
     );
+}
+
+/// Issue 25, item 4, exactly: only the old primary's agent dies; its metadata and a mount
+/// writing through it stay alive on this host. `promote --force` is run as the operator
+/// typed it (no `--old-meta`): it cannot fence what it was not told about, so it says so
+/// loudly, and the old mount goes on acknowledging writes. The old site is fenced later (its
+/// mount moves to the new primary) and rejoins: every checkpoint the writer saw acknowledged
+/// is at the new primary or in the saved tail, byte for byte, and the runbook's re-apply
+/// step brings the tail's files to the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forced_promotion_beside_a_live_old_site_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let old_meta = vol.meta_url.clone();
+    drop(vol.fs);
+    let mut pair = Pair::start(dir.path(), &old_meta, "rocksdb", None, "", "").await;
+    let m = Mount::start(&old_meta, dir.path(), "mnt", &["--cache-size", "0"]);
+    let w = writer(&m.mp, dir.path());
+    let acks = |n: usize| {
+        let log = dir.path().join("ckpt-writer.log");
+        let t0 = Instant::now();
+        loop {
+            let got = std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("ok "))
+                .count();
+            if got >= n {
+                return got;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "the writer acknowledged only {got} checkpoints (waiting for {n})"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let seen = acks(5);
+    // The old primary's agent dies; nothing else at its site does.
+    pair.primary.kill9();
+    assert_eq!(pair.mirror.term(), 0);
+    let new_listen = format!("127.0.0.1:{}", free_port());
+    let o = Command::new(bin("mirror-agent"))
+        .args(["promote", "--force", "--config"])
+        .arg(&pair.mirror.cfg)
+        .env("MIRROR_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("LOSS WINDOW: unknown, not closed")
+            && out.contains("WARNING: the old primary's metadata was NOT fenced")
+            && out.contains("goes on acknowledging writes"),
+        "{out}"
+    );
+    let p2 = start_new_primary(dir.path(), &pair.m_meta, &new_listen, "old-site");
+    // The old site keeps acknowledging writes that the new primary never receives.
+    let at_promotion = std::fs::read_to_string(dir.path().join("ckpt-writer.log"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("ok "))
+        .count();
+    assert!(at_promotion >= seen);
+    acks(at_promotion + 8);
+    // The operator fences it (runbooks/failover.md, step 3): its mount follows the move.
+    let m_cfg = pair.mirror.cfg.display().to_string();
+    let env = [
+        ("NEW_META", pair.m_meta.as_str()),
+        ("MIRROR_CONFIG", m_cfg.as_str()),
+        ("OLD_META", old_meta.as_str()),
+        ("NEW_PRIMARY", new_listen.as_str()),
+        ("OLD_SITE", "old-site"),
+    ];
+    runbook::run_checked("failover", "fence", &env);
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&m.log)
+        .unwrap_or_default()
+        .contains("the volume moved to a new primary")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the mount did not follow the move: {}",
+            std::fs::read_to_string(&m.log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A few checkpoints at the new primary (fewer than the 40 names, so that some names'
+    // last acknowledged version is one the old site alone had).
+    let moved_at = std::fs::read_to_string(dir.path().join("ckpt-writer.log"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("ok "))
+        .count();
+    acks(moved_at + 3);
+    // A checkpoint caught by the fence half-way (its data written at the old site, its
+    // rename waiting) fails at the new primary, which never had that data: the writer is
+    // told (`err`), it was not acknowledged.
+    let log = w.stop();
+    m.stop();
+    // The old site rejoins; what it acknowledged after the promotion is saved.
+    let (rejoin, newp) = rejoin_as_mirror(
+        dir.path(),
+        &old_meta,
+        "old-site",
+        &new_listen,
+        &vol.store_url,
+        &pair.m_meta,
+    )
+    .await;
+    runbook::run_checked("failover", "check", &env);
+    let st = status_json(&old_meta);
+    let saved = PathBuf::from(st["rollbacks"][0]["dir"].as_str().expect("a saved tail"));
+    let (mut at_new, mut only_saved) = (0, Vec::new());
+    for f in &log.files {
+        let crc = |b: &[u8]| crc32c::crc32c(b);
+        let at_primary = match newp.resolve(&format!("/{}", f.path)).await {
+            Ok((ino, _)) => {
+                let b = integration::read_all(&newp, ino).await;
+                b.len() == f.len && crc(&b) == f.crc
+            }
+            Err(_) => false,
+        };
+        if at_primary {
+            at_new += 1;
+            continue;
+        }
+        let b = std::fs::read(saved.join("files").join(&f.path)).unwrap_or_else(|e| {
+            panic!(
+                "{} (acknowledged) is neither at the new primary nor in the saved tail {}: {e}",
+                f.path,
+                saved.display()
+            )
+        });
+        assert!(
+            b.len() == f.len && crc(&b) == f.crc,
+            "{}: the saved tail holds other bytes than the writer acknowledged",
+            f.path
+        );
+        only_saved.push(f);
+    }
+    assert!(
+        !only_saved.is_empty(),
+        "no acknowledged checkpoint was only at the old site: the tail was not exercised"
+    );
+    // Re-applied as the runbook says, they are at the new primary too.
+    runbook::run_ok("failover", "reapply", &env);
+    let newp2 = volume::open(&pair.m_meta, &volume::Options::default())
+        .await
+        .unwrap();
+    for f in &only_saved {
+        let (ino, _) = newp2
+            .resolve(&format!("/recovered/{}", f.path))
+            .await
+            .unwrap_or_else(|e| panic!("/recovered/{} after the re-apply step: {e}", f.path));
+        let b = integration::read_all(&newp2, ino).await;
+        assert!(
+            b.len() == f.len && crc32c::crc32c(&b) == f.crc,
+            "/recovered/{}",
+            f.path
+        );
+    }
+    rejoin_stop(rejoin);
+    drop(p2);
+    eprintln!(
+        "forced promotion beside a live old site: {} checkpoints acknowledged ({} writes failed at the move); {at_new} at the new primary, {} only in the saved tail ({}), re-applied; none lost",
+        log.files.len(),
+        log.errors.len(),
+        only_saved.len(),
+        saved.display()
+    );
+}
+
+/// Issue 25, item 5: `fence` checks what it is told before it writes anything (a
+/// `--moved-to` that does not exist, that is another volume or this one; a `--new-primary`
+/// where no primary agent answers), and a fence forced anyway is undone by `detach --meta`
+/// while a mount holds the RocksDB volume (as `fence` itself works beside it): the mount's
+/// writes then go through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fence_checks_what_it_is_told_and_its_undo_works_beside_a_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let meta = vol.meta_url.clone();
+    drop(vol.fs);
+    let other = volume_with("rocksdb", "file", |_| {}).await;
+    let m = Mount::start(&meta, dir.path(), "mnt", &["--cache-size", "0"]);
+    std::fs::write(m.mp.join("before"), b"before").unwrap();
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let fence = |moved_to: Option<&str>, extra: &[&str]| {
+        let mut c = Command::new(bin("mirror-agent"));
+        c.args([
+            "fence",
+            "--meta",
+            &meta,
+            "--as",
+            "old",
+            "--new-primary",
+            &nowhere,
+        ]);
+        if let Some(t) = moved_to {
+            c.args(["--moved-to", t]);
+        }
+        c.args(extra);
+        let o = c.output().unwrap();
+        (
+            o.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        )
+    };
+    let missing = format!("rocksdb://{}/no-such-meta", dir.path().display());
+    for (to, want) in [
+        (Some(missing.as_str()), "cannot be reached"),
+        (Some(other.meta_url.as_str()), "not this volume"),
+        (Some(meta.as_str()), "is the metadata being fenced"),
+        (None, "no primary agent answers at --new-primary"),
+    ] {
+        let (rc, out) = fence(to, &[]);
+        assert!(rc == Some(2) && out.contains(want), "{to:?}: {out}");
+        // Nothing was written: the volume is no mirror's, and the mount writes on.
+        assert!(
+            fs_core::site::marker(&*open_ro(&meta).await)
+                .await
+                .unwrap()
+                .is_none(),
+            "a refused fence left a marker ({to:?})"
+        );
+    }
+    std::fs::write(m.mp.join("still"), b"still writable").unwrap();
+    // Forced: accepted as told (nothing answers, nothing to move to).
+    let (rc, out) = fence(Some(&missing), &["--force"]);
+    assert_eq!(rc, Some(0), "{out}");
+    // The runbook's undo, with the volume still mounted read-write here.
+    let o = Command::new(bin("mirror-agent"))
+        .args(["detach", "--meta", &meta])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "detach --meta beside the mount: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("a volume of its own again"));
+    // The mount's writes go through again, and another writer's through the mount too.
+    std::fs::write(m.mp.join("after"), b"after the undo").unwrap();
+    let local = dir.path().join("put-me");
+    std::fs::write(&local, b"put").unwrap();
+    let o = Command::new(bin("jfs"))
+        .args(["put", &meta, local.to_str().unwrap(), "/put-me"])
+        .env("JFS_RUN_DIR", dir.path().join("run"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read(m.mp.join("after")).unwrap(),
+        b"after the undo"
+    );
+    m.stop();
+    let v = volume::open(&meta, &volume::Options::default())
+        .await
+        .unwrap();
+    for (p, want) in [
+        ("/before", &b"before"[..]),
+        ("/after", b"after the undo"),
+        ("/put-me", b"put"),
+    ] {
+        let (ino, _) = v.resolve(p).await.unwrap();
+        assert_eq!(integration::read_all(&v, ino).await, want, "{p}");
+    }
 }
 
 /// Engine migration (runbooks/engine-migration.md) both ways the issue names, under writes
@@ -515,6 +893,7 @@ async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
             t_promoted - t_promote
         );
         assert!(out.contains("primary at epoch 1"), "{out}");
+        runbook::run_checked("engine-migration", "check", &env);
         let p2 = start_new_primary(dir.path(), &new_meta, &new_listen, "old-engine");
         std::thread::sleep(Duration::from_secs(2));
         let log = w.stop();

@@ -1851,6 +1851,8 @@ fn a_mistaken_fence_is_undone_by_the_detach_its_refusal_names() {
             "127.0.0.1:9",
             "--moved-to",
             &nowhere,
+            // A wrong fence: it checks what it is told unless forced (issue 25, item 5).
+            "--force",
         ],
         &[],
     );

@@ -207,6 +207,19 @@ impl Replicator {
 
     async fn copy_one(&self, key: &str, item: QItem) {
         match self.try_copy(key, item.len).await {
+            Ok(Some(Copy::NotNeeded(why))) => {
+                // Its slice is gone from the mirror's metadata: nothing references the block
+                // any more, and nothing ever will (slice ids are never reused). Waiting for it
+                // would keep the mirror from ever reporting converged.
+                match self.state.drop_unneeded(key) {
+                    Ok(true) => {
+                        self.metrics.blocks_dropped.inc();
+                        tracing::info!(key, %why, "a queued copy is not needed any more: dropped from the queue");
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::error!(error = %e, key, "dropping a copy no longer needed"),
+                }
+            }
             Ok(None) => {
                 // A snapshot is being installed and its slice's checksum record has not
                 // arrived yet: try again shortly (not an error).
@@ -218,7 +231,8 @@ impl Replicator {
                     tracing::error!(error = %e, key, "recording a postponed copy");
                 }
             }
-            Ok(Some(copied)) => {
+            Ok(Some(c)) => {
+                let copied = matches!(c, Copy::Copied);
                 match self.state.done(key) {
                     Ok(true) => {}
                     Ok(false) => {
@@ -257,54 +271,80 @@ impl Replicator {
 
     /// What block `key` must be: its length, and the CRC32C its slice recorded (read from
     /// the mirror's metadata, where the entry that referenced the slice was applied). None
-    /// while a snapshot install has not brought the record yet.
-    async fn check_of(&self, key: &str, len: u32) -> anyhow::Result<Option<BlockCheck>> {
+    /// while a snapshot install has not brought the record yet; `Needed::No` when the slice
+    /// is gone from a consistent mirror's metadata.
+    async fn check_of(&self, key: &str, len: u32) -> anyhow::Result<Option<Needed>> {
         if !self.settings.checksums() {
-            return Ok(Some(BlockCheck { len, crc: None }));
+            return Ok(Some(Needed::Yes(BlockCheck { len, crc: None })));
         }
         let Some((id, index, _)) = keys::parse_block_key(&self.settings.name, key) else {
             anyhow::bail!("{key} is not a block key of volume {}", self.settings.name);
         };
         // The staging (a resync's newer state) first, then the live metadata.
         let mut crc = None;
+        let mut present = false;
         for e in self
             .meta
             .staging()
             .into_iter()
             .chain([self.meta.live.clone()])
         {
-            let sums = fs_core::fs::slice_checksums(&*e, &[id]).await?;
-            crc = sums.get(&id).and_then(|c| c.get(index as usize).copied());
+            let raw = e.get(&keys::checksums(id)).await?;
+            present |= raw.is_some();
+            crc = raw
+                .as_deref()
+                .and_then(keys::decode_checksums)
+                .and_then(|c| c.get(index as usize).copied());
             if crc.is_some() {
                 break;
             }
         }
         let Some(crc) = crc else {
-            if matches!(
-                self.state.bootstrap()?,
-                Some(crate::state::Bootstrap::Installing { .. })
-            ) {
+            let boot = self.state.bootstrap()?;
+            if matches!(boot, Some(crate::state::Bootstrap::Installing { .. })) {
                 return Ok(None);
             }
-            anyhow::bail!("slice {id} has no valid checksum record for block {index} at the mirror (freed meanwhile, or damaged metadata); not copied");
+            if !present && boot.is_none() {
+                // A format-2 slice has its record from the transaction that first references
+                // it until gc purges it: a consistent mirror without the record does not
+                // reference the slice (freed and purged). A queue item can outlive its slice
+                // when its cancel never reached the queue (a state directory older than the
+                // metadata, a record that failed after its apply).
+                let freed = !self
+                    .meta
+                    .live
+                    .scan(
+                        &keys::pending(id, 0)[..9],
+                        &keys::prefix_end(&keys::pending(id, 0)[..9]),
+                        1,
+                    )
+                    .await?
+                    .is_empty();
+                return Ok(Some(Needed::No(format!(
+                    "slice {id} is not referenced by the mirror's metadata ({})",
+                    if freed { "freed" } else { "freed and purged" }
+                ))));
+            }
+            anyhow::bail!("slice {id} has no valid checksum record for block {index} at the mirror ({}); not copied", if present { "its record is damaged" } else { "a resync is catching up: retried" });
         };
-        Ok(Some(BlockCheck {
+        Ok(Some(Needed::Yes(BlockCheck {
             len,
             crc: Some(crc),
-        }))
+        })))
     }
 
-    /// Some(true) when copied, Some(false) when the mirror already had it, None: not yet
-    /// (see `check_of`).
-    async fn try_copy(&self, key: &str, len: u32) -> anyhow::Result<Option<bool>> {
+    /// What happened to the copy; None: not yet (see `check_of`).
+    async fn try_copy(&self, key: &str, len: u32) -> anyhow::Result<Option<Copy>> {
         self.limits.request().await;
         if let Some(m) = self.dest.head(key).await? {
             if m.size == len as u64 {
-                return Ok(Some(false));
+                return Ok(Some(Copy::AlreadyThere));
             }
         }
-        let Some(check) = self.check_of(key, len).await? else {
-            return Ok(None);
+        let check = match self.check_of(key, len).await? {
+            None => return Ok(None),
+            Some(Needed::No(why)) => return Ok(Some(Copy::NotNeeded(why))),
+            Some(Needed::Yes(c)) => c,
         };
         // Without a recorded checksum (format 1), the origin's entity tag, when it is an MD5
         // (S3 single-part uploads, which blocks are), is checked against the bytes read.
@@ -333,6 +373,22 @@ impl Replicator {
         }
         self.limits.request().await;
         self.dest.put(key, data).await?;
-        Ok(Some(true))
+        Ok(Some(Copy::Copied))
     }
+}
+
+/// Whether a queued block is still needed, and how to check it.
+enum Needed {
+    Yes(BlockCheck),
+    /// Not referenced any more: why.
+    No(String),
+}
+
+/// The outcome of one copy attempt that did not fail.
+enum Copy {
+    Copied,
+    /// Already at the mirror store with the right length.
+    AlreadyThere,
+    /// Its slice is gone from the mirror's metadata: why.
+    NotNeeded(String),
 }

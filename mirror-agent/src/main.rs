@@ -129,6 +129,10 @@ enum Cmd {
         /// The new primary's META_URL: the old site's mounts move there by themselves.
         #[arg(long, value_name = "META_URL")]
         moved_to: Option<String>,
+        /// Fence without checking what it is told (that --moved-to is this volume's mirror or
+        /// its promoted primary, that a primary agent answers at --new-primary).
+        #[arg(long)]
+        force: bool,
     },
     /// Make a stopped mirror the volume's primary at the next epoch. Planned (--old-meta):
     /// the old primary must be fenced and fully applied here. Failover (--force): at once,
@@ -139,9 +143,18 @@ enum Cmd {
         /// The old primary's META_URL, to check it is fenced and fully applied.
         #[arg(long, value_name = "META_URL")]
         old_meta: Option<String>,
-        /// Promote without the old primary (unreachable): what it had not shipped is lost.
+        /// Promote without the old primary's agent (unreachable). With --old-meta, its
+        /// metadata is fenced first when it can be reached (the loss window is then exact);
+        /// what it had not shipped is saved at the old site when it rejoins.
         #[arg(long)]
         force: bool,
+        /// With --force: the old site's name as a mirror of this one, for the fence.
+        #[arg(long = "as", value_name = "NAME", requires = "force")]
+        fence_as: Option<String>,
+        /// With --force: this site's future primary agent address (its `listen`), for the
+        /// fence.
+        #[arg(long, value_name = "ADDR", requires = "force")]
+        new_primary: Option<String>,
     },
     /// Replication slots of a volume (primary side).
     Slot {
@@ -208,10 +221,16 @@ fn main() -> ExitCode {
                 name,
                 new_primary,
                 moved_to,
+                force,
             } => {
-                let r =
-                    mirror_agent::promote::fence(&meta, &name, &new_primary, moved_to.as_deref())
-                        .await?;
+                let r = mirror_agent::promote::fence(&mirror_agent::promote::FenceArgs {
+                    meta: &meta,
+                    name: &name,
+                    new_primary: &new_primary,
+                    moved_to: moved_to.as_deref(),
+                    force,
+                })
+                .await?;
                 println!("{r}");
                 Ok(())
             }
@@ -219,6 +238,8 @@ fn main() -> ExitCode {
                 config,
                 old_meta,
                 force,
+                fence_as,
+                new_primary,
             } => {
                 let c = mirror_agent::config::Config::load(config.as_deref())?;
                 if c.role != Role::Mirror {
@@ -228,7 +249,16 @@ fn main() -> ExitCode {
                 }
                 println!(
                     "{}",
-                    mirror_agent::promote::promote(&c, old_meta.as_deref(), force).await?
+                    mirror_agent::promote::promote(
+                        &c,
+                        &mirror_agent::promote::PromoteArgs {
+                            old_meta: old_meta.as_deref(),
+                            force,
+                            fence_as: fence_as.as_deref(),
+                            new_primary: new_primary.as_deref(),
+                        }
+                    )
+                    .await?
                 );
                 Ok(())
             }

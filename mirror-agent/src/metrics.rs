@@ -42,6 +42,8 @@ pub struct Metrics {
     pub blocks_copied: Counter,
     pub bytes_copied: Counter,
     pub blocks_skipped: Counter,
+    /// Queued copies dropped because their slice is gone from the mirror's metadata.
+    pub blocks_dropped: Counter,
     pub blocks_checksummed: Counter,
     /// Queued copies moved ahead of the queue because a mount at the site read them.
     pub blocks_prioritized: Counter,
@@ -245,6 +247,11 @@ impl Metrics {
                     "blocks_skipped",
                     "Blocks already at the mirror store",
                     m.blocks_skipped.clone(),
+                );
+                r.register(
+                    "blocks_dropped",
+                    "Queued copies dropped: their slice is gone from the mirror's metadata (freed)",
+                    m.blocks_dropped.clone(),
                 );
                 r.register(
                     "blocks_checksummed",

@@ -10,10 +10,25 @@ use anyhow::{bail, Context, Result};
 use fs_core::site::{self, MirrorMarker};
 use fs_core::{keys, Engine};
 
-/// Make sure `engine` is this mirror's metadata, marking it when it is empty (or when this
-/// agent's own state shows it has been applying to it: metadata from a release before
-/// markers). Refuses anything else with a line saying what it is and what to do.
-pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Result<()> {
+/// What `claim` does to metadata it accepts.
+pub enum Claim {
+    /// Marked as this mirror's already.
+    Ours,
+    /// Marked as this mirror's, with an older description (primary, stores): rewritten.
+    Update(MirrorMarker),
+    /// Empty, or this agent's state shows it built it before markers existed: marked now.
+    Mark(MirrorMarker, &'static str),
+}
+
+/// Whether `engine` may be this mirror's metadata, without writing anything (`run` and
+/// `check-config --connect` both ask this). `built_here`: this agent's state shows it has
+/// been applying to it (metadata from a release before markers). Refuses anything else with
+/// a line saying what it is and what to do.
+pub async fn plan_claim(
+    engine: &dyn Engine,
+    built_here: bool,
+    cfg: &MirrorConfig,
+) -> Result<Claim> {
     let url = engine.display_url();
     let existing = site::marker(engine).await?;
     let has_volume = engine.get(keys::SETTING).await?.is_some();
@@ -35,16 +50,16 @@ pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Re
                 );
             }
             let new = want(m.since_ns);
-            if new != m {
-                site::set_marker(engine, &new).await?;
-            }
-            Ok(())
+            Ok(if new != m {
+                Claim::Update(new)
+            } else {
+                Claim::Ours
+            })
         }
-        None if !has_volume => {
-            site::set_marker(engine, &want(fs_core::now_ns())).await?;
-            tracing::info!(meta = %url, "marked this metadata as mirror {:?}'s", cfg.name);
-            Ok(())
-        }
+        None if !has_volume => Ok(Claim::Mark(
+            want(fs_core::now_ns()),
+            "marked this metadata as this mirror's (empty until its first snapshot)",
+        )),
         None => {
             if let Some(d) = site::detached(engine).await? {
                 bail!(
@@ -53,11 +68,11 @@ pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Re
                     d.at_seq
                 );
             }
-            if state.queued_through()? > 0 || state.bootstrap()?.is_some() {
-                // This agent's own state shows it built this mirror (before markers existed).
-                site::set_marker(engine, &want(fs_core::now_ns())).await?;
-                tracing::info!(meta = %url, "marked this mirror's metadata (written by an earlier release)");
-                return Ok(());
+            if built_here {
+                return Ok(Claim::Mark(
+                    want(fs_core::now_ns()),
+                    "marked this mirror's metadata (written by an earlier release)",
+                ));
             }
             let s = fs_core::Fs::load_settings(engine).await?;
             bail!(
@@ -67,6 +82,21 @@ pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Re
             )
         }
     }
+}
+
+/// Make sure `engine` is this mirror's metadata (`plan_claim`), marking it when it is empty
+/// (or when this agent's own state shows it has been applying to it).
+pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Result<()> {
+    let built_here = state.queued_through()? > 0 || state.bootstrap()?.is_some();
+    match plan_claim(engine, built_here, cfg).await? {
+        Claim::Ours => {}
+        Claim::Update(m) => site::set_marker(engine, &m).await?,
+        Claim::Mark(m, what) => {
+            site::set_marker(engine, &m).await?;
+            tracing::info!(meta = %engine.display_url(), mirror = %cfg.name, "{what}");
+        }
+    }
+    Ok(())
 }
 
 /// A primary agent serves a volume of its own: refuse a mirror's metadata.
@@ -98,7 +128,7 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
             "{pending} blocks are not copied to the mirror store yet: start the agent, wait until `mirror-agent status` shows 0 pending, stop it, then detach"
         );
     }
-    let (engine, url, marker) = open_to_detach(&cfg.meta).await?;
+    let (engine, url, marker) = open_to_detach(&cfg.meta, volume::Access::Write).await?;
     if marker.name != m.name {
         bail!(
             "{url} is mirror {:?}'s metadata, not {:?}'s",
@@ -106,15 +136,32 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
             m.name
         );
     }
-    let d = site::detach(&*engine, &marker).await?;
-    // The volume's blocks are now those of the mirror store: writes go there, never to the
-    // primary's store.
+    // The volume's blocks will be those of the mirror store: it must answer before anything
+    // changes (a detached volume still pointing at the primary's store would write there).
     let store = volume::open_store(&marker.store, None)?;
-    let mut fs = fs_core::Fs::open(engine, store).await?;
+    store.check().await.map_err(|e| {
+        anyhow::anyhow!(
+            "the mirror store {} does not answer ({e}): nothing was changed",
+            marker.store
+        )
+    })?;
+    let d = site::detach(&*engine, &marker).await?;
     let store_url = marker.store.clone();
-    fs.update_settings("storage", |s| s.storage = store_url.clone())
-        .await
-        .context("pointing the detached volume at the mirror store")?;
+    let pointed = async {
+        let mut fs = fs_core::Fs::open(engine.clone(), store).await?;
+        fs.update_settings("storage", |s| s.storage = store_url.clone())
+            .await
+    }
+    .await;
+    if let Err(e) = pointed {
+        // Back to the mirror it was: a volume of its own that writes into the primary's
+        // store must never be left behind.
+        site::set_marker(&*engine, &marker).await?;
+        engine.aux_put(site::DETACHED, None).await?;
+        return Err(anyhow::Error::new(e).context(
+            "pointing the detached volume at the mirror store failed; it is a mirror again, nothing changed",
+        ));
+    }
     Ok(format!(
         "detached mirror {:?} at seq {}: {url} is now a volume of its own, writable, with blocks in {}; its replication slot at the primary still holds gc there: drop it with `mirror-agent slot drop {} --meta PRIMARY_META_URL`",
         d.name, d.at_seq, marker.store, d.name
@@ -126,7 +173,11 @@ pub async fn detach(cfg: &crate::config::Config) -> Result<String> {
 /// again, an engine-migration mirror on the volume's own store). Anything else needs the
 /// agent's state to know every block was copied: `--config`.
 pub async fn detach_meta(meta: &str) -> Result<String> {
-    let (engine, url, marker) = open_to_detach(meta).await?;
+    // Read access, as `fence` has: a RocksDB secondary, so a mount that holds the writer's
+    // lock (the fenced primary's own mount) does not stop the undo; only the records beside
+    // the metadata change, which a secondary may write, and the mount's next commit sees
+    // them.
+    let (engine, url, marker) = open_to_detach(meta, volume::Access::Read).await?;
     let settings = fs_core::Fs::load_settings(&*engine).await?;
     if marker.store != settings.storage {
         bail!(
@@ -143,8 +194,11 @@ pub async fn detach_meta(meta: &str) -> Result<String> {
 }
 
 /// A mirror's metadata opened to be detached: not bootstrapping, and marked.
-async fn open_to_detach(meta: &str) -> Result<(std::sync::Arc<dyn Engine>, String, MirrorMarker)> {
-    let engine = volume::open_engine(meta, volume::Access::Write, None, false).await?;
+async fn open_to_detach(
+    meta: &str,
+    access: volume::Access,
+) -> Result<(std::sync::Arc<dyn Engine>, String, MirrorMarker)> {
+    let engine = volume::open_engine(meta, access, None, false).await?;
     let url = engine.display_url();
     if fs_core::slots::incomplete(&*engine).await?.is_some() {
         bail!("{url} is a mirror that is bootstrapping: its tree is incomplete; let it finish before detaching");

@@ -148,6 +148,29 @@ fn del_item(wb: &mut WriteBatch, key: &str, old: Option<&QItem>) {
 
 impl State {
     pub fn open(dir: &Path) -> Result<State> {
+        let st = Self::open_db(dir)?;
+        st.migrate(dir)?;
+        let c = st.load_queue()?;
+        *st.lock.lock().unwrap_or_else(|p| p.into_inner()) = c;
+        Ok(st)
+    }
+
+    /// What `run` would find in an existing state directory, for its checks: refused when
+    /// another agent holds it, or when a newer release wrote it. Its queue is left as it is.
+    /// Returns (queued through, a bootstrap record present).
+    pub fn probe(dir: &Path) -> Result<(u64, bool)> {
+        let st = Self::open_db(dir)?;
+        let f = st.format()?;
+        if f > STATE_FORMAT {
+            anyhow::bail!(
+                "the state directory {} was written by a newer mirror-agent (state format {f}; this one reads up to {STATE_FORMAT}): run that release, or see runbooks/lost-agent-state.md to start from an empty state directory",
+                dir.display()
+            );
+        }
+        Ok((st.queued_through()?, st.get(BOOT)?.is_some()))
+    }
+
+    fn open_db(dir: &Path) -> Result<State> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the state directory {}", dir.display()))?;
         let mut o = meta::base_options();
@@ -161,15 +184,11 @@ impl State {
                 anyhow::anyhow!("opening the agent state in {}: {m}", dir.display())
             }
         })?;
-        let st = State {
+        Ok(State {
             db,
             dir: dir.to_path_buf(),
             lock: Mutex::new(Counts::default()),
-        };
-        st.migrate(dir)?;
-        let c = st.load_queue()?;
-        *st.lock.lock().unwrap_or_else(|p| p.into_inner()) = c;
-        Ok(st)
+        })
     }
 
     fn format(&self) -> Result<u32> {
@@ -273,6 +292,18 @@ impl State {
             BOOT,
             serde_json::to_vec(&Bootstrap::Installing { s0, staged }).expect("serializes"),
         );
+        self.write(wb)?;
+        *g = Counts::default();
+        Ok(())
+    }
+
+    /// Forget every pending copy (verified copies stay known), before the queue is rebuilt
+    /// from the metadata.
+    pub fn reset_queue(&self) -> Result<()> {
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wb = WriteBatch::default();
+        wb.delete_range(&b"q/"[..], &b"q0"[..]);
+        wb.delete_range(&b"t/"[..], &b"t0"[..]);
         self.write(wb)?;
         *g = Counts::default();
         Ok(())
@@ -450,6 +481,20 @@ impl State {
         let mut wb = WriteBatch::default();
         del_item(&mut wb, key, Some(&old));
         wb.put(k("d/", key), b"");
+        self.write(wb)?;
+        g.add(&old, -1);
+        Ok(true)
+    }
+
+    /// A queued copy that is not needed any more (its slice is gone from the metadata):
+    /// removed, never marked done. False when it was not queued (cancelled meanwhile).
+    pub fn drop_unneeded(&self, key: &str) -> Result<bool> {
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(old) = self.item(key)? else {
+            return Ok(false);
+        };
+        let mut wb = WriteBatch::default();
+        del_item(&mut wb, key, Some(&old));
         self.write(wb)?;
         g.add(&old, -1);
         Ok(true)

@@ -137,6 +137,14 @@ pub async fn run(a: RunArgs) -> Result<()> {
     for w in c.check().await.with_context(|| what.clone())? {
         tracing::warn!("{w}");
     }
+    // The checks `check-config --connect` makes too (one function), before anything is
+    // created or bound.
+    let checks = mirror_agent::preflight::reach(&c, mirror_agent::preflight::Reach::Run)
+        .await
+        .with_context(|| what.clone())?;
+    for w in checks {
+        tracing::warn!("{w}");
+    }
     let token = c.admin_token()?;
     let admin_addr = c.admin_addr();
     let stop = CancellationToken::new();

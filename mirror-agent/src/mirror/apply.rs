@@ -38,6 +38,9 @@ impl Mirror {
                 journal_first = bounds.first,
                 "the agent's state does not cover this mirror's journal (a new or lost state directory): queuing every block the metadata references again"
             );
+            // The queue is rebuilt, not added to: an item left from before (a state
+            // directory older than the metadata) may be of a slice freed since.
+            self.state.reset_queue()?;
             let mut n = 0u64;
             let mut start = fs_core::keys::INODE_PREFIX.to_vec();
             let end = fs_core::keys::prefix_end(fs_core::keys::INODE_PREFIX);

@@ -34,7 +34,11 @@ impl Mirror {
         self.metrics.bootstrapping.set(1);
         self.state.begin_install(s0, staged)?;
         let target = if staged {
-            self.meta.begin().await?
+            let t = self.meta.begin().await?;
+            // The site's mounts hear at once that they serve the previous state (the record
+            // is otherwise rewritten only every `PROGRESS_EVERY_MS`).
+            self.publish_now().await;
+            t
         } else {
             self.meta.discard()?;
             // Readers are fenced off until the mirror is consistent.
@@ -104,6 +108,12 @@ impl Mirror {
 
     pub(super) async fn complete_bootstrap(&self) -> Result<()> {
         if self.meta.staging().is_some() {
+            // What this site had that the new state lacks (a former primary's diverged
+            // tail) is saved before the switch drops it; a failed save leaves the switch for
+            // later (the site keeps serving its previous state meanwhile).
+            self.save_diverged_tail().await.context(
+                "saving this site's diverged tail before the resync replaces it (the switch waits)",
+            )?;
             let t0 = Instant::now();
             let sw = self.meta.switch().await?;
             self.metrics.resync_switches.inc();
@@ -121,8 +131,102 @@ impl Mirror {
         self.meta.discard()?;
         self.follow_settings().await?;
         self.metrics.bootstrapping.set(0);
+        self.publish_now().await;
         let seq = self.engine.journal_bounds().await?.last;
         tracing::info!(seq, "the mirror is consistent (bootstrap complete)");
+        Ok(())
+    }
+
+    /// Refresh the status and rewrite the progress record now (at a change of state the
+    /// mounts must hear of: a staged resync starting, its switch).
+    pub(super) async fn publish_now(&self) {
+        if let Err(e) = self.refresh().await {
+            tracing::debug!(error = %e, "refreshing status");
+        }
+        if let Err(e) = self.publish_progress().await {
+            tracing::warn!(error = %format!("{e:#}"), "writing the progress record for the site's mounts");
+        }
+    }
+
+    /// Before a staged resync's switch: if the live metadata holds entries of an older epoch
+    /// past the point where the new state's history parted from it (a former primary
+    /// rejoining after a failover), save them and the files they wrote (`crate::rollback`),
+    /// record it beside the metadata and say so in the log.
+    async fn save_diverged_tail(&self) -> Result<()> {
+        let Some(st) = self.meta.staging() else {
+            return Ok(());
+        };
+        let old = fs_core::site::epoch(&*self.engine).await?;
+        let Some(rec) = fs_core::site::epoch_record(&*st).await? else {
+            return Ok(());
+        };
+        if rec.epoch <= old {
+            return Ok(());
+        }
+        let (parted_at, exact) = match rec.parted_from(old) {
+            Some(p) => (p, true),
+            None => {
+                let earliest = rec
+                    .history
+                    .iter()
+                    .map(|h| h.at_seq)
+                    .chain([rec.at_seq])
+                    .min()
+                    .unwrap_or(rec.at_seq);
+                tracing::warn!(
+                    epoch = old,
+                    new_epoch = rec.epoch,
+                    earliest,
+                    "the new primary's epoch record does not say where epoch {} began (written by an older release): the tail is saved from the earliest promotion point it names",
+                    old + 1
+                );
+                (earliest, false)
+            }
+        };
+        let head = self.engine.journal_bounds().await?.last;
+        if head <= parted_at {
+            return Ok(());
+        }
+        if fs_core::site::rollbacks(&*self.engine)
+            .await?
+            .iter()
+            .any(|r| r.to_epoch == rec.epoch && r.parted_at == parted_at && r.last_seq == head)
+        {
+            return Ok(()); // saved before a restart; the switch was what remained
+        }
+        let settings = fs_core::Fs::load_settings(&*self.engine).await?;
+        let own = (settings.storage != self.cfg.store)
+            .then(|| volume::open_store(&settings.storage, None).ok())
+            .flatten();
+        let store = Arc::new(crate::rollback::FirstOf {
+            a: self.dest.clone(),
+            b: own,
+        });
+        let tail = crate::rollback::Tail {
+            parted_at,
+            exact,
+            from_epoch: old,
+            to_epoch: rec.epoch,
+        };
+        let root = self.rollback_root();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        let r = crate::rollback::save(self.engine.clone(), store, &tail, &root, &host).await?;
+        fs_core::site::set_rollback(&*self.engine, &r.name(), Some(&r)).await?;
+        tracing::warn!(
+            dir = %r.dir,
+            entries = r.entries,
+            first_seq = r.first_seq,
+            last_seq = r.last_seq,
+            files = r.files,
+            bytes = r.bytes,
+            failed = r.failed,
+            "this site's diverged tail (entries {}..={} it committed as the primary at epoch {old}, which the primary at epoch {} never received) is SAVED before the resync drops it: review it and re-apply what should be kept (runbooks/failover.md, \"Review and re-apply a saved tail\")",
+            r.first_seq,
+            r.last_seq,
+            rec.epoch
+        );
         Ok(())
     }
 

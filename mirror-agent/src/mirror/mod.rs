@@ -76,6 +76,8 @@ pub struct Mirror {
     force_snapshot: std::sync::atomic::AtomicBool,
     /// Ends the current replication session (an operator asked for a resync).
     kick: tokio::sync::Notify,
+    /// The agent's state directory (its `rollback/` keeps saved diverged tails).
+    state_dir: std::path::PathBuf,
 }
 
 enum End {
@@ -197,6 +199,7 @@ impl Mirror {
             stop_blocks: CancellationToken::new(),
             force_snapshot: std::sync::atomic::AtomicBool::new(force),
             kick: tokio::sync::Notify::new(),
+            state_dir: state_dir.to_path_buf(),
         });
         if let Some(s) = settings {
             m.set_settings(s).await?;
@@ -206,6 +209,11 @@ impl Mirror {
 
     pub fn limits_arc(&self) -> Arc<Limits> {
         self.limits.clone()
+    }
+
+    /// Where diverged tails are saved (`crate::rollback`).
+    pub fn rollback_root(&self) -> std::path::PathBuf {
+        self.state_dir.join("rollback")
     }
 
     /// Known settings start the replicator (once).
@@ -242,6 +250,13 @@ impl Mirror {
                 }
             })
         };
+        // A former primary rejoining still describes itself (see below): asked before the
+        // lock is taken.
+        let rejoining = fs_core::site::fenced(&*self.engine)
+            .await
+            .ok()
+            .flatten()
+            .is_some();
         let mut repl = self.repl.write().unwrap_or_else(|p| p.into_inner());
         if let (None, Some((origin, origin_url))) = (repl.as_ref(), origin) {
             let r = Replicator::new(
@@ -256,7 +271,24 @@ impl Mirror {
             );
             let task = tokio::spawn(r.clone().run(self.stop_blocks.clone()));
             *self.repl_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-            tracing::info!(origin = %origin_url, dest = %self.cfg.store, workers = self.cfg.workers, "block replication started");
+            if origin_url == self.dest.display_url() {
+                // The metadata's storage record names this mirror's own store: a mirror
+                // sharing the volume's store (nothing to copy), or a former primary rejoining,
+                // whose record still describes itself until the new primary's history
+                // arrives (the origin follows the record then).
+                tracing::info!(
+                    store = %self.cfg.store,
+                    workers = self.cfg.workers,
+                    "block replication started; {}",
+                    if rejoining {
+                        "this metadata's storage record still names this site's own store (a former primary rejoining): blocks are copied from the new primary's store once its history arrives"
+                    } else {
+                        "the volume's storage is this mirror's own store: blocks are already there, nothing to copy"
+                    }
+                );
+            } else {
+                tracing::info!(origin = %origin_url, dest = %self.cfg.store, workers = self.cfg.workers, "block replication started");
+            }
             *repl = Some(r);
         }
         let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());

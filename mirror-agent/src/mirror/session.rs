@@ -23,6 +23,22 @@ impl Mirror {
         force_snapshot: bool,
         stop: &CancellationToken,
     ) -> Result<End> {
+        // Entries applied whose blocks the queue never recorded (a state write refused after
+        // the apply, an applier stopped in between) are queued now, before anything newer.
+        self.requeue()
+            .await
+            .context("queuing the blocks of entries applied but not queued")?;
+        let force_snapshot = force_snapshot
+            || self
+                .force_snapshot
+                .load(std::sync::atomic::Ordering::SeqCst);
+        // Caught up already, the switch still to do (it failed last time, e.g. saving a
+        // diverged tail): done now, not only when the next entry arrives.
+        if let Some(Bootstrap::CatchingUp { s_end, .. }) = self.state.bootstrap()? {
+            if self.meta.target().journal_bounds().await?.last >= s_end {
+                self.complete_bootstrap().await?;
+            }
+        }
         let boot = self.state.bootstrap()?;
         let target = self.meta.target();
         let head = target.journal_bounds().await?.last;
@@ -180,13 +196,20 @@ impl Mirror {
             _ = stop.cancelled() => Ok(End::Stopped),
             _ = self.kick.notified() => Ok(End::Kicked),
         };
-        // Entries already received are applied (drain), then the session ends.
+        // Entries already received are applied (drain), then the session ends. The applier
+        // never outlives its session: one left running would apply and queue beside the next
+        // session's (what it did not queue, the next session's `requeue` does).
         drop(tx);
-        match tokio::time::timeout(Duration::from_secs(60), applier).await {
+        let mut applier = applier;
+        match tokio::time::timeout(Duration::from_secs(60), &mut applier).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => return Err(e.context("applying entries")),
             Ok(Err(e)) => bail!("the applier panicked: {e}"),
-            Err(_) => bail!("the applier did not finish within 60 s"),
+            Err(_) => {
+                applier.abort();
+                let _ = applier.await;
+                bail!("the applier did not finish within 60 s: stopped")
+            }
         }
         end
     }

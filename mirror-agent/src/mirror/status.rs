@@ -227,6 +227,7 @@ impl Mirror {
                 "copied": m.blocks_copied.get(),
                 "copied_bytes": m.bytes_copied.get(),
                 "skipped": m.blocks_skipped.get(),
+                "dropped": m.blocks_dropped.get(),
                 "checksummed": m.blocks_checksummed.get(),
                 "prioritized": m.blocks_prioritized.get(),
                 "deleted": m.blocks_deleted.get(),

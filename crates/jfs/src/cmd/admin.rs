@@ -287,21 +287,58 @@ pub async fn journal(
 
 pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
     let s = fs.status().await?;
+    // Diverged tails this site saved when it rejoined a newer primary (`mirror-agent`).
+    let rollbacks = fs_core::site::rollbacks(&**fs.engine()).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        let mut v = serde_json::to_value(&s)?;
+        v["rollbacks"] = serde_json::to_value(&rollbacks)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(Outcome::Done);
     }
     println!("volume      {} (uuid {})", s.name, s.uuid);
-    match (&s.mirror, &s.detached) {
-        (Some(m), _) => println!(
+    // A promoted mirror keeps the record of its detach: it is the primary, from that epoch.
+    let promoted = fs_core::site::epoch_record(&**fs.engine())
+        .await?
+        .filter(|e| s.detached.as_ref().is_some_and(|d| d.name == e.site));
+    match (&s.mirror, &s.detached, &promoted) {
+        (Some(m), _, _) => println!(
             "site        mirror {:?} of the primary at {} (read-only; blocks in {})",
             m.name, m.primary, m.store
         ),
-        (None, Some(d)) => println!(
+        (None, Some(_), Some(e)) => println!(
+            "site        primary (promoted from mirror {:?} at epoch {}, after seq {}; it followed {})",
+            e.site, e.epoch, e.at_seq, e.from
+        ),
+        (None, Some(d), None) => println!(
             "site        volume of its own (detached from mirror {:?} of {} at seq {})",
             d.name, d.primary, d.at_seq
         ),
-        (None, None) => println!("site        primary"),
+        (None, None, _) => println!("site        primary"),
+    }
+    for r in &rollbacks {
+        let here = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim() == r.host)
+            .unwrap_or(false);
+        if here && !std::path::Path::new(&r.dir).exists() {
+            continue; // the operator deleted the saved copy: done with
+        }
+        println!(
+            "rollback    SAVED {} entries (seq {}..={}) and {} files ({} bytes{}) this site committed at epoch {} that the primary at epoch {} never received: {}:{} (review and re-apply them: runbooks/failover.md; delete it when done)",
+            r.entries,
+            r.first_seq,
+            r.last_seq,
+            r.files,
+            r.bytes,
+            if r.failed > 0 {
+                format!(", {} files UNREADABLE, named in its manifest", r.failed)
+            } else {
+                String::new()
+            },
+            r.from_epoch,
+            r.to_epoch,
+            r.host,
+            r.dir
+        );
     }
     println!("epoch       {}", s.epoch);
     if let Some(m) = &s.moved {
