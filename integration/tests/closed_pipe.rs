@@ -72,3 +72,54 @@ fn jfs_commands_end_quietly_on_a_closed_pipe() {
         check("jfs", &args, &[]);
     }
 }
+
+#[test]
+fn jfs_sync_and_mirror_agent_commands_end_quietly_on_a_closed_pipe() {
+    let (meta, _d1) = meta_url("rocksdb");
+    let (store, _d2) = store_url("file");
+    let o = Command::new(bin("jfs"))
+        .args(["format", &meta, &unique("cp"), "--storage", &store])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..300 {
+        std::fs::write(src.join(format!("f{i}")), data(i, 100)).unwrap();
+    }
+    let (s, dst, other) = (
+        src.to_str().unwrap().to_string(),
+        dir.path().join("dst").display().to_string(),
+        dir.path().join("other").display().to_string(),
+    );
+    std::fs::create_dir(&other).unwrap();
+    let state = dir.path().join("state").display().to_string();
+    for args in [
+        vec![s.as_str(), dst.as_str(), "--state-dir", state.as_str()],
+        vec![s.as_str(), other.as_str(), "--dry-run", "--json"],
+        vec!["check", s.as_str(), other.as_str()],
+        vec!["check", s.as_str(), other.as_str(), "--json"],
+        vec!["--help"],
+    ] {
+        let (code, err) = into_closed_pipe("jfs-sync", &args, &[]);
+        // check finds differences (exit 1) unless the closed pipe cut it short (0).
+        let ok = if args[0] == "check" { [0, 1] } else { [0, 0] };
+        assert!(
+            code.is_some_and(|c| ok.contains(&c)),
+            "jfs-sync {args:?} on a closed pipe: {code:?} {err}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "jfs-sync {args:?} on a closed pipe printed: {err}"
+        );
+    }
+    for args in [
+        vec!["slot", "list", "--meta", meta.as_str()],
+        vec!["slot", "list", "--meta", meta.as_str(), "--json"],
+        vec!["--help"],
+        vec!["slot", "--help"],
+    ] {
+        check("mirror-agent", &args, &[]);
+    }
+}

@@ -343,3 +343,44 @@ fn umount_force_returns_once_the_mount_process_let_go() {
     assert_eq!(o.stdout.len(), held.len());
     assert!(o.stdout == held, "the unclosed file's bytes differ");
 }
+
+/// `jfs-sync` resolves the path of a `jfs://` URL inside the volume too: one that climbs
+/// above the volume's root is refused before anything is opened or copied.
+#[test]
+fn jfs_sync_volume_urls_stay_inside_the_volume() {
+    let v = new_vol();
+    canaries(&v);
+    let listing = volume_listing(&v);
+    let src = v.path("canary-src");
+    let out = v.path("out");
+    for (s, d) in [
+        (
+            src.to_str().unwrap().to_string(),
+            "jfs://V/../escaped".to_string(),
+        ),
+        (
+            src.to_str().unwrap().to_string(),
+            "jfs://V/canary/../../x".to_string(),
+        ),
+        ("jfs://V/..".to_string(), out.to_str().unwrap().to_string()),
+        (
+            "jfs://V/../victim".to_string(),
+            out.to_str().unwrap().to_string(),
+        ),
+    ] {
+        let o = Command::new(bin("jfs-sync"))
+            .args([s.as_str(), d.as_str()])
+            .env("V", &v.meta)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{s} -> {d}: {t}");
+        assert!(
+            t.contains("climbs above the volume's root"),
+            "{s} -> {d}: {t}"
+        );
+    }
+    assert!(!out.exists(), "jfs-sync wrote {}", out.display());
+    assert_eq!(volume_listing(&v), listing);
+}

@@ -167,6 +167,7 @@ enum Cmd {
 const DESTRUCTIVE: &[&str] = &["drop", "detach", "--force", "fence", "promote"];
 
 fn main() -> ExitCode {
+    cli_common::quiet_on_closed_pipe();
     let (cli, _) = cli_common::parse::<Cli>(DESTRUCTIVE);
     let level = match cli.verbose {
         0 => "info",
@@ -184,90 +185,96 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let res = rt.block_on(async move {
-        match cli.cmd {
-            Cmd::Run(a) => cmd::run::run(a).await,
-            Cmd::Status {
-                admin,
-                json,
-                wait_applied,
-                timeout,
-            } => cmd::client::status(&admin, json, wait_applied, timeout.into()).await,
-            Cmd::Limits {
-                admin,
-                bwlimit,
-                tps,
-            } => cmd::client::limits(&admin, bwlimit, tps).await,
-            Cmd::Resync { admin } => cmd::client::resync(&admin).await,
-            Cmd::CheckConfig { config, connect } => {
-                cmd::check::check_config(config.as_deref(), connect).await
-            }
-            Cmd::Detach {
-                meta: Some(meta), ..
-            } => {
-                println!("{}", mirror_agent::site::detach_meta(&meta).await?);
-                Ok(())
-            }
-            Cmd::Detach { config, .. } => {
-                let c = mirror_agent::config::Config::load(config.as_deref())?;
-                if c.role != Role::Mirror {
-                    anyhow::bail!("detach applies to a mirror: this config has role = \"primary\"");
+    let res = cli_common::on_closed_pipe(|| {
+        rt.block_on(async move {
+            match cli.cmd {
+                Cmd::Run(a) => cmd::run::run(a).await,
+                Cmd::Status {
+                    admin,
+                    json,
+                    wait_applied,
+                    timeout,
+                } => cmd::client::status(&admin, json, wait_applied, timeout.into()).await,
+                Cmd::Limits {
+                    admin,
+                    bwlimit,
+                    tps,
+                } => cmd::client::limits(&admin, bwlimit, tps).await,
+                Cmd::Resync { admin } => cmd::client::resync(&admin).await,
+                Cmd::CheckConfig { config, connect } => {
+                    cmd::check::check_config(config.as_deref(), connect).await
                 }
-                println!("{}", mirror_agent::site::detach(&c).await?);
-                Ok(())
-            }
-            Cmd::Fence {
-                meta,
-                name,
-                new_primary,
-                moved_to,
-                force,
-            } => {
-                let r = mirror_agent::promote::fence(&mirror_agent::promote::FenceArgs {
-                    meta: &meta,
-                    name: &name,
-                    new_primary: &new_primary,
-                    moved_to: moved_to.as_deref(),
+                Cmd::Detach {
+                    meta: Some(meta), ..
+                } => {
+                    println!("{}", mirror_agent::site::detach_meta(&meta).await?);
+                    Ok(())
+                }
+                Cmd::Detach { config, .. } => {
+                    let c = mirror_agent::config::Config::load(config.as_deref())?;
+                    if c.role != Role::Mirror {
+                        anyhow::bail!(
+                            "detach applies to a mirror: this config has role = \"primary\""
+                        );
+                    }
+                    println!("{}", mirror_agent::site::detach(&c).await?);
+                    Ok(())
+                }
+                Cmd::Fence {
+                    meta,
+                    name,
+                    new_primary,
+                    moved_to,
                     force,
-                })
-                .await?;
-                println!("{r}");
-                Ok(())
-            }
-            Cmd::Promote {
-                config,
-                old_meta,
-                force,
-                fence_as,
-                new_primary,
-            } => {
-                let c = mirror_agent::config::Config::load(config.as_deref())?;
-                if c.role != Role::Mirror {
-                    anyhow::bail!(
-                        "promote applies to a mirror: this config has role = \"primary\""
-                    );
+                } => {
+                    let r = mirror_agent::promote::fence(&mirror_agent::promote::FenceArgs {
+                        meta: &meta,
+                        name: &name,
+                        new_primary: &new_primary,
+                        moved_to: moved_to.as_deref(),
+                        force,
+                    })
+                    .await?;
+                    println!("{r}");
+                    Ok(())
                 }
-                println!(
-                    "{}",
-                    mirror_agent::promote::promote(
-                        &c,
-                        &mirror_agent::promote::PromoteArgs {
-                            old_meta: old_meta.as_deref(),
-                            force,
-                            fence_as: fence_as.as_deref(),
-                            new_primary: new_primary.as_deref(),
-                        }
-                    )
-                    .await?
-                );
-                Ok(())
+                Cmd::Promote {
+                    config,
+                    old_meta,
+                    force,
+                    fence_as,
+                    new_primary,
+                } => {
+                    let c = mirror_agent::config::Config::load(config.as_deref())?;
+                    if c.role != Role::Mirror {
+                        anyhow::bail!(
+                            "promote applies to a mirror: this config has role = \"primary\""
+                        );
+                    }
+                    println!(
+                        "{}",
+                        mirror_agent::promote::promote(
+                            &c,
+                            &mirror_agent::promote::PromoteArgs {
+                                old_meta: old_meta.as_deref(),
+                                force,
+                                fence_as: fence_as.as_deref(),
+                                new_primary: new_primary.as_deref(),
+                            }
+                        )
+                        .await?
+                    );
+                    Ok(())
+                }
+                Cmd::Slot { cmd } => cmd::slot::run(cmd).await,
             }
-            Cmd::Slot { cmd } => cmd::slot::run(cmd).await,
-        }
-    });
+        })
+    })
+    .unwrap_or(Ok(()));
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
     match res {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if cli_common::closed_pipe(e.chain()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mirror-agent: error: {e:#}");
             ExitCode::from(2)

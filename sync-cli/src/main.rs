@@ -29,6 +29,7 @@ const DESTRUCTIVE: &[&str] = &[
 ];
 
 fn main() {
+    cli_common::quiet_on_closed_pipe();
     let (cli, matches) = cli_common::parse::<Cli>(DESTRUCTIVE);
     // The flags of the command given (each subcommand takes only the flags it uses).
     match &cli.cmd {
@@ -47,31 +48,35 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let code = rt.block_on(async move {
-        let r = match cli.cmd {
-            Some(Cmd::Check(a)) => check(a).await,
-            Some(Cmd::Job(JobCmd::Create { sync: a, common })) => {
-                match matches
-                    .subcommand_matches("job")
-                    .and_then(|m| m.subcommand_matches("create"))
-                    .map(filter_rules)
-                    .transpose()
-                {
-                    Ok(rules) => sync(*a, common, rules.unwrap_or_default(), true).await,
-                    Err(e) => Err(e),
+    let code = cli_common::on_closed_pipe(|| {
+        rt.block_on(async move {
+            let r = match cli.cmd {
+                Some(Cmd::Check(a)) => check(a).await,
+                Some(Cmd::Job(JobCmd::Create { sync: a, common })) => {
+                    match matches
+                        .subcommand_matches("job")
+                        .and_then(|m| m.subcommand_matches("create"))
+                        .map(filter_rules)
+                        .transpose()
+                    {
+                        Ok(rules) => sync(*a, common, rules.unwrap_or_default(), true).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                Some(Cmd::Job(j)) => job_cmd(j).await,
+                None => sync(cli.sync, cli.common, rules, false).await,
+            };
+            match r {
+                Ok(code) => code,
+                Err(e) if cli_common::closed_pipe(e.chain()) => 0,
+                Err(e) => {
+                    eprintln!("jfs-sync: error: {e:#}");
+                    2
                 }
             }
-            Some(Cmd::Job(j)) => job_cmd(j).await,
-            None => sync(cli.sync, cli.common, rules, false).await,
-        };
-        match r {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("jfs-sync: error: {e:#}");
-                2
-            }
-        }
-    });
+        })
+    })
+    .unwrap_or(0);
     // Shut the runtime down first: every task is dropped and the state database closed before
     // the process exits (exiting with RocksDB's background threads running can crash).
     drop(rt);

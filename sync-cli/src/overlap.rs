@@ -227,8 +227,17 @@ pub fn of_spec(spec: &str, endpoint_flag: Option<&str>) -> Vec<(String, Place)> 
 /// A volume named by its metadata URL, before it is opened: the same metadata is the same
 /// volume (RocksDB by its resolved directory, Redis by server, db and prefix, PostgreSQL by
 /// server, database and schema), and a RocksDB directory is a local place too.
+/// A volume path as the volume resolves it (`a/../b` is `b`), for comparing places; one that
+/// climbs above the root is left as given (opening it refuses it).
+fn in_volume(vpath: &str) -> String {
+    match fs_core::VolPath::parse(vpath) {
+        Ok(p) => p.to_string().trim_start_matches('/').to_string(),
+        Err(_) => vpath.trim_matches('/').to_string(),
+    }
+}
+
 pub fn meta_places(url: &str, vpath: &str) -> Vec<(String, Place)> {
-    let vpath = vpath.trim_matches('/').to_string();
+    let vpath = in_volume(vpath);
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
     let mut out = Vec::new();
@@ -262,7 +271,7 @@ pub fn volume_places(uuid: &str, name: &str, storage: &str, vpath: &str) -> Vec<
         "volume path".to_string(),
         Place::Volume {
             id: format!("uuid {uuid}"),
-            path: vpath.trim_matches('/').to_string(),
+            path: in_volume(vpath),
         },
     )];
     for (_, p) in of_spec(storage, None) {
@@ -348,6 +357,15 @@ mod tests {
         let c = meta_places("redis://127.0.0.1:6379/1?prefix=w", "data/sub");
         assert!(find(&a, &b).is_some());
         assert!(find(&a, &c).is_none());
+        // Paths as the volume resolves them: data/x/.. is data, a/../data/sub is in it.
+        let up = meta_places("redis://127.0.0.1:6379/1?prefix=v", "data/x/..");
+        let back = meta_places("redis://127.0.0.1:6379/1?prefix=v", "a/../data/sub");
+        assert!(find(&up, &b).is_some() && find(&a, &back).is_some());
+        assert!(find(
+            &meta_places("redis://127.0.0.1:6379/1?prefix=v", "other/.."),
+            &b
+        )
+        .is_some());
         let u1 = volume_places("u1", "vol", "file:///srv/store", "x");
         let u2 = volume_places("u1", "vol", "file:///srv/store", "x/y");
         assert!(find(&u1, &u2).is_some());

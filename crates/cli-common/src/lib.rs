@@ -160,9 +160,11 @@ mod tests {
     }
 }
 
-/// Make a print to a closed stdout end the process quietly (exit code 0): `println!` panics
-/// on a broken pipe, and the binaries print with it throughout. Other panics are reported as
-/// before. Call first thing in `main`.
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Make a print to a closed stdout (`println!` panics on a broken pipe, and the binaries
+/// print with it throughout) a quiet panic: no message, and `on_closed_pipe` turns it into a
+/// normal end. Other panics are reported as before. Call first thing in `main`.
 pub fn quiet_on_closed_pipe() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -173,10 +175,22 @@ pub fn quiet_on_closed_pipe() {
             .or_else(|| payload.downcast_ref::<&str>().copied())
             .unwrap_or("");
         if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(0);
+            STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::SeqCst);
+            return;
         }
         previous(info)
     }));
+}
+
+/// Run the command `f`; `None` when it ended because its stdout was closed (the reader went
+/// away, which is not the command's failure: exit 0). The caller then shuts down as after a
+/// normal end (runtimes and databases dropped in order). Any other panic goes on.
+pub fn on_closed_pipe<T>(f: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => Some(v),
+        Err(_) if STDOUT_CLOSED.load(std::sync::atomic::Ordering::SeqCst) => None,
+        Err(p) => std::panic::resume_unwind(p),
+    }
 }
 
 /// Whether an error (given as its chain, e.g. `anyhow::Error::chain`) is a write to a closed

@@ -63,11 +63,12 @@ fn main() -> ExitCode {
         }
     };
     rt.spawn(cmd::watch_signals());
-    match rt.block_on(cmd::run(args)) {
-        Ok(cmd::Outcome::Done) => ExitCode::SUCCESS,
-        Ok(cmd::Outcome::Partial) => ExitCode::from(1),
-        Err(e) if cli_common::closed_pipe(e.chain()) => ExitCode::SUCCESS,
-        Err(e) => {
+    match cli_common::on_closed_pipe(|| rt.block_on(cmd::run(args))) {
+        None => ExitCode::SUCCESS,
+        Some(Ok(cmd::Outcome::Done)) => ExitCode::SUCCESS,
+        Some(Ok(cmd::Outcome::Partial)) => ExitCode::from(1),
+        Some(Err(e)) if cli_common::closed_pipe(e.chain()) => ExitCode::SUCCESS,
+        Some(Err(e)) => {
             eprintln!("jfs: error: {e:#}");
             ExitCode::from(2)
         }

@@ -4,7 +4,7 @@
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
 use crate::listing::KeyRange;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::{Attr, ErrorKind, FileKind, Fs, Ino, Owner, SetAttr};
@@ -61,6 +61,13 @@ impl VolumeEndpoint {
     /// metadata); otherwise it is only read (RocksDB: a secondary beside its writer).
     pub async fn open(rest: &str, write: bool) -> Result<Self> {
         let (name, path) = rest.split_once('/').unwrap_or((rest, ""));
+        // Resolved inside the volume before anything is opened: `..` never climbs above its
+        // root (such a path is refused, naming it).
+        let base = fs_core::VolPath::parse(path)
+            .with_context(|| format!("jfs://{name}/{path}"))?
+            .to_string()
+            .trim_start_matches('/')
+            .to_string();
         let url = meta_url_of(name)?;
         let opts = volume::Options {
             access: if write {
@@ -95,7 +102,7 @@ impl VolumeEndpoint {
         Ok(VolumeEndpoint {
             fs: Arc::new(fs),
             name: name.to_string(),
-            base: path.trim_matches('/').to_string(),
+            base,
         })
     }
 
