@@ -223,10 +223,31 @@ pub fn refusal_from_record(url: &str, record: Option<&[u8]>) -> Error {
     writes_refused(url, m.as_ref())
 }
 
-/// `writes_refused` with the marker read from the engine (the slow path of a refused commit).
-pub async fn refuse_commit(engine: &dyn Engine) -> Error {
+/// The error a writer gets on a fenced old primary whose move is recorded: the META_URL to
+/// point its commands at, not only the agent that now follows whom.
+pub fn moved_refusal(url: &str, m: &Moved) -> Error {
+    Error::new(
+        ErrorKind::ReadOnly,
+        format!(
+            "{url} was fenced: the volume's primary moved to {} (epoch {}) after seq {}; write there: give that META_URL instead of this one (its password as before). Mounts of this metadata follow by themselves",
+            m.meta_url, m.epoch, m.at_seq
+        ),
+    )
+}
+
+/// Why a writer is refused on marked metadata: where the volume moved if a move is recorded,
+/// else whose mirror it is.
+pub async fn refusal(engine: &dyn Engine) -> Error {
+    if let Ok(Some(mv)) = moved(engine).await {
+        return moved_refusal(&engine.display_url(), &mv);
+    }
     let m = marker(engine).await.ok().flatten();
     writes_refused(&engine.display_url(), m.as_ref())
+}
+
+/// `writes_refused` with the marker read from the engine (the slow path of a refused commit).
+pub async fn refuse_commit(engine: &dyn Engine) -> Error {
+    refusal(engine).await
 }
 
 /// The error the mirror agent's replay gets on metadata that is not marked as a mirror.

@@ -199,10 +199,13 @@ async fn planned_site_migration_under_writes_loses_nothing() {
         .args(["put", &old_meta, local.to_str().unwrap(), "/late"])
         .output()
         .unwrap();
+    // A writer refused by the fence is told the META_URL to write at instead.
+    let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("old-site"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+        !o.status.success()
+            && err.contains("was fenced: the volume's primary moved to")
+            && err.contains(&meta::redact(&pair.m_meta)),
+        "{err}"
     );
     runbook::run_ok("site-migration", "wait", &env);
     assert_eq!(

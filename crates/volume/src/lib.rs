@@ -153,7 +153,7 @@ pub async fn open_engine(
             .await;
             match reader {
                 Ok(r) => match fs_core::site::marker(&*r).await {
-                    Ok(Some(m)) => Err(fs_core::site::writes_refused(&r.display_url(), Some(&m))),
+                    Ok(Some(_)) => Err(fs_core::site::refusal(&*r).await),
                     _ => Err(e),
                 },
                 Err(_) => Err(e),
@@ -198,11 +198,8 @@ pub async fn check_site(engine: &dyn Engine, access: Access, allow_incomplete: b
         }
     }
     if access == Access::Write {
-        if let Some(m) = fs_core::site::marker(engine).await? {
-            return Err(fs_core::site::writes_refused(
-                &engine.display_url(),
-                Some(&m),
-            ));
+        if fs_core::site::marker(engine).await?.is_some() {
+            return Err(fs_core::site::refusal(engine).await);
         }
     }
     Ok(())
