@@ -225,11 +225,15 @@ pub fn refusal_from_record(url: &str, record: Option<&[u8]>) -> Error {
 
 /// The error a writer gets on a fenced old primary whose move is recorded: the META_URL to
 /// point its commands at, not only the agent that now follows whom.
-pub fn moved_refusal(url: &str, m: &Moved) -> Error {
+pub fn moved_refusal(url: &str, m: &Moved, marker: Option<&MirrorMarker>) -> Error {
+    let now = match marker {
+        Some(k) => format!("mirror {:?} of the primary at {}", k.name, k.primary),
+        None => "a mirror".to_string(),
+    };
     Error::new(
         ErrorKind::ReadOnly,
         format!(
-            "{url} was fenced: the volume's primary moved to {} (epoch {}) after seq {}; write there: give that META_URL instead of this one (its password as before). Mounts of this metadata follow by themselves",
+            "{url} was fenced: the volume's primary moved to {} (epoch {}) after seq {}; write there: give that META_URL instead of this one (its password as before). Mounts of this metadata follow by themselves. This metadata is now {now}; if the fence was a mistake, `mirror-agent detach --meta URL` undoes it",
             m.meta_url, m.epoch, m.at_seq
         ),
     )
@@ -238,10 +242,10 @@ pub fn moved_refusal(url: &str, m: &Moved) -> Error {
 /// Why a writer is refused on marked metadata: where the volume moved if a move is recorded,
 /// else whose mirror it is.
 pub async fn refusal(engine: &dyn Engine) -> Error {
-    if let Ok(Some(mv)) = moved(engine).await {
-        return moved_refusal(&engine.display_url(), &mv);
-    }
     let m = marker(engine).await.ok().flatten();
+    if let Ok(Some(mv)) = moved(engine).await {
+        return moved_refusal(&engine.display_url(), &mv, m.as_ref());
+    }
     writes_refused(&engine.display_url(), m.as_ref())
 }
 

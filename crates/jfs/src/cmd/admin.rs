@@ -82,16 +82,9 @@ pub async fn format(
 async fn already_formatted(g: &Global, meta_url: &str) -> Result<()> {
     let engine = match super::open_engine(g, meta_url, true).await {
         Ok(e) => e,
-        // Nothing there yet (a RocksDB directory that does not exist): format creates it.
-        Err(e)
-            if e.chain().any(|c| {
-                c.downcast_ref::<fs_core::Error>()
-                    .is_some_and(|x| x.kind() == fs_core::ErrorKind::NotFormatted)
-            }) =>
-        {
-            return Ok(())
-        }
-        Err(e) => return Err(e),
+        // Nothing to read there (a RocksDB directory that does not exist yet), or nothing
+        // readable: the format's own open creates it, or reports why it cannot.
+        Err(_) => return Ok(()),
     };
     // A mirror's metadata: the refusal every writer gets there.
     volume::check_site(&*engine, volume::Access::Write, true).await?;
