@@ -27,7 +27,7 @@ pub enum ErrorKind {
     NotFormatted,
     /// A journal position that is no longer retained.
     SeqNotRetained,
-    /// A backend (engine, object store) failed; see `temporary`.
+    /// A backend (engine, object store) failed; see `status`.
     Backend,
     /// Malformed URL or configuration.
     Config,
@@ -38,11 +38,23 @@ pub enum ErrorKind {
     Fenced,
 }
 
+/// Whether retrying may help (OpenDAL's shape): a `Temporary` error may succeed when tried
+/// again; one that stayed temporary through every retry becomes `Persistent` (the caller
+/// gave up: report, do not retry again at once); a `Permanent` one never succeeds as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorStatus {
+    Permanent,
+    Temporary,
+    Persistent,
+}
+
 #[derive(Debug, Clone)]
 pub struct Error {
     kind: ErrorKind,
     message: String,
-    temporary: bool,
+    status: ErrorStatus,
+    /// The error this one was made from, for `source()` chains (kept, never only printed).
+    source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -52,22 +64,38 @@ impl Error {
         Error {
             kind,
             message: message.into(),
-            temporary: false,
+            status: ErrorStatus::Permanent,
+            source: None,
         }
     }
     /// A backend failure that may succeed if retried (timeouts, connection resets, 5xx).
     pub fn temporary(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
-            kind,
-            message: message.into(),
-            temporary: true,
+            status: ErrorStatus::Temporary,
+            ..Error::new(kind, message)
         }
+    }
+    /// Keep `source` as the cause of this error.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(std::sync::Arc::new(source));
+        self
+    }
+    /// A temporary error the caller retried for as long as it would: persistent now.
+    pub fn persist(mut self) -> Self {
+        if self.status == ErrorStatus::Temporary {
+            self.status = ErrorStatus::Persistent;
+        }
+        self
     }
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
+    pub fn status(&self) -> ErrorStatus {
+        self.status
+    }
+    /// Whether retrying may help (only a `Temporary` error).
     pub fn is_temporary(&self) -> bool {
-        self.temporary
+        self.status == ErrorStatus::Temporary
     }
     pub fn message(&self) -> &str {
         &self.message
@@ -99,14 +127,23 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)?;
-        if self.temporary {
-            f.write_str(" (temporary)")?;
+        match self.status {
+            ErrorStatus::Temporary => f.write_str(" (temporary)"),
+            ErrorStatus::Persistent => {
+                f.write_str(" (persistent: it stayed temporary through every retry)")
+            }
+            ErrorStatus::Permanent => Ok(()),
         }
-        Ok(())
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 impl Error {
     /// An operating-system error in fs-core's kinds, in one place for every caller (stores
@@ -145,10 +182,20 @@ impl Error {
                 | K::BrokenPipe
                 | K::UnexpectedEof
         );
+        let status = if temporary {
+            ErrorStatus::Temporary
+        } else {
+            ErrorStatus::Permanent
+        };
         Error {
             kind,
             message: format!("{what}: {e}"),
-            temporary,
+            status,
+            source: Some(std::sync::Arc::new(
+                e.raw_os_error()
+                    .map(std::io::Error::from_raw_os_error)
+                    .unwrap_or_else(|| std::io::Error::new(e.kind(), e.to_string())),
+            )),
         }
     }
 }

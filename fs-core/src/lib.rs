@@ -10,6 +10,7 @@ pub mod keys;
 pub mod maint;
 pub mod owner;
 pub mod path;
+pub mod record;
 pub mod session;
 pub mod site;
 pub mod slots;
@@ -19,7 +20,7 @@ pub mod txn;
 pub mod types;
 
 pub use engine::{CommitOutcome, Engine, JournalBounds};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, ErrorStatus, Result};
 pub use fs::namespace::Owner;
 pub use fs::{Budget, FileReader, FileWriter, Fs, Keeper, NewSlice, ReadAhead};
 pub use journal::{CommitRequest, Entry, Mutation, Op};
