@@ -178,19 +178,12 @@ fn norm(spec: &str) -> String {
 
 fn signals() -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
+    let stop = cli_common::shutdown_on_signals(
+        "jfs-sync: interrupted: finishing the copies in flight and saving progress",
+    );
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut t), Ok(mut i)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
-        eprintln!("jfs-sync: interrupted: finishing the copies in flight and saving progress");
+        stop.cancelled().await;
         let _ = tx.send(true);
-        tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
-        std::process::exit(2);
     });
     rx
 }

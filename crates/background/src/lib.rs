@@ -5,9 +5,9 @@
 //! and on shutdown lets busy workers finish or persist what they hold, within a deadline.
 //! `status` reads every worker, for the binaries' `status` commands and metrics.
 //!
-//! The shutdown signal is a `CancellationToken`: `shutdown_on_signals` cancels it on SIGTERM
-//! or SIGINT (a second signal exits at once), and `run(config, shutdown)` functions take it
-//! as an argument, so tests cancel it themselves.
+//! The shutdown signal is a `CancellationToken`: `cli_common::shutdown_on_signals` cancels it
+//! on SIGTERM or SIGINT (a second signal exits at once), and `run(config, shutdown)` functions
+//! take it as an argument, so tests cancel it themselves.
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -187,37 +187,6 @@ impl Supervisor {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A token cancelled on the first SIGTERM or SIGINT; a second one exits the process at once
-/// (exit code 2), for an operator who does not want to wait for the drain.
-pub fn shutdown_on_signals() -> CancellationToken {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::warn!(
-                "cannot install signal handlers: SIGTERM and SIGINT end the process at once"
-            );
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("signalled: finishing the work in flight (a second signal exits at once)");
-        t.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        std::process::exit(2);
-    });
-    token
 }
 
 #[cfg(test)]

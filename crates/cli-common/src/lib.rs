@@ -203,3 +203,35 @@ pub fn closed_pipe<'a>(
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
 }
+
+/// The one signal handler of every binary and the mount: a token cancelled on the first
+/// SIGTERM or SIGINT (logging `what`, e.g. "interrupted: saving progress"); a second one exits the process at once
+/// (exit code 2), for an operator who does not want to wait for the drain.
+pub fn shutdown_on_signals(what: &'static str) -> tokio_util::sync::CancellationToken {
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::warn!(
+                "cannot install signal handlers: SIGTERM and SIGINT end the process at once"
+            );
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("{what} (a second signal exits at once)");
+        t.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        std::process::exit(2);
+    });
+    token
+}

@@ -402,14 +402,11 @@ async fn serve(
     tracing::info!(mountpoint = %mp.display(), read_only = o.read_only, "mounted");
     ready();
 
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    let signalled = cli_common::shutdown_on_signals("signalled: committing buffers and unmounting");
     // Ok(session result), or Err(now): asked to stop (now: without waiting for open files).
     let result = tokio::select! {
         r = &mut done_rx => Ok(r),
-        _ = term.recv() => Err(false),
-        _ = int.recv() => Err(false),
+        _ = signalled.cancelled() => Err(false),
         now = exit_rx.recv() => Err(now.unwrap_or(false)),
     };
     let result = match result {

@@ -7,7 +7,6 @@ use mirror_agent::metrics::Metrics;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -147,21 +146,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
     }
     let token = c.admin_token()?;
     let admin_addr = c.admin_addr();
-    let stop = CancellationToken::new();
-    {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = signal(SignalKind::terminate()).expect("signal handler");
-            let mut int = signal(SignalKind::interrupt()).expect("signal handler");
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            tracing::info!("stopping: draining and persisting");
-            stop.cancel();
-        });
-    }
+    let stop = cli_common::shutdown_on_signals("stopping: draining and persisting");
     let mut created = Created(Vec::new());
     match c.role {
         Role::Primary => {

@@ -22,25 +22,12 @@ pub fn interrupted() -> bool {
 }
 
 pub async fn watch_signals() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    cli_common::shutdown_on_signals(
+        "interrupted: finishing the pieces in flight and removing partial files",
+    )
+    .cancelled()
+    .await;
     INTERRUPTED.store(true, Ordering::SeqCst);
-    tracing::warn!("interrupted: finishing the pieces in flight and removing partial files");
-    // A second signal means "now".
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    std::process::exit(2);
 }
 
 pub enum Outcome {
