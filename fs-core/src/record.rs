@@ -1,11 +1,11 @@
 //! The contract every persisted record follows, so that the next release can still open what
 //! this one wrote and this one never misreads what a newer one wrote:
 //!
-//! - a record carries its format version (in its JSON, under `Record::VERSION_KEY`; a record
+//! - a record carries its format version (in its JSON, under `Versioned::VERSION_KEY`; a record
 //!   that has none is version 1, as first releases wrote them);
 //! - a version newer than this build knows is refused with a message naming the record and
 //!   both versions, never read as if it were an older one;
-//! - an older version is brought up to date by `Record::upgrade` before it is decoded.
+//! - an older version is brought up to date by `Versioned::upgrade` before it is decoded.
 //!
 //! `encode` / `decode` for records kept as JSON (settings-like records, aux records, job
 //! rows); `encode_bin` / `decode_bin` for compact records (a version byte, then the body).
@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// A record kept as JSON.
-pub trait Record: Serialize + DeserializeOwned {
+pub trait Versioned: Serialize + DeserializeOwned {
     /// What the record is, for messages ("the storage record").
     const KIND: &'static str;
     /// The format version this release writes.
@@ -32,7 +32,7 @@ pub trait Record: Serialize + DeserializeOwned {
 }
 
 /// `r` as JSON, with its format version set.
-pub fn encode<T: Record>(r: &T) -> Vec<u8> {
+pub fn encode<T: Versioned>(r: &T) -> Vec<u8> {
     let mut v = serde_json::to_value(r).expect("a record serializes");
     if let Some(o) = v.as_object_mut() {
         o.insert(T::VERSION_KEY.to_string(), T::VERSION.into());
@@ -41,14 +41,14 @@ pub fn encode<T: Record>(r: &T) -> Vec<u8> {
 }
 
 /// The format version of a record's JSON (absent: 1).
-pub fn version_of<T: Record>(v: &serde_json::Value) -> u32 {
+pub fn version_of<T: Versioned>(v: &serde_json::Value) -> u32 {
     v.get(T::VERSION_KEY)
         .and_then(serde_json::Value::as_u64)
         .map_or(1, |n| n.min(u32::MAX as u64) as u32)
 }
 
 /// Decode a record written by this release or an older one; refuse a newer one.
-pub fn decode<T: Record>(raw: &[u8]) -> Result<T> {
+pub fn decode<T: Versioned>(raw: &[u8]) -> Result<T> {
     let v: serde_json::Value = serde_json::from_slice(raw).map_err(|e| {
         Error::new(
             ErrorKind::Corrupt,
@@ -59,7 +59,7 @@ pub fn decode<T: Record>(raw: &[u8]) -> Result<T> {
 }
 
 /// `decode` of JSON already parsed.
-pub fn decode_value<T: Record>(mut v: serde_json::Value) -> Result<T> {
+pub fn decode_value<T: Versioned>(mut v: serde_json::Value) -> Result<T> {
     let have = version_of::<T>(&v);
     if have > T::VERSION {
         return Err(newer(T::KIND, have, T::VERSION));
@@ -89,7 +89,7 @@ pub fn newer(kind: &str, have: u32, know: u32) -> Error {
 }
 
 /// A compact record: a version byte, then a body of that version.
-pub trait BinRecord: Sized {
+pub trait VersionedBin: Sized {
     const KIND: &'static str;
     const VERSION: u8;
     fn encode_body(&self, out: &mut Vec<u8>);
@@ -97,13 +97,13 @@ pub trait BinRecord: Sized {
     fn decode_body(version: u8, body: &[u8]) -> Result<Self>;
 }
 
-pub fn encode_bin<T: BinRecord>(r: &T) -> Vec<u8> {
+pub fn encode_bin<T: VersionedBin>(r: &T) -> Vec<u8> {
     let mut out = vec![T::VERSION];
     r.encode_body(&mut out);
     out
 }
 
-pub fn decode_bin<T: BinRecord>(raw: &[u8]) -> Result<T> {
+pub fn decode_bin<T: VersionedBin>(raw: &[u8]) -> Result<T> {
     let (&v, body) = raw
         .split_first()
         .ok_or_else(|| Error::new(ErrorKind::Corrupt, format!("{} is empty", T::KIND)))?;
@@ -126,7 +126,7 @@ mod tests {
         note: String,
     }
 
-    impl Record for Thing {
+    impl Versioned for Thing {
         const KIND: &'static str = "the thing record";
         const VERSION: u32 = 2;
         fn upgrade(from: u32, mut v: serde_json::Value) -> Result<serde_json::Value> {
@@ -168,7 +168,7 @@ mod tests {
 
     struct Pair(u8, u8);
 
-    impl BinRecord for Pair {
+    impl VersionedBin for Pair {
         const KIND: &'static str = "a pair";
         const VERSION: u8 = 2;
         fn encode_body(&self, out: &mut Vec<u8>) {
