@@ -11,6 +11,7 @@ pub mod maint;
 pub mod owner;
 pub mod path;
 pub mod record;
+pub mod retry;
 pub mod session;
 pub mod site;
 pub mod slots;

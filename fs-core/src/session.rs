@@ -59,13 +59,6 @@ pub struct Degraded {
     pub failures: u64,
 }
 
-/// This machine's host name (from the kernel).
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// Start time of process `pid` in clock ticks since boot (field 22 of /proc/PID/stat).
 pub fn process_start(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -81,7 +74,7 @@ impl Session {
         let pid = std::process::id();
         Session {
             id: format!("{:016x}", rand::random::<u64>()),
-            host: hostname(),
+            host: crate::retry::hostname(),
             pid,
             pid_start: process_start(pid).unwrap_or(0),
             mountpoint: mountpoint.to_string(),
@@ -100,7 +93,7 @@ impl Session {
 
     /// Whether this session is alive at `now_ns`, given the heartbeat timeout.
     pub fn is_live(&self, now_ns: i64, timeout: Duration) -> bool {
-        if self.host == hostname() && self.pid_start != 0 {
+        if self.host == crate::retry::hostname() && self.pid_start != 0 {
             return process_start(self.pid) == Some(self.pid_start)
                 && now_ns - self.beat_ns < timeout.as_nanos() as i64;
         }

@@ -545,7 +545,7 @@ pub async fn commit_promotion(
         });
         match tx.commit().await? {
             CommitOutcome::Committed { seq, .. } => return Ok(seq),
-            CommitOutcome::Conflict => crate::fs::backoff(attempt).await?,
+            CommitOutcome::Conflict => crate::retry::conflict(attempt).await?,
         }
     }
     unreachable!("the loop returns")

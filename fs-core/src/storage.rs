@@ -443,7 +443,7 @@ pub async fn transition_as(
         });
         match tx.commit().await? {
             CommitOutcome::Committed { .. } => return Ok((cur, next)),
-            CommitOutcome::Conflict => crate::fs::backoff(attempt).await?,
+            CommitOutcome::Conflict => crate::retry::conflict(attempt).await?,
         }
     }
     unreachable!("the loop returns")
@@ -467,7 +467,11 @@ impl Audit {
         let user = std::env::var("SUDO_USER")
             .or_else(|_| std::env::var("USER"))
             .unwrap_or_else(|_| format!("uid {}", own_uid()));
-        format!("{user}@{} pid {}", session::hostname(), std::process::id())
+        format!(
+            "{user}@{} pid {}",
+            crate::retry::hostname(),
+            std::process::id()
+        )
     }
 
     pub fn new(action: &str, from: &StorageState, to: &StorageState) -> Audit {

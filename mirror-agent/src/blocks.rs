@@ -82,13 +82,6 @@ pub struct Replicator {
     pub last_error: Mutex<Option<String>>,
 }
 
-fn backoff(attempts: u32) -> Duration {
-    // 200 ms doubling, capped at 60 s, with up to 25% jitter.
-    let base = 200u64.saturating_mul(1 << attempts.min(9)).min(60_000);
-    let jitter = rand::random::<u64>() % (base / 4 + 1);
-    Duration::from_millis(base + jitter)
-}
-
 impl Replicator {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -251,7 +244,7 @@ impl Replicator {
             Err(e) => {
                 self.metrics.copy_errors.inc();
                 let attempts = item.attempts.saturating_add(1);
-                let wait = backoff(attempts);
+                let wait = fs_core::retry::Backoff::NETWORK.delay(attempts);
                 if attempts <= 3 || attempts % 10 == 0 {
                     tracing::warn!(key, attempts, retry_in = ?wait, error = %e, "block copy failed; kept in the queue");
                 }

@@ -26,11 +26,6 @@ const LEASE_EVERY: Duration = Duration::from_secs(2);
 /// A lease older than this belongs to an agent that is gone.
 pub const LEASE_STALE: Duration = Duration::from_secs(10);
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default()
-}
 const BATCH_BYTES: usize = 8 << 20;
 
 pub struct Primary {
@@ -203,7 +198,7 @@ impl Primary {
             "version": 1,
             "admin": admin.map(|a| a.to_string()),
             "pid": std::process::id(),
-            "host": hostname(),
+            "host": fs_core::retry::hostname(),
             "beat_ns": fs_core::now_ns(),
         });
         self.engine

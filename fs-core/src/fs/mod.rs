@@ -20,7 +20,6 @@ use std::sync::Arc;
 use tokio::sync::Mutex;
 
 /// How many times a transaction is re-run after losing a race before giving up.
-const MAX_ATTEMPTS: u32 = 200;
 const INODE_BATCH: u64 = 1024;
 const SLICE_BATCH: u64 = 256;
 
@@ -45,7 +44,7 @@ macro_rules! transact {
                         }
                         Ok($crate::engine::CommitOutcome::Conflict) => {
                             attempt += 1;
-                            if let Err(e) = $crate::fs::backoff(attempt).await {
+                            if let Err(e) = $crate::retry::conflict(attempt).await {
                                 break Err(e);
                             }
                         }
@@ -57,19 +56,6 @@ macro_rules! transact {
     }};
 }
 pub(crate) use transact;
-
-pub(crate) async fn backoff(attempt: u32) -> Result<()> {
-    if attempt >= MAX_ATTEMPTS {
-        return Err(Error::temporary(
-            ErrorKind::Conflict,
-            format!("transaction lost {attempt} races in a row: too much contention, try again"),
-        ));
-    }
-    let cap_us = 200u64 << attempt.min(8);
-    let us = rand::random::<u64>() % cap_us.max(1);
-    tokio::time::sleep(std::time::Duration::from_micros(us)).await;
-    Ok(())
-}
 
 /// An id range handed out by the volume counter, used locally without a transaction per id.
 struct IdPool {

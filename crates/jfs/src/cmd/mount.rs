@@ -509,7 +509,7 @@ pub async fn live_mount(g: &Global, meta_url: &str) -> Result<Option<PathBuf>> {
     let now = fs_core::now_ns();
     for s in fs_core::session::list(&*engine).await? {
         if s.read_only
-            || s.host != fs_core::session::hostname()
+            || s.host != fs_core::retry::hostname()
             || !s.is_live(now, fs_core::session::DEFAULT_TIMEOUT)
         {
             continue;
