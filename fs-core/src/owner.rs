@@ -14,6 +14,11 @@ use serde::{Deserialize, Serialize};
 
 pub const VERSION: u32 = 1;
 
+impl crate::record::Versioned for Owner {
+    const KIND: &'static str = "the owner record";
+    const VERSION: u32 = VERSION;
+}
+
 /// The object that says whose a prefix is.
 pub fn key(volume: &str) -> String {
     format!("{volume}/jfs_volume")
@@ -36,16 +41,14 @@ pub async fn read(store: &dyn BlockStore, name: &str) -> Result<Option<Owner>> {
         return Ok(None);
     }
     match store.get(&k).await {
-        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
-            Error::new(
-                ErrorKind::Corrupt,
-                format!(
-                    "{} in {} does not decode ({e}): it is not jfs's, or it was damaged",
-                    k,
-                    store.display_url()
-                ),
-            )
-        }),
+        Ok(b) => crate::record::decode_as(
+            &format!(
+                "{k} in {} (it is not jfs's, or it was damaged)",
+                store.display_url()
+            ),
+            &b,
+        )
+        .map(Some),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
@@ -70,7 +73,7 @@ pub async fn claim(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
             uuid: s.uuid.clone(),
             since_ns: crate::types::now_ns(),
         };
-        let v = serde_json::to_vec(&o).expect("an owner record serializes");
+        let v = crate::record::encode(&o);
         store.put(&key(&s.name), Bytes::from(v)).await?;
     }
     Ok(c)
@@ -133,6 +136,21 @@ fn taken(url: &str, o: &Owner) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_previous_format_opens_and_a_newer_one_is_refused() {
+        let raw = br#"{"version":1,"name":"v","uuid":"u-1","since_ns":7}"#;
+        let o: Owner = crate::record::decode(raw).unwrap();
+        assert_eq!(
+            (o.name.as_str(), o.uuid.as_str(), o.since_ns),
+            ("v", "u-1", 7)
+        );
+        assert_eq!(crate::record::encode(&o), raw);
+        let e =
+            crate::record::decode::<Owner>(br#"{"version":2,"name":"v","uuid":"u","since_ns":7}"#)
+                .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnsupportedVersion);
+    }
 
     #[test]
     fn the_owner_key_is_outside_the_blocks() {

@@ -34,6 +34,10 @@ pub trait Versioned: Serialize + DeserializeOwned {
 /// `r` as JSON, with its format version set.
 pub fn encode<T: Versioned>(r: &T) -> Vec<u8> {
     let mut v = serde_json::to_value(r).expect("a record serializes");
+    if v.get(T::VERSION_KEY) == Some(&T::VERSION.into()) {
+        // The record carries its version itself: keep its fields in their declared order.
+        return serde_json::to_vec(r).expect("a record serializes");
+    }
     if let Some(o) = v.as_object_mut() {
         o.insert(T::VERSION_KEY.to_string(), T::VERSION.into());
     }
@@ -49,20 +53,26 @@ pub fn version_of<T: Versioned>(v: &serde_json::Value) -> u32 {
 
 /// Decode a record written by this release or an older one; refuse a newer one.
 pub fn decode<T: Versioned>(raw: &[u8]) -> Result<T> {
-    let v: serde_json::Value = serde_json::from_slice(raw).map_err(|e| {
-        Error::new(
-            ErrorKind::Corrupt,
-            format!("{} does not decode: {e}", T::KIND),
-        )
-    })?;
-    decode_value(v)
+    decode_as(T::KIND, raw)
+}
+
+/// `decode`, with messages naming the record as `what` (e.g. "replication slot record
+/// slot.eu") rather than by its kind.
+pub fn decode_as<T: Versioned>(what: &str, raw: &[u8]) -> Result<T> {
+    let v: serde_json::Value = serde_json::from_slice(raw)
+        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("{what} does not decode: {e}")))?;
+    decode_value_as(what, v)
 }
 
 /// `decode` of JSON already parsed.
-pub fn decode_value<T: Versioned>(mut v: serde_json::Value) -> Result<T> {
+pub fn decode_value<T: Versioned>(v: serde_json::Value) -> Result<T> {
+    decode_value_as(T::KIND, v)
+}
+
+fn decode_value_as<T: Versioned>(what: &str, mut v: serde_json::Value) -> Result<T> {
     let have = version_of::<T>(&v);
     if have > T::VERSION {
-        return Err(newer(T::KIND, have, T::VERSION));
+        return Err(newer(what, have, T::VERSION));
     }
     if have < T::VERSION {
         v = T::upgrade(have, v)?;
@@ -70,12 +80,8 @@ pub fn decode_value<T: Versioned>(mut v: serde_json::Value) -> Result<T> {
             o.insert(T::VERSION_KEY.to_string(), T::VERSION.into());
         }
     }
-    serde_json::from_value(v).map_err(|e| {
-        Error::new(
-            ErrorKind::Corrupt,
-            format!("{} does not decode: {e}", T::KIND),
-        )
-    })
+    serde_json::from_value(v)
+        .map_err(|e| Error::new(ErrorKind::Corrupt, format!("{what} does not decode: {e}")))
 }
 
 /// The refusal of a record written by a newer release.

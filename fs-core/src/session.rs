@@ -9,7 +9,7 @@
 //! live session to acknowledge: `acks` holds what each acknowledged.
 
 use crate::engine::Engine;
-use crate::error::{corrupt, Result};
+use crate::error::Result;
 use crate::types::now_ns;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -44,6 +44,14 @@ pub struct Session {
     /// repair list): shown by `jfs cutover status`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<Degraded>,
+}
+
+/// `version` holds the mounting binary's version; the record's format version is kept
+/// under `record_version` (absent in records of the first format: 1).
+impl crate::record::Versioned for Session {
+    const KIND: &'static str = "a session record";
+    const VERSION: u32 = 1;
+    const VERSION_KEY: &'static str = "record_version";
 }
 
 /// A writer whose puts to the cutover's other store fail.
@@ -104,7 +112,7 @@ impl Session {
 /// Write (register or refresh) a session, with a fresh heartbeat.
 pub async fn beat(engine: &dyn Engine, s: &mut Session) -> Result<()> {
     s.beat_ns = now_ns();
-    let v = serde_json::to_vec(s).expect("sessions serialize");
+    let v = crate::record::encode(&*s);
     engine.aux_put(&s.record(), Some(&v)).await
 }
 
@@ -117,8 +125,7 @@ pub async fn remove(engine: &dyn Engine, id: &str) -> Result<()> {
 pub async fn list(engine: &dyn Engine) -> Result<Vec<Session>> {
     let mut out = Vec::new();
     for (name, v) in engine.aux_list(PREFIX).await? {
-        let s: Session = serde_json::from_slice(&v)
-            .map_err(|e| corrupt(format!("session record {name} does not decode: {e}")))?;
+        let s: Session = crate::record::decode_as(&format!("session record {name}"), &v)?;
         out.push(s);
     }
     out.sort_by_key(|s| s.start_ns);
@@ -163,6 +170,21 @@ impl crate::fs::Fs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Session records of the first format (no `record_version`, fewer fields) open; the
+    /// binary's version under `version` is not taken for the record's format.
+    #[test]
+    fn the_previous_format_opens_and_a_newer_one_is_refused() {
+        let raw = br#"{"id":"00000000000000ab","host":"h","pid":9,"mountpoint":"/mnt","version":"0.1.0","read_only":false,"start_ns":1,"beat_ns":2}"#;
+        let s: Session = crate::record::decode(raw).unwrap();
+        assert_eq!((s.pid, s.version.as_str(), s.pid_start), (9, "0.1.0", 0));
+        assert!(s.acks.is_empty() && s.degraded.is_none());
+        let mut v: serde_json::Value = serde_json::from_slice(&crate::record::encode(&s)).unwrap();
+        assert_eq!(v["record_version"], 1);
+        v["record_version"] = 2.into();
+        let e = crate::record::decode_value::<Session>(v).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::UnsupportedVersion);
+    }
 
     #[test]
     fn a_live_process_is_live_and_a_reused_pid_is_not() {

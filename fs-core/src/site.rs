@@ -14,6 +14,7 @@
 
 use crate::engine::Engine;
 use crate::error::{corrupt, Error, ErrorKind, Result};
+use crate::record::{self, Versioned};
 use serde::{Deserialize, Serialize};
 
 /// The aux record name of the marker.
@@ -130,10 +131,7 @@ async fn aux_exact(engine: &dyn Engine, name: &str) -> Result<Option<Vec<u8>>> {
 }
 
 /// Aux record `name`, decoded (its version checked), if present.
-async fn read_record<T: for<'de> Deserialize<'de>>(
-    engine: &dyn Engine,
-    name: &str,
-) -> Result<Option<T>> {
+async fn read_record<T: Versioned>(engine: &dyn Engine, name: &str) -> Result<Option<T>> {
     match aux_exact(engine, name).await? {
         Some(v) => decode(name, &v).map(Some),
         None => Ok(None),
@@ -141,29 +139,32 @@ async fn read_record<T: for<'de> Deserialize<'de>>(
 }
 
 /// Write aux record `name` (`None` removes it).
-async fn write_record<T: Serialize>(engine: &dyn Engine, name: &str, r: Option<&T>) -> Result<()> {
-    let v = r.map(|r| serde_json::to_vec(r).expect("an aux record serializes"));
+async fn write_record<T: Versioned>(engine: &dyn Engine, name: &str, r: Option<&T>) -> Result<()> {
+    let v = r.map(record::encode);
     engine.aux_put(name, v.as_deref()).await
 }
 
-fn decode<T: for<'de> Deserialize<'de>>(name: &str, v: &[u8]) -> Result<T> {
-    #[derive(Deserialize)]
-    struct V {
-        version: u32,
-    }
-    let ver: V = serde_json::from_slice(v)
-        .map_err(|e| corrupt(format!("aux record {name} does not decode: {e}")))?;
-    if ver.version > MARKER_VERSION {
-        return Err(Error::new(
-            ErrorKind::UnsupportedVersion,
-            format!(
-                "aux record {name} has version {}, this build knows {MARKER_VERSION}: upgrade jfs",
-                ver.version
-            ),
-        ));
-    }
-    serde_json::from_slice(v)
-        .map_err(|e| corrupt(format!("aux record {name} does not decode: {e}")))
+fn decode<T: Versioned>(name: &str, v: &[u8]) -> Result<T> {
+    record::decode_as(&format!("aux record {name}"), v)
+}
+
+macro_rules! versioned {
+    ($($t:ty => $kind:literal),* $(,)?) => {
+        $(impl Versioned for $t {
+            const KIND: &'static str = $kind;
+            const VERSION: u32 = MARKER_VERSION;
+        })*
+    };
+}
+versioned! {
+    MirrorMarker => "the mirror marker",
+    Progress => "the mirror progress record",
+    Want => "a want record",
+    Detached => "the detach record",
+    Epoch => "the epoch record",
+    Moved => "the move record",
+    Fenced => "the fence record",
+    Rollback => "a rollback record",
 }
 
 /// The mirror marker of this metadata, if it is a mirror's.
@@ -219,7 +220,7 @@ pub fn writes_refused(url: &str, m: Option<&MirrorMarker>) -> Error {
 /// `writes_refused` from the raw marker record, for engines that fetched it in their commit
 /// section (a record that does not decode still refuses, with the generic wording).
 pub fn refusal_from_record(url: &str, record: Option<&[u8]>) -> Error {
-    let m = record.and_then(|v| serde_json::from_slice::<MirrorMarker>(v).ok());
+    let m = record.and_then(|v| decode::<MirrorMarker>(MARKER, v).ok());
     writes_refused(url, m.as_ref())
 }
 
@@ -295,6 +296,64 @@ mod tests {
         );
         assert!(s.contains("mirror-agent detach"), "{s}");
         assert!(!s.contains('\n'));
+    }
+
+    /// The records as the previous release wrote them (field order and all) still open.
+    #[test]
+    fn the_previous_formats_open() {
+        let m: MirrorMarker = decode(MARKER, br#"{"version":1,"name":"eu","primary":"p:9566","store":"file:///m","origin_store":null,"since_ns":5}"#).unwrap();
+        assert_eq!(
+            (m.name.as_str(), m.primary.as_str(), m.since_ns),
+            ("eu", "p:9566", 5)
+        );
+        // Written before origin_store existed.
+        let m: MirrorMarker = decode(
+            MARKER,
+            br#"{"version":1,"name":"eu","primary":"p:9566","store":"file:///m","since_ns":5}"#,
+        )
+        .unwrap();
+        assert_eq!(m.origin_store, None);
+        let p: Progress = decode(PROGRESS, br#"{"version":1,"applied_seq":7,"primary_head_seq":9,"lag_seconds":null,"window_seconds":30.0,"within_window":true,"at_ns":1}"#).unwrap();
+        assert_eq!(
+            (p.applied_seq, p.primary_head_seq, p.resyncing),
+            (7, 9, false)
+        );
+        let w: Want = decode(
+            "mirror.want.s",
+            br#"{"version":1,"keys":["a","b"],"at_ns":3}"#,
+        )
+        .unwrap();
+        assert_eq!(w.keys, ["a", "b"]);
+        let d: Detached = decode(
+            DETACHED,
+            br#"{"version":1,"name":"eu","primary":"p:9566","at_seq":11,"time_ns":2}"#,
+        )
+        .unwrap();
+        assert_eq!(d.at_seq, 11);
+        let e: Epoch = decode(
+            "epoch",
+            br#"{"version":1,"epoch":2,"site":"eu","at_seq":40,"at_ns":1,"from":"p:9566"}"#,
+        )
+        .unwrap();
+        assert_eq!((e.epoch, e.at_seq, e.history.len()), (2, 40, 0));
+        let e: Epoch = decode("epoch", br#"{"version":1,"epoch":3,"site":"us","at_seq":50,"at_ns":1,"from":"q:9566","history":[{"epoch":2,"at_seq":40,"site":"eu"}]}"#).unwrap();
+        assert_eq!(e.parted_from(1), Some(40));
+        let mv: Moved = decode(
+            MOVED,
+            br#"{"version":1,"meta_url":"redis://h/1","epoch":2,"at_seq":9,"at_ns":1}"#,
+        )
+        .unwrap();
+        assert_eq!(mv.meta_url, "redis://h/1");
+        let f: Fenced = decode(FENCED, br#"{"version":1,"name":"old","primary":"q:9566","epoch":1,"at_seq":9,"at_ns":1,"by":"mirror-agent fence"}"#).unwrap();
+        assert_eq!((f.epoch, f.by.as_str()), (1, "mirror-agent fence"));
+        let r: Rollback = decode("volume.rollback.1", br#"{"version":1,"dir":"/d","host":"h","from_epoch":1,"to_epoch":2,"parted_at":5,"first_seq":6,"last_seq":9,"entries":4,"files":2,"bytes":100,"failed":0,"at_ns":1}"#).unwrap();
+        assert_eq!((r.first_seq, r.last_seq, r.bytes), (6, 9, 100));
+        // What this release writes is what it read (field order kept).
+        let raw = br#"{"version":1,"name":"eu","primary":"p:9566","at_seq":11,"time_ns":2}"#;
+        assert_eq!(
+            record::encode(&decode::<Detached>(DETACHED, raw).unwrap()),
+            raw
+        );
     }
 
     #[test]
@@ -518,10 +577,7 @@ pub async fn commit_promotion(
                 site: prev.site.clone(),
             });
         }
-        tx.put(
-            keys::EPOCH.to_vec(),
-            serde_json::to_vec(&e).expect("the epoch record serializes"),
-        );
+        tx.put(keys::EPOCH.to_vec(), record::encode(&e));
         // Ids the old primary handed out in entries this site never received (a failover)
         // must not be handed out again: the counters jump by a margin over any client's
         // batch and any lost tail.

@@ -9,7 +9,7 @@
 //!   origin never find a block gone. `mirror-agent slot drop` releases a dead mirror.
 
 use crate::engine::Engine;
-use crate::error::{corrupt, Result};
+use crate::error::Result;
 use serde::{Deserialize, Serialize};
 
 pub const PREFIX: &str = "slot.";
@@ -49,17 +49,14 @@ pub async fn list(engine: &dyn Engine) -> Result<Vec<Slot>> {
     Ok(out)
 }
 
+impl crate::record::Versioned for Slot {
+    const KIND: &'static str = "a replication slot record";
+    const VERSION: u32 = SLOT_VERSION;
+}
+
 /// A slot record, or an error naming it (damaged, or of a newer version).
 fn decode(name: &str, v: &[u8]) -> Result<Slot> {
-    let s: Slot = serde_json::from_slice(v)
-        .map_err(|e| corrupt(format!("replication slot record {name}: {e}")))?;
-    if s.version > SLOT_VERSION {
-        return Err(corrupt(format!(
-            "replication slot record {name} is of version {} (written by a newer release; this one reads up to {SLOT_VERSION}): upgrade this binary",
-            s.version
-        )));
-    }
-    Ok(s)
+    crate::record::decode_as(&format!("replication slot record {name}"), v)
 }
 
 pub async fn get(engine: &dyn Engine, name: &str) -> Result<Option<Slot>> {
@@ -67,7 +64,7 @@ pub async fn get(engine: &dyn Engine, name: &str) -> Result<Option<Slot>> {
 }
 
 pub async fn put(engine: &dyn Engine, slot: &Slot) -> Result<()> {
-    let v = serde_json::to_vec(slot).expect("slot serializes");
+    let v = crate::record::encode(slot);
     engine
         .aux_put(&format!("{PREFIX}{}", slot.name), Some(&v))
         .await

@@ -360,23 +360,17 @@ pub async fn current(engine: &dyn Engine, settings_store: &str) -> Result<Storag
         .unwrap_or_else(|| StorageState::initial(settings_store)))
 }
 
+impl crate::record::Versioned for StorageState {
+    const KIND: &'static str = "the storage record";
+    const VERSION: u32 = RECORD_VERSION;
+}
+
 pub fn decode(raw: &[u8]) -> Result<StorageState> {
-    let s: StorageState = serde_json::from_slice(raw)
-        .map_err(|e| corrupt(format!("the storage record does not decode: {e}")))?;
-    if s.version > RECORD_VERSION {
-        return Err(Error::new(
-            ErrorKind::UnsupportedVersion,
-            format!(
-                "the storage record is of version {} (this build reads up to {RECORD_VERSION}): upgrade jfs",
-                s.version
-            ),
-        ));
-    }
-    Ok(s)
+    crate::record::decode(raw)
 }
 
 pub fn encode(s: &StorageState) -> Vec<u8> {
-    serde_json::to_vec(s).expect("the storage record serializes")
+    crate::record::encode(s)
 }
 
 /// The generation a raw record (or its absence) stands for.
@@ -777,6 +771,31 @@ mod tests {
             .to_string();
         assert!(e.contains("version 9"), "{e}");
         assert_eq!(gen_of(None).unwrap(), 0);
+    }
+
+    /// Each phase as the previous release wrote it still opens (and is written back the same).
+    #[test]
+    fn the_previous_format_opens() {
+        for raw in [
+            r#"{"version":1,"gen":0,"phase":"single","store":"file:///a","changed_ns":1}"#,
+            r#"{"version":1,"gen":3,"phase":"dual","from":"file:///a","to":"s3://b/p","backfilled":true,"verified":false,"changed_ns":2}"#,
+            r#"{"version":1,"gen":4,"phase":"switched","from":"file:///a","to":"s3://b/p","changed_ns":3}"#,
+        ] {
+            let s = decode(raw.as_bytes()).unwrap();
+            assert_eq!(encode(&s), raw.as_bytes());
+        }
+        // Written before `backfilled`/`verified` existed.
+        let s = decode(br#"{"version":1,"gen":2,"phase":"dual","from":"file:///a","to":"file:///b","changed_ns":1}"#).unwrap();
+        assert_eq!(s.gen, 2);
+        assert!(matches!(
+            s.phase,
+            Phase::Dual {
+                backfilled: false,
+                verified: false,
+                aborting: false,
+                ..
+            }
+        ));
     }
 
     #[test]
