@@ -141,32 +141,6 @@ pub struct Reaped {
     pub inodes: u64,
 }
 
-impl crate::fs::Fs {
-    /// Free the kept inodes of dead sessions (a kept inode naming no session record at all is
-    /// dead too), then drop the dead sessions' records: inodes first, so a crash in between
-    /// leaves nothing unfreeable.
-    pub async fn reap_sessions(&self, timeout: Duration) -> Result<Reaped> {
-        let now = now_ns();
-        let sessions = list(&**self.engine()).await?;
-        let live: std::collections::HashSet<&str> = sessions
-            .iter()
-            .filter(|s| s.is_live(now, timeout))
-            .map(|s| s.id.as_str())
-            .collect();
-        let mut out = Reaped::default();
-        for (ino, sid) in self.kept_inodes().await? {
-            if !live.contains(sid.as_str()) && self.release_kept(ino).await? {
-                out.inodes += 1;
-            }
-        }
-        for s in sessions.iter().filter(|s| !live.contains(s.id.as_str())) {
-            remove(&**self.engine(), &s.id).await?;
-            out.sessions += 1;
-        }
-        Ok(out)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

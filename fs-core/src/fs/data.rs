@@ -4,6 +4,7 @@
 //! Write order: every block of a slice is durably in the store before the transaction that
 //! references the slice commits. A crash in between leaves unreferenced objects for `gc`.
 
+use super::layout::decode_chunk;
 use super::{get_attr, put_attr, transact, Fs};
 use crate::error::{corrupt, invalid, Error, ErrorKind, Result};
 use crate::journal::Op;
@@ -17,52 +18,6 @@ use futures::{StreamExt, TryStreamExt};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// A run of the chunk `[start, end)` showing bytes of slice `id` from `slice_off` (id 0: zeros).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Seg {
-    pub start: u32,
-    pub end: u32,
-    pub id: u64,
-    pub size: u32,
-    pub slice_off: u32,
-}
-
-/// The visible layout of a chunk: later records overwrite earlier ones where they overlap.
-/// Regions no record covers are absent (they read as zeros).
-pub(crate) fn build_view(recs: &[SliceRec]) -> Vec<Seg> {
-    let mut segs: Vec<Seg> = Vec::new();
-    for r in recs {
-        let (s, e) = (r.pos, r.pos + r.len);
-        let mut next = Vec::with_capacity(segs.len() + 2);
-        for g in segs.drain(..) {
-            if g.end <= s || g.start >= e {
-                next.push(g);
-                continue;
-            }
-            if g.start < s {
-                next.push(Seg { end: s, ..g });
-            }
-            if g.end > e {
-                next.push(Seg {
-                    start: e,
-                    slice_off: g.slice_off + (e - g.start),
-                    ..g
-                });
-            }
-        }
-        next.push(Seg {
-            start: s,
-            end: e,
-            id: r.id,
-            size: r.size,
-            slice_off: r.off,
-        });
-        next.sort_by_key(|g| g.start);
-        segs = next;
-    }
-    segs
-}
-
 /// Fence a commit that references blocks placed under generation `gen` (read in the
 /// transaction, so a transition committed meanwhile makes it conflict and re-check).
 pub(crate) async fn check_generation(tx: &mut Txn<'_>, gen: u64) -> Result<()> {
@@ -71,14 +26,6 @@ pub(crate) async fn check_generation(tx: &mut Txn<'_>, gen: u64) -> Result<()> {
         return Err(storage::fenced(gen, now));
     }
     Ok(())
-}
-
-pub(crate) fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec<SliceRec>> {
-    match v {
-        None => Ok(Vec::new()),
-        Some(b) => SliceRec::decode_list(&b)
-            .ok_or_else(|| corrupt(format!("chunk {idx} of inode {ino} does not decode"))),
-    }
 }
 
 /// A slice whose blocks are in the store, not yet referenced (see `Fs::upload_slice`).
@@ -347,8 +294,8 @@ impl Fs {
     async fn read_view(&self, recs: &[SliceRec], from: u32, to: u32, dst: &mut [u8]) -> Result<()> {
         let chunk = self.with_sums(recs.to_vec()).await?;
         let mut pieces = Vec::new();
-        super::read::plan_chunk(&self.settings, &chunk, from, to, 0, &mut pieces);
-        let plan = super::read::Plan {
+        super::layout::plan_chunk(&self.settings, &chunk, from, to, 0, &mut pieces);
+        let plan = super::layout::Plan {
             offset: 0,
             len: dst.len(),
             pieces,
@@ -512,68 +459,5 @@ impl Fs {
         })
         .await?;
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(pos: u32, id: u64, len: u32) -> SliceRec {
-        SliceRec {
-            pos,
-            id,
-            size: len,
-            off: 0,
-            len,
-        }
-    }
-
-    #[test]
-    fn newer_slices_win_where_they_overlap() {
-        let v = build_view(&[rec(0, 1, 100), rec(10, 2, 20), rec(50, 0, 100)]);
-        assert_eq!(
-            v,
-            vec![
-                Seg {
-                    start: 0,
-                    end: 10,
-                    id: 1,
-                    size: 100,
-                    slice_off: 0
-                },
-                Seg {
-                    start: 10,
-                    end: 30,
-                    id: 2,
-                    size: 20,
-                    slice_off: 0
-                },
-                Seg {
-                    start: 30,
-                    end: 50,
-                    id: 1,
-                    size: 100,
-                    slice_off: 30
-                },
-                Seg {
-                    start: 50,
-                    end: 150,
-                    id: 0,
-                    size: 100,
-                    slice_off: 0
-                },
-            ]
-        );
-        assert_eq!(
-            build_view(&[rec(0, 1, 10), rec(0, 2, 10)]),
-            vec![Seg {
-                start: 0,
-                end: 10,
-                id: 2,
-                size: 10,
-                slice_off: 0
-            }]
-        );
     }
 }

@@ -1,12 +1,18 @@
 //! `Fs`: file-system semantics over an `Engine` (metadata) and a `BlockStore` (data).
 //! Every method is one or more optimistic transactions, retried on conflict.
 
+mod budget;
 mod data;
+mod layout;
 pub mod namespace;
+mod prefetch;
 mod read;
 
+pub use budget::Budget;
 pub use data::{FileWriter, NewSlice};
-pub use read::{slice_checksums, Budget, Chunk, FileReader, Piece, Plan, ReadAhead, ReadStats};
+pub use layout::{Chunk, Piece, Plan};
+pub use prefetch::{FileReader, ReadAhead, ReadStats};
+pub use read::slice_checksums;
 
 use crate::engine::{CommitOutcome, Engine};
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};

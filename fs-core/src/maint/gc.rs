@@ -8,10 +8,12 @@ use crate::error::{corrupt, ErrorKind, Result};
 use crate::fs::Fs;
 use crate::journal::{parse_stamp, Entry, Op};
 use crate::keys::{self, Key};
+use crate::session::{self, Reaped};
 use crate::txn::Txn;
 use crate::types::{now_ns, SliceRec};
 use serde::Serialize;
 use std::collections::HashMap;
+use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct GcOptions {
@@ -242,6 +244,32 @@ pub async fn trim_journal(engine: &dyn Engine, cutoff_ns: i64, max_seq: u64) -> 
         } else {
             Ok(0)
         }
+    }
+}
+
+impl Fs {
+    /// Free the kept inodes of dead sessions (a kept inode naming no session record at all is
+    /// dead too), then drop the dead sessions' records: inodes first, so a crash in between
+    /// leaves nothing unfreeable.
+    pub async fn reap_sessions(&self, timeout: Duration) -> Result<Reaped> {
+        let now = now_ns();
+        let sessions = session::list(&**self.engine()).await?;
+        let live: std::collections::HashSet<&str> = sessions
+            .iter()
+            .filter(|s| s.is_live(now, timeout))
+            .map(|s| s.id.as_str())
+            .collect();
+        let mut out = Reaped::default();
+        for (ino, sid) in self.kept_inodes().await? {
+            if !live.contains(sid.as_str()) && self.release_kept(ino).await? {
+                out.inodes += 1;
+            }
+        }
+        for s in sessions.iter().filter(|s| !live.contains(s.id.as_str())) {
+            session::remove(&**self.engine(), &s.id).await?;
+            out.sessions += 1;
+        }
+        Ok(out)
     }
 }
 
