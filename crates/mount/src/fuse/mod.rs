@@ -2,18 +2,21 @@
 //! so slow requests (a block fetch, a commit) never hold up others. Types are converted here;
 //! the logic is in `vfs.rs`.
 
+mod convert;
+
 use crate::vfs::{VResult, Vfs};
-use fs_core::{Attr, FileKind, Ino, SetAttr};
+use convert::*;
+use fs_core::{FileKind, SetAttr};
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 #[derive(Debug, Clone)]
 pub struct Ttls {
@@ -28,38 +31,6 @@ pub struct FuseFs {
     pub ttl: Ttls,
     /// Reported as st_blksize (cp and Python size their buffers by it).
     pub blksize: u32,
-}
-
-/// The FUSE inode number of a volume inode (the root is 1 in both).
-fn ino(i: INodeNo) -> Ino {
-    i.0
-}
-
-fn time(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
-    }
-}
-
-fn ns_of(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_nanos() as i64,
-        Err(e) => -(e.duration().as_nanos() as i64),
-    }
-}
-
-fn kind(k: FileKind) -> FileType {
-    match k {
-        FileKind::File => FileType::RegularFile,
-        FileKind::Dir => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
-        FileKind::Fifo => FileType::NamedPipe,
-        FileKind::Socket => FileType::Socket,
-        FileKind::CharDev => FileType::CharDevice,
-        FileKind::BlockDev => FileType::BlockDevice,
-    }
 }
 
 impl FuseFs {
@@ -77,86 +48,6 @@ impl FuseFs {
             m.observe(op, t0.elapsed().as_secs_f64(), r.is_ok());
             done(r);
         });
-    }
-}
-
-/// A cheap copy of what a task needs to build replies.
-#[derive(Clone)]
-struct Out {
-    ttl: Ttls,
-    blksize: u32,
-}
-
-impl Out {
-    fn of(f: &FuseFs) -> Out {
-        Out {
-            ttl: f.ttl.clone(),
-            blksize: f.blksize,
-        }
-    }
-}
-
-fn to_attr(blksize: u32, i: Ino, a: &Attr, rdev: u32) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(i),
-        size: a.length,
-        blocks: a.length.div_ceil(512),
-        atime: time(a.atime),
-        mtime: time(a.mtime),
-        ctime: time(a.ctime),
-        crtime: time(a.ctime),
-        kind: kind(a.kind),
-        perm: (a.mode & 0o7777) as u16,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev,
-        blksize,
-        flags: 0,
-    }
-}
-
-fn entry_reply(o: &Out, r: ReplyEntry, res: VResult<(Ino, Attr, u32)>) {
-    match res {
-        Ok((i, a, rdev)) => {
-            let ettl = if a.kind == FileKind::Dir {
-                o.ttl.dir_entry
-            } else {
-                o.ttl.entry
-            };
-            r.entry_with_ttls(
-                &o.ttl.attr,
-                &ettl,
-                &to_attr(o.blksize, i, &a, rdev),
-                Generation(0),
-            )
-        }
-        Err(e) => r.error(Errno::from_i32(e)),
-    }
-}
-
-fn attr_reply(o: &Out, r: ReplyAttr, i: Ino, res: VResult<(Attr, u32)>) {
-    match res {
-        Ok((a, rdev)) => r.attr(&o.ttl.attr, &to_attr(o.blksize, i, &a, rdev)),
-        Err(e) => r.error(Errno::from_i32(e)),
-    }
-}
-
-fn empty_reply(r: ReplyEmpty, res: VResult<()>) {
-    match res {
-        Ok(()) => r.ok(),
-        Err(e) => r.error(Errno::from_i32(e)),
-    }
-}
-
-fn name_of(n: &OsStr) -> Vec<u8> {
-    n.as_bytes().to_vec()
-}
-
-fn time_ns(t: TimeOrNow) -> i64 {
-    match t {
-        TimeOrNow::SpecificTime(t) => ns_of(t),
-        TimeOrNow::Now => fs_core::now_ns(),
     }
 }
 
@@ -741,14 +632,5 @@ impl Filesystem for FuseFs {
             async move { v.fallocate(fh.0, offset, length, mode).await },
             move |r| empty_reply(reply, r),
         );
-    }
-}
-
-fn xattr_reply(reply: ReplyXattr, size: u32, r: VResult<Vec<u8>>) {
-    match r {
-        Ok(d) if size == 0 => reply.size(d.len() as u32),
-        Ok(d) if d.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
-        Ok(d) => reply.data(&d),
-        Err(e) => reply.error(Errno::from_i32(e)),
     }
 }
