@@ -26,5 +26,5 @@ pub use fs::namespace::Owner;
 pub use fs::{Budget, FileReader, FileWriter, Fs, Keeper, NewSlice, ReadAhead};
 pub use journal::{CommitRequest, Entry, Mutation, Op};
 pub use path::VolPath;
-pub use store::{BlockCheck, BlockStore, ObjectMeta};
+pub use store::{BlockCheck, BlockStore, ObjectMeta, StoreLayer};
 pub use types::*;

@@ -103,6 +103,83 @@ pub trait BlockStore: Send + Sync + 'static {
     ) -> Result<()>;
 }
 
+/// A layer of the store stack over one store below it (`below`): it implements only the
+/// calls it changes; every other call goes down unchanged (OpenDAL's `LayeredAccess` shape).
+/// Every `StoreLayer` is a `BlockStore`. A layer that keeps copies overrides `get_block`
+/// (and `get_block_to_keep` when it must wait for its copy); it never turns one into `get`.
+#[async_trait]
+pub trait StoreLayer: Send + Sync + 'static {
+    /// The store below this layer.
+    fn below(&self) -> &dyn BlockStore;
+
+    fn display_url(&self) -> String {
+        self.below().display_url()
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<()> {
+        self.below().put(key, data).await
+    }
+    async fn get(&self, key: &str) -> Result<Bytes> {
+        self.below().get(key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        self.below().head(key).await
+    }
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.below().get_block(key, want).await
+    }
+    async fn get_block_to_keep(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.below().get_block_to_keep(key, want).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.below().delete(key).await
+    }
+    async fn check(&self) -> Result<()> {
+        self.below().check().await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()> {
+        self.below().list(prefix, f).await
+    }
+}
+
+#[async_trait]
+impl<L: StoreLayer> BlockStore for L {
+    fn display_url(&self) -> String {
+        StoreLayer::display_url(self)
+    }
+    async fn put(&self, key: &str, data: Bytes) -> Result<()> {
+        StoreLayer::put(self, key, data).await
+    }
+    async fn get(&self, key: &str) -> Result<Bytes> {
+        StoreLayer::get(self, key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
+        StoreLayer::head(self, key).await
+    }
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        StoreLayer::get_block(self, key, want).await
+    }
+    async fn get_block_to_keep(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        StoreLayer::get_block_to_keep(self, key, want).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        StoreLayer::delete(self, key).await
+    }
+    async fn check(&self) -> Result<()> {
+        StoreLayer::check(self).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+    ) -> Result<()> {
+        StoreLayer::list(self, prefix, f).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{BlockCheck, ObjectMeta};

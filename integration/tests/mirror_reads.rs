@@ -49,6 +49,15 @@ async fn a_mirror_mount_reads_through_the_origin_while_the_copier_is_held_back()
     let s = m.stats();
     assert!(metric(&s, "jfs_fallback_reads_total") >= 9.0, "{s:?}");
     assert_eq!(metric(&s, "jfs_origin_errors_total"), 0.0, "{s:?}");
+    // The origin's traffic is metered like every store's, apart (label store="origin").
+    let origin_gets: f64 = s
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("jfs_blockstore_gets_total{") && k.contains("store=\"origin\"")
+        })
+        .map(|(_, v)| v)
+        .sum();
+    assert!(origin_gets >= 9.0, "origin gets not metered: {s:?}");
     // Read-through fills put every block read into the mirror store.
     wait_store_blocks(&pair.m_store, 9);
     // Read-only: the mirror's data is the primary's.

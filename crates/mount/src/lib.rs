@@ -110,6 +110,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         site,
         store,
         metrics: store_metrics,
+        origin_metrics,
         wanted,
         storage,
         follower,
@@ -167,7 +168,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         fs.clone(),
         &site,
         store,
-        store_metrics,
+        (store_metrics, origin_metrics),
         open,
         &o,
         &mp,
@@ -187,7 +188,7 @@ async fn serve(
     fs: Arc<fs_core::Fs>,
     site: &volume::Site,
     store: Arc<volume::CachedStore>,
-    store_metrics: Arc<volume::StoreMetrics>,
+    (store_metrics, origin_metrics): (Arc<volume::StoreMetrics>, Option<Arc<volume::StoreMetrics>>),
     open: Arc<vfs::OpenFiles>,
     o: &MountOptions,
     mp: &Path,
@@ -292,7 +293,11 @@ async fn serve(
     }
 
     // The control socket.
-    let exporter = Arc::new(metrics::Exporter::new(&mm, &store_metrics));
+    let exporter = Arc::new(metrics::Exporter::new(
+        &mm,
+        &store_metrics,
+        origin_metrics.as_ref(),
+    ));
     let sock = control::socket_path(mp);
     if let Some(d) = sock.parent() {
         std::fs::create_dir_all(d)

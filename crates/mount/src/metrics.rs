@@ -212,10 +212,19 @@ pub struct Exporter {
 }
 
 impl Exporter {
-    pub fn new(mount: &Arc<MountMetrics>, store: &Arc<volume::StoreMetrics>) -> Exporter {
+    /// `origin`: at a mirror site, the calls that reached the origin store, exported under
+    /// the same names with the label `store="origin"`.
+    pub fn new(
+        mount: &Arc<MountMetrics>,
+        store: &Arc<volume::StoreMetrics>,
+        origin: Option<&Arc<volume::StoreMetrics>>,
+    ) -> Exporter {
         let mut registry = Registry::default();
         mount.register(&mut registry);
         store.register(&mut registry);
+        if let Some(o) = origin {
+            o.register(registry.sub_registry_with_label(("store".into(), "origin".into())));
+        }
         Exporter { registry }
     }
     pub fn text(&self) -> String {

@@ -18,7 +18,7 @@ use crate::metrics::StoreMetrics;
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::error::{Error, ErrorKind, Result};
-use fs_core::{BlockCheck, BlockStore, ObjectMeta};
+use fs_core::{BlockCheck, BlockStore, StoreLayer};
 use futures::future::{BoxFuture, Shared};
 use futures::FutureExt;
 use std::collections::HashMap;
@@ -206,17 +206,17 @@ impl FallbackStore {
 }
 
 #[async_trait]
-impl BlockStore for FallbackStore {
+impl StoreLayer for FallbackStore {
+    fn below(&self) -> &dyn BlockStore {
+        &*self.mirror
+    }
+
     fn display_url(&self) -> String {
         format!(
             "{} (falling back to {})",
             self.mirror.display_url(),
             self.origin.display_url()
         )
-    }
-
-    async fn check(&self) -> Result<()> {
-        self.mirror.check().await
     }
 
     async fn put(&self, key: &str, _data: Bytes) -> Result<()> {
@@ -229,7 +229,7 @@ impl BlockStore for FallbackStore {
     /// Block keys are checked by the length they name at least.
     async fn get(&self, key: &str) -> Result<Bytes> {
         match BlockCheck::of_key(key, None) {
-            Some(want) => self.get_block(key, want).await,
+            Some(want) => StoreLayer::get_block(self, key, want).await,
             None => self.mirror.get(key).await,
         }
     }
@@ -239,10 +239,6 @@ impl BlockStore for FallbackStore {
             Some(b) => Ok(b),
             None => self.flight(key, true, want).await,
         }
-    }
-
-    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
-        self.mirror.head(key).await
     }
 
     /// Warm-up at a mirror fills the mirror store, not only the local cache: a block read
@@ -271,13 +267,5 @@ impl BlockStore for FallbackStore {
             ErrorKind::ReadOnly,
             format!("block {key}: a mirror site's store is written by its agent only"),
         ))
-    }
-
-    async fn list(
-        &self,
-        prefix: &str,
-        f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
-    ) -> Result<()> {
-        self.mirror.list(prefix, f).await
     }
 }

@@ -7,28 +7,34 @@
 //! - a mirror's metadata is read-only: a writer is refused at open with one line saying whose
 //!   mirror it is (the engines refuse the commits themselves too, see `fs_core::site`).
 //!
-//! The store stack is composed here, in one place, bottom to top: the backend (OpenDAL, with
-//! its retry and timeout layers), the metered layer (what reaches the store: counts, bytes,
-//! latency), then the read layer (the local disk cache when one is configured, and one fetch
-//! per block however many readers want it). At a primary the backend is a `StorageHolder`
-//! that follows the volume's storage record (one store, or the dual write of a cutover; see
-//! `placement`); at a mirror, the mirror's store with the origin fallback below the cache.
+//! The store stack is composed in one place, bottom to top (see `stack`): the raw store,
+//! limits, metering, then placement at a primary (a `StorageHolder` that follows the volume's
+//! storage record: one store, or the dual write of a cutover) or the origin fallback at a
+//! mirror, then the read layer (local disk cache, one fetch per block).
 //!
 //! Writers register a session that acknowledges the storage generation they write by (the
 //! cutover's barrier waits for it); a caller that wants a session for a reader (a mount)
 //! names it with `Options::session`.
 
 mod cache;
+mod cached;
 mod fallback;
+mod limited;
+mod metered;
 mod metrics;
 pub mod moving;
 pub mod placement;
+mod stack;
 
-pub use cache::{CacheConfig, CacheUsage, CachedStore, DiskCache, MeteredStore};
+pub use cache::{CacheConfig, CacheUsage, DiskCache};
+pub use cached::CachedStore;
 pub use fallback::{FallbackStore, Wanted, ORIGIN_TIMEOUT};
+pub use limited::{Charge, LimitedStore};
+pub use metered::MeteredStore;
 pub use metrics::StoreMetrics;
 pub use moving::MovingEngine;
-pub use placement::{DualStore, Follower, Opener, StorageHolder, WriterHealth};
+pub use placement::{DualStore, Follower, StorageHolder, WriterHealth};
+pub use stack::StoreBuilder;
 
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::{BlockStore, Engine, Fs};
@@ -96,6 +102,8 @@ pub struct Volume {
     /// The top of the stack (the local cache lives here).
     pub store: Arc<CachedStore>,
     pub metrics: Arc<StoreMetrics>,
+    /// At a mirror site: the calls that reached the origin store (metered apart).
+    pub origin_metrics: Option<Arc<StoreMetrics>>,
     /// At a mirror site with fallback: the blocks read from the origin (see `Wanted`).
     pub wanted: Option<Arc<Wanted>>,
     /// At a primary: the stores of the current storage generation.
@@ -255,6 +263,8 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         None
     };
     let metrics = Arc::new(StoreMetrics::default());
+    let stores = StoreBuilder::new(o.endpoint.clone(), metrics.clone());
+    let mut origin_metrics = None;
     let mut wanted = None;
     let mut holder: Option<Arc<StorageHolder>> = None;
     // At a mirror: the origin's stores, followed by the session (not a write placement).
@@ -264,13 +274,9 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
             let store_url = o.block_store.clone().unwrap_or(m.store.clone());
             let fixed_origin = o.origin_store.clone().or(m.origin_store.clone());
             let origin_url = fixed_origin.clone().unwrap_or(settings.storage.clone());
-            let mirror = open_store(&store_url, o.endpoint.as_deref()).map_err(|e| {
-                e.context(format!(
-                    "opening mirror {:?}'s block store {store_url}",
-                    m.name
-                ))
-            })?;
-            let mirror: Arc<dyn BlockStore> = Arc::new(MeteredStore::new(mirror, metrics.clone()));
+            let mirror = stores
+                .open(&store_url)
+                .map_err(|e| e.context(format!("opening mirror {:?}'s block store", m.name)))?;
             let site = Site::Mirror {
                 name: m.name.clone(),
                 store: store_url.clone(),
@@ -281,16 +287,17 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
                 (site, mirror)
             } else {
                 // Unless named by hand, the origin is where the primary's storage record
-                // (replicated here) says its blocks are: it follows a cutover there.
+                // (replicated here) says its blocks are: it follows a cutover there. Its
+                // calls are metered apart (`origin_metrics`).
+                let om = Arc::new(StoreMetrics::default());
+                origin_metrics = Some(om.clone());
+                let origins = StoreBuilder::new(o.endpoint.clone(), om);
                 let origin: Arc<dyn BlockStore> = match &fixed_origin {
-                    Some(url) => open_store(url, o.endpoint.as_deref())
-                        .map_err(|e| e.context(format!("opening the origin store {url}")))?,
+                    Some(url) => origins
+                        .open(url)
+                        .map_err(|e| e.context("opening the origin store"))?,
                     None => {
-                        let opener = Opener {
-                            endpoint: o.endpoint.clone(),
-                            metrics: Arc::new(StoreMetrics::default()),
-                        };
-                        let h = StorageHolder::open(engine.clone(), opener, &settings.storage)
+                        let h = StorageHolder::open(engine.clone(), origins, &settings.storage)
                             .await
                             .map_err(|e| e.context("opening the origin store"))?;
                         origin_holder = Some(h.clone());
@@ -306,19 +313,13 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         None => match &o.block_store {
             // A store named by hand: that store alone (writes are fenced during a cutover).
             Some(url) => {
-                let backend = open_store(url, o.endpoint.as_deref())
-                    .map_err(|e| e.context(format!("opening the volume's block store {url}")))?;
-                (
-                    Site::Primary { store: url.clone() },
-                    Arc::new(MeteredStore::new(backend, metrics.clone())),
-                )
+                let store = stores
+                    .open(url)
+                    .map_err(|e| e.context("opening the volume's block store"))?;
+                (Site::Primary { store: url.clone() }, store)
             }
             None => {
-                let opener = Opener {
-                    endpoint: o.endpoint.clone(),
-                    metrics: metrics.clone(),
-                };
-                let h = StorageHolder::open(engine.clone(), opener, &settings.storage).await?;
+                let h = StorageHolder::open(engine.clone(), stores, &settings.storage).await?;
                 holder = Some(h.clone());
                 (
                     Site::Primary {
@@ -370,6 +371,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         site,
         store,
         metrics,
+        origin_metrics,
         wanted,
         storage: holder,
         follower,

@@ -15,7 +15,7 @@
 //! (polling the record every `FOLLOW_EVERY`) and its heartbeat.
 
 use crate::metrics::StoreMetrics;
-use crate::MeteredStore;
+use crate::stack::StoreBuilder;
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::error::{ErrorKind, Result};
@@ -197,20 +197,7 @@ impl BlockStore for DualStore {
     }
 }
 
-/// How the holder opens a store named by URL.
-#[derive(Clone)]
-pub struct Opener {
-    pub endpoint: Option<String>,
-    pub metrics: Arc<StoreMetrics>,
-}
-
-impl Opener {
-    pub fn open(&self, url: &str) -> Result<Arc<dyn BlockStore>> {
-        let s = crate::open_store(url, self.endpoint.as_deref())
-            .map_err(|e| e.context(format!("opening the block store {url}")))?;
-        Ok(Arc::new(MeteredStore::new(s, self.metrics.clone())))
-    }
-
+impl StoreBuilder {
     /// The stores of `state`, composed.
     pub fn build(
         &self,
@@ -240,7 +227,7 @@ impl Opener {
 /// The store a volume's layers see: the current placement's, swapped when the record changes.
 pub struct StorageHolder {
     engine: Arc<dyn Engine>,
-    opener: Opener,
+    opener: StoreBuilder,
     settings_store: String,
     current: RwLock<Arc<Placement>>,
     gen_tx: watch::Sender<u64>,
@@ -254,7 +241,7 @@ impl StorageHolder {
     /// Read the record and compose its stores.
     pub async fn open(
         engine: Arc<dyn Engine>,
-        opener: Opener,
+        opener: StoreBuilder,
         settings_store: &str,
     ) -> Result<Arc<StorageHolder>> {
         let state = storage::current(&*engine, settings_store).await?;

@@ -237,10 +237,7 @@ impl Mirror {
                 None => {
                     // The primary's storage record, replicated here: a cutover at the
                     // primary moves where this mirror copies from.
-                    let opener = volume::Opener {
-                        endpoint: None,
-                        metrics: Default::default(),
-                    };
+                    let opener = volume::StoreBuilder::new(None, Default::default());
                     let h = volume::StorageHolder::open(self.engine.clone(), opener, &s.storage)
                         .await
                         .map_err(|e| anyhow!("the origin store: {e}"))?;

@@ -1,0 +1,157 @@
+//! The read layer of the stack: the local disk cache first (its copy checked against the
+//! slice's checksum), then one fetch per block from below however many readers want it at
+//! once (singleflight), filling the cache in the background. Writes and listings pass
+//! through; a delete also drops the cached copy.
+
+use crate::cache::DiskCache;
+use crate::metrics::StoreMetrics;
+use async_trait::async_trait;
+use bytes::Bytes;
+use fs_core::error::{Error, ErrorKind, Result};
+use fs_core::{BlockCheck, BlockStore, StoreLayer};
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Semaphore;
+
+/// Background fills in flight at most; more are skipped (the block is simply not cached).
+const FILLS_IN_FLIGHT: usize = 32;
+
+type Flight = Shared<BoxFuture<'static, Result<Bytes>>>;
+
+/// The read side of the stack: the local cache first, then one fetch per block however many
+/// readers want it at once (singleflight), filling the cache in the background.
+pub struct CachedStore {
+    inner: Arc<dyn BlockStore>,
+    cache: Option<Arc<DiskCache>>,
+    metrics: Arc<StoreMetrics>,
+    flights: Arc<Mutex<HashMap<String, Flight>>>,
+    fills: Arc<Semaphore>,
+}
+
+impl CachedStore {
+    pub fn new(
+        inner: Arc<dyn BlockStore>,
+        cache: Option<Arc<DiskCache>>,
+        metrics: Arc<StoreMetrics>,
+    ) -> CachedStore {
+        CachedStore {
+            inner,
+            cache,
+            metrics,
+            flights: Default::default(),
+            fills: Arc::new(Semaphore::new(FILLS_IN_FLIGHT)),
+        }
+    }
+
+    /// The one fetch of `key` from below (checked against `want` when given).
+    fn flight(&self, key: &str, fill: bool, want: Option<BlockCheck>) -> Flight {
+        let mut m = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = m.get(key) {
+            return f.clone();
+        }
+        let inner = self.inner.clone();
+        let flights = self.flights.clone();
+        let cache = self.cache.clone().filter(|_| fill);
+        let fills = self.fills.clone();
+        let metrics = self.metrics.clone();
+        let k = key.to_string();
+        let f = async move {
+            let r = match want {
+                Some(w) => inner.get_block(&k, w).await,
+                None => inner.get(&k).await,
+            };
+            flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+            if let (Ok(b), Some(c)) = (&r, cache) {
+                match fills.try_acquire_owned() {
+                    Ok(permit) => {
+                        let b = b.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = c.insert(&k, b, false).await {
+                                tracing::warn!(error = %e, "caching a block failed; reads go to the store");
+                            }
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => {
+                        metrics.cache_skipped.inc();
+                    }
+                }
+            }
+            r
+        }
+        .boxed()
+        .shared();
+        m.insert(key.to_string(), f.clone());
+        f
+    }
+
+    /// Make sure block `key` is durably in the local cache. Ok(true): fetched now;
+    /// Ok(false): it was there. An error when there is no cache or the block does not fit.
+    pub async fn warm(&self, key: &str, want: BlockCheck) -> Result<bool> {
+        let Some(c) = &self.cache else {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "this mount has no local cache (mount it with --cache-size above 0)",
+            ));
+        };
+        if c.contains(key) {
+            return Ok(false);
+        }
+        let b = self.inner.get_block_to_keep(key, want).await?;
+        if !c.insert(key, b, true).await? {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "the local cache is full ({} bytes, or its disk is at the free-space floor): block {key} not cached",
+                    c.capacity
+                ),
+            ));
+        }
+        Ok(true)
+    }
+
+    pub fn cache(&self) -> Option<&Arc<DiskCache>> {
+        self.cache.as_ref()
+    }
+
+    /// The cache first (its copy checked against the slice's checksum when `want` has
+    /// one), then one fetch from below.
+    async fn read(&self, key: &str, want: Option<BlockCheck>) -> Result<Bytes> {
+        let Some(c) = self.cache.as_ref().filter(|c| c.cacheable(key)) else {
+            return match want {
+                Some(w) => self.inner.get_block(key, w).await,
+                None => self.inner.get(key).await,
+            };
+        };
+        if let Some(b) = c.lookup(key, want.and_then(|w| w.crc)).await {
+            self.metrics.cache_hits.inc();
+            self.metrics.cache_hit_bytes.inc_by(b.len() as u64);
+            return Ok(b);
+        }
+        let b = self.flight(key, true, want).await?;
+        self.metrics.cache_misses.inc();
+        self.metrics.cache_miss_bytes.inc_by(b.len() as u64);
+        Ok(b)
+    }
+}
+
+#[async_trait]
+impl StoreLayer for CachedStore {
+    fn below(&self) -> &dyn BlockStore {
+        &*self.inner
+    }
+    async fn get(&self, key: &str) -> Result<Bytes> {
+        self.read(key, None).await
+    }
+    async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        self.read(key, Some(want)).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        if let Some(c) = &self.cache {
+            c.remove(key);
+        }
+        self.inner.delete(key).await
+    }
+}
