@@ -663,6 +663,25 @@ fn a_refused_format_names_the_volume_and_creates_nothing() {
         );
     }
     assert!(!s2.exists(), "a refused format created {}", s2.display());
+    // A mistyped META_URL (two slashes) with a store path whose parents do not exist yet:
+    // refused, and not one of those parents is left behind.
+    let bad = format!("rocksdb:/{}/m9/meta", tmp.path().display());
+    let nested = tmp.path().join("s9");
+    fails_clearly(
+        &jfs(&[
+            "format",
+            &bad,
+            "v9",
+            "--storage",
+            &format!("file://{}/blocks", nested.display()),
+        ]),
+        "the path must be absolute",
+    );
+    assert!(
+        !nested.exists(),
+        "a refused format created {}",
+        nested.display()
+    );
     // Other metadata, same name, the store of the first volume: that is another volume.
     let m2 = format!("rocksdb://{}/meta2", tmp.path().display());
     fails_clearly(

@@ -228,12 +228,12 @@ fn volume_paths_never_leave_the_volume_with_or_without_a_mount() {
         vec!["mv", &v.meta, "/w/f", "/w/y/"],
         vec!["ln", "-s", &v.meta, "../y/f", "/w/y/../lnk"],
         vec!["truncate", &v.meta, "/w/./y/f", "3"],
-        vec!["rm", "-r", &v.meta, "/w/x/.."],
+        vec!["rm", "-r", &v.meta, "/w/x/../"],
     ] {
         let o = v.jfs(&args);
         assert!(o.status.success(), "{args:?}: {}", text(&o));
     }
-    assert!(!m.mp.join("w").exists(), "/w/x/.. is /w and was removed");
+    assert!(!m.mp.join("w").exists(), "/w/x/../ is /w and was removed");
     assert_eq!(
         std::fs::read(m.mp.join("canary/data")).unwrap(),
         data(7, 10_000)
@@ -283,9 +283,18 @@ fn put_through_a_mount_reports_a_store_that_refuses_writes_like_put_without_one(
                 "put {what} does not name {n}: {t}"
             );
         }
+        // Each failure says why (the store refuses writes), not only "Input/output error".
+        assert_eq!(
+            t.lines()
+                .filter(|l| l.contains("failed") && l.contains("Read-only file system"))
+                .count(),
+            3,
+            "put {what} does not say why: {t}"
+        );
+        // The summary counts what arrived: no byte of a failed file.
         assert!(
             t.lines()
-                .any(|l| l.starts_with("put: 0 files") && l.ends_with("3 failed")),
+                .any(|l| l.starts_with("put: 0 files, 0 bytes") && l.ends_with("3 failed")),
             "put {what}: no summary line: {t}"
         );
     }
@@ -383,4 +392,51 @@ fn jfs_sync_volume_urls_stay_inside_the_volume() {
     }
     assert!(!out.exists(), "jfs-sync wrote {}", out.display());
     assert_eq!(volume_listing(&v), listing);
+}
+
+/// `rm -r X/.` and `X/..` are refused (as rm(1) refuses them) rather than taken for X or its
+/// parent, and `rm LINK/` never removes the link (a trailing slash names a directory), with
+/// and without a mount; a directory given with a trailing slash is removed as before.
+#[test]
+fn rm_refuses_dot_names_and_a_trailing_slash_on_a_link() {
+    let v = new_vol();
+    for (args, what) in [
+        (vec!["mkdir", "-p", &v.meta, "/src/sub"], "mkdir"),
+        (vec!["ln", "-s", &v.meta, "../elsewhere", "/src/link"], "ln"),
+    ] {
+        let o = v.jfs(&args);
+        assert!(o.status.success(), "{what}: {}", text(&o));
+    }
+    let ls = |v: &Vol| text(&v.jfs(&["ls", &v.meta, "/src"]));
+    for mounted in [false, true] {
+        let m = mounted.then(|| v.mount());
+        for p in ["/src/.", "/src/sub/..", "/src/link/."] {
+            let o = v.jfs(&["rm", "-r", &v.meta, p]);
+            assert!(
+                !o.status.success(),
+                "rm -r {p} (mounted: {mounted}) succeeded"
+            );
+            assert!(
+                text(&o).contains("refusing to remove '.' or '..'"),
+                "{}",
+                text(&o)
+            );
+        }
+        let o = v.jfs(&["rm", "-r", &v.meta, "/src/link/"]);
+        assert!(
+            !o.status.success(),
+            "rm -r /src/link/ (mounted: {mounted}) succeeded"
+        );
+        assert!(text(&o).contains("not a directory"), "{}", text(&o));
+        let l = ls(&v);
+        assert!(
+            l.contains("link") && l.contains("sub"),
+            "mounted {mounted}: {l}"
+        );
+        drop(m);
+    }
+    let o = v.jfs(&["rm", "-r", &v.meta, "/src/sub/"]);
+    assert!(o.status.success(), "rm -r /src/sub/: {}", text(&o));
+    let l = ls(&v);
+    assert!(l.contains("link") && !l.contains("sub"), "{l}");
 }

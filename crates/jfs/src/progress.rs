@@ -66,6 +66,14 @@ impl Progress {
         }
     }
 
+    /// Take back the bytes of a file that failed: the summary counts what arrived.
+    pub fn undo_bytes(&self, n: u64) {
+        self.done.fetch_sub(n, Ordering::Relaxed);
+        if let Some(b) = &self.bar {
+            b.set_position(b.position().saturating_sub(n));
+        }
+    }
+
     pub fn add_file(&self) {
         self.files.fetch_add(1, Ordering::Relaxed);
     }

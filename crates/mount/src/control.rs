@@ -83,6 +83,10 @@ pub enum Request {
         #[serde(default)]
         now: bool,
     },
+    /// Why the latest commit of inode `ino` failed (a writer that got EIO asks).
+    WriteError {
+        ino: u64,
+    },
     Cutover {
         event: fs_core::storage::Event,
         /// The operator's command (`user@host pid N`), for the audit record.
@@ -159,6 +163,10 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
                 "mountpoint": ctl.mountpoint,
                 "pid": std::process::id(),
             });
+            send(&mut w, &v).await
+        }
+        Request::WriteError { ino } => {
+            let v = serde_json::json!({"done": true, "error_text": ctl.vfs.write_error(ino)});
             send(&mut w, &v).await
         }
         Request::Exit { now } => {

@@ -32,11 +32,18 @@ pub async fn format(
     // The metadata first, read-only: a volume formatted there already is named, and nothing
     // is created (neither the store's directory nor the engine's).
     already_formatted(g, meta_url).await?;
-    // A local store's directory is created only by a format that then succeeds.
-    let local_dir = storage
+    // A local store's directory (and any missing parent) is created only by a format that
+    // then succeeds: these are the directories this attempt would make, deepest first.
+    let made_dirs: Vec<std::path::PathBuf> = storage
         .strip_prefix("file://")
-        .map(std::path::PathBuf::from)
-        .filter(|d| !d.exists());
+        .map(|d| {
+            std::path::Path::new(d)
+                .ancestors()
+                .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+                .map(std::path::Path::to_path_buf)
+                .collect()
+        })
+        .unwrap_or_default();
     let made = async {
         let store = volume::create_store(storage, g.endpoint.as_deref())
             .with_context(|| format!("opening the storage {storage}"))?;
@@ -59,10 +66,12 @@ pub async fn format(
     let fs = match made {
         Ok(fs) => fs,
         Err(e) => {
-            if let Some(d) = local_dir {
-                // Only what this attempt made: its temp dir and the (then empty) directory.
+            // Only what this attempt made: its temp dir and the (then empty) directories.
+            if let Some(d) = made_dirs.first() {
                 let _ = std::fs::remove_dir(d.join(".jfs-tmp"));
-                let _ = std::fs::remove_dir(&d);
+            }
+            for d in &made_dirs {
+                let _ = std::fs::remove_dir(d);
             }
             return Err(e);
         }

@@ -218,12 +218,16 @@ pub fn at(path: &VolPath, op: &str, e: fs_core::Error) -> anyhow::Error {
     anyhow::anyhow!("{op}: {what}")
 }
 
-pub async fn rm(fs: &Fs, path: &VolPath, recursive: bool) -> Result<Outcome> {
+/// `dir_only`: the path was given with a trailing slash, which names a directory only.
+pub async fn rm(fs: &Fs, path: &VolPath, recursive: bool, dir_only: bool) -> Result<Outcome> {
     let (p, name) = parent_of(fs, path, "rm").await?;
     let (ino, a) = fs
         .lookup(p, name.as_bytes())
         .await
         .map_err(|e| at(path, "rm", e))?;
+    if dir_only && a.kind != FileKind::Dir {
+        bail!("{}", not_a_dir(path));
+    }
     if a.kind == FileKind::Dir {
         if recursive {
             remove_tree(fs, ino)
@@ -239,6 +243,11 @@ pub async fn rm(fs: &Fs, path: &VolPath, recursive: bool) -> Result<Outcome> {
             .map_err(|e| at(path, "rm", e))?;
     }
     Ok(Outcome::Done)
+}
+
+/// The refusal of `rm PATH/` where PATH is not a directory.
+pub fn not_a_dir(path: &VolPath) -> String {
+    format!("rm {path}/: not a directory (a trailing slash names a directory; to remove this link or file, give {path} without the slash)")
 }
 
 pub async fn mv(fs: &Fs, src: &VolPath, dst: &VolPath, no_clobber: bool) -> Result<Outcome> {

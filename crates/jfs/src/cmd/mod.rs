@@ -123,13 +123,20 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             path,
             recursive,
         } => {
-            let path = vol_path(&path)?;
+            let raw = path;
+            let path = vol_path(&raw)?;
             if path.is_root() {
                 bail!("rm {path}: refusing to remove the volume's root");
             }
+            // As rm(1): `x/.` and `x/..` are refused rather than taken for `x` or its parent.
+            if matches!(raw.rsplit('/').next(), Some("." | "..")) {
+                bail!("rm {raw}: refusing to remove '.' or '..' (as rm does); name the directory itself: {path}");
+            }
+            // A trailing slash names a directory: never a link or a file under that name.
+            let dir_only = raw.ends_with('/');
             match mount::writer_or_mount(g, &meta_url).await? {
-                Ok(fs) => fsops::rm(&fs, &path, recursive).await,
-                Err(mp) => through::Root::open(&mp)?.rm(&path, recursive),
+                Ok(fs) => fsops::rm(&fs, &path, recursive, dir_only).await,
+                Err(mp) => through::Root::open(&mp)?.rm(&path, recursive, dir_only),
             }
         }
         Command::Mv {

@@ -102,7 +102,7 @@ impl Root {
         Ok(Outcome::Done)
     }
 
-    pub fn rm(&self, path: &VolPath, recursive: bool) -> Result<Outcome> {
+    pub fn rm(&self, path: &VolPath, recursive: bool, dir_only: bool) -> Result<Outcome> {
         if path.is_root() {
             bail!("rm {path}: refusing to remove the volume's root");
         }
@@ -110,6 +110,9 @@ impl Root {
         let m = d
             .symlink_metadata(name)
             .map_err(|e| at(path, "rm", fse(e)))?;
+        if dir_only && !m.is_dir() {
+            bail!("{}", super::fsops::not_a_dir(path));
+        }
         let r = if m.is_dir() {
             if recursive {
                 // cap-std removes the tree through handles below `d`, following no symlink.
@@ -316,6 +319,15 @@ fn plan(
     Ok(())
 }
 
+/// Why the mount at `mp` failed to commit inode `ino`, asked through its control socket.
+fn mount_write_error(mp: &Path, ino: u64) -> Option<String> {
+    let req = mount::control::Request::WriteError { ino };
+    let v = tokio::runtime::Handle::current()
+        .block_on(mount::control::call(mp, &req, |_| {}))
+        .ok()?;
+    v.get("error_text")?.as_str().map(str::to_string)
+}
+
 /// Copy one file under a temporary name, have the mount commit it (fsync: a failed upload
 /// is reported there, not lost at close), then rename it into place.
 fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
@@ -328,6 +340,7 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
         .create_new(true)
         .follow(FollowSymlinks::No)
         .mode(job.meta.mode() & 0o7777);
+    let copied = std::sync::atomic::AtomicU64::new(0);
     let result = (|| -> Result<()> {
         let mut out = job
             .dir
@@ -346,9 +359,24 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
             }
             out.write_all(&buf[..n])?;
             progress.add_bytes(n as u64);
+            copied.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         }
-        out.sync_all()
-            .context("the mount could not commit the file")?;
+        if let Err(e) = out.sync_all() {
+            // EIO says only that the commit failed: the mount knows why.
+            let why = out
+                .metadata()
+                .ok()
+                .and_then(|m| mount_write_error(mp, cap_std::fs::MetadataExt::ino(&m)));
+            return Err(match why {
+                Some(w) => anyhow::anyhow!("the mount could not commit the file: {w}"),
+                None => anyhow::Error::new(e).context(format!(
+                    "the mount could not commit the file (its log says why: {})",
+                    mount::control::socket_path(mp)
+                        .with_extension("log")
+                        .display()
+                )),
+            });
+        }
         let out = out.into_std();
         if rustix::process::geteuid().is_root() {
             rustix::fs::fchown(
@@ -370,6 +398,7 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
     })();
     if let Err(e) = result {
         let _ = job.dir.remove_file(&tmp);
+        progress.undo_bytes(copied.load(std::sync::atomic::Ordering::Relaxed));
         return Err(e.context(format!(
             "copying {} (through the mount at {})",
             job.local.display(),

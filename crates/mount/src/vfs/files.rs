@@ -21,6 +21,7 @@ impl Vfs {
         r.map_err(|e| {
             self.metrics.write_errors.inc();
             tracing::error!(ino, error = %e, "flush failed: EIO");
+            self.note_write_error(ino, &e);
             libc::EIO
         })
     }

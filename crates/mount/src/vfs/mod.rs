@@ -190,7 +190,13 @@ pub struct Vfs {
     lookups: Mutex<HashMap<Ino, u64>>,
     seen: Mutex<HashMap<Ino, (i64, u64, Instant)>>,
     pub freshness: Arc<Freshness>,
+    /// The latest commit failure of each inode (the cause behind an EIO), newest last; a
+    /// writer that got EIO asks for it through the control socket (`Request::WriteError`).
+    write_errors: Mutex<std::collections::VecDeque<(Ino, String)>>,
 }
+
+/// How many inodes' latest commit failures are remembered.
+const WRITE_ERRORS_MAX: usize = 1024;
 
 /// How many inodes' last-open attributes are remembered for FOPEN_KEEP_CACHE.
 const SEEN_MAX: usize = 200_000;
@@ -230,7 +236,27 @@ impl Vfs {
             lookups: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
             freshness: Default::default(),
+            write_errors: Default::default(),
         }
+    }
+
+    /// Remember why a commit of `ino` failed (the errno the writer got says only EIO).
+    fn note_write_error(&self, ino: Ino, e: &str) {
+        let mut q = self.write_errors.lock().unwrap_or_else(|p| p.into_inner());
+        q.retain(|(i, _)| *i != ino);
+        if q.len() >= WRITE_ERRORS_MAX {
+            q.pop_front();
+        }
+        q.push_back((ino, e.to_string()));
+    }
+
+    /// Why the latest commit of `ino` failed, if one did.
+    pub fn write_error(&self, ino: Ino) -> Option<String> {
+        let q = self.write_errors.lock().unwrap_or_else(|p| p.into_inner());
+        q.iter()
+            .rev()
+            .find(|(i, _)| *i == ino)
+            .map(|(_, e)| e.clone())
     }
 
     /// The staleness policy, at an open: serve (counted), wait for the window, or fail.
