@@ -746,3 +746,43 @@ fn the_longest_legal_names_go_in_and_come_out() {
     }
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), names.len());
 }
+
+/// A command with nothing to clean up (`journal --follow`) ends at the first SIGTERM or
+/// SIGINT (exit 2), as a supervisor's stop and `timeout` expect; it does not wait for a
+/// second signal.
+#[test]
+fn a_follow_ends_at_the_first_signal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = format!("rocksdb://{}/meta", tmp.path().display());
+    format_local(&m, tmp.path());
+    for sig in ["-TERM", "-INT"] {
+        let mut child = Command::new(bin("jfs"))
+            .args(["journal", &m, "--follow"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        let killed = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("journal --follow still runs 20 s after kill {sig}");
+        };
+        assert_eq!(status.code(), Some(2), "after kill {sig}");
+    }
+}

@@ -62,7 +62,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    rt.spawn(cmd::watch_signals());
+    rt.spawn(cmd::watch_signals(cmd::cleans_up_on_signal(&args.cmd)));
     match cli_common::on_closed_pipe(|| rt.block_on(cmd::run(args))) {
         None => ExitCode::SUCCESS,
         Some(Ok(cmd::Outcome::Done)) => ExitCode::SUCCESS,

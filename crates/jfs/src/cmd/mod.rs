@@ -21,7 +21,23 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
-pub async fn watch_signals() {
+/// Commands that finish their pieces in flight and remove partial files when interrupted
+/// (they watch `interrupted()`), and the mount (which unmounts): the first signal asks them to
+/// stop, a second one ends the process. Every other command ends at the first signal.
+pub fn cleans_up_on_signal(c: &Command) -> bool {
+    matches!(
+        c,
+        Command::Put { .. } | Command::Get { .. } | Command::Cutover { .. } | Command::Mount(_)
+    )
+}
+
+pub async fn watch_signals(cleans_up: bool) {
+    if !cleans_up {
+        cli_common::shutdown_on_signals("interrupted")
+            .cancelled()
+            .await;
+        std::process::exit(2);
+    }
     cli_common::shutdown_on_signals(
         "interrupted: finishing the pieces in flight and removing partial files",
     )
