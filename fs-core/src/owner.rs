@@ -30,6 +30,10 @@ pub struct Owner {
     pub name: String,
     pub uuid: String,
     pub since_ns: i64,
+    /// The metadata that holds the store, when a `jfs load` took it over (see
+    /// `Settings::incarnation`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
 }
 
 /// The owner record of `settings.name`'s prefix in `store`, if any.
@@ -72,6 +76,7 @@ pub async fn claim(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
             name: s.name.clone(),
             uuid: s.uuid.clone(),
             since_ns: crate::types::now_ns(),
+            incarnation: s.incarnation.clone(),
         };
         let v = crate::record::encode(&o);
         store.put(&key(&s.name), Bytes::from(v)).await?;
@@ -85,6 +90,7 @@ pub async fn claimable(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
     let url = store.display_url();
     if let Some(o) = read(store, &s.name).await? {
         if o.uuid == s.uuid {
+            holds(&url, &o, s)?;
             return Ok(Claim::Ours);
         }
         return Err(taken(&url, &o));
@@ -117,8 +123,51 @@ pub async fn claimable(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
 pub async fn check(store: &dyn BlockStore, s: &Settings) -> Result<()> {
     match read(store, &s.name).await? {
         Some(o) if o.uuid != s.uuid => Err(taken(&store.display_url(), &o)),
+        Some(o) => holds(&store.display_url(), &o, s),
+        None => Ok(()),
+    }
+}
+
+/// A writer's check at open: this metadata still holds the store (no `jfs load` of a dump of
+/// this volume took it over since).
+pub async fn check_holder(store: &dyn BlockStore, s: &Settings) -> Result<()> {
+    match read(store, &s.name).await? {
+        Some(o) if o.uuid == s.uuid => holds(&store.display_url(), &o, s),
         _ => Ok(()),
     }
+}
+
+/// Make the store's prefix held by this metadata (`jfs load`, after the load committed): the
+/// metadata the dump came from is refused as a writer from then on.
+pub async fn take_over(store: &dyn BlockStore, s: &Settings) -> Result<()> {
+    if let Some(o) = read(store, &s.name).await? {
+        if o.uuid != s.uuid {
+            return Err(taken(&store.display_url(), &o));
+        }
+    }
+    let o = Owner {
+        version: VERSION,
+        name: s.name.clone(),
+        uuid: s.uuid.clone(),
+        since_ns: crate::types::now_ns(),
+        incarnation: s.incarnation.clone(),
+    };
+    store
+        .put(&key(&s.name), Bytes::from(crate::record::encode(&o)))
+        .await
+}
+
+fn holds(url: &str, o: &Owner, s: &Settings) -> Result<()> {
+    if o.incarnation == s.incarnation {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::ReadOnly,
+        format!(
+            "the blocks of volume {:?} in {url} are held by other metadata: a `jfs load` of a dump of this volume took the store over (at {} ns). This metadata is retired: writing here would overwrite the loaded volume's blocks, and its gc would delete them. Use the metadata the dump was loaded into",
+            o.name, o.since_ns
+        ),
+    ))
 }
 
 fn taken(url: &str, o: &Owner) -> Error {

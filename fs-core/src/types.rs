@@ -159,6 +159,10 @@ pub struct Settings {
     /// A chunk with more slice records than this is compacted after a write.
     pub compact_threshold: u32,
     pub created_ns: i64,
+    /// Set by `jfs load`: which metadata holds the volume's store (the store's owner record
+    /// names it), so that the metadata a dump was taken from can no longer write there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
 }
 
 impl Settings {
@@ -175,6 +179,7 @@ impl Settings {
             gc_grace_secs: 3600,
             compact_threshold: 64,
             created_ns: now_ns(),
+            incarnation: None,
         }
     }
 }

@@ -340,6 +340,10 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         _ => None,
     };
     let store = Arc::new(CachedStore::new(metered, cache, metrics.clone()));
+    // A writer's metadata must still hold the store (a `jfs load` of a dump takes it over).
+    if o.access == Access::Write && !o.allow_incomplete {
+        fs_core::owner::check_holder(&*store, &settings).await?;
+    }
     let mut fs = match &holder {
         Some(h) => Fs::open_following(engine.clone(), store.clone(), h.clone()).await?,
         None => Fs::open(engine.clone(), store.clone()).await?,

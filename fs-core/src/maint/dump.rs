@@ -294,9 +294,20 @@ pub async fn load(engine: &dyn Engine, d: &Dump) -> Result<u64> {
         }
     }
     let mut pairs = dump_pairs(d)?;
+    // The loaded metadata is a new holder of the volume's store (see `owner::take_over`),
+    // and its ids start past the source's: the metadata the dump came from may still be
+    // written until it is stopped, and the two must never name a block alike.
+    for (k, v) in pairs.iter_mut() {
+        if k.as_slice() == keys::NEXT_INODE || k.as_slice() == keys::NEXT_SLICE {
+            let n = crate::journal::parse_counter(Some(v))? + crate::site::ID_MARGIN;
+            *v = n.to_string().into_bytes();
+        }
+    }
+    let mut setting = d.setting.clone();
+    setting.incarnation = Some(format!("{:032x}", rand::random::<u128>()));
     pairs.push((
         keys::SETTING.to_vec(),
-        serde_json::to_vec(&d.setting).expect("settings serialize"),
+        serde_json::to_vec(&setting).expect("settings serialize"),
     ));
     let total = pairs.len() as u64;
     for batch in pairs.chunks(2000) {

@@ -135,17 +135,36 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-pub async fn load(engine: &dyn Engine, file: &Path) -> Result<Outcome> {
+/// Load a dump into empty metadata, which then holds the volume's store: the metadata the
+/// dump was taken from is refused as a writer from then on (its mounts at their next start,
+/// its gc at once), so that the two never write or delete each other's blocks.
+pub async fn load(engine: &dyn Engine, file: &Path, endpoint: Option<&str>) -> Result<Outcome> {
     volume::check_site(engine, volume::Access::Write, true).await?;
     let raw = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let d: maint::Dump = serde_json::from_slice(&raw)
         .with_context(|| format!("{} is not a jfs dump", file.display()))?;
+    // The store must answer before anything is loaded: the load ends by taking it over.
+    let store = volume::open_store(&d.setting.storage, endpoint)
+        .with_context(|| format!("opening the volume's store {}", d.setting.storage))?;
+    store
+        .check()
+        .await
+        .with_context(|| format!("checking the volume's store {}", d.setting.storage))?;
     let n = maint::load(engine, &d).await.context("loading")?;
+    let settings = Fs::load_settings(engine).await?;
+    fs_core::owner::take_over(&*store, &settings).await.with_context(|| {
+        format!(
+            "loaded {n} keys into {}, but taking over the store {} failed: the loaded volume will not write until it can be taken over; run `jfs load` again into fresh metadata once the store answers",
+            engine.display_url(),
+            d.setting.storage
+        )
+    })?;
     eprintln!(
-        "loaded {} keys ({} inodes) into {}",
+        "loaded {} keys ({} inodes) into {}; it now holds the blocks in {}: the metadata the dump came from can no longer write there (stop its mounts)",
         n,
         d.inodes.len(),
-        engine.display_url()
+        engine.display_url(),
+        d.setting.storage
     );
     Ok(Outcome::Done)
 }

@@ -201,7 +201,12 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             admin::dump(&*open_engine(g, &meta_url, true).await?, file.as_deref()).await
         }
         Command::Load { meta_url, file } => {
-            admin::load(&*open_engine_with(g, &meta_url, false, true).await?, &file).await
+            admin::load(
+                &*open_engine_with(g, &meta_url, false, true).await?,
+                &file,
+                g.endpoint.as_deref(),
+            )
+            .await
         }
         Command::Fsck {
             meta_url,
