@@ -89,6 +89,12 @@ enum End {
     Stopped,
     /// An operator asked for a resync: reconnect at once, asking for a snapshot.
     Kicked,
+    /// The primary refuses this mirror (a wrong token or name, a foreign volume, a
+    /// superseded primary): a configuration problem, retried seldom.
+    Refused(anyhow::Error),
+    /// The peer's first reply was not the mirror protocol: damage in transit once, a
+    /// configuration problem (not a primary agent) when it keeps happening.
+    Foreign(anyhow::Error),
 }
 
 /// The TLS connector a mirror uses towards its primary (`tls_ca` set), or none.
@@ -368,18 +374,19 @@ impl Mirror {
                 lv.connected = false;
                 lv.received.clear();
             }
-            let not_primary =
-                matches!(&end, End::Retry(e) if e.chain().any(|c| c.is::<handshake::NotPrimary>()));
-            foreign = if not_primary { foreign + 1 } else { 0 };
+            foreign = if matches!(end, End::Foreign(_)) {
+                foreign + 1
+            } else {
+                0
+            };
             // Three first replies in a row that are not the protocol: the peer is something
             // else, a configuration problem like a refusal.
             let end = match end {
-                End::Retry(e) if not_primary && foreign >= 3 => {
-                    End::Retry(anyhow::Error::new(handshake::Permanent(format!("{e:#}"))))
-                }
+                End::Foreign(e) if foreign >= 3 => End::Refused(persistent(e)),
+                End::Foreign(e) => End::Retry(e),
                 other => other,
             };
-            if !matches!(&end, End::Retry(e) if e.chain().any(|c| c.is::<handshake::Permanent>())) {
+            if !matches!(end, End::Refused(_)) {
                 refusals = 0;
             }
             match end {
@@ -411,7 +418,7 @@ impl Mirror {
                         "this metadata is no longer a mirror's (detached?): the mirror agent stops",
                     ));
                 }
-                End::Retry(e) if e.chain().any(|c| c.is::<handshake::Permanent>()) => {
+                End::Refused(e) => {
                     // A configuration problem (a wrong token or name, a foreign volume, not a
                     // primary agent at all): retried, since the other side may be fixed, but
                     // seldom, loudly, and shown in `status` as the reason.
@@ -419,7 +426,7 @@ impl Mirror {
                     let wait = Duration::from_secs(30)
                         .saturating_mul(1 << (refusals - 1).min(5))
                         .min(Duration::from_secs(600));
-                    let msg = format!("{e:#}");
+                    let msg = handshake::describe(&e);
                     tracing::error!(reason = %msg, retry_in = ?wait, "the primary refuses this mirror; fix the configuration (retrying seldom until then)");
                     {
                         let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
@@ -432,7 +439,8 @@ impl Mirror {
                     }
                     continue;
                 }
-                End::Retry(e) => {
+                // (`Foreign` was made `Retry` or `Refused` above.)
+                End::Retry(e) | End::Foreign(e) => {
                     if e.chain()
                         .any(|c| c.downcast_ref::<proto::Corrupt>().is_some())
                     {
@@ -473,6 +481,14 @@ impl Mirror {
 impl crate::admin::ResyncAdmin for Mirror {
     async fn resync(&self) -> Result<String> {
         self.request_resync().await
+    }
+}
+
+/// A temporary handshake failure that kept happening: persistent now.
+fn persistent(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<fs_core::Error>() {
+        Ok(f) => anyhow::Error::new(f.persist()),
+        Err(e) => e,
     }
 }
 
