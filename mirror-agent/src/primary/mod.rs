@@ -20,7 +20,7 @@ mod slot_keeping;
 mod snapshot;
 mod stream;
 
-pub use lease::{LEASE, LEASE_STALE};
+pub use lease::{Lease, LEASE, LEASE_STALE};
 
 use crate::config::PrimaryConfig;
 use crate::handshake;

@@ -1,8 +1,13 @@
 //! The bootstrap record (`m/bootstrap`): a snapshot being installed, or installed and
 //! catching up, in place or staged beside the live metadata. Present from the start of an
 //! install until the mirror is consistent; a restart reads it to resume or start over.
+//!
+//! Stored as JSON with its format version beside the variant (`Record`, a `Versioned`
+//! record): `{"version":1,"CatchingUp":{"s0":..,"s_end":..,"staged":..}}`. The first
+//! releases wrote the variant alone (no version: version 1), which reads the same.
 
 use super::*;
+use fs_core::record::{self, Versioned};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,20 +38,37 @@ impl Bootstrap {
     }
 }
 
+/// The bootstrap record as stored: the variant, and the format version beside it.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    #[serde(flatten)]
+    b: Bootstrap,
+}
+
+impl Versioned for Record {
+    const KIND: &'static str = "the agent state's bootstrap record";
+    const VERSION: u32 = 1;
+}
+
+fn encode(b: &Bootstrap) -> Vec<u8> {
+    record::encode(&Record { b: b.clone() })
+}
+
+fn decode(raw: &[u8]) -> Result<Bootstrap> {
+    Ok(record::decode::<Record>(raw)
+        .context("the bootstrap record in the agent state")?
+        .b)
+}
+
 impl State {
     pub fn bootstrap(&self) -> Result<Option<Bootstrap>> {
-        match self.get(BOOT)? {
-            None => Ok(None),
-            Some(v) => Ok(Some(
-                serde_json::from_slice(&v).context("the bootstrap record in the agent state")?,
-            )),
-        }
+        self.get(BOOT)?.map(|v| decode(&v)).transpose()
     }
 
     pub fn set_bootstrap(&self, b: Option<&Bootstrap>) -> Result<()> {
         let mut wb = WriteBatch::default();
         match b {
-            Some(b) => wb.put(BOOT, serde_json::to_vec(b).expect("serializes")),
+            Some(b) => wb.put(BOOT, encode(b)),
             None => wb.delete(BOOT),
         }
         self.write(wb)
@@ -60,10 +82,7 @@ impl State {
         wb.delete_range(&b"q/"[..], &b"q0"[..]);
         wb.delete_range(&b"t/"[..], &b"t0"[..]);
         wb.put(QUEUED, 0u64.to_be_bytes());
-        wb.put(
-            BOOT,
-            serde_json::to_vec(&Bootstrap::Installing { s0, staged }).expect("serializes"),
-        );
+        wb.put(BOOT, encode(&Bootstrap::Installing { s0, staged }));
         self.write(wb)?;
         *g = Counts::default();
         Ok(())
@@ -73,6 +92,41 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Today's records (the variant alone, as every release so far wrote it) read as they
+    /// were; what this release writes reads back; a newer version is refused.
+    #[test]
+    fn bootstrap_records_of_today_read_back_and_a_newer_one_is_refused() {
+        for (raw, want) in [
+            (
+                r#"{"CatchingUp":{"s0":3,"s_end":9,"staged":true}}"#,
+                Bootstrap::CatchingUp {
+                    s0: 3,
+                    s_end: 9,
+                    staged: true,
+                },
+            ),
+            (
+                r#"{"Installing":{"s0":7,"staged":false}}"#,
+                Bootstrap::Installing {
+                    s0: 7,
+                    staged: false,
+                },
+            ),
+        ] {
+            assert_eq!(decode(raw.as_bytes()).unwrap(), want);
+            let again = encode(&want);
+            let v: serde_json::Value = serde_json::from_slice(&again).unwrap();
+            assert_eq!(v["version"], 1, "{v}");
+            assert_eq!(decode(&again).unwrap(), want);
+        }
+        let e = decode(br#"{"version":2,"CatchingUp":{"s0":3,"s_end":9}}"#).unwrap_err();
+        let f = e
+            .downcast_ref::<fs_core::Error>()
+            .expect("an fs_core::Error");
+        assert_eq!(f.kind(), fs_core::ErrorKind::UnsupportedVersion);
+        assert!(format!("{e:#}").contains("format version 2"), "{e:#}");
+    }
 
     #[test]
     fn a_bootstrap_record_of_the_previous_release_reads_as_in_place() {

@@ -6,26 +6,42 @@
 
 use super::queue::k;
 use super::*;
+use fs_core::record::{self, VersionedBin};
 
 /// The format this release writes.
 pub const STATE_FORMAT: u32 = 2;
 
-pub(super) fn encode_item(q: &QItem) -> Vec<u8> {
-    let mut v = vec![STATE_FORMAT as u8];
-    v.extend(postcard::to_allocvec(q).expect("serializes"));
-    v
+/// A queue item: its version byte (2, the only one written so far), then postcard.
+impl VersionedBin for QItem {
+    const KIND: &'static str = "a block queue item";
+    const VERSION: u8 = 2;
+
+    fn encode_body(&self, out: &mut Vec<u8>) {
+        out.extend(postcard::to_allocvec(self).expect("serializes"));
+    }
+
+    fn decode_body(version: u8, body: &[u8]) -> fs_core::Result<Self> {
+        match version {
+            2 => postcard::from_bytes(body)
+                .map_err(|e| fs_core::error::corrupt(format!("a queue item does not decode: {e}"))),
+            // Format 1 had no version byte: its items are read by the migration only.
+            v => Err(fs_core::error::corrupt(format!(
+                "a queue item of an unknown version ({v})"
+            ))),
+        }
+    }
 }
 
-/// A queue record of format `format` (1: bare postcard; 2: version byte, then postcard).
+pub(super) fn encode_item(q: &QItem) -> Vec<u8> {
+    record::encode_bin(q)
+}
+
+/// A queue record of state format `format` (1: bare postcard; 2: version byte, then postcard).
 pub(super) fn decode_item(v: &[u8], format: u32) -> Result<QItem> {
-    let body = match format {
-        1 => v,
-        _ => match v.split_first() {
-            Some((2, rest)) => rest,
-            _ => anyhow::bail!("a queue item of an unknown version ({:?})", v.first()),
-        },
-    };
-    postcard::from_bytes(body).context("a queue item does not decode")
+    match format {
+        1 => postcard::from_bytes(v).context("a queue item does not decode"),
+        _ => Ok(record::decode_bin(v)?),
+    }
 }
 
 impl State {
@@ -143,5 +159,26 @@ mod tests {
             e.contains("newer mirror-agent") && e.contains("format 9"),
             "{e}"
         );
+    }
+
+    /// A queue item as this release and the previous one write it (version byte 2, then
+    /// postcard) reads back; a newer version is refused.
+    #[test]
+    fn queue_items_of_today_read_back_and_a_newer_one_is_refused() {
+        let want = QItem {
+            len: 4096,
+            attempts: 2,
+            next_ns: 5,
+        };
+        let today = [2u8, 0x80, 0x20, 0x02, 0x0a];
+        assert_eq!(decode_item(&today, STATE_FORMAT).unwrap(), want);
+        assert_eq!(encode_item(&want), today);
+        let e = decode_item(&[3, 0x80, 0x20, 0x02, 0x0a], STATE_FORMAT).unwrap_err();
+        let f = e
+            .downcast_ref::<fs_core::Error>()
+            .expect("an fs_core::Error");
+        assert_eq!(f.kind(), fs_core::ErrorKind::UnsupportedVersion);
+        // Format 1: bare postcard.
+        assert_eq!(decode_item(&today[1..], 1).unwrap(), want);
     }
 }

@@ -13,9 +13,10 @@
 //!
 //! Every change is one WriteBatch with the WAL synced, so a kill -9 loses no queued copy.
 //!
-//! Versions: `QItem`s are postcard (positional), so each record starts with the format's
-//! version byte (format 2; format 1, the first release's, had none). A state directory of an
-//! older format is migrated at open in one atomic batch; a newer one is refused, naming both.
+//! Versions: `QItem`s are postcard (positional), so each record starts with its version byte
+//! (a `VersionedBin` record: 2; format 1, the first release's, had none); the bootstrap record
+//! is a `Versioned` JSON record. A state directory of an older format is migrated at open in
+//! one atomic batch; a newer one is refused, naming both.
 //!
 //! By concern: `queue` (the copies to do, their time index and running counts), `bootstrap`
 //! (the record of a snapshot install or catch-up), `format` (the versions of the records
