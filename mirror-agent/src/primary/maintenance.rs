@@ -1,58 +1,165 @@
-//! The primary's background work: the status document and metrics, the retention cap and
-//! the journal trim behind the slowest active mirror.
+//! The primary's background work, as `background::Worker`s under the primary's supervisor:
+//! `primary status` (the status document and metrics), `slot lease` (the lease), `journal
+//! maintenance` (the retention cap and the journal trim behind the slowest active mirror).
 
 use super::lease::LEASE_EVERY;
 use super::*;
+use background::{Worker, WorkerState, WorkerStatus};
 
-impl Primary {
-    pub(super) async fn maintain(self: Arc<Self>, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        let mut last_trim = tokio::time::Instant::now() - self.cfg.trim_interval;
-        let mut last_beat = tokio::time::Instant::now() - LEASE_EVERY;
-        let mut trim_unsupported = false;
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => {
-                    let _ = self.engine.aux_put(LEASE, None).await;
-                    return;
-                }
-                _ = tick.tick() => {}
-            }
-            if last_beat.elapsed() >= LEASE_EVERY {
-                last_beat = tokio::time::Instant::now();
-                let admin = *self.admin.lock().unwrap_or_else(|p| p.into_inner());
-                if let Err(e) = self.beat(admin).await {
-                    tracing::warn!(error = %format!("{e:#}"), "recording this agent beside the volume");
-                }
-            }
-            if let Err(e) = self.refresh_status().await {
-                tracing::warn!(error = %format!("{e:#}"), "refreshing status");
-            }
-            if last_trim.elapsed() < self.cfg.trim_interval {
-                continue;
-            }
-            last_trim = tokio::time::Instant::now();
-            if let Err(e) = self.enforce_caps().await {
-                tracing::warn!(error = %format!("{e:#}"), "checking replication slots");
-            }
-            if trim_unsupported {
-                continue;
-            }
-            match self.trim().await {
+/// Start the primary's workers on its supervisor.
+pub(super) fn start(p: &Arc<Primary>) {
+    p.workers.spawn(StatusWorker {
+        p: p.clone(),
+        tick: ticker(Duration::from_millis(500)),
+        failures: Failures::default(),
+    });
+    p.workers.spawn(LeaseWorker {
+        p: p.clone(),
+        tick: ticker(LEASE_EVERY),
+        failures: Failures::default(),
+    });
+    p.workers.spawn(MaintenanceWorker {
+        p: p.clone(),
+        tick: ticker(p.cfg.trim_interval),
+        trim_unsupported: false,
+    });
+}
+
+/// Ticks every `every`, the first one `every` from now (a worker's first call is at once).
+fn ticker(every: Duration) -> tokio::time::Interval {
+    let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+/// Failures a worker logs and retries at its next tick (its cadence matters more than a
+/// backoff: the status stays fresh, the lease alive), shown in its status.
+#[derive(Default)]
+struct Failures {
+    n: u64,
+    last: Option<String>,
+}
+
+impl Failures {
+    fn note(&mut self, e: &anyhow::Error, what: &str) {
+        let msg = format!("{e:#}");
+        tracing::warn!(error = %msg, "{what}");
+        self.n += 1;
+        self.last = Some(format!("{what}: {msg}"));
+    }
+
+    fn status(&self) -> WorkerStatus {
+        let mut s = WorkerStatus::default();
+        if self.n > 0 {
+            s.detail.insert("failures".into(), self.n.into());
+        }
+        if let Some(l) = &self.last {
+            s.detail.insert("last_failure".into(), l.clone().into());
+        }
+        s
+    }
+}
+
+/// `primary status`: the status document and metrics, every 500 ms.
+struct StatusWorker {
+    p: Arc<Primary>,
+    tick: tokio::time::Interval,
+    failures: Failures,
+}
+
+#[async_trait::async_trait]
+impl Worker for StatusWorker {
+    fn name(&self) -> String {
+        "primary status".into()
+    }
+    async fn work(&mut self, _stop: &CancellationToken) -> Result<WorkerState> {
+        if let Err(e) = self.p.refresh_status().await {
+            self.failures.note(&e, "refreshing status");
+        }
+        Ok(WorkerState::Idle)
+    }
+    async fn wait_for_work(&mut self) -> WorkerState {
+        self.tick.tick().await;
+        WorkerState::Busy
+    }
+    fn status(&self) -> WorkerStatus {
+        self.failures.status()
+    }
+}
+
+/// `slot lease`: the lease refreshed every `LEASE_EVERY` (`Primary::run` removes it once the
+/// workers stopped).
+struct LeaseWorker {
+    p: Arc<Primary>,
+    tick: tokio::time::Interval,
+    failures: Failures,
+}
+
+#[async_trait::async_trait]
+impl Worker for LeaseWorker {
+    fn name(&self) -> String {
+        "slot lease".into()
+    }
+    async fn work(&mut self, _stop: &CancellationToken) -> Result<WorkerState> {
+        let admin = *self.p.admin.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = self.p.beat(admin).await {
+            self.failures
+                .note(&e, "recording this agent beside the volume");
+        }
+        Ok(WorkerState::Idle)
+    }
+    async fn wait_for_work(&mut self) -> WorkerState {
+        self.tick.tick().await;
+        WorkerState::Busy
+    }
+    fn status(&self) -> WorkerStatus {
+        self.failures.status()
+    }
+}
+
+/// `journal maintenance`: the retention cap, then the journal trim behind the slowest active
+/// mirror, every `trim_interval`. A failure is retried after the supervisor's pause.
+struct MaintenanceWorker {
+    p: Arc<Primary>,
+    tick: tokio::time::Interval,
+    /// The volume is open read-only here: trimming is left to `jfs gc`.
+    trim_unsupported: bool,
+}
+
+#[async_trait::async_trait]
+impl Worker for MaintenanceWorker {
+    fn name(&self) -> String {
+        "journal maintenance".into()
+    }
+    async fn work(&mut self, _stop: &CancellationToken) -> Result<WorkerState> {
+        let p = &self.p;
+        let caps = p.enforce_caps().await.context("checking replication slots");
+        if let Err(e) = &caps {
+            tracing::warn!(error = %format!("{e:#}"), "checking replication slots");
+        }
+        if !self.trim_unsupported {
+            match p.trim().await {
                 Ok(n) if n > 0 => {
-                    self.metrics.journal_trimmed.inc_by(n);
+                    p.metrics.journal_trimmed.inc_by(n);
                     tracing::info!(entries = n, "journal trimmed behind the slowest mirror");
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::ReadOnly => {
-                    trim_unsupported = true;
+                    self.trim_unsupported = true;
                     tracing::info!("the volume is open read-only here (RocksDB has one writer): journal trimming is left to `jfs gc`, which honours the slots");
                 }
-                Err(e) => tracing::warn!(error = %e, "trimming the journal"),
+                Err(e) => return Err(anyhow::Error::new(e).context("trimming the journal")),
             }
         }
+        caps.map(|()| WorkerState::Idle)
     }
+    async fn wait_for_work(&mut self) -> WorkerState {
+        self.tick.tick().await;
+        WorkerState::Busy
+    }
+}
 
+impl Primary {
     pub(super) async fn trim(&self) -> fs_core::Result<u64> {
         let slots = slots::list(&*self.engine).await?;
         let floor = slots::retain_floor(&slots);

@@ -8,7 +8,8 @@
 //! `snapshot` (a snapshot for a mirror that starts over), `lease` (the record that tells
 //! other processes this agent keeps the slots), `maintenance` (the background work: status,
 //! the lease, the retention cap and the journal trim). Here the agent's state, its start and
-//! its accept loop.
+//! its accept loop; on shutdown it stops accepting, cancels the connections (each persists
+//! the acknowledgements it holds), stops the workers, and removes the lease last.
 //!
 //! Invariants: a slot is written only here, under `slot_lock` (an acknowledgement never
 //! brings a dropped slot back); one live connection per mirror (a newer one cancels the
@@ -27,6 +28,7 @@ use crate::handshake;
 use crate::metrics::{label, Metrics};
 use crate::proto::{self, ToMirror, ToPrimary, Want};
 use anyhow::{anyhow, bail, Context, Result};
+use background::Supervisor;
 use fs_core::engine::Engine;
 use fs_core::slots::{self, Slot, SlotState};
 use fs_core::{keys, Entry, ErrorKind};
@@ -55,7 +57,12 @@ pub struct Primary {
     admin: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// Slots whose series are exported.
     seen_slots: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Runs the background work (`maintenance`).
+    workers: Arc<Supervisor>,
 }
+
+/// How long the workers may take to stop (each finishes the step it is in).
+const DRAIN: Duration = Duration::from_secs(10);
 
 #[async_trait::async_trait]
 impl crate::admin::SlotAdmin for Primary {
@@ -102,7 +109,13 @@ impl Primary {
             gate: handshake::Gate::default(),
             admin: Default::default(),
             seen_slots: Default::default(),
+            workers: Arc::new(Supervisor::new(CancellationToken::new())),
         }))
+    }
+
+    /// The supervisor of this agent's workers, for `status`.
+    pub fn workers(&self) -> Arc<Supervisor> {
+        self.workers.clone()
     }
 
     /// Record the admin address (for the lease that `slot drop` reads).
@@ -116,7 +129,7 @@ impl Primary {
             .await
             .with_context(|| format!("listening on {}", self.cfg.listen))?;
         tracing::info!(listen = %self.cfg.listen, tls = self.tls.is_some(), mirrors = self.tokens.len(), "primary agent serving the journal");
-        let maint = tokio::spawn(self.clone().maintain(stop.clone()));
+        maintenance::start(&self);
         loop {
             let (sock, peer) = tokio::select! {
                 _ = stop.cancelled() => break,
@@ -142,7 +155,9 @@ impl Primary {
             t.cancel();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let _ = maint.await;
+        self.workers.shutdown(DRAIN).await;
+        // Last: until here `slot drop` goes through this agent.
+        let _ = self.engine.aux_put(LEASE, None).await;
         Ok(())
     }
 }
