@@ -2,7 +2,8 @@
 //! who can reach it; changes need the admin token (`Authorization: Bearer TOKEN`, from
 //! `admin_token_env` / `admin_token_file`): `PUT /limits?bwlimit=RATE&tps=N` and
 //! `POST /resync` at a mirror, `DELETE /slots/NAME` at a primary. Without a configured token,
-//! changes are refused.
+//! changes are refused. `/status` is what the agent's status worker last wrote, with the
+//! supervisor's list of workers added.
 
 use crate::metrics::Metrics;
 use async_trait::async_trait;
@@ -44,6 +45,8 @@ pub struct Admin {
     pub slots: Option<Arc<dyn SlotAdmin>>,
     /// A mirror's resync.
     pub resync: Option<Arc<dyn ResyncAdmin>>,
+    /// The agent's workers, listed in `/status` (`workers`).
+    pub workers: Arc<background::Supervisor>,
 }
 
 pub async fn serve(
@@ -111,8 +114,17 @@ async fn metrics_h(State(a): State<Admin>) -> impl IntoResponse {
     )
 }
 
+/// The status the agent's loops keep, with its workers as the supervisor sees them (name,
+/// state, errors, last error, what each says of itself).
 async fn status_h(State(a): State<Admin>) -> impl IntoResponse {
-    axum::Json(a.metrics.status())
+    let mut v = a.metrics.status();
+    if let Some(o) = v.as_object_mut() {
+        o.insert(
+            "workers".into(),
+            serde_json::to_value(a.workers.status()).unwrap_or_default(),
+        );
+    }
+    axum::Json(v)
 }
 
 async fn limits_h(

@@ -2,11 +2,12 @@
 //! the pool of workers that copies them from the origin store to the mirror store, limited in
 //! bytes/s and requests/s, retried with capped exponential backoff, verified by length and by
 //! the CRC32C the slice recorded (format 2; on a format-1 volume, by the origin's MD5 ETag
-//! where it has one).
+//! where it has one). The copies run in the `Copier` worker.
 
 use crate::metrics::Metrics;
 use crate::staging::Meta;
 use crate::state::{Changes, QItem, State};
+use background::{WorkerState, WorkerStatus};
 use fs_core::keys::{self, Key};
 use fs_core::{BlockCheck, BlockStore, Entry, ErrorKind, Mutation, Settings, SliceRec};
 use objstore::limits::Limits;
@@ -109,75 +110,14 @@ impl Replicator {
         })
     }
 
-    /// Run until `stop` is cancelled; copies in flight then finish (or stay queued).
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let sem = Arc::new(Semaphore::new(self.workers));
-        let mut tasks = tokio::task::JoinSet::new();
-        let mut minute = tokio::time::interval(Duration::from_secs(60));
-        loop {
-            if stop.is_cancelled() {
-                break;
-            }
-            if let Err(e) = self.purge_some().await {
-                tracing::warn!(error = %e, "deleting purged blocks at the mirror store");
-            }
-            // Take from the queue only what free workers start now, so that a copy moved
-            // ahead (a reader wants it) is next, not behind a batch taken earlier.
-            let free = sem.available_permits();
-            if free == 0 {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tasks.join_next() => {}
-                }
-                continue;
-            }
-            let due = {
-                let inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-                self.state
-                    .due(fs_core::now_ns(), free, &|k| inflight.contains(k))
-            };
-            let due = match due {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::error!(error = %e, "reading the block queue");
-                    Vec::new()
-                }
-            };
-            if due.is_empty() {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = self.notify.notified() => {}
-                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-                    _ = minute.tick() => self.limits.refresh(),
-                }
-                while tasks.try_join_next().is_some() {}
-                continue;
-            }
-            for (key, item) in due {
-                let Ok(permit) = sem.clone().try_acquire_owned() else {
-                    break; // not reached: `due` asked for no more than the free workers
-                };
-                self.inflight
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key.clone());
-                let me = self.clone();
-                tasks.spawn(async move {
-                    me.copy_one(&key, item).await;
-                    me.inflight
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&key);
-                    drop(permit);
-                });
-            }
-            while tasks.try_join_next().is_some() {}
+    /// The worker that runs the copies (see `Copier`).
+    pub fn worker(self: &Arc<Self>) -> Copier {
+        Copier {
+            sem: Arc::new(Semaphore::new(self.workers)),
+            r: self.clone(),
+            tasks: tokio::task::JoinSet::new(),
+            minute: tokio::time::interval(Duration::from_secs(60)),
         }
-        // Drain: let copies in flight finish for a short while, then leave the rest queued.
-        let _ = tokio::time::timeout(Duration::from_secs(10), async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
     }
 
     async fn purge_some(&self) -> anyhow::Result<()> {
@@ -367,6 +307,125 @@ impl Replicator {
         self.limits.request().await;
         self.dest.put(key, data).await?;
         Ok(Some(Copy::Copied))
+    }
+}
+
+/// The block copier, a `background::Worker`: takes from the queue only what free workers
+/// start now (so that a copy moved ahead, a reader wants it, is next), deletes purged blocks,
+/// and refreshes the bandwidth timetable every minute. It is idle only with no copy in
+/// flight; on shutdown, copies in flight finish for up to 10 s and the rest stay queued.
+pub struct Copier {
+    r: Arc<Replicator>,
+    sem: Arc<Semaphore>,
+    tasks: tokio::task::JoinSet<()>,
+    minute: tokio::time::Interval,
+}
+
+impl Copier {
+    /// Until there may be more to do: a notification, a quarter second, the minute tick.
+    async fn pause(&mut self) {
+        tokio::select! {
+            _ = self.r.notify.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = self.minute.tick() => self.r.limits.refresh(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl background::Worker for Copier {
+    fn name(&self) -> String {
+        "block copier".into()
+    }
+
+    async fn work(&mut self, stop: &CancellationToken) -> anyhow::Result<WorkerState> {
+        if stop.is_cancelled() {
+            // Drain: let copies in flight finish for a short while, then leave the rest queued.
+            let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                while self.tasks.join_next().await.is_some() {}
+            })
+            .await;
+            return Ok(WorkerState::Done);
+        }
+        let r = self.r.clone();
+        if let Err(e) = r.purge_some().await {
+            tracing::warn!(error = %e, "deleting purged blocks at the mirror store");
+        }
+        let free = self.sem.available_permits();
+        if free == 0 {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = self.tasks.join_next() => {}
+            }
+            return Ok(WorkerState::Busy);
+        }
+        let due = {
+            let inflight = r.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            r.state
+                .due(fs_core::now_ns(), free, &|k| inflight.contains(k))
+        };
+        let due = match due {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the block queue");
+                Vec::new()
+            }
+        };
+        if due.is_empty() {
+            if self.tasks.is_empty() {
+                return Ok(WorkerState::Idle);
+            }
+            // Copies in flight: wait here (never idle with copies to drain).
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = self.pause() => {}
+            }
+            while self.tasks.try_join_next().is_some() {}
+            return Ok(WorkerState::Busy);
+        }
+        for (key, item) in due {
+            let Ok(permit) = self.sem.clone().try_acquire_owned() else {
+                break; // not reached: `due` asked for no more than the free workers
+            };
+            r.inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.clone());
+            let me = r.clone();
+            self.tasks.spawn(async move {
+                me.copy_one(&key, item).await;
+                me.inflight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key);
+                drop(permit);
+            });
+        }
+        while self.tasks.try_join_next().is_some() {}
+        Ok(WorkerState::Busy)
+    }
+
+    async fn wait_for_work(&mut self) -> WorkerState {
+        self.pause().await;
+        WorkerState::Busy
+    }
+
+    fn status(&self) -> WorkerStatus {
+        let mut s = WorkerStatus {
+            progress: Some(format!("{} copies in flight", self.tasks.len())),
+            queue_length: self.r.state.pending().ok().map(|(n, _, _)| n),
+            ..Default::default()
+        };
+        if let Some(e) = self
+            .r
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            s.detail.insert("last_copy_error".into(), e.clone().into());
+        }
+        s
     }
 }
 

@@ -10,6 +10,10 @@
 //!
 //! Together an unauthenticated peer can make the primary hold at most a few hundred KiB per
 //! pending connection (codec buffer, TLS buffers), a few tens of MiB in all.
+//!
+//! The mirror's half says how it failed with an `fs_core::Error` and its status (see
+//! `failure`): permanent for a refusal, temporary for a reply that is not the protocol; any
+//! other error is the network. This module uses `proto`; `proto` does not know it.
 
 use crate::proto::{self, ToMirror, ToPrimary, Want, Wire};
 use anyhow::{anyhow, bail, Result};
@@ -19,7 +23,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-pub const PRE_AUTH_MAX_MESSAGE: usize = 64 << 10;
+pub use crate::proto::PRE_AUTH_MAX_MESSAGE;
 pub const PER_PEER: usize = 16;
 pub const MAX_PENDING: usize = 256;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -224,34 +228,33 @@ pub enum Welcome {
     Resync(String),
 }
 
-/// Why the mirror's half failed: `Permanent` means retrying soon cannot help (a wrong
-/// token, a foreign volume, not a primary agent at all); the rest is the network.
-#[derive(Debug)]
-pub struct Permanent(pub String);
-
-impl std::fmt::Display for Permanent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// How the mirror's half failed, when it is not the network: the `fs_core::Error` at the
+/// root of what `connect` returned. `Permanent`: retrying soon cannot help (a wrong token, a
+/// refusal, a foreign volume, a superseded primary). `Temporary` (kind `Config`): the peer's
+/// first reply was not the mirror protocol; once could be damage in transit (a flipped
+/// length), several times in a row the peer is something else, and the caller makes it
+/// `persist()`. None: the network (retried soon).
+pub fn failure(e: &anyhow::Error) -> Option<&fs_core::Error> {
+    e.downcast_ref::<fs_core::Error>()
 }
 
-impl std::error::Error for Permanent {}
-
-/// The peer's first reply was not the mirror protocol. Once could be damage in transit (a
-/// flipped length); several times in a row, the peer is something else.
-#[derive(Debug)]
-pub struct NotPrimary(pub String);
-
-impl std::fmt::Display for NotPrimary {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// What `connect`'s error says, for a person (the handshake's own failures without their
+/// retry status, which the caller acts on).
+pub fn describe(e: &anyhow::Error) -> String {
+    failure(e).map_or_else(|| format!("{e:#}"), |f| f.message().to_string())
 }
 
-impl std::error::Error for NotPrimary {}
+/// A refusal that retrying soon cannot fix.
+pub fn refused(msg: String) -> anyhow::Error {
+    anyhow::Error::new(fs_core::Error::new(
+        fs_core::ErrorKind::PermissionDenied,
+        msg,
+    ))
+}
 
-fn permanent(msg: String) -> anyhow::Error {
-    anyhow::Error::new(Permanent(msg))
+/// The peer answered with something that is not the mirror protocol.
+fn not_primary(msg: String) -> anyhow::Error {
+    anyhow::Error::new(fs_core::Error::temporary(fs_core::ErrorKind::Config, msg))
 }
 
 /// The mirror's half: hello, check the primary's proof, prove the token, read the welcome.
@@ -275,9 +278,9 @@ pub async fn connect(
                 .is_some_and(|c| c.1 == proto::Damage::Foreign)
         });
         if foreign {
-            anyhow::Error::new(NotPrimary(format!(
+            not_primary(format!(
                 "{peer} is not a primary agent: it answered with something that is not the mirror protocol (check [mirror] primary: the host and the primary's `listen` port, not its admin port; if the primary serves TLS, set tls_ca)"
-            )))
+            ))
         } else {
             e
         }
@@ -292,11 +295,11 @@ pub async fn connect(
             if !proto::verify(token, "primary", &nonce_m, &nonce, &proof) {
                 let _ = futures::SinkExt::<bytes::Bytes>::flush(wire).await;
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                return Err(permanent(format!("authentication failed: the primary at {peer} did not prove it holds this mirror's token (the tokens differ, or this is not the primary)")));
+                return Err(refused(format!("authentication failed: the primary at {peer} did not prove it holds this mirror's token (the tokens differ, or this is not the primary)")));
             }
         }
         ToMirror::Refused { reason, .. } => {
-            return Err(permanent(format!(
+            return Err(refused(format!(
                 "the primary refused this mirror: {reason} (check [mirror] name and its token)"
             )))
         }
@@ -309,7 +312,7 @@ pub async fn connect(
             reason,
             resync: true,
         } => Ok(Welcome::Resync(reason)),
-        ToMirror::Refused { reason, .. } => Err(permanent(format!(
+        ToMirror::Refused { reason, .. } => Err(refused(format!(
             "the primary refused this mirror: {reason}"
         ))),
         other => bail!("unexpected message {}", proto::msg_name(&other)),

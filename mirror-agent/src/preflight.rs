@@ -144,7 +144,7 @@ async fn probe_primary(m: &crate::config::MirrorConfig) -> Result<Option<String>
     {
         Ok(Welcome::In { .. }) | Ok(Welcome::Resync(_)) => Ok(None),
         Err(e) => {
-            let msg = format!("{e:#}");
+            let msg = handshake::describe(&e);
             let marker = format!("the mirror holds volume {PROBE_VOLUME}, this primary serves ");
             match msg.find(&marker) {
                 Some(i) => Ok(Some(

@@ -635,7 +635,7 @@ async fn probe_old_primary(
     applied: u64,
     epoch: u64,
 ) -> OldPrimary {
-    use crate::handshake::{self, Permanent, Welcome};
+    use crate::handshake::{self, Welcome};
     let tls = match crate::mirror::tls_for(m) {
         Ok(t) => t,
         Err(e) => return OldPrimary::Gone(format!("no TLS connector: {e:#}")),
@@ -667,9 +667,9 @@ async fn probe_old_primary(
     match r {
         Ok(Welcome::In { head, .. }) => OldPrimary::Serving(format!("its head is {head}")),
         Ok(Welcome::Resync(why)) => OldPrimary::Serving(why),
-        Err(e) => match e.downcast_ref::<Permanent>() {
-            Some(p) if p.0.contains("this primary was fenced") => OldPrimary::Fenced,
-            Some(p) => OldPrimary::Serving(p.0.clone()),
+        Err(e) => match handshake::failure(&e).filter(|f| !f.is_temporary()) {
+            Some(p) if p.message().contains("this primary was fenced") => OldPrimary::Fenced,
+            Some(p) => OldPrimary::Serving(p.message().to_string()),
             None => OldPrimary::Gone(format!("{e:#}")),
         },
     }

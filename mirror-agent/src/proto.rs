@@ -10,6 +10,9 @@
 //!    (or `Refused` for an unknown mirror name, after the same delay as a bad proof)
 //! 3. mirror checks the proof, -> `Auth { mac = mac(token, "mirror", nonce_p, nonce_m) }`
 //! 4. primary -> `Welcome` then entries (or a snapshot first), or `Refused`.
+//!
+//! This module knows only the messages and their framing; `handshake` (which uses it) runs
+//! the exchange above.
 
 use anyhow::{anyhow, Result};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -23,6 +26,9 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 /// 2: the hello and the welcome carry the primary epoch each side has seen.
 pub const PROTO_VERSION: u32 = 2;
 pub const MAX_MESSAGE: usize = 64 << 20;
+/// The largest message a peer may send before it has proven its token (a hello is a few
+/// dozen bytes): see `handshake`.
+pub const PRE_AUTH_MAX_MESSAGE: usize = 64 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Want {
@@ -130,7 +136,7 @@ pub type Wire = Framed<Box<dyn Io>, LengthDelimitedCodec>;
 /// handshake raises it to `MAX_MESSAGE` once the peer has proven its token.
 pub fn wire(io: Box<dyn Io>) -> Wire {
     LengthDelimitedCodec::builder()
-        .max_frame_length(crate::handshake::PRE_AUTH_MAX_MESSAGE)
+        .max_frame_length(PRE_AUTH_MAX_MESSAGE)
         .new_framed(io)
 }
 

@@ -68,7 +68,7 @@ pub async fn save(
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut man = Manifest {
-        version: 1,
+        version: <Manifest as fs_core::record::Versioned>::VERSION,
         parted_at: tail.parted_at,
         parted_at_exact: tail.exact,
         from_epoch: tail.from_epoch,
@@ -208,7 +208,8 @@ pub async fn save(
     })
 }
 
-#[derive(Default, serde::Serialize)]
+/// `manifest.json`: a `Versioned` record (a person reads it; a later release may too).
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Manifest {
     version: u32,
     parted_at: u64,
@@ -228,7 +229,7 @@ struct Manifest {
     failed: Vec<Failed>,
 }
 
-#[derive(serde::Serialize)]
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct SavedFile {
     path: String,
     ino: Ino,
@@ -238,18 +239,23 @@ struct SavedFile {
     mtime_ns: i64,
 }
 
-#[derive(serde::Serialize)]
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct SavedLink {
     path: String,
     ino: Ino,
     target: String,
 }
 
-#[derive(serde::Serialize)]
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Failed {
     path: String,
     ino: Ino,
     error: String,
+}
+
+impl fs_core::record::Versioned for Manifest {
+    const KIND: &'static str = "a saved tail's manifest";
+    const VERSION: u32 = 1;
 }
 
 fn readme(m: &Manifest, dir: &Path) -> String {
@@ -570,6 +576,68 @@ impl BlockStore for FirstOf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A manifest as this release and the previous one write it reads back; one of a newer
+    /// version is refused.
+    #[test]
+    fn a_manifest_of_today_reads_and_a_newer_one_is_refused() {
+        use fs_core::record;
+        let today = r#"{
+  "version": 1,
+  "parted_at": 41,
+  "parted_at_exact": true,
+  "from_epoch": 1,
+  "to_epoch": 2,
+  "first_seq": 42,
+  "last_seq": 44,
+  "entries": 3,
+  "bytes": 5,
+  "dump": false,
+  "files": [
+    {
+      "path": "/a/b",
+      "ino": 9,
+      "len": 5,
+      "crc32c": 123,
+      "mode": 33188,
+      "mtime_ns": 7
+    }
+  ],
+  "symlinks": [
+    {
+      "path": "/l",
+      "ino": 10,
+      "target": "b"
+    }
+  ],
+  "deleted": [
+    11
+  ],
+  "failed": [
+    {
+      "path": "/c",
+      "ino": 12,
+      "error": "no block"
+    }
+  ]
+}"#;
+        let m = record::decode::<Manifest>(today.as_bytes()).unwrap();
+        assert_eq!(
+            (m.parted_at, m.first_seq, m.last_seq, m.entries),
+            (41, 42, 44, 3)
+        );
+        assert_eq!(m.files[0].path, "/a/b");
+        assert_eq!(m.files[0].crc32c, 123);
+        assert_eq!(m.symlinks[0].target, "b");
+        assert_eq!((m.deleted.clone(), m.failed[0].ino), (vec![11], 12));
+        // What `save` writes (pretty, the version set) is the same record.
+        let mut pretty = Vec::new();
+        serde_json::to_writer_pretty(&mut pretty, &m).unwrap();
+        assert_eq!(String::from_utf8(pretty).unwrap(), today);
+        let newer = today.replace("\"version\": 1", "\"version\": 2");
+        let e = record::decode::<Manifest>(newer.as_bytes()).unwrap_err();
+        assert_eq!(e.kind(), fs_core::ErrorKind::UnsupportedVersion);
+    }
 
     #[test]
     fn hostile_names_never_leave_the_saved_directory() {

@@ -196,6 +196,7 @@ pub fn human(v: &Value) -> String {
             }
             line(s);
         }
+        workers(v, &mut line);
         return o;
     }
     let b = &v["blocks"];
@@ -266,7 +267,40 @@ pub fn human(v: &Value) -> String {
     if let Some(e) = b["last_error"].as_str() {
         line(format!("last block copy error: {e}"));
     }
+    workers(v, &mut line);
     o
+}
+
+/// The agent's workers, one a line: name, state, errors, the last one (absent from an older
+/// agent's status: nothing is printed).
+fn workers(v: &Value, line: &mut impl FnMut(String)) {
+    let Some(ws) = v["workers"].as_array().filter(|w| !w.is_empty()) else {
+        return;
+    };
+    line("workers:".into());
+    for w in ws {
+        // A state is a word, or an object naming it (`{"throttled": ...}`).
+        let state = match &w["state"] {
+            Value::String(s) => s.clone(),
+            Value::Object(o) => o.keys().next().cloned().unwrap_or_default(),
+            other => other.to_string(),
+        };
+        let mut s = format!(
+            "  {}: {state}, {} errors",
+            text(&w["name"]),
+            num(&w["errors"])
+        );
+        if let Some(p) = w["status"]["progress"].as_str() {
+            s.push_str(&format!(", {p}"));
+        }
+        if let Some(q) = w["status"]["queue_length"].as_u64() {
+            s.push_str(&format!(", {q} queued"));
+        }
+        if let Some(e) = w["last_error"].as_str() {
+            s.push_str(&format!(" (last error: {e})"));
+        }
+        line(s);
+    }
 }
 
 pub async fn limits(a: &AdminArgs, bwlimit: Option<String>, tps: Option<u32>) -> Result<()> {
@@ -350,7 +384,24 @@ mod tests {
         );
         assert!(h.contains("last block copy error: k: access denied"), "{h}");
         assert!(h.contains("2 copied (8.0 MiB)"), "{h}");
+        assert!(
+            !h.contains("workers:"),
+            "an older agent's status lists none: {h}"
+        );
         let mut v = v;
+        v["workers"] = serde_json::json!([
+            {"name": "replication", "state": {"throttled": {"secs": 1, "nanos": 0}},
+             "errors": 0, "consecutive_errors": 0, "status": {}},
+            {"name": "block copier", "state": "idle", "errors": 2, "consecutive_errors": 0,
+             "last_error": "origin: timed out",
+             "status": {"progress": "0 copies in flight", "queue_length": 3}},
+        ]);
+        let h = super::human(&v);
+        assert!(h.contains("\n  replication: throttled, 0 errors\n"), "{h}");
+        assert!(
+            h.contains("  block copier: idle, 2 errors, 0 copies in flight, 3 queued (last error: origin: timed out)"),
+            "{h}"
+        );
         v["lag_seconds"] = serde_json::Value::Null;
         assert!(
             super::human(&v).contains("unknown (not caught up"),

@@ -167,6 +167,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
                 limits: None,
                 slots: Some(p.clone()),
                 resync: None,
+                workers: p.workers(),
             };
             let admin = admin::serve(admin_addr, app, stop.clone()).await?;
             tracing::info!(admin = %admin_addr, "admin endpoint: /metrics /status, DELETE /slots/NAME");
@@ -197,6 +198,7 @@ pub async fn run(a: RunArgs) -> Result<()> {
                 limits: Some(m.limits_arc()),
                 slots: None,
                 resync: Some(m.clone()),
+                workers: m.workers(),
             };
             let admin = admin::serve(admin_addr, app, stop.clone()).await?;
             // Started: what this start created is the agent's now.

@@ -6,7 +6,7 @@
 use crate::AdminArgs;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
-use mirror_agent::primary::{LEASE, LEASE_STALE};
+use mirror_agent::primary::{Lease, LEASE};
 
 #[derive(Subcommand)]
 pub enum SlotCmd {
@@ -113,13 +113,16 @@ async fn running_primary(e: &dyn fs_core::Engine) -> Result<Option<(String, u64)
     else {
         return Ok(None);
     };
-    let v: serde_json::Value = serde_json::from_slice(&v).unwrap_or_default();
-    let beat = v["beat_ns"].as_i64().unwrap_or(0);
-    let age = fs_core::now_ns().saturating_sub(beat);
-    if age > LEASE_STALE.as_nanos() as i64 {
-        return Ok(None);
-    }
-    Ok(v["admin"]
-        .as_str()
-        .map(|a| (a.to_string(), v["pid"].as_u64().unwrap_or(0))))
+    let lease = match fs_core::record::decode::<Lease>(&v) {
+        Ok(l) => l,
+        // A newer agent keeps the slots: never go around it.
+        Err(e) if e.kind() == fs_core::ErrorKind::UnsupportedVersion => {
+            bail!("{e} (the agent that keeps this volume's slots is of a newer release: drop the slot with that release)")
+        }
+        // Unreadable: as if there were none (a stale lease is ignored the same way).
+        Err(_) => return Ok(None),
+    };
+    Ok(lease
+        .live(fs_core::now_ns())
+        .and_then(|l| l.admin.map(|a| (a, l.pid))))
 }

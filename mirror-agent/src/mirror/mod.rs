@@ -7,10 +7,15 @@
 //! By concern: `session` (connect, handshake, the frame pipeline), `bootstrap` (snapshots in
 //! place or beside the live state, the switch, resync requests), `apply` (batches, block
 //! queuing, re-queuing after a restart), `status` (status, progress for the mounts, read
-//! priority, journal trim); here the agent's state, its start and its reconnect loop.
+//! priority, journal trim), `replication` (the worker that runs sessions and reconnects);
+//! here the agent's state and its start. Its loops are `background::Worker`s under one
+//! supervisor: `replication`, `block copier` (`crate::blocks`) and `status`; on shutdown
+//! they drain within `DRAIN` (the session applies what it received, copies in flight
+//! finish), and what is left stays queued in the agent state.
 
 mod apply;
 mod bootstrap;
+mod replication;
 mod session;
 mod status;
 
@@ -22,6 +27,7 @@ use crate::proto::{self, ToMirror, ToPrimary, Want};
 use crate::staging::Meta;
 use crate::state::{Bootstrap, Changes, State};
 use anyhow::{anyhow, bail, Context, Result};
+use background::Supervisor;
 use fs_core::engine::Engine;
 use fs_core::{keys, BlockStore, Entry, Settings};
 use futures::StreamExt;
@@ -34,6 +40,9 @@ use tokio_util::sync::CancellationToken;
 
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the workers may take to stop: the applier's drain (60 s at most) and the block
+/// copier's (10 s) run side by side.
+const DRAIN: Duration = Duration::from_secs(75);
 
 #[derive(Default)]
 struct Live {
@@ -68,10 +77,12 @@ pub struct Mirror {
     /// None when `origin_store` names the origin by hand.
     origin: RwLock<Option<Arc<volume::StorageHolder>>>,
     repl: RwLock<Option<Arc<Replicator>>>,
-    /// The replicator's task, awaited at shutdown (it drains copies in flight).
-    repl_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Runs the workers: replication, the block copier (once the settings are known), status.
+    workers: Arc<Supervisor>,
     live: Mutex<Live>,
-    stop_blocks: CancellationToken,
+    /// Cancelled when the agent must stop by itself (`fatal` says why).
+    halt: CancellationToken,
+    fatal: Mutex<Option<anyhow::Error>>,
     /// Set when the primary asked for a resync; cleared once a snapshot is installed.
     force_snapshot: std::sync::atomic::AtomicBool,
     /// Ends the current replication session (an operator asked for a resync).
@@ -89,6 +100,12 @@ enum End {
     Stopped,
     /// An operator asked for a resync: reconnect at once, asking for a snapshot.
     Kicked,
+    /// The primary refuses this mirror (a wrong token or name, a foreign volume, a
+    /// superseded primary): a configuration problem, retried seldom.
+    Refused(anyhow::Error),
+    /// The peer's first reply was not the mirror protocol: damage in transit once, a
+    /// configuration problem (not a primary agent) when it keeps happening.
+    Foreign(anyhow::Error),
 }
 
 /// The TLS connector a mirror uses towards its primary (`tls_ca` set), or none.
@@ -194,9 +211,10 @@ impl Mirror {
             settings: RwLock::new(None),
             origin: RwLock::new(None),
             repl: RwLock::new(None),
-            repl_task: Mutex::new(None),
+            workers: Arc::new(Supervisor::new(CancellationToken::new())),
             live: Mutex::new(Live::default()),
-            stop_blocks: CancellationToken::new(),
+            halt: CancellationToken::new(),
+            fatal: Mutex::new(None),
             force_snapshot: std::sync::atomic::AtomicBool::new(force),
             kick: tokio::sync::Notify::new(),
             state_dir: state_dir.to_path_buf(),
@@ -266,8 +284,7 @@ impl Mirror {
                 self.cfg.workers,
                 self.metrics.clone(),
             );
-            let task = tokio::spawn(r.clone().run(self.stop_blocks.clone()));
-            *self.repl_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+            self.workers.spawn(r.worker());
             if origin_url == self.dest.display_url() {
                 // The metadata's storage record names this mirror's own store: a mirror
                 // sharing the volume's store (nothing to copy), or a former primary rejoining,
@@ -342,127 +359,32 @@ impl Mirror {
                     .context("completing the bootstrap after a restart")?;
             }
         }
-        let status = tokio::spawn(self.clone().status_loop(stop.clone()));
-        let mut backoff = Duration::from_millis(200);
-        let mut first = true;
-        let mut refusals = 0u32;
-        let mut foreign = 0u32;
-        loop {
-            if stop.is_cancelled() {
-                break;
-            }
-            if !first {
-                self.metrics.reconnects.inc();
-            }
-            first = false;
-            let started = Instant::now();
-            let end = self.session(&stop).await;
-            if started.elapsed() > Duration::from_secs(3) {
-                backoff = Duration::from_millis(200); // it was working: retry soon
-            }
-            {
-                let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
-                lv.connected = false;
-                lv.received.clear();
-            }
-            let not_primary =
-                matches!(&end, End::Retry(e) if e.chain().any(|c| c.is::<handshake::NotPrimary>()));
-            foreign = if not_primary { foreign + 1 } else { 0 };
-            // Three first replies in a row that are not the protocol: the peer is something
-            // else, a configuration problem like a refusal.
-            let end = match end {
-                End::Retry(e) if not_primary && foreign >= 3 => {
-                    End::Retry(anyhow::Error::new(handshake::Permanent(format!("{e:#}"))))
-                }
-                other => other,
-            };
-            if !matches!(&end, End::Retry(e) if e.chain().any(|c| c.is::<handshake::Permanent>())) {
-                refusals = 0;
-            }
-            match end {
-                End::Stopped => break,
-                End::Kicked => {
-                    backoff = Duration::from_millis(200);
-                    continue;
-                }
-                End::Resync(reason) => {
-                    self.live
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .needs_resync = true;
-                    if self.cfg.auto_resync {
-                        tracing::error!(%reason, "the primary requires a resync: bootstrapping again from a snapshot (auto_resync)");
-                        self.force_snapshot
-                            .store(true, std::sync::atomic::Ordering::SeqCst);
-                        backoff = Duration::from_millis(200);
-                    } else {
-                        tracing::error!(%reason, "the primary requires a resync and auto_resync is off: this mirror is stale until an operator resyncs it (runbooks/resync-mirror.md)");
-                        backoff = Duration::from_secs(30);
-                    }
-                }
-                End::Retry(e) if replay_fenced(&e) => {
-                    // The marker is gone (`mirror-agent detach`, or a promotion): this
-                    // metadata is no longer a mirror's, and replaying into it would fork it.
-                    self.stop_blocks.cancel();
-                    return Err(e.context(
-                        "this metadata is no longer a mirror's (detached?): the mirror agent stops",
-                    ));
-                }
-                End::Retry(e) if e.chain().any(|c| c.is::<handshake::Permanent>()) => {
-                    // A configuration problem (a wrong token or name, a foreign volume, not a
-                    // primary agent at all): retried, since the other side may be fixed, but
-                    // seldom, loudly, and shown in `status` as the reason.
-                    refusals += 1;
-                    let wait = Duration::from_secs(30)
-                        .saturating_mul(1 << (refusals - 1).min(5))
-                        .min(Duration::from_secs(600));
-                    let msg = format!("{e:#}");
-                    tracing::error!(reason = %msg, retry_in = ?wait, "the primary refuses this mirror; fix the configuration (retrying seldom until then)");
-                    {
-                        let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
-                        lv.refused = Some(msg.clone());
-                        lv.last_error = Some(msg);
-                    }
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tokio::time::sleep(wait) => {}
-                    }
-                    continue;
-                }
-                End::Retry(e) => {
-                    if e.chain()
-                        .any(|c| c.downcast_ref::<proto::Corrupt>().is_some())
-                    {
-                        self.metrics.frame_errors.inc();
-                        tracing::error!(error = %format!("{e:#}"), "damaged message from the primary: nothing of it applied; re-requesting");
-                    }
-                    let msg = format!("{e:#}");
-                    tracing::warn!(error = %msg, retry_in = ?backoff, "replication connection lost; reconnecting");
-                    self.live
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .last_error = Some(msg);
-                }
-            }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+        self.workers.spawn(status::StatusWorker::new(self.clone()));
+        self.workers
+            .spawn(replication::ReplicationWorker::new(self.clone()));
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = self.halt.cancelled() => {}
         }
-        // Drain: stop the copy workers (copies in flight finish or stay queued).
-        self.stop_blocks.cancel();
-        let _ = status.await;
-        let task = self
-            .repl_task
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(t) = task {
-            // It lets copies in flight finish for up to 10 s; the rest stay queued.
-            let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
+        // Drain: the session applies what it received and ends; copies in flight finish
+        // (or stay queued); then the status is brought up to date one last time.
+        self.workers.shutdown(DRAIN).await;
+        let _ = self.refresh().await;
+        match self.fatal.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// The supervisor of this mirror's workers (replication, block copier, status).
+    pub fn workers(&self) -> Arc<Supervisor> {
+        self.workers.clone()
+    }
+
+    /// Stop the agent with `e` (its workers drain first): replicating further would harm.
+    fn halt_with(&self, e: anyhow::Error) {
+        *self.fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        self.halt.cancel();
     }
 }
 
@@ -470,6 +392,14 @@ impl Mirror {
 impl crate::admin::ResyncAdmin for Mirror {
     async fn resync(&self) -> Result<String> {
         self.request_resync().await
+    }
+}
+
+/// A temporary handshake failure that kept happening: persistent now.
+fn persistent(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<fs_core::Error>() {
+        Ok(f) => anyhow::Error::new(f.persist()),
+        Err(e) => e,
     }
 }
 

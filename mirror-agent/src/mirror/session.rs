@@ -82,19 +82,34 @@ impl Mirror {
             prev_crc,
             epoch: my_epoch,
         };
-        let primary_head = match handshake::connect(
+        let welcome = match handshake::connect(
             &mut wire,
             &self.cfg.primary,
             &self.token,
             hello,
             READ_TIMEOUT,
         )
-        .await?
+        .await
         {
+            Ok(w) => w,
+            // Only the handshake's own failures are classified (an engine's error below is
+            // an `fs_core::Error` too, and is retried as the network is).
+            Err(e) => {
+                return Ok(match handshake::failure(&e).map(fs_core::Error::status) {
+                    Some(fs_core::ErrorStatus::Temporary) => End::Foreign(e),
+                    Some(_) => End::Refused(e),
+                    None => End::Retry(e),
+                })
+            }
+        };
+        let primary_head = match welcome {
             handshake::Welcome::In { epoch, .. } if epoch < my_epoch => {
-                return Err(anyhow::Error::new(handshake::Permanent(format!(
-                    "the primary at {} is at epoch {epoch} but this mirror has seen epoch {my_epoch}: it was superseded by a promotion; point [mirror] primary at the new primary",
-                    self.cfg.primary
+                return Ok(End::Refused(anyhow::Error::new(fs_core::Error::new(
+                    fs_core::ErrorKind::Fenced,
+                    format!(
+                        "the primary at {} is at epoch {epoch} but this mirror has seen epoch {my_epoch}: it was superseded by a promotion; point [mirror] primary at the new primary",
+                        self.cfg.primary
+                    ),
                 ))));
             }
             handshake::Welcome::In { head, .. } => head,

@@ -1,46 +1,74 @@
-//! The status loop: `/status` and metrics, the progress record for the site's mounts, read
+//! The status worker: `/status` and metrics, the progress record for the site's mounts, read
 //! priority from their want records, and trimming the mirror's own journal.
 
 use super::*;
 
-impl Mirror {
-    pub(super) async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut last_trim = Instant::now();
-        let mut last_progress = Instant::now();
-        let mut wants_seen: HashMap<String, i64> = HashMap::new();
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => { let _ = self.refresh().await; return; }
-                _ = tick.tick() => {}
+/// The status worker: every 100 ms the status and metrics; every `PROGRESS_EVERY_MS` the
+/// progress record and the mounts' wants; every minute the mirror's own journal trim. Its
+/// failures are logged and retried at the next tick (never backed off: status stays fresh).
+pub(super) struct StatusWorker {
+    m: Arc<Mirror>,
+    tick: tokio::time::Interval,
+    last_trim: Instant,
+    last_progress: Instant,
+    wants_seen: HashMap<String, i64>,
+}
+
+impl StatusWorker {
+    pub(super) fn new(m: Arc<Mirror>) -> Self {
+        let every = Duration::from_millis(100);
+        StatusWorker {
+            m,
+            tick: tokio::time::interval_at(tokio::time::Instant::now() + every, every),
+            last_trim: Instant::now(),
+            last_progress: Instant::now(),
+            wants_seen: HashMap::new(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl background::Worker for StatusWorker {
+    fn name(&self) -> String {
+        "status".into()
+    }
+
+    async fn work(&mut self, _stop: &CancellationToken) -> Result<background::WorkerState> {
+        let m = &self.m;
+        if let Err(e) = m.refresh().await {
+            tracing::debug!(error = %e, "refreshing status");
+        }
+        if self.last_progress.elapsed() >= Duration::from_millis(fs_core::site::PROGRESS_EVERY_MS) {
+            self.last_progress = Instant::now();
+            if let Err(e) = m.publish_progress().await {
+                tracing::debug!(error = %e, "writing the progress record for the site's mounts");
             }
-            if let Err(e) = self.refresh().await {
-                tracing::debug!(error = %e, "refreshing status");
+            if let Err(e) = m.prioritize_wants(&mut self.wants_seen).await {
+                tracing::debug!(error = %format!("{e:#}"), "reading the blocks the site's mounts want first");
             }
-            if last_progress.elapsed() >= Duration::from_millis(fs_core::site::PROGRESS_EVERY_MS) {
-                last_progress = Instant::now();
-                if let Err(e) = self.publish_progress().await {
-                    tracing::debug!(error = %e, "writing the progress record for the site's mounts");
+        }
+        if self.last_trim.elapsed() >= Duration::from_secs(60) {
+            self.last_trim = Instant::now();
+            match m.trim_own_journal().await {
+                Ok(n) if n > 0 => {
+                    tracing::info!(entries = n, "trimmed the mirror's own journal")
                 }
-                if let Err(e) = self.prioritize_wants(&mut wants_seen).await {
-                    tracing::debug!(error = %format!("{e:#}"), "reading the blocks the site's mounts want first");
-                }
-            }
-            if last_trim.elapsed() >= Duration::from_secs(60) {
-                last_trim = Instant::now();
-                match self.trim_own_journal().await {
-                    Ok(n) if n > 0 => {
-                        tracing::info!(entries = n, "trimmed the mirror's own journal")
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %format!("{e:#}"), "trimming the mirror's own journal")
-                    }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "trimming the mirror's own journal")
                 }
             }
         }
+        Ok(background::WorkerState::Idle)
     }
 
+    async fn wait_for_work(&mut self) -> background::WorkerState {
+        self.tick.tick().await;
+        background::WorkerState::Busy
+    }
+}
+
+impl Mirror {
     /// Tell the mounts at this site how fresh the mirror is (the `mirror.progress` record
     /// beside its metadata), from the figures `refresh` just computed.
     pub(super) async fn publish_progress(&self) -> Result<()> {

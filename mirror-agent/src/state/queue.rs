@@ -1,27 +1,15 @@
-//! The mirror agent's own state, in RocksDB under `state_dir`:
+//! The block queue: `q/<key>` items (length, attempts, next try), their time index
+//! `t/<next><key>` (so finding due copies costs what is due, not the queue's length), `d/`
+//! done and `x/` purge markers, and the running counts (pending blocks and bytes, failing)
+//! kept by every change, so status costs nothing however long the queue is.
 //!
-//! | key                 | value                                                      |
-//! |---------------------|------------------------------------------------------------|
-//! | `m/queued_through`  | u64: blocks of entries up to here are queued (or done)     |
-//! | `m/bootstrap`       | JSON `Bootstrap` while a snapshot is installed/caught up   |
-//! | `m/format`          | u32: the format of the records below (absent: 1)           |
-//! | `q/<block key>`     | `QItem`: a copy still to do (length, attempts, next try)   |
-//! | `t/<next:8><key>`   | index of `q/` by next try time, so finding due copies costs |
-//! |                     | what is due, not the queue's length                         |
-//! | `d/<block key>`     | the block is at the mirror store, verified                 |
-//! | `x/<block key>`     | the mirror copy must be deleted (its slice was purged)     |
-//!
-//! Every change is one WriteBatch with the WAL synced, so a kill -9 loses no queued copy.
-//!
-//! Versions: `QItem`s are postcard (positional), so each record starts with the format's
-//! version byte (format 2; format 1, the first release's, had none). A state directory of an
-//! older format is migrated at open in one atomic batch; a newer one is refused, naming both.
+//! Invariant: an item and its index entry change in the same WriteBatch; an item's counts
+//! change with it under `State::lock`.
 
-use anyhow::{Context, Result};
-use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
+use super::format::{decode_item, encode_item};
+use super::*;
+use rocksdb::IteratorMode;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
-use std::sync::Mutex;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QItem {
@@ -30,53 +18,16 @@ pub struct QItem {
     pub next_ns: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Bootstrap {
-    /// A snapshot taken at `s0` is being installed: a restart starts it over.
-    Installing {
-        s0: u64,
-        /// Into the resync staging beside the live metadata (see `staging`), not into it.
-        #[serde(default)]
-        staged: bool,
-    },
-    /// Installed; the mirror is consistent once `applied >= s_end` (staged: once the
-    /// staging has, and the live metadata has been switched to it).
-    CatchingUp {
-        s0: u64,
-        s_end: u64,
-        #[serde(default)]
-        staged: bool,
-    },
-}
-
-impl Bootstrap {
-    /// A resync beside the live state, which keeps serving meanwhile.
-    pub fn staged(&self) -> bool {
-        match self {
-            Bootstrap::Installing { staged, .. } | Bootstrap::CatchingUp { staged, .. } => *staged,
-        }
-    }
-}
-
-pub struct State {
-    db: DB,
-    dir: std::path::PathBuf,
-    /// Serializes read-modify-write of queue items (enqueue/cancel vs. worker results), and
-    /// holds the queue's counts, kept up to date by every change (one scan at open), so
-    /// status costs nothing however long the queue is.
-    lock: Mutex<Counts>,
-}
-
 /// (pending blocks, pending bytes, failing blocks).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Counts {
+pub(super) struct Counts {
     n: i64,
     bytes: i64,
     failing: i64,
 }
 
 impl Counts {
-    fn add(&mut self, q: &QItem, sign: i64) {
+    pub(super) fn add(&mut self, q: &QItem, sign: i64) {
         self.n += sign;
         self.bytes += sign * q.len as i64;
         self.failing += sign * (q.attempts > 0) as i64;
@@ -94,31 +45,7 @@ pub struct Changes {
     pub purge: Vec<String>,
 }
 
-const QUEUED: &[u8] = b"m/queued_through";
-const BOOT: &[u8] = b"m/bootstrap";
-const FORMAT: &[u8] = b"m/format";
-/// The format this release writes.
-pub const STATE_FORMAT: u32 = 2;
-
-fn encode_item(q: &QItem) -> Vec<u8> {
-    let mut v = vec![STATE_FORMAT as u8];
-    v.extend(postcard::to_allocvec(q).expect("serializes"));
-    v
-}
-
-/// A queue record of format `format` (1: bare postcard; 2: version byte, then postcard).
-fn decode_item(v: &[u8], format: u32) -> Result<QItem> {
-    let body = match format {
-        1 => v,
-        _ => match v.split_first() {
-            Some((2, rest)) => rest,
-            _ => anyhow::bail!("a queue item of an unknown version ({:?})", v.first()),
-        },
-    };
-    postcard::from_bytes(body).context("a queue item does not decode")
-}
-
-fn k(prefix: &str, key: &str) -> Vec<u8> {
+pub(super) fn k(prefix: &str, key: &str) -> Vec<u8> {
     format!("{prefix}{key}").into_bytes()
 }
 
@@ -147,156 +74,6 @@ fn del_item(wb: &mut WriteBatch, key: &str, old: Option<&QItem>) {
 }
 
 impl State {
-    pub fn open(dir: &Path) -> Result<State> {
-        let st = Self::open_db(dir)?;
-        st.migrate(dir)?;
-        let c = st.load_queue()?;
-        *st.lock.lock().unwrap_or_else(|p| p.into_inner()) = c;
-        Ok(st)
-    }
-
-    /// What `run` would find in an existing state directory, for its checks: refused when
-    /// another agent holds it, or when a newer release wrote it. Its queue is left as it is.
-    /// Returns (queued through, a bootstrap record present).
-    pub fn probe(dir: &Path) -> Result<(u64, bool)> {
-        let st = Self::open_db(dir)?;
-        let f = st.format()?;
-        if f > STATE_FORMAT {
-            anyhow::bail!(
-                "the state directory {} was written by a newer mirror-agent (state format {f}; this one reads up to {STATE_FORMAT}): run that release, or see runbooks/lost-agent-state.md to start from an empty state directory",
-                dir.display()
-            );
-        }
-        Ok((st.queued_through()?, st.get(BOOT)?.is_some()))
-    }
-
-    fn open_db(dir: &Path) -> Result<State> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating the state directory {}", dir.display()))?;
-        let mut o = meta::base_options();
-        o.create_if_missing(true);
-        o.set_write_buffer_size(8 << 20);
-        let db = DB::open(&o, dir.join("agent.db")).map_err(|e| {
-            let m = e.into_string();
-            if m.contains("lock") {
-                anyhow::anyhow!("the state directory {} is in use by another mirror-agent (one agent per state_dir)", dir.display())
-            } else {
-                anyhow::anyhow!("opening the agent state in {}: {m}", dir.display())
-            }
-        })?;
-        Ok(State {
-            db,
-            dir: dir.to_path_buf(),
-            lock: Mutex::new(Counts::default()),
-        })
-    }
-
-    fn format(&self) -> Result<u32> {
-        Ok(match self.get(FORMAT)? {
-            None => 1,
-            Some(v) => u32::from_be_bytes(
-                v.as_slice()
-                    .try_into()
-                    .map_err(|_| anyhow::anyhow!("the agent state's format record is damaged"))?,
-            ),
-        })
-    }
-
-    /// Bring a state directory of an older format to this one (one atomic batch, so a kill
-    /// leaves it old or new), or refuse one of a newer format.
-    fn migrate(&self, dir: &Path) -> Result<()> {
-        let f = self.format()?;
-        if f > STATE_FORMAT {
-            anyhow::bail!(
-                "the state directory {} was written by a newer mirror-agent (state format {f}; this one reads up to {STATE_FORMAT}): run that release, or see runbooks/lost-agent-state.md to start from an empty state directory",
-                dir.display()
-            );
-        }
-        if f == STATE_FORMAT {
-            return Ok(());
-        }
-        let mut wb = WriteBatch::default();
-        let mut n = 0u64;
-        self.each_queued_as(f, |key, q| {
-            wb.put(k("q/", key), encode_item(&q));
-            n += 1;
-            Ok(())
-        })?;
-        wb.put(FORMAT, STATE_FORMAT.to_be_bytes());
-        // A new state directory has nothing to migrate: it is only stamped.
-        let fresh = n == 0 && self.get(QUEUED)?.is_none() && self.get(BOOT)?.is_none();
-        self.write(wb)?;
-        if fresh {
-            return Ok(());
-        }
-        tracing::info!(
-            from = f,
-            to = STATE_FORMAT,
-            items = n,
-            "agent state migrated to the current format"
-        );
-        Ok(())
-    }
-
-    fn write(&self, b: WriteBatch) -> Result<()> {
-        // Refused short of a full disk (see `meta::check_room`): nothing written, retried.
-        meta::check_room(&self.dir, b.size_in_bytes() as u64)
-            .map_err(|m| anyhow::anyhow!("writing the agent state: {m}"))?;
-        let mut wo = WriteOptions::default();
-        wo.set_sync(true);
-        self.db
-            .write_opt(b, &wo)
-            .map_err(|e| anyhow::anyhow!("writing the agent state: {}", e.into_string()))
-    }
-
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.db
-            .get(key)
-            .map_err(|e| anyhow::anyhow!("reading the agent state: {}", e.into_string()))
-    }
-
-    pub fn queued_through(&self) -> Result<u64> {
-        Ok(self
-            .get(QUEUED)?
-            .and_then(|v| v.try_into().ok().map(u64::from_be_bytes))
-            .unwrap_or(0))
-    }
-
-    pub fn bootstrap(&self) -> Result<Option<Bootstrap>> {
-        match self.get(BOOT)? {
-            None => Ok(None),
-            Some(v) => Ok(Some(
-                serde_json::from_slice(&v).context("the bootstrap record in the agent state")?,
-            )),
-        }
-    }
-
-    pub fn set_bootstrap(&self, b: Option<&Bootstrap>) -> Result<()> {
-        let mut wb = WriteBatch::default();
-        match b {
-            Some(b) => wb.put(BOOT, serde_json::to_vec(b).expect("serializes")),
-            None => wb.delete(BOOT),
-        }
-        self.write(wb)
-    }
-
-    /// Start of a snapshot install: forget pending copies (the snapshot re-queues what it
-    /// references); verified copies stay known.
-    pub fn begin_install(&self, s0: u64, staged: bool) -> Result<()> {
-        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let mut wb = WriteBatch::default();
-        wb.delete_range(&b"q/"[..], &b"q0"[..]);
-        wb.delete_range(&b"t/"[..], &b"t0"[..]);
-        wb.put(QUEUED, 0u64.to_be_bytes());
-        wb.put(
-            BOOT,
-            serde_json::to_vec(&Bootstrap::Installing { s0, staged }).expect("serializes"),
-        );
-        self.write(wb)?;
-        *g = Counts::default();
-        Ok(())
-    }
-
     /// Forget every pending copy (verified copies stay known), before the queue is rebuilt
     /// from the metadata.
     pub fn reset_queue(&self) -> Result<()> {
@@ -410,7 +187,7 @@ impl State {
         self.each_queued_as(STATE_FORMAT, f)
     }
 
-    fn each_queued_as(
+    pub(super) fn each_queued_as(
         &self,
         format: u32,
         mut f: impl FnMut(&str, QItem) -> Result<()>,
@@ -432,7 +209,7 @@ impl State {
 
     /// At open, one pass over the queue: its counts, and the time index rebuilt (which heals
     /// a state written before the index existed).
-    fn load_queue(&self) -> Result<Counts> {
+    pub(super) fn load_queue(&self) -> Result<Counts> {
         let mut c = Counts::default();
         let mut wb = WriteBatch::default();
         wb.delete_range(&b"t/"[..], &b"t0"[..]);
@@ -560,87 +337,6 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_bootstrap_record_of_the_previous_release_reads_as_in_place() {
-        let b: Bootstrap = serde_json::from_str(r#"{"CatchingUp":{"s0":3,"s_end":9}}"#).unwrap();
-        assert_eq!(
-            b,
-            Bootstrap::CatchingUp {
-                s0: 3,
-                s_end: 9,
-                staged: false
-            }
-        );
-        let b: Bootstrap = serde_json::from_str(r#"{"Installing":{"s0":3}}"#).unwrap();
-        assert!(!b.staged());
-        let d = tempfile::tempdir().unwrap();
-        let st = State::open(d.path()).unwrap();
-        st.begin_install(7, true).unwrap();
-        assert!(st.bootstrap().unwrap().unwrap().staged());
-    }
-
-    /// A state directory as the previous release wrote it (format 1: bare postcard queue
-    /// items, no format record) opens, is migrated, and serves its queue; one of a newer
-    /// format is refused.
-    #[test]
-    fn a_state_of_the_previous_release_opens_and_a_newer_one_is_refused() {
-        let d = tempfile::tempdir().unwrap();
-        {
-            let mut o = rocksdb::Options::default();
-            o.create_if_missing(true);
-            let db = DB::open(&o, d.path().join("agent.db")).unwrap();
-            let old = QItem {
-                len: 4096,
-                attempts: 2,
-                next_ns: 5,
-            };
-            db.put(
-                b"q/vol/chunks/0/0/7_0_4096",
-                postcard::to_allocvec(&old).unwrap(),
-            )
-            .unwrap();
-            db.put(
-                b"q/vol/chunks/0/0/8_0_100",
-                postcard::to_allocvec(&QItem {
-                    len: 100,
-                    attempts: 0,
-                    next_ns: 0,
-                })
-                .unwrap(),
-            )
-            .unwrap();
-            db.put(QUEUED, 42u64.to_be_bytes()).unwrap();
-            db.put(BOOT, br#"{"CatchingUp":{"s0":40,"s_end":44}}"#)
-                .unwrap();
-        }
-        let st = State::open(d.path()).unwrap();
-        assert_eq!(st.format().unwrap(), STATE_FORMAT);
-        assert_eq!(st.pending().unwrap(), (2, 4196, 1));
-        assert_eq!(st.queued_through().unwrap(), 42);
-        assert!(!st.bootstrap().unwrap().unwrap().staged());
-        let due = st.due(10, 10, &|_| false).unwrap();
-        assert_eq!(due.len(), 2, "{due:?}");
-        assert_eq!(
-            due.iter().find(|(k, _)| k.ends_with("7_0_4096")).unwrap().1,
-            QItem {
-                len: 4096,
-                attempts: 2,
-                next_ns: 5
-            }
-        );
-        drop(st);
-        // Opens again (already migrated), then refuses a newer format.
-        let st = State::open(d.path()).unwrap();
-        assert_eq!(st.pending().unwrap().0, 2);
-        st.db.put(FORMAT, 9u32.to_be_bytes()).unwrap();
-        drop(st);
-        let e = State::open(d.path()).err().unwrap().to_string();
-        assert!(
-            e.contains("newer mirror-agent") && e.contains("format 9"),
-            "{e}"
-        );
-    }
 
     #[test]
     fn prioritized_copies_come_first() {

@@ -1,0 +1,134 @@
+//! Replication slots at the primary: one per configured mirror, registered at the start;
+//! acknowledgements recorded in them; dropped by an operator (through this agent, so no
+//! acknowledgement brings one back) or marked for resync past the retention cap.
+
+use super::*;
+
+impl Primary {
+    pub(super) async fn register_slots(&self) -> Result<()> {
+        let existing = slots::list(&*self.engine).await?;
+        let head = self.engine.journal_bounds().await?.last;
+        for name in self.tokens.keys() {
+            if !existing.iter().any(|s| &s.name == name) {
+                let now = fs_core::now_ns();
+                slots::put(
+                    &*self.engine,
+                    &Slot {
+                        version: slots::SLOT_VERSION,
+                        name: name.clone(),
+                        acked: head,
+                        acked_ns: now,
+                        state: SlotState::Active,
+                        reason: None,
+                        registered_ns: now,
+                    },
+                )
+                .await?;
+                tracing::info!(mirror = %name, from = head, "registered a replication slot");
+            }
+        }
+        for s in &existing {
+            if !self.tokens.contains_key(&s.name) {
+                tracing::warn!(mirror = %s.name, acked = s.acked, "a replication slot exists for a mirror that is not in the config; it still holds gc (drop it with `mirror-agent slot drop`)");
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop a slot, here where acknowledgements are written: under the slot lock, so no
+    /// acknowledgement persisted concurrently can bring it back; the mirror's connection is
+    /// closed and the status shows the slot gone at once.
+    pub async fn drop_slot(&self, name: &str) -> Result<String> {
+        {
+            let _g = self.slot_lock.lock().await;
+            if slots::get(&*self.engine, name).await?.is_none() {
+                bail!("no replication slot named {name:?} (see `mirror-agent slot list`)");
+            }
+            slots::remove(&*self.engine, name).await?;
+        }
+        if let Some((_, t)) = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+        {
+            t.cancel();
+        }
+        self.metrics.remove_slot(name);
+        let _ = self.refresh_status().await;
+        tracing::warn!(mirror = %name, "replication slot dropped by an operator: gc and journal retention no longer wait for it; if it connects again it must resync");
+        Ok(format!("dropped slot {name:?}: gc and journal retention no longer wait for it; if the mirror connects again, it resyncs from a snapshot"))
+    }
+
+    /// Read-modify-write of one slot; None when the slot is gone (dropped by an operator).
+    pub(super) async fn update_slot(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut Slot),
+    ) -> Result<Option<Slot>> {
+        let _g = self.slot_lock.lock().await;
+        let Some(mut s) = slots::get(&*self.engine, name).await? else {
+            return Ok(None);
+        };
+        let before = s.clone();
+        f(&mut s);
+        if s != before {
+            slots::put(&*self.engine, &s).await?;
+        }
+        Ok(Some(s))
+    }
+
+    /// Record an acknowledgement in an active slot; the slot as it now is (None: dropped).
+    pub(super) async fn persist_ack(&self, mirror: &str, acked: u64) -> Result<Option<Slot>> {
+        self.update_slot(mirror, |s| {
+            if s.state == SlotState::Active && acked > s.acked {
+                s.acked = acked;
+                s.acked_ns = fs_core::now_ns();
+            }
+        })
+        .await
+    }
+
+    /// Mark slots past the retention cap as needing resync: loudly, never silently.
+    pub(super) async fn enforce_caps(&self) -> Result<()> {
+        let head = self.engine.journal_bounds().await?.last;
+        for s in slots::list(&*self.engine).await? {
+            if s.state != SlotState::Active || s.acked >= head {
+                continue;
+            }
+            let behind = head - s.acked;
+            let mut reason = None;
+            if behind > self.cfg.retain_max_entries {
+                reason = Some(format!(
+                    "{behind} entries behind, over retain_max_entries = {}",
+                    self.cfg.retain_max_entries
+                ));
+            } else if let Some((_, f)) = self
+                .engine
+                .journal_read(s.acked + 1, 1)
+                .await
+                .ok()
+                .and_then(|v| v.into_iter().next())
+            {
+                let e = Entry::decode(&f)?;
+                let age = Duration::from_nanos((fs_core::now_ns() - e.time_ns).max(0) as u64);
+                if age > self.cfg.retain_max_age {
+                    reason = Some(format!(
+                        "oldest unacknowledged entry is {} old, over retain_max_age = {}",
+                        humantime::format_duration(Duration::from_secs(age.as_secs())),
+                        humantime::format_duration(self.cfg.retain_max_age)
+                    ));
+                }
+            }
+            if let Some(reason) = reason {
+                tracing::error!(mirror = %s.name, acked = s.acked, head, %reason, "replication slot dropped: the journal is no longer held for this mirror; it must resync from a snapshot");
+                self.update_slot(&s.name, |s| {
+                    s.state = SlotState::NeedsResync;
+                    s.reason = Some(reason.clone());
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+}
