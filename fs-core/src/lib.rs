@@ -10,6 +10,7 @@ pub mod keys;
 pub mod maint;
 pub mod owner;
 pub mod path;
+pub mod place;
 pub mod record;
 pub mod retry;
 pub mod session;

@@ -33,6 +33,7 @@
 use crate::engine::Engine;
 use crate::error::{corrupt, Error, ErrorKind, Result};
 use crate::keys;
+use crate::place;
 use crate::session::{self, Session};
 use crate::store::BlockStore;
 use crate::types::now_ns;
@@ -331,17 +332,21 @@ impl StorageState {
 }
 
 /// Why a cutover from `a` to `b` would be wrong, if it would: the same store, or one inside
-/// the other (blocks written to one would appear in the other).
+/// the other (blocks written to one would appear in the other), by `place`'s one overlap
+/// check (however each store is spelled).
 pub fn overlap(a: &str, b: &str) -> Option<String> {
+    let (pa, pb) = (place::of_spec(a, None), place::of_spec(b, None));
     let norm = |u: &str| u.trim_end_matches('/').to_string() + "/";
-    let (na, nb) = (norm(a), norm(b));
-    if na == nb {
+    if norm(a) == norm(b) || place::same(&pa, &pb) {
         return Some("it is the store the blocks are in already".into());
     }
-    if na.starts_with(&nb) || nb.starts_with(&na) {
-        return Some(format!("{a} and {b} overlap (one is inside the other)"));
-    }
-    None
+    // A store `place` cannot name (memory) is compared by its spelling.
+    let nested = if pa.is_empty() || pb.is_empty() {
+        norm(a).starts_with(&norm(b)) || norm(b).starts_with(&norm(a))
+    } else {
+        place::find(&pa, &pb).is_some()
+    };
+    nested.then(|| format!("{a} and {b} overlap (one is inside the other)"))
 }
 
 /// The record and its raw bytes (None: no record, the volume was never cut over).

@@ -588,12 +588,12 @@ fn a_worker_silent_inside_a_transaction_does_not_stall_the_others() {
     rt.block_on(async {
         let pg = env("JFS_TEST_PG");
         let name = unique("quiet");
-        let board = sync_cli::job::open(&format!("{pg}#{name}")).await.unwrap();
+        let board = sync::job::open(&format!("{pg}#{name}")).await.unwrap();
         // The first draw makes the bucket.
         assert_eq!(board.take("bytes", 1 << 20, 1).await.unwrap(), None);
         // A connection set up as the workers' are, holding the bucket's row and then silent.
         let (mut cfg, schema) = meta::pg_config(&pg, &meta::OpenOptions::default()).unwrap();
-        sync_cli::job::pg::session(&mut cfg);
+        sync::job::pg::session(&mut cfg);
         let (mut quiet, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);
         let tx = quiet.transaction().await.unwrap();
@@ -1324,8 +1324,8 @@ fn ranges_finishing_at_once_still_start_the_deletion_step() {
         for var in ["JFS_TEST_PG", "JFS_TEST_REDIS"] {
             for round in 0..8 {
                 let url = format!("{}#{}", env(var), unique("fin"));
-                let board = sync_cli::job::open(&url).await.unwrap();
-                let spec = sync_cli::job::Spec {
+                let board = sync::job::open(&url).await.unwrap();
+                let spec = sync::job::Spec {
                     src: "/a".into(),
                     dst: "/b".into(),
                     src_id: None,
@@ -1346,7 +1346,7 @@ fn ranges_finishing_at_once_still_start_the_deletion_step() {
                     held.push(u);
                 }
                 assert_eq!(held.len(), 16, "the copy units (the deletion step is held)");
-                let done = sync_cli::job::Finish {
+                let done = sync::job::Finish {
                     state: "done",
                     dst_listed: 0,
                     error: None,

@@ -1,19 +1,19 @@
-//! `jfs-sync`: thin wiring over the sync-cli library (flags, logging, signals, progress,
-//! metrics, exit codes).
+//! `jfs-sync`: thin wiring over the sync library (crates/sync): flags, logging, signals,
+//! progress, metrics, exit codes.
 
+mod cli;
+
+use crate::cli::{Cli, Cmd, Common, JobCmd, SyncArgs};
 use anyhow::{bail, Context, Result};
+use fs_core::place;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
-use sync_cli::cli::{Cli, Cmd, Common, JobCmd, SyncArgs};
-use sync_cli::endpoint;
-use sync_cli::filter::Filter;
-use sync_cli::limits::{BwSchedule, Limits};
-use sync_cli::overlap;
-use sync_cli::plan::Compare;
-use sync_cli::run::{self, MaxDelete, Options};
-use sync_cli::state::{self, State};
-use sync_cli::stats::Stats;
+use sync::endpoint;
+use sync::limits::BwSchedule;
+use sync::run;
+use sync::state::{self, State};
+use sync::stats::Stats;
 use tokio::sync::watch;
 
 /// Never suggested for a mistyped flag.
@@ -132,7 +132,7 @@ fn filter_rules(m: &clap::ArgMatches) -> Result<Vec<(bool, String)>> {
     }
     if let (Some(idx), Some(vals)) = (m.indices_of("filter"), m.get_many::<String>("filter")) {
         for (i, v) in idx.zip(vals) {
-            if let Some((inc, p)) = sync_cli::filter::parse_rule(v).context("--filter")? {
+            if let Some((inc, p)) = sync::filter::parse_rule(v).context("--filter")? {
                 rules.push((i, 0, inc, p));
             }
         }
@@ -140,10 +140,7 @@ fn filter_rules(m: &clap::ArgMatches) -> Result<Vec<(bool, String)>> {
     for (id, include) in [("include_from", true), ("exclude_from", false)] {
         if let (Some(idx), Some(vals)) = (m.indices_of(id), m.get_many::<std::path::PathBuf>(id)) {
             for (i, f) in idx.zip(vals) {
-                for (j, p) in sync_cli::filter::patterns(&read(f)?)
-                    .into_iter()
-                    .enumerate()
-                {
+                for (j, p) in sync::filter::patterns(&read(f)?).into_iter().enumerate() {
                     rules.push((i, j, include, p));
                 }
             }
@@ -155,7 +152,7 @@ fn filter_rules(m: &clap::ArgMatches) -> Result<Vec<(bool, String)>> {
     ) {
         for (i, f) in idx.zip(vals) {
             for (j, line) in read(f)?.lines().enumerate() {
-                if let Some((inc, p)) = sync_cli::filter::parse_rule(line)
+                if let Some((inc, p)) = sync::filter::parse_rule(line)
                     .with_context(|| format!("{} line {}", f.display(), j + 1))?
                 {
                     rules.push((i, j, inc, p));
@@ -205,19 +202,40 @@ async fn serve_metrics(addr: &str, stats: Arc<Stats>) -> Result<()> {
     Ok(())
 }
 
-fn parse_max_delete(s: &str) -> Result<MaxDelete> {
-    Ok(match s.strip_suffix('%') {
-        Some(p) => MaxDelete::Percent(
-            p.trim()
-                .parse()
-                .with_context(|| format!("--max-delete {s:?}"))?,
-        ),
-        None => MaxDelete::Count(
-            s.trim()
-                .parse()
-                .with_context(|| format!("--max-delete {s:?}: a count or a percentage"))?,
-        ),
-    })
+/// The run's options from its flags (`sync::options::Request` turns them into the engine's).
+fn request(a: &SyncArgs, c: &Common, rules: Vec<(bool, String)>) -> sync::options::Request {
+    sync::options::Request {
+        threads: c.threads,
+        list_threads: a.list_threads,
+        list_depth: a.list_depth,
+        rules,
+        files_from: a.files_from.clone(),
+        min_size: a.min_size,
+        max_size: a.max_size,
+        min_age: a.min_age,
+        max_age: a.max_age,
+        start: a.start.clone(),
+        end: a.end.clone(),
+        dirs: a.dirs,
+        perms: a.perms,
+        links: a.links,
+        from_journal: a.from_journal,
+        checksum: a.checksum,
+        size_only: a.size_only,
+        update: a.update,
+        ignore_existing: a.ignore_existing,
+        existing: a.existing,
+        force_update: a.force_update,
+        check_new: a.check_new,
+        delete_dst: a.delete_dst,
+        delete_src: a.delete_src,
+        max_delete: a.max_delete.clone(),
+        max_failure: a.max_failure,
+        retries: a.retries,
+        dry_run: a.dry_run,
+        bwlimit: a.bwlimit.clone(),
+        tps: a.tps,
+    }
 }
 
 async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: bool) -> Result<i32> {
@@ -225,15 +243,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         norm(a.src.as_deref().unwrap_or("")),
         norm(a.dst.as_deref().unwrap_or("")),
     );
-    if a.update && a.force_update {
-        bail!("--update and --force-update contradict each other");
-    }
-    if a.existing && a.ignore_existing {
-        bail!("--existing and --ignore-existing together would copy nothing");
-    }
-    if a.size_only && a.checksum {
-        bail!("--size-only and --checksum contradict each other (sizes only, or contents too)");
-    }
+    request(&a, &c, Vec::new()).check()?;
     let mut a = a;
     if a.delete {
         eprintln!("jfs-sync: note: --delete/--delete-during/--delete-before run as --delete-dst: extraneous destination objects are deleted after the copies, and only if the run had no error");
@@ -262,43 +272,13 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     if a.max_delete.is_some() && !a.delete_dst {
         bail!("--max-delete limits the deletes of --delete-dst, which was not given: add --delete-dst, or drop --max-delete");
     }
-    let mut filter = Filter::new(&rules)?;
-    filter.min_size = a.min_size;
-    filter.max_size = a.max_size;
-    let now = fs_core::now_ns();
-    filter.newest_ns = a.min_age.map(|d| now - d.as_nanos() as i64);
-    filter.oldest_ns = a.max_age.map(|d| now - d.as_nanos() as i64);
-    filter.start = a.start.clone();
-    filter.end = a.end.clone();
-    let bw = a
-        .bwlimit
-        .as_deref()
-        .map(BwSchedule::parse)
-        .transpose()
-        .context("--bwlimit")?;
-    let limits = Arc::new(Limits::new(bw, a.tps)?);
-    let max_delete = a.max_delete.as_deref().map(parse_max_delete).transpose()?;
-    let keys = match &a.files_from {
-        Some(f) => {
-            let text = std::fs::read_to_string(f)
-                .with_context(|| format!("--files-from {}", f.display()))?;
-            let mut k: Vec<String> = text
-                .lines()
-                .filter_map(sync_cli::filter::files_from_key)
-                .collect();
-            k.sort();
-            k.dedup();
-            Some(k)
-        }
-        None => None,
-    };
+    let req = request(&a, &c, rules);
+    let mut opts = req.options()?;
     // SRC and DST must not overlap: checked on the specs before anything is opened or
     // created, and again with what the opened endpoints know (a volume's uuid and store).
     let ep = c.endpoint.as_deref();
-    let (mut src_places, mut dst_places) = (
-        overlap::of_spec(&src_spec, ep),
-        overlap::of_spec(&dst_spec, ep),
-    );
+    let (mut src_places, mut dst_places) =
+        (place::of_spec(&src_spec, ep), place::of_spec(&dst_spec, ep));
     refuse_overlap(&src_places, &dst_places)?;
     let src = endpoint::open(&src_spec, ep, a.delete_src && !a.dry_run, false)
         .await
@@ -315,61 +295,15 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     src_places.extend(src.places());
     dst_places.extend(dst.places());
     refuse_overlap(&src_places, &dst_places)?;
-    let compare = Compare {
-        checksum: a.checksum,
-        size_only: a.size_only,
-        update: a.update,
-        ignore_existing: a.ignore_existing,
-        existing: a.existing,
-        force_update: a.force_update,
-        precision_ns: src.mtime_precision_ns().max(dst.mtime_precision_ns()),
-        dst_upload_time: dst.mtime_is_upload(),
-    };
-    // The options that decide which objects are copied and how (a shared job's workers must
-    // agree on them; a resume state is the progress of these and no others), by name.
-    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
-    let num = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
-    let identity = sync_cli::job::options_identity(&[
-        (
-            "filters",
-            format!(
-                "{:?}",
-                rules
-                    .iter()
-                    .map(|(inc, p)| format!("{} {p}", if *inc { '+' } else { '-' }))
-                    .collect::<Vec<_>>()
-            ),
-        ),
-        (
-            "--files-from",
-            a.files_from
-                .as_ref()
-                .map(|f| overlap::local(&f.to_string_lossy()).display().to_string())
-                .unwrap_or_default(),
-        ),
-        ("--checksum", a.checksum.to_string()),
-        ("--size-only", a.size_only.to_string()),
-        ("--update", a.update.to_string()),
-        ("--ignore-existing", a.ignore_existing.to_string()),
-        ("--existing", a.existing.to_string()),
-        ("--force-update", a.force_update.to_string()),
-        ("--dirs", a.dirs.to_string()),
-        ("--links", a.links.to_string()),
-        ("--perms", a.perms.to_string()),
-        ("--delete-dst", a.delete_dst.to_string()),
-        ("--min-size", num(a.min_size)),
-        ("--max-size", num(a.max_size)),
-        ("--start", opt(&a.start)),
-        ("--end", opt(&a.end)),
-        ("--from-journal", a.from_journal.to_string()),
-    ]);
+    opts.fit(&*src, &*dst);
+    let identity = req.identity();
     // What SRC and DST are, not how they were spelled: a volume by its uuid, a directory by
     // its absolute resolved path, a store by endpoint, bucket and prefix. Resume state is
     // keyed by these, so `jfs://NAME/` naming another volume, or a relative path run from
     // another directory, never picks up another job's progress.
     let (src_id, dst_id) = (
-        overlap::identity(&src_spec, ep, &src.places()),
-        overlap::identity(&dst_spec, ep, &dst.places()),
+        place::identity(&src_spec, ep, &src.places()),
+        place::identity(&dst_spec, ep, &dst.places()),
     );
     let state = if a.dry_run {
         None
@@ -400,27 +334,6 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         st.claim(&ident, a.state_dir.is_some())?;
         Some(Arc::new(st))
     };
-    let mut opts = Options {
-        threads: c.threads,
-        list_threads: a.list_threads.max(1),
-        list_depth: a.list_depth,
-        compare,
-        filter,
-        delete_dst: a.delete_dst,
-        delete_src: a.delete_src,
-        max_delete,
-        max_failure: a.max_failure,
-        dry_run: a.dry_run,
-        dirs: a.dirs,
-        perms: a.perms,
-        links: a.links,
-        check_new: a.check_new,
-        retries: a.retries,
-        keys_from_user: keys.is_some(),
-        keys,
-        limits,
-        range: Default::default(),
-    };
     let stats = Arc::new(Stats::default());
     // Hostile keys named by --files-from fail one by one; the rest of the run goes on.
     if let Some(keys) = &mut opts.keys {
@@ -438,13 +351,13 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         serve_metrics(addr, stats.clone()).await?;
     }
     if let Some(url) = a.job.clone() {
-        let board = sync_cli::job::open(&url).await?;
+        let board = sync::job::open(&url).await?;
         // Object stores are compared by their spec (workers may reach one by different
         // endpoints); directories and volumes by what they are on this host.
         let job_id = |id: &str| {
             (id.starts_with("directory ") || id.starts_with("volume path ")).then(|| id.to_string())
         };
-        let spec = sync_cli::job::Spec {
+        let spec = sync::job::Spec {
             src: src_spec.clone(),
             dst: dst_spec.clone(),
             src_id: job_id(&src_id),
@@ -453,25 +366,11 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
             delete_dst: a.delete_dst,
             max_delete: a.max_delete.clone(),
             from_journal: a.from_journal,
-            legacy_identity: Some(format!(
-                "{:?}|{:?}|{}{}{}{}{}{}{}{}|{:?}|{:?}",
-                rules,
-                a.files_from,
-                a.checksum,
-                a.update,
-                a.ignore_existing,
-                a.existing,
-                a.force_update,
-                a.dirs,
-                a.links,
-                a.delete_dst,
-                (a.min_size, a.max_size, &a.start, &a.end, a.size_only),
-                a.from_journal
-            )),
+            legacy_identity: Some(req.legacy_identity()),
         };
         if plan_only {
             let created = if a.from_journal {
-                sync_cli::job::plan_round(&*board, &spec, &*src, &*dst, a.bwlimit.as_deref(), a.tps)
+                sync::job::plan_round(&*board, &spec, &*src, &*dst, a.bwlimit.as_deref(), a.tps)
                     .await?
             } else {
                 board.create(&spec, a.bwlimit.as_deref(), a.tps).await?
@@ -489,11 +388,11 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
             return Ok(0);
         }
         let quiet = c.json && !std::io::stderr().is_terminal() && !a.progress;
-        let wo = sync_cli::job::WorkerOptions {
+        let wo = sync::job::WorkerOptions {
             worker: a
                 .worker
                 .clone()
-                .unwrap_or_else(sync_cli::job::default_worker_name),
+                .unwrap_or_else(sync::job::default_worker_name),
             lease: a.lease,
             max_attempts: 10,
             slots: a.job_slots.max(1),
@@ -506,7 +405,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         };
         let metrics = a.metrics.as_ref().map(|_| stats.clone());
         tracing::info!(job = %meta::redact(&url), worker = %wo.worker, "joining the shared job");
-        let r = sync_cli::job::work(
+        let r = sync::job::work(
             board,
             spec,
             src,
@@ -542,19 +441,19 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         return Ok(r.code);
     }
     let journal_head = if a.from_journal {
-        sync_cli::journal::prepare(&*src, &*dst, state.as_deref(), &mut opts).await?
+        sync::journal::prepare(&*src, &*dst, state.as_deref(), &mut opts).await?
     } else {
         None
     };
     let quiet = c.json && !std::io::stderr().is_terminal() && !a.progress;
     if std::io::stderr().is_terminal() && !quiet {
-        sync_cli::progress::count_ahead(&src, &opts, state.as_deref(), &stats)?;
+        sync::progress::count_ahead(&src, &opts, state.as_deref(), &stats)?;
     }
     let every = a
         .progress_interval
         .map(Duration::from_secs)
         .unwrap_or(a.stats);
-    let ticker = sync_cli::progress::progress(stats.clone(), every, quiet);
+    let ticker = sync::progress::progress(stats.clone(), every, quiet);
     tracing::info!(src = %src_spec, dst = %dst_spec, "sync starting");
     let report = run::sync(src, dst, opts, state.clone(), stats, signals()).await?;
     tracing::info!(summary = %report.summary.line(), "sync finished");
@@ -578,7 +477,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
 }
 
 async fn job_cmd(j: JobCmd) -> Result<i32> {
-    use sync_cli::job;
+    use sync::job;
     match j {
         JobCmd::Status { job: url, json } => {
             let b = job::open(&url).await?;
@@ -673,33 +572,30 @@ async fn job_state(url: &str, want: &str, from: &[&str]) -> Result<i32> {
 
 /// An existing job, joined (`Board::bind`), for the commands that change it: a job deleted
 /// meanwhile is then never written back.
-async fn open_job(url: &str) -> Result<Arc<dyn sync_cli::job::Board>> {
-    let b = sync_cli::job::open(url).await?;
+async fn open_job(url: &str) -> Result<Arc<dyn sync::job::Board>> {
+    let b = sync::job::open(url).await?;
     match b.bind().await {
         Ok(_) => Ok(b),
-        Err(e) if sync_cli::job::is_gone(&e) => bail!("no job at {}", meta::redact(url)),
+        Err(e) if sync::job::is_gone(&e) => bail!("no job at {}", meta::redact(url)),
         Err(e) => Err(e),
     }
 }
 
-fn refuse_overlap(
-    src: &[(String, overlap::Place)],
-    dst: &[(String, overlap::Place)],
-) -> Result<()> {
-    if let Some(why) = overlap::find(src, dst) {
+fn refuse_overlap(src: &[(String, place::Place)], dst: &[(String, place::Place)]) -> Result<()> {
+    if let Some(why) = place::find(src, dst) {
         bail!("SRC and DST overlap: {why}; nothing was copied or deleted (copying a tree into itself, or out of itself with deletes, loses data): choose a destination outside the source");
     }
     Ok(())
 }
 
-async fn check(a: sync_cli::cli::CheckArgs) -> Result<i32> {
+async fn check(a: crate::cli::CheckArgs) -> Result<i32> {
     let src = endpoint::open(&norm(&a.src), a.common.endpoint.as_deref(), false, false)
         .await
         .with_context(|| format!("source {}", a.src))?;
     let dst = endpoint::open(&norm(&a.dst), a.common.endpoint.as_deref(), false, false)
         .await
         .with_context(|| format!("destination {}", a.dst))?;
-    let r = sync_cli::check::check(src, dst, a.download, a.common.threads).await?;
+    let r = sync::check::check(src, dst, a.download, a.common.threads).await?;
     if a.list || !a.common.json {
         for (k, what) in &r.keys {
             if a.list {

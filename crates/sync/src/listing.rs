@@ -5,191 +5,17 @@
 //! always holds one: the consumer can never wait on a subtree that cannot run.
 //!
 //! Every listing is of a [`KeyRange`] (the whole key space, what follows a resume cursor, or
-//! one range of a shared job), and every endpoint that lists by walking directories walks
-//! through the one [`walk`] here.
+//! one range of a shared job); an endpoint that lists by walking directories walks through
+//! the one `endpoint::walk`. The module graph runs one way: `entry` and `range` (the
+//! vocabulary) <- `endpoint` <- `listing` <- `run`.
 
-use crate::endpoint::{Endpoint, Entry, Kind, Page};
-use anyhow::{Context, Result};
-use async_trait::async_trait;
+use crate::endpoint::Endpoint;
+use crate::entry::{Entry, Kind, Page};
+use crate::range::KeyRange;
+use anyhow::Result;
 use std::collections::VecDeque;
-use std::ops::Bound;
 use std::sync::Arc;
 use tokio::sync::{mpsc, Semaphore};
-
-/// A slice of the key space: keys above `lo` and below `hi` (`None`: no upper end).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyRange {
-    pub lo: Bound<String>,
-    pub hi: Option<String>,
-}
-
-impl Default for KeyRange {
-    fn default() -> Self {
-        KeyRange::all()
-    }
-}
-
-impl KeyRange {
-    pub fn all() -> Self {
-        KeyRange {
-            lo: Bound::Unbounded,
-            hi: None,
-        }
-    }
-
-    /// `[from, until)`.
-    pub fn new(from: Option<String>, until: Option<String>) -> Self {
-        KeyRange {
-            lo: from.map_or(Bound::Unbounded, Bound::Included),
-            hi: until,
-        }
-    }
-
-    /// What is left of this range after a resume cursor (every key at or before it resolved).
-    pub fn resumed(&self, cursor: Option<&str>) -> Self {
-        let mut r = self.clone();
-        if let Some(c) = cursor {
-            if !self.below(c) {
-                r.lo = Bound::Excluded(c.to_string());
-            }
-        }
-        r
-    }
-
-    /// The exclusive lower end as a listing's `start_after`: the cursor, or for an inclusive
-    /// start a key just before it (a prefix of it; the few keys between are filtered out).
-    pub fn start_after(&self) -> Option<String> {
-        match &self.lo {
-            Bound::Unbounded => None,
-            Bound::Excluded(a) => Some(a.clone()),
-            Bound::Included(s) => {
-                let mut p = s.clone();
-                p.pop();
-                (!p.is_empty()).then_some(p)
-            }
-        }
-    }
-
-    /// `key` comes before the range.
-    pub fn below(&self, key: &str) -> bool {
-        match &self.lo {
-            Bound::Unbounded => false,
-            Bound::Included(s) => key < s.as_str(),
-            Bound::Excluded(s) => key <= s.as_str(),
-        }
-    }
-
-    /// `key` is at or past the upper end (so is everything listed after it).
-    pub fn past(&self, key: &str) -> bool {
-        self.hi.as_deref().is_some_and(|h| key >= h)
-    }
-
-    pub fn contains(&self, key: &str) -> bool {
-        !self.below(key) && !self.past(key)
-    }
-
-    /// No key under directory `dir` (a key ending in '/') is in the range.
-    pub fn skips_tree(&self, dir: &str) -> bool {
-        let before = match &self.lo {
-            Bound::Unbounded => false,
-            Bound::Included(s) | Bound::Excluded(s) => dir < s.as_str() && !s.starts_with(dir),
-        };
-        before || self.past(dir)
-    }
-}
-
-/// The upper end of a range being worked, which may be lowered while the run goes (a shared
-/// job hands the back of a busy range to an idle worker). The run admits each key in order;
-/// a cut is accepted only above every key admitted so far, so no key is worked on both sides.
-#[derive(Debug, Default)]
-pub struct MovableEnd(std::sync::Mutex<(Option<String>, Option<String>)>);
-
-impl MovableEnd {
-    /// The run may work on `key` (it is below the end); from now on no cut at or below it.
-    pub fn admit(&self, key: &str) -> bool {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if g.1.as_deref().is_some_and(|hi| key >= hi) {
-            return false;
-        }
-        if g.0.as_deref().is_none_or(|last| key > last) {
-            g.0 = Some(key.to_string());
-        }
-        true
-    }
-
-    /// The last key admitted.
-    pub fn last(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
-    }
-
-    /// Lower the end to `at`: refused when a key at or past `at` was admitted already, or the
-    /// end is already at or below it.
-    pub fn cut(&self, at: &str) -> bool {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if g.0.as_deref().is_some_and(|last| last >= at)
-            || g.1.as_deref().is_some_and(|hi| hi <= at)
-        {
-            return false;
-        }
-        g.1 = Some(at.to_string());
-        true
-    }
-}
-
-/// A tree listed one sorted directory level at a time (a local directory, a volume, an object
-/// store without ordered recursive listing).
-#[async_trait]
-pub trait Tree: Send + Sync {
-    type Level: Send;
-    /// The children of directory `prefix` ("" or a key ending in '/'), to be taken in key
-    /// order with `next`; directories as `name/`.
-    async fn level(&self, prefix: &str) -> Result<Self::Level>;
-    async fn next(&self, level: &mut Self::Level) -> Result<Option<Entry>>;
-}
-
-/// Send every entry under `prefix` within `range`, in ascending key order, in pages of 1000.
-/// Subtrees wholly outside the range are not opened; the walk ends at the range's upper end.
-pub async fn walk<T: Tree>(
-    t: &T,
-    prefix: &str,
-    range: &KeyRange,
-    dirs: bool,
-    tx: &mpsc::Sender<Page>,
-) -> Result<()> {
-    let mut page = Vec::with_capacity(1000);
-    let mut stack = vec![t.level(prefix).await?];
-    while let Some(level) = stack.last_mut() {
-        let Some(e) = t.next(level).await? else {
-            stack.pop();
-            continue;
-        };
-        if range.past(&e.key) {
-            break;
-        }
-        if e.kind == Kind::Dir {
-            if range.skips_tree(&e.key) {
-                continue;
-            }
-            if dirs && range.contains(&e.key) {
-                page.push(e.clone());
-            }
-            let l = t
-                .level(&e.key)
-                .await
-                .with_context(|| format!("listing {}", e.key))?;
-            stack.push(l);
-        } else if range.contains(&e.key) {
-            page.push(e);
-        }
-        if page.len() >= 1000 && tx.send(Ok(std::mem::take(&mut page))).await.is_err() {
-            return Ok(()); // the receiver stopped
-        }
-    }
-    if !page.is_empty() {
-        let _ = tx.send(Ok(page)).await;
-    }
-    Ok(())
-}
 
 enum Unit {
     One(Entry),
@@ -331,26 +157,6 @@ async fn parallel(
 mod tests {
     use super::*;
     use crate::endpoint::LocalDir;
-
-    #[test]
-    fn a_movable_end_is_cut_only_past_what_was_admitted() {
-        let e = MovableEnd::default();
-        assert!(e.admit("a/1"));
-        assert!(e.admit("a/2"));
-        assert_eq!(e.last().as_deref(), Some("a/2"));
-        // Not at or below a key already admitted.
-        assert!(!e.cut("a/2"));
-        assert!(!e.cut("a/1"));
-        assert!(e.cut("b/"));
-        // Keys past the cut are refused from now on; the end only moves down.
-        assert!(!e.admit("b/"));
-        assert!(!e.admit("c"));
-        assert!(e.admit("a/3"));
-        assert!(!e.cut("c/"));
-        assert!(e.cut("a/5"));
-        assert!(!e.admit("a/5"));
-        assert!(e.admit("a/4"));
-    }
 
     async fn keys(ep: Arc<dyn Endpoint>, r: KeyRange, threads: usize) -> Vec<String> {
         let mut rx = spawn(ep, r, true, threads, 2);

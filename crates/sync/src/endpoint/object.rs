@@ -5,7 +5,7 @@
 //! object under the real key.
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
-use crate::listing::KeyRange;
+use crate::range::KeyRange;
 use anyhow::{bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -134,7 +134,7 @@ impl Endpoint for ObjectStore {
         tx: mpsc::Sender<Page>,
     ) -> Result<()> {
         if !self.ordered_listing() {
-            return crate::listing::walk(self, prefix, range, dirs, &tx).await;
+            return super::walk::walk(self, prefix, range, dirs, &tx).await;
         }
         let mut l = self.op.lister_with(prefix).recursive(true);
         let after = range.start_after().filter(|a| a.as_str() >= prefix);
@@ -355,7 +355,7 @@ impl ObjectStore {
 
 /// Services without ordered recursive listing are walked one sorted level at a time.
 #[async_trait]
-impl crate::listing::Tree for ObjectStore {
+impl super::walk::Tree for ObjectStore {
     type Level = std::vec::IntoIter<Entry>;
 
     async fn level(&self, prefix: &str) -> Result<Self::Level> {

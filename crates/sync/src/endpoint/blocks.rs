@@ -150,7 +150,7 @@ impl Endpoint for BlocksEndpoint {
     async fn list(
         &self,
         prefix: &str,
-        range: &crate::listing::KeyRange,
+        range: &crate::range::KeyRange,
         _dirs: bool,
         tx: mpsc::Sender<Page>,
     ) -> Result<()> {

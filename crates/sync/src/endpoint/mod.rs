@@ -8,41 +8,20 @@ mod local;
 mod object;
 pub mod s3native;
 mod volume;
+pub mod walk;
 
 pub use blocks::{BlockIndex, BlocksEndpoint};
 pub use local::LocalDir;
 pub use object::{ObjectStore, PART};
 pub use volume::{meta_url_of, VolumeEndpoint};
 
-use crate::listing::KeyRange;
+pub use crate::entry::{Entry, Kind, Page, TooWide};
+use crate::range::KeyRange;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Kind {
-    File,
-    Dir,
-    Symlink,
-}
-
-/// One listed object. `mtime_ns` is the source's modification time, or for object stores the
-/// upload time (`mtime_is_upload` then), which is why change detection needs both flags.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub key: String,
-    pub kind: Kind,
-    pub size: u64,
-    pub mtime_ns: i64,
-    /// Permission bits, when the endpoint has them.
-    pub mode: Option<u32>,
-    /// Symlink target.
-    pub target: Option<String>,
-}
-
-pub type Page = Result<Vec<Entry>>;
 
 /// Where a copy is being written. `write` is called with consecutive pieces in order;
 /// `finish` makes the object visible under its real name (never before it is complete).
@@ -110,38 +89,19 @@ pub trait Endpoint: Send + Sync {
     }
     /// Places this endpoint reads or writes that its spec alone does not tell (a volume's
     /// uuid and block store), for the overlap check.
-    fn places(&self) -> Vec<(String, crate::overlap::Place)> {
+    fn places(&self) -> Vec<(String, fs_core::place::Place)> {
         Vec::new()
     }
 }
 
-/// An error that retrying cannot fix (a hostile key, an unsupported object kind).
-#[derive(Debug)]
-pub struct Permanent(pub String);
-
-impl std::fmt::Display for Permanent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Permanent {}
-
+/// An error that retrying cannot fix (a hostile key, an unsupported object kind): a
+/// permanent `fs_core::Error` of kind `InvalidArgument`, which `copy::is_permanent` reads.
 pub fn permanent(msg: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(Permanent(msg.into()))
+    anyhow::Error::new(fs_core::Error::new(
+        fs_core::ErrorKind::InvalidArgument,
+        msg,
+    ))
 }
-
-/// `list_level` of a directory too wide to expand in memory: list it as one subtree instead.
-#[derive(Debug)]
-pub struct TooWide;
-
-impl std::fmt::Display for TooWide {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("directory too wide to expand")
-    }
-}
-
-impl std::error::Error for TooWide {}
 
 /// What ends the temporary name a file is written under before it is renamed into place.
 pub const TMP_SUFFIX: &str = ".jfs-sync-tmp";

@@ -4,17 +4,21 @@
 //! Files are written under a temporary name and renamed into place when complete.
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
-use crate::listing::KeyRange;
+use crate::range::KeyRange;
 use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 use cap_std::fs::Dir;
 use cap_std::fs::MetadataExt;
-use std::io::Write;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::mpsc;
+
+mod sink;
+mod spill;
+
+pub use sink::LocalSink;
 
 pub struct LocalDir {
     root: PathBuf,
@@ -302,7 +306,7 @@ pub struct LocalLevel {
 }
 
 #[async_trait]
-impl crate::listing::Tree for LocalDir {
+impl super::walk::Tree for LocalDir {
     type Level = LocalLevel;
 
     async fn level(&self, prefix: &str) -> Result<LocalLevel> {
@@ -375,156 +379,6 @@ impl Kids {
     }
 }
 
-mod spill {
-    //! External sort of directory entry names: sorted runs in anonymous temp files, merged.
-    use anyhow::Result;
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    use std::io::{BufRead, BufReader, BufWriter, Seek, Write};
-
-    pub fn write_run(names: &mut Vec<String>) -> Result<std::fs::File> {
-        names.sort();
-        let mut f = tempfile::tempfile()?;
-        {
-            let mut w = BufWriter::new(&mut f);
-            for n in names.drain(..) {
-                w.write_all(n.as_bytes())?;
-                w.write_all(&[0])?; // names never contain NUL
-            }
-            w.flush()?;
-        }
-        f.rewind()?;
-        Ok(f)
-    }
-
-    pub struct Merge {
-        readers: Vec<BufReader<std::fs::File>>,
-        heap: BinaryHeap<Reverse<(String, usize)>>,
-    }
-
-    impl Merge {
-        pub fn new(runs: Vec<std::fs::File>) -> Result<Self> {
-            let mut m = Merge {
-                readers: runs.into_iter().map(BufReader::new).collect(),
-                heap: BinaryHeap::new(),
-            };
-            for i in 0..m.readers.len() {
-                m.refill(i)?;
-            }
-            Ok(m)
-        }
-
-        fn refill(&mut self, i: usize) -> Result<()> {
-            let mut buf = Vec::new();
-            if self.readers[i].read_until(0, &mut buf)? > 0 {
-                buf.pop();
-                self.heap.push(Reverse((String::from_utf8(buf)?, i)));
-            }
-            Ok(())
-        }
-
-        pub fn next(&mut self) -> Result<Option<String>> {
-            let Some(Reverse((name, i))) = self.heap.pop() else {
-                return Ok(None);
-            };
-            self.refill(i)?;
-            Ok(Some(name))
-        }
-    }
-}
-
-pub struct LocalSink {
-    dir: Arc<Dir>,
-    tmp: String,
-    key: String,
-    file: std::fs::File,
-    /// Bytes written since the last data sync: a large file is synced every `SYNC_EVERY` as it
-    /// is written, so its durability costs little at the end (small files wait for the run's
-    /// batched `syncfs`).
-    unsynced: u64,
-}
-
-const SYNC_EVERY: u64 = 64 << 20;
-
-impl LocalSink {
-    async fn wrote(&mut self, n: u64) -> Result<()> {
-        self.unsynced += n;
-        if self.unsynced >= SYNC_EVERY {
-            let f = self.file.try_clone()?;
-            blocking(move || Ok(f.sync_data()?)).await?;
-            self.unsynced = 0;
-        }
-        Ok(())
-    }
-}
-
-impl LocalSink {
-    async fn create(dir: Arc<Dir>, key: &str) -> Result<Self> {
-        let key = key.to_string();
-        blocking(move || {
-            let path = rel(&key);
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| anyhow!("{key}: no file name"))?;
-            let tmp = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                Some(p) => {
-                    dir.create_dir_all(p)
-                        .with_context(|| format!("creating the directory of {key}"))?;
-                    format!("{}/{}", p.display(), super::temp_name(name))
-                }
-                None => super::temp_name(name),
-            };
-            let file = dir
-                .create(&tmp)
-                .with_context(|| format!("creating {tmp}"))?
-                .into_std();
-            Ok(LocalSink {
-                dir,
-                tmp,
-                key,
-                file,
-                unsynced: 0,
-            })
-        })
-        .await
-    }
-}
-
-#[async_trait]
-impl Sink for LocalSink {
-    async fn write(&mut self, data: Bytes) -> Result<()> {
-        let mut f = self.file.try_clone()?;
-        let n = data.len() as u64;
-        blocking(move || Ok(f.write_all(&data)?)).await?;
-        self.wrote(n).await
-    }
-
-    async fn finish(self: Box<Self>, src: &Entry, perms: bool) -> Result<()> {
-        let (mtime, mode) = (src.mtime_ns, src.mode);
-        blocking(move || {
-            let s = *self;
-            let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime.max(0) as u64);
-            s.file
-                .set_times(std::fs::FileTimes::new().set_modified(t))?;
-            if let (true, Some(m)) = (perms, mode) {
-                s.file.set_permissions(std::fs::Permissions::from_mode(m))?;
-            }
-            // Not synced here: the run makes finished copies durable in batches (`sync`)
-            // before it records them as done.
-            s.dir
-                .rename(&s.tmp, &s.dir, rel(&s.key))
-                .with_context(|| format!("renaming into place: {}", s.key))?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn abort(self: Box<Self>) {
-        let _ = blocking(move || Ok(self.dir.remove_file(&self.tmp)?)).await;
-    }
-}
-
 #[async_trait]
 impl Endpoint for LocalDir {
     fn describe(&self) -> String {
@@ -544,7 +398,7 @@ impl Endpoint for LocalDir {
         dirs: bool,
         tx: mpsc::Sender<Page>,
     ) -> Result<()> {
-        crate::listing::walk(self, prefix, range, dirs, &tx)
+        super::walk::walk(self, prefix, range, dirs, &tx)
             .await
             .with_context(|| format!("listing {}", self.root.display()))
     }

@@ -53,6 +53,27 @@ pub struct Summary {
     pub seconds: f64,
 }
 
+/// A `Summary` as it is persisted (the resume state's tally, a job unit's tally): a
+/// versioned record (`fs_core::record`), so a newer release's tally is refused, not misread.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[serde(transparent)]
+pub struct Tally(pub Summary);
+
+impl fs_core::record::Versioned for Tally {
+    const KIND: &'static str = "a sync tally record";
+    const VERSION: u32 = 1;
+}
+
+impl Tally {
+    pub fn encode(s: &Summary) -> String {
+        String::from_utf8(fs_core::record::encode(&Tally(s.clone()))).expect("JSON is UTF-8")
+    }
+
+    pub fn decode(raw: &str) -> fs_core::Result<Summary> {
+        fs_core::record::decode::<Tally>(raw.as_bytes()).map(|t| t.0)
+    }
+}
+
 fn why_name(w: Why) -> String {
     serde_json::to_value(w)
         .ok()
@@ -256,6 +277,22 @@ impl Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tally as the release before this one wrote it (no version field).
+    const TALLY_V1: &str = r#"{"dry_run":false,"listed":3,"copied":1,"updated":1,"skipped":1,"skipped_reasons":{"up_to_date":1},"excluded":0,"failed":0,"deleted":0,"extra":0,"bytes":10,"checked":0,"resumed":null,"seconds":0.5}"#;
+
+    #[test]
+    fn a_tally_of_the_release_before_decodes_and_a_newer_one_is_refused() {
+        let s = Tally::decode(TALLY_V1).unwrap();
+        assert_eq!((s.listed, s.copied, s.bytes, s.seconds), (3, 1, 10, 0.5));
+        assert_eq!(s.skipped_reasons.get("up_to_date"), Some(&1));
+        assert_eq!(Tally::decode(&Tally::encode(&s)).unwrap(), s);
+        assert!(Tally::encode(&s).contains(r#""version":1"#));
+        let newer = TALLY_V1.replacen('{', r#"{"version":2,"#, 1);
+        let e = Tally::decode(&newer).unwrap_err();
+        assert_eq!(e.kind(), fs_core::ErrorKind::UnsupportedVersion);
+        assert!(e.to_string().contains("newer release"), "{e}");
+    }
 
     #[test]
     fn lines_say_would_in_a_dry_run_and_why_things_were_skipped() {

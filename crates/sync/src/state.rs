@@ -7,6 +7,7 @@
 //! Puts go through the WAL without fsync: a killed process (even kill -9) loses nothing the
 //! OS has, and a lost tail only means a few objects are copied again.
 
+use crate::stats::Tally;
 use anyhow::{bail, Context, Result};
 use rocksdb::{WriteBatch, DB};
 use std::path::{Path, PathBuf};
@@ -140,18 +141,26 @@ impl State {
     }
 
     /// The tally of the keys at or before the cursor, from earlier attempts.
+    /// A tally a newer release wrote is refused; a damaged one reads as none.
     pub fn tally(&self) -> Result<Option<crate::stats::Summary>> {
-        Ok(self
-            .db
-            .get(TALLY)?
-            .and_then(|v| serde_json::from_slice(&v).ok()))
+        let Some(v) = self.db.get(TALLY)? else {
+            return Ok(None);
+        };
+        match Tally::decode(&String::from_utf8_lossy(&v)) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.kind() == fs_core::ErrorKind::UnsupportedVersion => {
+                Err(anyhow::Error::new(e)
+                    .context(format!("the resume state in {}", self.path.display())))
+            }
+            Err(_) => Ok(None),
+        }
     }
 
     /// Move the cursor and record the tally of everything at or before it, in one write.
     pub fn checkpoint(&self, cursor: &str, tally: &crate::stats::Summary) -> Result<()> {
         let mut b = WriteBatch::default();
         b.put(CURSOR, cursor);
-        b.put(TALLY, serde_json::to_vec(tally)?);
+        b.put(TALLY, Tally::encode(tally));
         Ok(self.db.write(b)?)
     }
 
@@ -337,4 +346,34 @@ pub fn default_dir(src: &str, dst: &str, options: &str) -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("jfs-sync").join(format!("{h:08x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resume_state_of_the_release_before_opens_and_a_newer_tally_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        {
+            // What the release before wrote: the tally as bare JSON, no version.
+            let st = State::open(t.path()).unwrap();
+            let mut b = WriteBatch::default();
+            b.put(CURSOR, "a/b");
+            b.put(
+                TALLY,
+                r#"{"dry_run":false,"listed":2,"copied":1,"updated":0,"skipped":1,"skipped_reasons":{"up_to_date":1},"excluded":0,"failed":0,"deleted":0,"extra":0,"bytes":7,"checked":0,"resumed":null,"seconds":0.25}"#,
+            );
+            st.db.write(b).unwrap();
+        }
+        let st = State::open(t.path()).unwrap();
+        assert_eq!(st.cursor().unwrap().as_deref(), Some("a/b"));
+        let tally = st.tally().unwrap().unwrap();
+        assert_eq!((tally.listed, tally.copied, tally.bytes), (2, 1, 7));
+        st.checkpoint("a/c", &tally).unwrap();
+        assert_eq!(st.tally().unwrap(), Some(tally));
+        st.db.put(TALLY, r#"{"version":2,"listed":2}"#).unwrap();
+        let e = st.tally().unwrap_err();
+        assert!(format!("{e:#}").contains("newer release"), "{e:#}");
+    }
 }

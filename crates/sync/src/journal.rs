@@ -125,7 +125,7 @@ impl Paths<'_> {
 /// Keys under `prefix` (a directory key ending in '/') on one side.
 async fn keys_under(ep: &dyn Endpoint, prefix: &str, out: &mut BTreeSet<String>) -> Result<()> {
     let (tx, mut rx) = mpsc::channel(4);
-    let all = crate::listing::KeyRange::all();
+    let all = crate::range::KeyRange::all();
     let lister = ep.list(prefix, &all, false, tx);
     let collect = async {
         while let Some(page) = rx.recv().await {

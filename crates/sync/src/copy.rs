@@ -204,14 +204,13 @@ impl Copier<'_> {
     }
 }
 
-/// An error that retrying cannot fix: a hostile key or unsupported kind (`Permanent`), a
-/// destination that refuses writes (read-only file system, permission denied, EPERM) or a
-/// name it cannot hold, from the local file system or a volume.
+/// An error that retrying cannot fix: a hostile key or unsupported kind (a permanent
+/// `InvalidArgument`, `endpoint::permanent`), a destination that refuses writes (read-only
+/// file system, permission denied, EPERM) or a name it cannot hold, from the local file
+/// system or a volume. An `fs_core::Error` is read by its `status()` first: a temporary one
+/// is always retried.
 pub fn is_permanent(e: &anyhow::Error) -> Option<&'static str> {
     for c in e.chain() {
-        if c.is::<crate::endpoint::Permanent>() {
-            return Some("");
-        }
         if let Some(io) = c.downcast_ref::<std::io::Error>() {
             match io.raw_os_error() {
                 Some(30) => return Some("a read-only file system"),
@@ -226,7 +225,11 @@ pub fn is_permanent(e: &anyhow::Error) -> Option<&'static str> {
             }
         }
         if let Some(f) = c.downcast_ref::<fs_core::Error>() {
+            if f.status() != fs_core::ErrorStatus::Permanent {
+                continue;
+            }
             match f.kind() {
+                fs_core::ErrorKind::InvalidArgument => return Some(""),
                 fs_core::ErrorKind::ReadOnly => return Some("a read-only volume"),
                 fs_core::ErrorKind::PermissionDenied => return Some("permission denied"),
                 fs_core::ErrorKind::NameTooLong => return Some("a name too long for the volume"),

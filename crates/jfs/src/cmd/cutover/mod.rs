@@ -9,15 +9,18 @@
 use super::mount::live_mount;
 use super::{open_engine, Outcome};
 use crate::cli::{BarrierArgs, CutoverCmd, Global};
-use crate::progress::Progress;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use fs_core::storage::{self, Event, Phase, Role, StorageState};
-use fs_core::{BlockCheck, BlockStore, Engine, ErrorKind, Settings};
-use futures::StreamExt;
+use fs_core::{BlockStore, Engine, ErrorKind, Settings};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod status;
+mod verify;
+
+use status::status;
+use verify::{drain, verify};
 
 pub async fn run(g: &Global, cmd: CutoverCmd) -> Result<Outcome> {
     match cmd {
@@ -36,11 +39,10 @@ pub async fn run(g: &Global, cmd: CutoverCmd) -> Result<Outcome> {
             let ep = g.endpoint.as_deref();
             let settings = settings_of(&*e).await?;
             let a = &settings.storage;
-            let there = sync_cli::overlap::of_spec(&to, ep);
-            let why =
-                sync_cli::overlap::find(&sync_cli::overlap::of_spec(a, ep), &there).or_else(|| {
-                    sync_cli::overlap::find(&sync_cli::overlap::meta_places(&meta_url, ""), &there)
-                });
+            let there = fs_core::place::of_spec(&to, ep);
+            let why = fs_core::place::find(&fs_core::place::of_spec(a, ep), &there).or_else(|| {
+                fs_core::place::find(&fs_core::place::meta_places(&meta_url, ""), &there)
+            });
             if let Some(why) = why {
                 bail!("cannot move the volume's blocks to {to}: {} (with the store {a} and the metadata {}); nothing was changed: choose a store outside both", why.replace("the destination's", "the new store's").replace("the source's", "the volume's"), meta::redact(&meta_url));
             }
@@ -225,7 +227,7 @@ async fn backfill(
     json: bool,
     barrier: &BarrierArgs,
 ) -> Result<Outcome> {
-    use sync_cli::endpoint::{self, BlockIndex, BlocksEndpoint};
+    use sync::endpoint::BlockIndex;
     let e = open_engine(g, meta_url, true).await?;
     let settings = settings_of(&*e).await?;
     let st = state_of(&*e).await?;
@@ -250,57 +252,8 @@ async fn backfill(
         index.bytes >> 20,
         dir.display()
     );
-    let ep = g.endpoint.as_deref();
-    let src = Arc::new(BlocksEndpoint::new(
-        endpoint::open(from, ep, false, false)
-            .await
-            .with_context(|| format!("the volume's store {from}"))?,
-        index.clone(),
-    ));
-    let dst = endpoint::open(to, ep, true, true)
-        .await
-        .with_context(|| format!("the new store {to}"))?;
-    let bw = bwlimit
-        .as_deref()
-        .map(sync_cli::limits::BwSchedule::parse)
-        .transpose()
-        .context("--bwlimit")?;
-    let opts = sync_cli::run::Options {
-        threads: threads.max(1),
-        list_threads: 1,
-        list_depth: 0,
-        compare: sync_cli::plan::Compare {
-            checksum: false,
-            size_only: true,
-            update: false,
-            ignore_existing: false,
-            existing: false,
-            force_update: false,
-            precision_ns: 1,
-            dst_upload_time: dst.mtime_is_upload(),
-        },
-        filter: sync_cli::filter::Filter::new(&[])?,
-        delete_dst: false,
-        delete_src: false,
-        max_delete: None,
-        max_failure: None,
-        dry_run: false,
-        dirs: false,
-        perms: false,
-        links: false,
-        check_new: false,
-        retries: 5,
-        keys: None,
-        keys_from_user: false,
-        limits: Arc::new(sync_cli::limits::Limits::new(bw, tps)?),
-        range: Default::default(),
-    };
-    let state = Arc::new(sync_cli::state::State::open(&dir.join("sync"))?);
-    let stats = Arc::new(sync_cli::stats::Stats::default());
-    stats.total.store(index.blocks, Relaxed);
-    stats.total_known.store(true, Relaxed);
-    let ticker =
-        sync_cli::progress::progress(stats.clone(), Duration::from_secs(5), g.quiet || json);
+    let stats = Arc::new(sync::stats::Stats::default());
+    let ticker = sync::progress::progress(stats.clone(), Duration::from_secs(5), g.quiet || json);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let watcher = tokio::spawn(async move {
         while !super::interrupted() {
@@ -308,7 +261,22 @@ async fn backfill(
         }
         let _ = stop_tx.send(true);
     });
-    let report = sync_cli::run::sync(src, dst, opts, Some(state), stats, stop_rx).await?;
+    let how = sync::backfill::BackfillOptions {
+        threads,
+        bwlimit,
+        tps,
+    };
+    let report = sync::backfill::backfill(
+        index.clone(),
+        from,
+        to,
+        g.endpoint.as_deref(),
+        &dir.join("sync"),
+        &how,
+        stats,
+        stop_rx,
+    )
+    .await?;
     ticker.abort();
     watcher.abort();
     eprintln!("jfs: backfill: {}", report.summary.line());
@@ -332,207 +300,6 @@ async fn backfill(
     drop(index);
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("jfs: backfill done. Next: jfs cutover verify {meta_url}");
-    Ok(Outcome::Done)
-}
-
-/// What verify found.
-#[derive(Debug, Default, serde::Serialize)]
-struct VerifyReport {
-    blocks: u64,
-    bytes: u64,
-    /// In the new store with the right length and checksum.
-    good: u64,
-    /// Missing in the new store: copied from the old one.
-    copied_missing: u64,
-    /// Damaged (wrong length or checksum) in the new store: copied again.
-    copied_damaged: u64,
-    /// Repair-list entries copied and cleared.
-    repairs_drained: u64,
-    /// Blocks that could not be made good, with why.
-    failed: Vec<String>,
-    seconds: f64,
-}
-
-/// Copy block `key` from `from` to `to` (verified against `want` on the way).
-async fn copy_block(
-    from: &dyn BlockStore,
-    to: &dyn BlockStore,
-    key: &str,
-    want: BlockCheck,
-) -> fs_core::Result<u64> {
-    let b = from.get_block(key, want).await?;
-    let n = b.len() as u64;
-    to.put(key, b).await?;
-    Ok(n)
-}
-
-/// The check of block `key` (its length from the key, its CRC32C from its slice's record).
-async fn check_of(e: &dyn Engine, settings: &Settings, key: &str) -> Result<BlockCheck> {
-    let (id, index, len) = fs_core::keys::parse_block_key(&settings.name, key)
-        .ok_or_else(|| anyhow!("{key} is not a block key of volume {}", settings.name))?;
-    let crc = fs_core::fs::slice_checksums(e, &[id])
-        .await?
-        .get(&id)
-        .and_then(|c| c.get(index as usize).copied());
-    Ok(BlockCheck { len, crc })
-}
-
-/// Copy every block the repair list of `role` names from `from` into `to`, clearing entries
-/// as they are done. Returns how many; errors name the block.
-async fn drain(
-    e: &dyn Engine,
-    settings: &Settings,
-    role: Role,
-    from: &dyn BlockStore,
-    to: &dyn BlockStore,
-) -> Result<u64> {
-    let mut n = 0;
-    for r in storage::repairs(e, Some(role)).await? {
-        let want = check_of(e, settings, &r.key).await?;
-        match to.get_block(&r.key, want).await {
-            Ok(_) => {}
-            Err(_) => {
-                copy_block(from, to, &r.key, want).await.with_context(|| {
-                    format!("repairing block {} (recorded: {})", r.key, r.error)
-                })?;
-            }
-        }
-        storage::repair_done(e, role, &r.key).await?;
-        n += 1;
-    }
-    Ok(n)
-}
-
-async fn verify(
-    g: &Global,
-    meta_url: &str,
-    threads: usize,
-    json: bool,
-    barrier: &BarrierArgs,
-) -> Result<Outcome> {
-    use sync_cli::endpoint::BlockIndex;
-    let t0 = Instant::now();
-    let e = open_engine(g, meta_url, true).await?;
-    let settings = settings_of(&*e).await?;
-    let st = state_of(&*e).await?;
-    let Phase::Dual {
-        from,
-        to,
-        backfilled,
-        ..
-    } = &st.phase
-    else {
-        bail!(
-            "verify checks the new store during a cutover's dual write; the volume is in {}",
-            st.phase.describe()
-        );
-    };
-    if !backfilled {
-        bail!("verify comes after backfill: run `jfs cutover backfill {meta_url}` first");
-    }
-    wait_barrier(&*e, st.gen, barrier).await?;
-    let (a, b) = (store(g, from)?, store(g, to)?);
-    let dir = default_state_dir(&settings.uuid, st.gen).join("verify-index");
-    let index = BlockIndex::build(&*e, &settings, &dir).await?;
-    let rep = Mutex::new(VerifyReport {
-        blocks: index.blocks,
-        bytes: index.bytes,
-        ..Default::default()
-    });
-    let progress = Progress::new("verify", index.bytes, g.quiet || json);
-    let copied = AtomicU64::new(0);
-    let mut after: Option<String> = None;
-    loop {
-        let page = index.page(after.as_deref(), 1000)?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.0.clone());
-        let ids: Vec<u64> = page.iter().map(|(_, _, id)| *id).collect();
-        let sums = fs_core::fs::slice_checksums(&*e, &ids).await?;
-        let (a, b, rep, progress, copied) = (&a, &b, &rep, &progress, &copied);
-        let (sums, name) = (&sums, settings.name.as_str());
-        futures::stream::iter(page.into_iter().map(|(key, len, id)| async move {
-            let index = fs_core::keys::parse_block_key(name, &key)
-                .map(|(_, i, _)| i as usize)
-                .unwrap_or(0);
-            let want = BlockCheck {
-                len,
-                crc: sums.get(&id).and_then(|c| c.get(index).copied()),
-            };
-            let missing = match b.get_block(&key, want).await {
-                Ok(_) => {
-                    rep.lock().unwrap_or_else(|p| p.into_inner()).good += 1;
-                    progress.add_bytes(len as u64);
-                    return;
-                }
-                Err(err) if err.kind() == ErrorKind::NotFound => true,
-                Err(err) if err.kind() == ErrorKind::Corrupt => false,
-                Err(err) => {
-                    rep.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .failed
-                        .push(format!("{key}: reading it from the new store: {err}"));
-                    return;
-                }
-            };
-            let r = copy_block(&**a, &**b, &key, want).await;
-            let mut g = rep.lock().unwrap_or_else(|p| p.into_inner());
-            match r {
-                Ok(n) => {
-                    copied.fetch_add(n, Relaxed);
-                    if missing {
-                        g.copied_missing += 1;
-                    } else {
-                        g.copied_damaged += 1;
-                    }
-                }
-                Err(err) => g.failed.push(format!(
-                    "{key}: {} in the new store, and copying it failed: {err}",
-                    if missing { "missing" } else { "damaged" }
-                )),
-            }
-            progress.add_bytes(len as u64);
-        }))
-        .buffer_unordered(threads.max(1))
-        .collect::<Vec<()>>()
-        .await;
-        if super::interrupted() {
-            bail!("verify interrupted; run it again");
-        }
-    }
-    progress.finish();
-    drop(index);
-    let _ = std::fs::remove_dir_all(&dir);
-    let drained = drain(&*e, &settings, Role::B, &*a, &*b).await;
-    let mut rep = rep.into_inner().unwrap_or_else(|p| p.into_inner());
-    match drained {
-        Ok(n) => rep.repairs_drained = n,
-        Err(err) => rep.failed.push(format!("{err:#}")),
-    }
-    rep.seconds = t0.elapsed().as_secs_f64();
-    if json {
-        println!("{}", serde_json::to_string(&rep)?);
-    } else {
-        for f in &rep.failed {
-            println!("FAILED {f}");
-        }
-        println!(
-            "verified {} blocks ({} MiB) in {to}: {} good, {} copied (missing), {} copied again (damaged), {} repair entries drained, {} failed ({:.1}s)",
-            rep.blocks,
-            rep.bytes >> 20,
-            rep.good,
-            rep.copied_missing,
-            rep.copied_damaged,
-            rep.repairs_drained,
-            rep.failed.len(),
-            rep.seconds
-        );
-    }
-    if !rep.failed.is_empty() {
-        eprintln!("jfs: verify did not pass; fix what is named above and run it again");
-        return Ok(Outcome::Partial);
-    }
-    step(g, meta_url, &Event::Verified).await?;
-    eprintln!("jfs: verify passed. Next: jfs cutover switch {meta_url}");
     Ok(Outcome::Done)
 }
 
@@ -641,102 +408,5 @@ async fn abort(g: &Global, meta_url: &str, barrier: &BarrierArgs) -> Result<Outc
         new.map(|b| format!(" {b} is no longer written; its copies can be removed"))
             .unwrap_or_default()
     );
-    Ok(Outcome::Done)
-}
-
-async fn status(g: &Global, meta_url: &str, json: bool) -> Result<Outcome> {
-    let e = open_engine(g, meta_url, true).await?;
-    let st = state_of(&*e).await?;
-    let waiting = storage::waiting_sessions(&*e, st.gen, fs_core::session::DEFAULT_TIMEOUT).await?;
-    let (ra, rb) = (
-        storage::repairs(&*e, Some(Role::A)).await?,
-        storage::repairs(&*e, Some(Role::B)).await?,
-    );
-    let audit = storage::audit_log(&*e).await?;
-    // Live writers whose puts to the other store fail.
-    let now = fs_core::now_ns();
-    let degraded: Vec<(fs_core::session::Session, fs_core::session::Degraded)> =
-        fs_core::session::list(&*e)
-            .await?
-            .into_iter()
-            .filter(|s| s.is_live(now, fs_core::session::DEFAULT_TIMEOUT))
-            .filter_map(|s| s.degraded.clone().map(|d| (s, d)))
-            .collect();
-    if json {
-        let v = serde_json::json!({
-            "state": st,
-            "describe": st.phase.describe(),
-            "waiting_sessions": waiting,
-            "degraded_sessions": degraded.iter().map(|(s, d)| serde_json::json!({
-                "session": s.id, "mountpoint": s.mountpoint, "host": s.host, "pid": s.pid, "degraded": d,
-            })).collect::<Vec<_>>(),
-            "repairs": {"a": ra.len(), "b": rb.len()},
-            "audit": audit,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(Outcome::Done);
-    }
-    println!("storage: {} (generation {})", st.phase.describe(), st.gen);
-    let next = match &st.phase {
-        Phase::Single { .. } => "nothing in progress (jfs cutover start META_URL --to STORE)",
-        Phase::Dual { aborting: true, .. } => &format!(
-            "finish the interrupted abort: jfs cutover abort {meta_url} (or jfs cutover switch {meta_url} to make the new store the primary again)"
-        ),
-        Phase::Dual {
-            backfilled: false, ..
-        } => "backfill",
-        Phase::Dual {
-            verified: false, ..
-        } => "verify",
-        Phase::Dual { .. } => "switch",
-        Phase::Switched { .. } => "finish (or abort)",
-    };
-    println!("next step: {next}");
-    println!(
-        "repair list: {} blocks missing in the old store (A), {} in the new one (B)",
-        ra.len(),
-        rb.len()
-    );
-    if waiting.is_empty() {
-        println!("sessions: every live session follows generation {}", st.gen);
-    }
-    for s in &waiting {
-        println!(
-            "waiting for session {} ({}@{} pid {}): acknowledged generation {}",
-            s.id,
-            s.mountpoint,
-            s.host,
-            s.pid,
-            s.acks.get(storage::ACK).copied().unwrap_or(0)
-        );
-    }
-    let now = fs_core::now_ns();
-    for (s, d) in &degraded {
-        println!(
-            "DEGRADED writer {} ({}@{} pid {}): {} blocks it wrote since {:.0}s ago are not in {} (store {}); they are in the repair list. Latest error: {}",
-            s.id,
-            s.mountpoint,
-            s.host,
-            s.pid,
-            d.failures,
-            (now - d.since_ns) as f64 / 1e9,
-            d.role.to_uppercase(),
-            d.store,
-            d.error
-        );
-    }
-    for a in audit.iter().rev().take(10).rev() {
-        println!(
-            "{}  {:<8} gen {}  {}  ({} -> {})",
-            humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + Duration::from_nanos(a.at_ns.max(0) as u64)
-            ),
-            a.action,
-            a.gen,
-            a.who,
-            a.from,
-            a.to
-        );
-    }
     Ok(Outcome::Done)
 }

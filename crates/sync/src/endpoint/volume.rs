@@ -3,7 +3,7 @@
 //! Files are written under a temporary name and renamed into place when complete.
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
-use crate::listing::KeyRange;
+use crate::range::KeyRange;
 use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -249,11 +249,11 @@ impl Endpoint for VolumeEndpoint {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e.into()),
         }
-        crate::listing::walk(self, prefix, range, dirs, &tx).await
+        super::walk::walk(self, prefix, range, dirs, &tx).await
     }
 
     async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {
-        use crate::listing::Tree;
+        use super::walk::Tree;
         let mut level = self.level(prefix).await?;
         let mut out = Vec::new();
         while let Some(e) = self.next(&mut level).await? {
@@ -370,9 +370,9 @@ impl Endpoint for VolumeEndpoint {
         Ok(())
     }
 
-    fn places(&self) -> Vec<(String, crate::overlap::Place)> {
+    fn places(&self) -> Vec<(String, fs_core::place::Place)> {
         let s = self.fs.settings();
-        crate::overlap::volume_places(&s.uuid, &s.name, &s.storage, &self.base)
+        fs_core::place::volume_places(&s.uuid, &s.name, &s.storage, &self.base)
     }
 
     fn as_volume(&self) -> Option<&VolumeEndpoint> {
@@ -416,7 +416,7 @@ impl Endpoint for VolumeEndpoint {
 
 /// A volume is walked one directory at a time (children with their attributes).
 #[async_trait]
-impl crate::listing::Tree for VolumeEndpoint {
+impl super::walk::Tree for VolumeEndpoint {
     type Level = std::vec::IntoIter<(String, Ino, Attr)>;
 
     async fn level(&self, prefix: &str) -> Result<Self::Level> {

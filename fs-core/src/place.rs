@@ -1,3 +1,6 @@
+//! The places a store, a directory or a volume occupies, and whether two overlap: the one
+//! overlap check of the workspace (a sync's SRC and DST, a cutover's old and new store).
+//!
 //! SRC and DST must never overlap: a destination inside its source (or the other way round)
 //! copies into what is being listed and, with `--delete-dst` or `--delete-src`, deletes from
 //! what is being copied. Every endpoint is reduced to the places it reads or writes, and two
@@ -84,6 +87,14 @@ pub fn find(src: &[(String, Place)], dst: &[(String, Place)]) -> Option<String> 
         }
     }
     None
+}
+
+/// Is some place of `a` the same place as some place of `b`?
+pub fn same(a: &[(String, Place)], b: &[(String, Place)]) -> bool {
+    a.iter().any(|(_, x)| {
+        b.iter()
+            .any(|(_, y)| relation(x, y) == Some("is the same place as"))
+    })
 }
 
 /// What an endpoint is, beyond its spelling, for keying its resume state and comparing the
@@ -186,7 +197,7 @@ pub fn of_spec(spec: &str, endpoint_flag: Option<&str>) -> Vec<(String, Place)> 
         }
         "jfs" => {
             let (name, vpath) = path.split_once('/').unwrap_or((path, ""));
-            match crate::endpoint::meta_url_of(name) {
+            match std::env::var(name) {
                 Ok(url) => meta_places(&url, vpath),
                 Err(_) => Vec::new(), // opening it reports the missing variable
             }
@@ -230,7 +241,7 @@ pub fn of_spec(spec: &str, endpoint_flag: Option<&str>) -> Vec<(String, Place)> 
 /// A volume path as the volume resolves it (`a/../b` is `b`), for comparing places; one that
 /// climbs above the root is left as given (opening it refuses it).
 fn in_volume(vpath: &str) -> String {
-    match fs_core::VolPath::parse(vpath) {
+    match crate::VolPath::parse(vpath) {
         Ok(p) => p.to_string().trim_start_matches('/').to_string(),
         Err(_) => vpath.trim_matches('/').to_string(),
     }
