@@ -324,14 +324,16 @@ mod tests {
             ..Default::default()
         }
         .options()
-        .unwrap_err();
+        .err()
+        .expect("refused");
         assert!(format!("{e:#}").contains("a count or a percentage"));
         let e = Request {
             bwlimit: Some("fast".into()),
             ..Default::default()
         }
         .options()
-        .unwrap_err();
+        .err()
+        .expect("refused");
         assert!(format!("{e:#}").contains("--bwlimit"));
     }
 
