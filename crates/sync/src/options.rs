@@ -324,6 +324,7 @@ mod tests {
             ..Default::default()
         }
         .options()
+        .map(|_| ())
         .unwrap_err();
         assert!(format!("{e:#}").contains("a count or a percentage"));
         let e = Request {
@@ -331,6 +332,7 @@ mod tests {
             ..Default::default()
         }
         .options()
+        .map(|_| ())
         .unwrap_err();
         assert!(format!("{e:#}").contains("--bwlimit"));
     }
