@@ -117,6 +117,10 @@ async fn metrics_h(State(a): State<Admin>) -> impl IntoResponse {
 /// The status the agent's loops keep, with its workers as the supervisor sees them (name,
 /// state, errors, last error, what each says of itself).
 async fn status_h(State(a): State<Admin>) -> impl IntoResponse {
+    axum::Json(status_doc(&a))
+}
+
+fn status_doc(a: &Admin) -> serde_json::Value {
     let mut v = a.metrics.status();
     if let Some(o) = v.as_object_mut() {
         o.insert(
@@ -124,7 +128,7 @@ async fn status_h(State(a): State<Admin>) -> impl IntoResponse {
             serde_json::to_value(a.workers.status()).unwrap_or_default(),
         );
     }
-    axum::Json(v)
+    v
 }
 
 async fn limits_h(
@@ -224,6 +228,49 @@ fn json_opt(v: Option<u64>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use background::{CancellationToken, Supervisor, Worker, WorkerState};
+
+    struct Failing;
+
+    #[async_trait::async_trait]
+    impl Worker for Failing {
+        fn name(&self) -> String {
+            "failing".into()
+        }
+        async fn work(&mut self, _: &CancellationToken) -> anyhow::Result<WorkerState> {
+            anyhow::bail!("the store is gone")
+        }
+        async fn wait_for_work(&mut self) -> WorkerState {
+            WorkerState::Busy
+        }
+    }
+
+    #[tokio::test]
+    async fn the_status_lists_the_workers_with_their_errors() {
+        let workers = std::sync::Arc::new(Supervisor::new(CancellationToken::new()));
+        workers.spawn(Failing);
+        let a = super::Admin {
+            metrics: std::sync::Arc::new(crate::metrics::Metrics::new(false)),
+            token: None,
+            limits: None,
+            slots: None,
+            resync: None,
+            workers: workers.clone(),
+        };
+        a.metrics.set_status(serde_json::json!({"role": "mirror"}));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let v = super::status_doc(&a);
+        assert_eq!(v["role"], "mirror");
+        let w = &v["workers"][0];
+        assert_eq!(w["name"], "failing", "{v}");
+        assert_eq!(w["errors"], 1, "{v}");
+        assert_eq!(w["last_error"], "the store is gone", "{v}");
+        assert!(workers
+            .shutdown(std::time::Duration::from_secs(1))
+            .await
+            .is_empty());
+    }
+
     #[test]
     fn tokens_compare_whole() {
         assert!(super::same_token("abcdefghijklmnop", "abcdefghijklmnop"));
