@@ -266,9 +266,10 @@ impl Replicator {
         })))
     }
 
-    /// What happened to the copy; None: not yet (see `check_of`).
+    /// What happened to the copy; None: not yet (see `check_of`). Both stores are under
+    /// the agent's limits as layers (`volume::LimitedStore`): every call pays a request, the
+    /// origin's reads pay their bytes.
     async fn try_copy(&self, key: &str, len: u32) -> anyhow::Result<Option<Copy>> {
-        self.limits.request().await;
         if let Some(m) = self.dest.head(key).await? {
             if m.size == len as u64 {
                 return Ok(Some(Copy::AlreadyThere));
@@ -282,17 +283,19 @@ impl Replicator {
         // Without a recorded checksum (format 1), the origin's entity tag, when it is an MD5
         // (S3 single-part uploads, which blocks are), is checked against the bytes read.
         let want_md5 = if check.crc.is_none() {
-            self.limits.request().await;
             self.origin.head(key).await?.and_then(|m| m.md5_etag())
         } else {
             None
         };
-        self.limits.request().await;
-        self.limits.bytes(len as u64).await;
-        let data = self.origin.get(key).await?;
-        check
-            .verify(key, &data)
-            .map_err(|e| anyhow::anyhow!("{e}; not copied"))?;
+        // Read like every reader: the block with its check (length and recorded CRC32C).
+        let data = self
+            .origin
+            .get_block(key, check)
+            .await
+            .map_err(|e| match e.kind() {
+                fs_core::ErrorKind::Corrupt => anyhow::anyhow!("{e}; not copied"),
+                _ => anyhow::Error::new(e),
+            })?;
         if check.crc.is_some() {
             self.metrics.blocks_checksummed.inc();
         }
@@ -304,7 +307,6 @@ impl Replicator {
             }
             self.metrics.blocks_checksummed.inc();
         }
-        self.limits.request().await;
         self.dest.put(key, data).await?;
         Ok(Some(Copy::Copied))
     }

@@ -14,6 +14,9 @@ type FGauge = Gauge<f64, AtomicU64>;
 #[derive(Default)]
 pub struct Metrics {
     registry: Mutex<Registry>,
+    /// The block stores' own metrics, by role ("origin", "mirror"): `jfs_blockstore_*` with
+    /// the label `store`.
+    stores: Mutex<std::collections::HashMap<String, std::sync::Arc<volume::StoreMetrics>>>,
     // mirror role
     pub applied_seq: Gauge,
     pub primary_head: Gauge,
@@ -74,6 +77,20 @@ impl Metrics {
         self.slot_lag_entries.remove(&l);
         self.slot_needs_resync.remove(&l);
         self.slot_connected.remove(&l);
+    }
+
+    /// The metrics of the block store in `role`, registered on first use.
+    pub fn store(&self, role: &str) -> std::sync::Arc<volume::StoreMetrics> {
+        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        stores
+            .entry(role.to_string())
+            .or_insert_with(|| {
+                let m = std::sync::Arc::new(volume::StoreMetrics::default());
+                let mut r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+                m.register(r.sub_registry_with_label(("store".into(), role.to_string().into())));
+                m
+            })
+            .clone()
     }
 
     pub fn new(primary: bool) -> Metrics {

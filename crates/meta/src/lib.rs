@@ -7,6 +7,49 @@
 //! Passwords never go in the URL (it would show in process lists and logs): they come from the
 //! file given by `password_file`, or the variable named by `?password_env=NAME`, or
 //! `JFS_META_PASSWORD`.
+//!
+//! # The commit contract and its three implementations
+//!
+//! One file per engine plus URL parsing (`lib.rs`). All three implement the same commit
+//! contract (fs-core `engine.rs`): validate the read-set, take `seq = head + 1`, materialize the
+//! entry (counter adds become puts of the new value, stamps become puts of `"<seq> <time>"`),
+//! then apply the write-set, append the frame and set the head, all in one atomic step.
+//!
+//! | engine | commit section | journal | waiting readers |
+//! |---|---|---|---|
+//! | RocksDB | process mutex; the mirror marker's file checked; one `WriteBatch` (default CF + `journal` CF + `meta` CF); WAL synced after the mutex is released, so concurrent commits share fsyncs | `journal` CF, big-endian seq | `watch` channel in process; secondaries catch up every 10 ms while the writer is active, 100 ms when idle |
+//! | Redis | Lua script: `HEXISTS` of the marker in the aux hash, check the expected head and the read-set, apply, `XADD <seq>-0`, set head. The frame is built in Rust for the expected head; "head moved" means rebuild and resend, without re-running the transaction | stream `<prefix>_journal` | `XREAD BLOCK` on its own connection |
+//! | PostgreSQL | `SELECT … FOR UPDATE` on the head row (reading the marker in the same statement) orders commits; validate, upsert/delete, insert the journal row, update head, `pg_notify`, all in one transaction | table `jfs_journal(seq PK)` | `LISTEN`, plus a 1 s re-check in case the listener connection dies |
+//!
+//! Why not `bigserial` on PostgreSQL: its values are handed out at insert time, not in commit
+//! order, so a concurrent reader can pass a gap that is filled later. JuiceFS's SQL changelog
+//! has this bug. The head row lock gives commit order and no gaps.
+//!
+//! Redis keys are `<prefix><key>`. A sorted set `<prefix>_index` (score 0) holds every key for
+//! ordered `ZRANGEBYLEX` range scans (Redis has no ordered key space). That costs the keys twice
+//! in memory and an extra O(log n) per write; the alternative, a hash per directory as JuiceFS
+//! does, would give the engine its own schema, unlike the other two.
+//!
+//! RocksDB and several processes: one process opens a RocksDB volume for writing. Read-only
+//! commands open a **secondary** instance (`open_cf_as_secondary` plus
+//! `try_catch_up_with_primary`), which follows the writer's WAL without its lock. Every commit
+//! is one atomic batch, so a secondary sees whole transactions. Tested with a `--follow` process
+//! beside a writer process.
+//!
+//! The journal holds only puts and deletes with final values, so replay (`Engine::apply`) is
+//! deterministic, idempotent, and engine-independent: a Redis journal replays into RocksDB.
+//!
+//! Besides the key space, every engine keeps **aux records** (small named values outside the
+//! journal, never replicated, never dumped: the replication slots) and the steps of a
+//! **snapshot install** at a mirror: in place (`install_reset`, `install_put`, `install_head`),
+//! or beside the live state, whose last step `install_switch` writes the difference of the key
+//! spaces (`engine::diff`), the new journal and head in one atomic write (a RocksDB batch, a
+//! Redis MULTI/EXEC, a PostgreSQL transaction), so readers see the old state or the new one. RocksDB
+//! keeps aux records as files in `<db>/jfs-aux/`, replaced by rename, so the primary agent can
+//! write slots while it follows the writer as a read-only secondary.
+//!
+//! Secrets: passwords in a URL are refused. They come from a file, `?password_env=`, or
+//! `JFS_META_PASSWORD`. `display_url()` never contains one.
 
 mod postgres;
 mod redis_engine;

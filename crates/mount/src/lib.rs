@@ -10,6 +10,28 @@
 //! referenced) at flush, fsync and close at the latest, and a failure to store it is an
 //! EIO there, never silence; an inode unlinked while open here stays until its last close
 //! (or until gc finds this session dead).
+//!
+//! # Parts and invariants
+//!
+//! `vfs/` (every operation over fs-core, answering errnos; the open-file table, which is
+//! fs-core's `Keeper`; per-handle `FileReader`s; directory snapshots taken at opendir; lookup
+//! counts; FOPEN_KEEP_CACHE when (mtime, length) are unchanged since the previous open),
+//! `writer.rs` (the per-inode write buffer: runs sealed at 16 MiB or a chunk boundary, uploaded
+//! in the background, committed strictly in write order; memory from a `Budget`), `fuse/`
+//! (fuser 0.18 adapter; each request answered from a tokio task), `control.rs` (the Unix socket
+//! of warmup, stats and gc), `mounts.rs` (mountinfo, unmount), `metrics.rs`, and `lib.rs::run`
+//! (session, mount, heartbeat, signals, and for read-only mounts a follower that catches a
+//! RocksDB secondary up every 200 ms and publishes the applied seq), `guard.rs` (a watchdog
+//! process started before mounting: when the mount process dies it waits for the kernel to drop
+//! the dead connection and unmounts it, since fusermount3's auto-unmount probes once and can
+//! lose that race). At a mirror an open pins the version it opened (chunk records and
+//! attributes), so the agent applying its deletion does not cut a reader short; NotFound
+//! between a lookup's reads, or for an inode the kernel looked up before a deletion, answers
+//! ESTALE or looks the name up again. Invariants: data is committed at flush/fsync/close at
+//! the latest, a failed upload poisons the buffer (no later slice is committed out of order) and
+//! is EIO there; an inode unlinked while open in this mount is kept (`O<ino>` names the session)
+//! until its last close; the session record is removed at a clean exit and reaped by gc or the
+//! next read-write mount when its process is gone. The mirror agent does not depend on it.
 
 pub mod control;
 pub mod fuse;

@@ -9,6 +9,25 @@
 //!
 //! Temporary failures are retried with jittered exponential backoff (OpenDAL's RetryLayer
 //! retries only errors it classifies as temporary); after the last try the error is returned.
+//!
+//! # What each store does
+//!
+//! `file://` (written, read and deleted directly, past OpenDAL's fs service: a write goes to a
+//! synced temp file in `<root>/.jfs-tmp` renamed into place, so a crash never leaves half a
+//! block; a whole-block read is one `read` of the file; errors are classified by
+//! `Error::from_io`, so a read-only, full or forbidden disk is permanent, where OpenDAL calls
+//! every unknown io error temporary; a key with empty, `.` or `..` parts is refused), `s3://`
+//! (credentials from the AWS environment only), `memory://`.
+//! Decorators come from OpenDAL layers: TimeoutLayer, then RetryLayer (jittered exponential
+//! backoff that retries only errors OpenDAL marks temporary). `check_url` validates a URL with
+//! no side effect (config checks); a `file://` directory is created only when the caller asks
+//! (`format`, a mirror's own store), so a mistyped path never leaves an empty store behind.
+//! `limits.rs`: bytes/s (with a timetable) and requests/s over governor, changeable while
+//! running; shared by `jfs-sync` and the mirror agent's copy workers. Bytes are charged
+//! exactly: 1 KiB cells replenished at the exact period of the rate, and each call's bytes
+//! added to a running total of which whole cells are charged (a 2 KB object costs 2 KB).
+//! Errors are mapped in one place (`map_err`) to fs-core kinds. A listing error is returned,
+//! never swallowed (gc relies on it).
 
 pub mod limits;
 

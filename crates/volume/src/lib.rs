@@ -15,6 +15,50 @@
 //! Writers register a session that acknowledges the storage generation they write by (the
 //! cutover's barrier waits for it); a caller that wants a session for a reader (a mount)
 //! names it with `Options::session`.
+//!
+//! # The stack in detail
+//!
+//! `open(META_URL, Options)` opens the engine (read: a RocksDB secondary; write: the writer),
+//! applies the checks every binary needs, and composes the block store in one place (the
+//! backend, metrics, the local cache, and at a mirror site the origin fallback; the dual-write
+//! layer of a cutover). `Volume.site` says which: a primary's own store,
+//! or a mirror (its marker names the mirror store and the origin).
+//! Invariants: a bootstrapping mirror (its `mirror.incomplete` fence) is opened by nobody but
+//! the agent (`allow_incomplete`); a writer is refused at open on a mirror's metadata, with the
+//! line the engines would give at commit. Used by `jfs`, `jfs-sync`'s volume endpoint and the
+//! agents.
+//!
+//! The store is composed in layers: the backend, `MeteredStore` (count, bytes, latency,
+//! errors as Prometheus metrics), then `CachedStore` (the local disk cache `DiskCache`:
+//! checksummed files, LRU rebuilt at start, capacity and free-space floor with room reserved
+//! before a write, singleflight fetches and bounded background fills). Invariants: every layer
+//! passes `get_block(key, BlockCheck)` down (never turns it into a plain `get`), so the layer
+//! that keeps a copy checks it; a cache file that fails its own check or the slice's recorded
+//! CRC32C is removed and never served. At a mirror (metadata with a mirror marker, opened to
+//! read, not by the agent), `FallbackStore` sits between the metered mirror store and the
+//! cache: NotFound at the mirror, or a mirror copy that fails its checksum (counted), reads the
+//! origin (one fetch per block, checked, bounded by `--origin-timeout`), serves it and fills the
+//! mirror store in the background (an atomic put over any damaged copy, so a killed process
+//! leaves no torn block); it refuses put/delete.
+//!
+//! At a primary the backend is a `StorageHolder` (`placement.rs`): the stores the storage
+//! record names, one store or a `DualStore` (puts to both, waiting for the primary; a block the
+//! secondary did not take within max(2 s, the primary's time) goes to the repair list before the
+//! put returns; reads fall to the secondary on NotFound only), swapped when the record's
+//! generation changes. It is fs-core's `StorageFollow` for the writers. Every writer (and any
+//! opener that names a session, as mounts do) runs a `Follower`: the session record, re-read
+//! of the record every 500 ms, the acknowledgement of the generation at once, the heartbeat,
+//! and `degraded` while the writer's puts to the other store fail (`WriterHealth`, shown by
+//! `jfs cutover status`).
+//! At a mirror the origin is a `StorageHolder` over the replicated record too, so a cutover at
+//! the primary moves where the mirror falls back to (unless `origin_store` is named by hand).
+//!
+//! `moving.rs`: a mount opens its engine as a `MovingEngine` (`Options.follow_moves`). When
+//! the metadata carries `volume.moved`, the session's follower probes the new META_URL
+//! read-only and, once it is promoted at that epoch, swaps the engine in place (inode numbers
+//! are equal on both sides, so the kernel's inodes and open files stay valid). A commit refused
+//! with `ReadOnly` while a move is recorded waits (at most `MOVE_WAIT`, 120 s) and commits at the
+//! new primary; a refusal with no move recorded is final.
 
 mod cache;
 mod cached;

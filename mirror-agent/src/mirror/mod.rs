@@ -159,25 +159,22 @@ impl Mirror {
     ) -> Result<Arc<Self>> {
         let token = cfg.secret().load("[mirror]")?;
         let tls = tls_for(&cfg)?;
-        let dest: Arc<dyn BlockStore> = Arc::new(
-            objstore::OpendalStore::open(
-                &cfg.store,
-                &objstore::StoreOptions {
-                    create: true,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| anyhow!("[mirror] store: {e}"))?,
-        );
-        dest.check()
-            .await
-            .map_err(|e| anyhow!("[mirror] store {}: {e}", cfg.store))?;
         let bw = cfg
             .bwlimit
             .as_deref()
             .map(objstore::limits::BwSchedule::parse)
             .transpose()?;
         let limits = Arc::new(Limits::new(bw, Some(cfg.tps))?);
+        // The mirror's own store, from the one store stack: raw, the copy limits (requests
+        // only: the origin's reads pay the bytes), metered as the "mirror" store.
+        let dest = volume::StoreBuilder::new(None, metrics.store("mirror"))
+            .limited(limits.clone(), volume::Charge::Requests)
+            .creating()
+            .open(&cfg.store)
+            .map_err(|e| anyhow!("[mirror] store: {e}"))?;
+        dest.check()
+            .await
+            .map_err(|e| anyhow!("[mirror] store {}: {e}", cfg.store))?;
         crate::site::claim(&*engine, &state, &cfg).await?;
         let settings = match engine.get(keys::SETTING).await? {
             Some(v) => Some(
@@ -241,22 +238,24 @@ impl Mirror {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .is_some();
+        // The origin, from the same stack: its reads pay the copy limits' bytes, its calls are
+        // metered as the "origin" store.
+        let origins = volume::StoreBuilder::new(None, self.metrics.store("origin"))
+            .limited(self.limits.clone(), volume::Charge::Reads);
         let origin = if started {
             None
         } else {
             Some(match &self.cfg.origin_store {
                 Some(url) => {
-                    let o: Arc<dyn BlockStore> = Arc::new(
-                        objstore::OpendalStore::open(url, &Default::default())
-                            .map_err(|e| anyhow!("origin store {url}: {e}"))?,
-                    );
+                    let o = origins
+                        .open(url)
+                        .map_err(|e| anyhow!("origin store {url}: {e}"))?;
                     (o, url.clone())
                 }
                 None => {
                     // The primary's storage record, replicated here: a cutover at the
                     // primary moves where this mirror copies from.
-                    let opener = volume::StoreBuilder::new(None, Default::default());
-                    let h = volume::StorageHolder::open(self.engine.clone(), opener, &s.storage)
+                    let h = volume::StorageHolder::open(self.engine.clone(), origins, &s.storage)
                         .await
                         .map_err(|e| anyhow!("the origin store: {e}"))?;
                     let url = h.display_url();
