@@ -36,6 +36,7 @@
 pub mod control;
 pub mod fuse;
 pub mod guard;
+mod loops;
 pub mod metrics;
 pub mod mounts;
 pub mod vfs;
@@ -119,6 +120,8 @@ pub fn raise_kernel_readahead(mp: &Path, kb: u64) {
 pub const KERNEL_READAHEAD_KB: u64 = 16 << 10;
 /// How often a read-only mount catches up with its metadata's writer (well inside a
 /// mirror's consistency window, 1 s by default).
+/// How long the mount's background loops may take to stop.
+const WORKERS_DRAIN: Duration = Duration::from_secs(5);
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 /// How often a mirror mount publishes the blocks it read from the origin.
 const WANT_EVERY: Duration = Duration::from_millis(250);
@@ -164,28 +167,18 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
     let open = vfs::OpenFiles::new(sid.clone());
     fs.set_keeper(open.clone());
     let fs = Arc::new(fs);
+    // The mount's background loops, under one supervisor stopped with the mount.
+    let workers = background::Supervisor::new(background::CancellationToken::new());
     // At a mirror: publish the blocks read from the origin, for the agent to copy first.
-    let want_task = wanted.map(|w| {
-        let (engine, sid) = (engine.clone(), sid.clone());
-        tokio::spawn(async move {
-            let mut seen = 0u64;
-            let mut t = tokio::time::interval(WANT_EVERY);
-            loop {
-                t.tick().await;
-                if let Some((g, keys)) = w.changed_since(seen) {
-                    let rec = fs_core::site::Want {
-                        version: 1,
-                        keys,
-                        at_ns: fs_core::now_ns(),
-                    };
-                    match fs_core::site::set_want(&*engine, &sid, Some(&rec)).await {
-                        Ok(()) => seen = g,
-                        Err(e) => tracing::warn!(error = %e, "publishing the blocks read from the origin (for the agent's copy priority) failed"),
-                    }
-                }
-            }
-        })
-    });
+    let publishing = wanted.is_some();
+    if let Some(w) = wanted {
+        workers.spawn(loops::WantPublisher::new(
+            engine.clone(),
+            sid.clone(),
+            w,
+            WANT_EVERY,
+        ));
+    }
     let res = serve(
         fs.clone(),
         &site,
@@ -194,11 +187,14 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         open,
         &o,
         &mp,
+        &workers,
         ready,
     )
     .await;
-    if let Some(t) = want_task {
-        t.abort();
+    for w in workers.shutdown(WORKERS_DRAIN).await {
+        tracing::warn!(worker = %w, "a background loop did not stop in time");
+    }
+    if publishing {
         let _ = fs_core::site::set_want(&*engine, &sid, None).await;
     }
     follower.close().await;
@@ -214,6 +210,7 @@ async fn serve(
     open: Arc<vfs::OpenFiles>,
     o: &MountOptions,
     mp: &Path,
+    workers: &background::Supervisor,
     ready: impl FnOnce(),
 ) -> Result<()> {
     if !o.read_only {
@@ -363,69 +360,17 @@ async fn serve(
     };
     // A read-only view follows its writer: a RocksDB secondary catches up with it, and the
     // applied sequence number (a mirror's agent's progress) is published.
-    let follow_task = if o.read_only {
-        let (engine, mm) = (fs.engine().clone(), mm.clone());
+    if o.read_only {
         let mirror = matches!(site, volume::Site::Mirror { .. });
         mm.mirror_site.set(mirror as i64);
-        let freshness = vfs.freshness.clone();
-        Some(tokio::spawn(async move {
-            let mut t = tokio::time::interval(FOLLOW_EVERY);
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let (mut last, mut moved) = (0u64, std::time::Instant::now());
-            let mut resyncing = false;
-            loop {
-                t.tick().await;
-                match engine.journal_bounds().await {
-                    Ok(b) => {
-                        if b.last != last {
-                            last = b.last;
-                            moved = std::time::Instant::now();
-                        }
-                        mm.applied_seq.set(last as i64);
-                        mm.applied_age_seconds.set(moved.elapsed().as_secs_f64());
-                    }
-                    Err(e) => tracing::warn!(error = %e, "reading the journal head failed"),
-                }
-                if mirror {
-                    let stale = match fs_core::site::progress(&*engine).await {
-                        Ok(Some(p)) => {
-                            mm.mirror_lag_seconds.set(p.lag_seconds.unwrap_or(-1.0));
-                            if p.resyncing != resyncing {
-                                resyncing = p.resyncing;
-                                if resyncing {
-                                    tracing::warn!(seq = p.applied_seq, "the mirror is resyncing: serving its previous state until the agent switches to the new one");
-                                } else {
-                                    tracing::info!("the mirror's resync is over");
-                                }
-                            }
-                            mm.mirror_resyncing.set(p.resyncing as i64);
-                            // A record much older than its period: no agent is running.
-                            let age = (fs_core::now_ns() - p.at_ns).max(0) as f64 / 1e9;
-                            let fresh_for = 3.0 * fs_core::site::PROGRESS_EVERY_MS as f64 / 1e3
-                                + p.window_seconds;
-                            !(p.within_window && age <= fresh_for)
-                        }
-                        Ok(None) => true,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "reading the mirror's progress failed");
-                            true
-                        }
-                    };
-                    if stale != freshness.is_stale() {
-                        if stale {
-                            tracing::warn!("the mirror is out of its consistency window (or its agent is not running): serving by --stale policy");
-                        } else {
-                            tracing::info!("the mirror is within its consistency window again");
-                        }
-                    }
-                    freshness.set_stale(stale);
-                    mm.mirror_within_window.set(!stale as i64);
-                }
-            }
-        }))
-    } else {
-        None
-    };
+        workers.spawn(loops::ReadOnlyFollower::new(
+            fs.engine().clone(),
+            mm.clone(),
+            mirror,
+            vfs.freshness.clone(),
+            FOLLOW_EVERY,
+        ));
+    }
     tracing::info!(mountpoint = %mp.display(), read_only = o.read_only, "mounted");
     ready();
 
@@ -470,9 +415,6 @@ async fn serve(
     };
     vfs.flush_all().await;
     ctl_task.abort();
-    if let Some(t) = follow_task {
-        t.abort();
-    }
     if let Some(t) = metrics_task {
         t.abort();
     }
