@@ -340,7 +340,7 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
         .create_new(true)
         .follow(FollowSymlinks::No)
         .mode(job.meta.mode() & 0o7777);
-    let copied = std::sync::atomic::AtomicU64::new(0);
+    let mut copied = 0u64;
     let result = (|| -> Result<()> {
         let mut out = job
             .dir
@@ -359,7 +359,7 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
             }
             out.write_all(&buf[..n])?;
             progress.add_bytes(n as u64);
-            copied.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            copied += n as u64;
         }
         if let Err(e) = out.sync_all() {
             // EIO says only that the commit failed: the mount knows why.
@@ -398,7 +398,7 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
     })();
     if let Err(e) = result {
         let _ = job.dir.remove_file(&tmp);
-        progress.undo_bytes(copied.load(std::sync::atomic::Ordering::Relaxed));
+        progress.undo_bytes(copied);
         return Err(e.context(format!(
             "copying {} (through the mount at {})",
             job.local.display(),
