@@ -653,9 +653,18 @@ async fn forced_promotion_beside_a_live_old_site_loses_no_acknowledged_write() {
         &pair.m_meta,
     )
     .await;
-    runbook::run_checked("failover", "check", &env);
     let st = status_json(&old_meta);
     let saved = PathBuf::from(st["rollbacks"][0]["dir"].as_str().expect("a saved tail"));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(saved.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["failed"].as_array().map_or(0, |f| f.len()),
+        0,
+        "files of the saved tail could not be read: {:#}\nthe rejoining agent's log:\n{}",
+        manifest["failed"],
+        tail(&rejoin.log_text(), 60)
+    );
+    runbook::run_checked("failover", "check", &env);
     let (mut at_new, mut only_saved) = (0, Vec::new());
     for f in &log.files {
         let crc = |b: &[u8]| crc32c::crc32c(b);

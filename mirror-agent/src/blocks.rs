@@ -168,10 +168,17 @@ impl Replicator {
                 let copied = matches!(c, Copy::Copied);
                 match self.state.done(key) {
                     Ok(true) => {}
-                    Ok(false) => {
-                        // Cancelled or purged while copying: do not leave the copy behind.
-                        let _ = self.dest.delete(key).await;
+                    Ok(false) if copied => {
+                        // Cancelled or purged while copying: the copy just made is not left
+                        // behind. It is deleted through the purge queue, which waits for a
+                        // staged resync's switch (the live metadata may be another history's).
+                        if let Err(e) = self.state.purge_later(key) {
+                            tracing::error!(error = %e, key, "recording the removal of a copy no longer wanted");
+                        }
                     }
+                    // It was at this store before this copy (a former primary rejoining holds
+                    // its own history's blocks): not this copy's to remove.
+                    Ok(false) => {}
                     Err(e) => tracing::error!(error = %e, key, "recording a finished copy"),
                 }
                 if copied {
@@ -445,4 +452,72 @@ enum Copy {
     AlreadyThere,
     /// Its slice is gone from the mirror's metadata: why.
     NotNeeded(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// A former primary rejoining as a mirror holds its own history's blocks in its store:
+    /// a copy that finds one there and whose item was cancelled meanwhile (the new history
+    /// freed that slice) leaves it alone; the diverged tail still reads it until it is saved.
+    #[tokio::test]
+    async fn a_cancelled_copy_never_deletes_a_block_it_found_at_the_mirror() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["store", "origin"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        let store_url = format!("file://{}", dir.path().join("store").display());
+        let dest = volume::open_store(&store_url, None).unwrap();
+        let origin = volume::open_store(
+            &format!("file://{}", dir.path().join("origin").display()),
+            None,
+        )
+        .unwrap();
+        let live = meta::open(
+            &format!("rocksdb://{}", dir.path().join("meta").display()),
+            &meta::OpenOptions {
+                create: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        let state = Arc::new(State::open(&dir.path().join("state")).unwrap());
+        let key = "v/chunks/0/0/16_0_5";
+        dest.put(key, Bytes::from_static(b"mine!")).await.unwrap();
+        // Queued by the snapshot, then cancelled by an entry of the new history.
+        for ch in [
+            Changes {
+                add: vec![(key.to_string(), 5)],
+                ..Default::default()
+            },
+            Changes {
+                cancel: vec![key.to_string()],
+                ..Default::default()
+            },
+        ] {
+            state.record(&ch, None, 0).unwrap();
+        }
+        let r = Replicator::new(
+            state.clone(),
+            crate::staging::Meta::new(live, &dir.path().join("state")),
+            Settings::new("v", &store_url, 4 << 20),
+            origin,
+            dest.clone(),
+            Arc::new(Limits::new(None, None).unwrap()),
+            1,
+            Arc::new(Metrics::new(false)),
+        );
+        let item = QItem {
+            len: 5,
+            attempts: 0,
+            next_ns: 0,
+        };
+        r.copy_one(key, item).await;
+        r.purge_some().await.unwrap();
+        assert_eq!(&dest.get(key).await.unwrap()[..], b"mine!");
+        assert!(state.purges(10).unwrap().is_empty());
+    }
 }

@@ -50,7 +50,9 @@
 //!   re-reads its own journal after `queued_through`, so a crash between the two loses no copy.
 //!   A block is marked done only after its verified PUT (length and the CRC32C its slice
 //!   recorded, read from the mirror's applied metadata), and only if still queued (a cancel or
-//!   purge meanwhile removes the fresh copy instead). Status reads the queue's counts after
+//!   purge meanwhile queues the fresh copy's deletion as a purge, so it too waits for a
+//!   staged switch; a block found already there, as a rejoining former primary's own blocks
+//!   are, is never deleted by a copy). Status reads the queue's counts after
 //!   `queued_through`, so "0 pending" covers every applied entry.
 //! - Queue order is the time index (`t/<next try>`): blocks the site's mounts read from the
 //!   origin (their `mirror.want.<session>` aux records) are moved to time 0, and workers take

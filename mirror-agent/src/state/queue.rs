@@ -242,6 +242,13 @@ impl State {
         Ok(out)
     }
 
+    /// The mirror copy of `key` is to be deleted, like a purged slice's (`purges`).
+    pub fn purge_later(&self, key: &str) -> Result<()> {
+        let mut wb = WriteBatch::default();
+        wb.put(k("x/", key), b"");
+        self.write(wb)
+    }
+
     pub fn purged(&self, key: &str) -> Result<()> {
         let mut wb = WriteBatch::default();
         wb.delete(k("x/", key));
@@ -249,7 +256,7 @@ impl State {
     }
 
     /// A verified copy is at the mirror. Returns false when the item was cancelled or purged
-    /// meanwhile (the caller then removes the copy it just made).
+    /// meanwhile (the caller then has a copy it made removed, `purge_later`).
     pub fn done(&self, key: &str) -> Result<bool> {
         let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let Some(old) = self.item(key)? else {
