@@ -181,7 +181,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("mirror-agent: cannot start the async runtime: {e}");
+            cli_common::eprintln!("mirror-agent: cannot start the async runtime: {e}");
             return ExitCode::from(2);
         }
     };
@@ -276,7 +276,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if cli_common::closed_pipe(e.chain()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("mirror-agent: error: {e:#}");
+            cli_common::eprintln!("mirror-agent: error: {e:#}");
             ExitCode::from(2)
         }
     }

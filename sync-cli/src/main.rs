@@ -40,7 +40,7 @@ fn main() {
     let rules = match filter_rules(&matches) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("jfs-sync: error: {e:#}");
+            cli_common::eprintln!("jfs-sync: error: {e:#}");
             std::process::exit(2);
         }
     };
@@ -70,7 +70,7 @@ fn main() {
                 Ok(code) => code,
                 Err(e) if cli_common::closed_pipe(e.chain()) => 0,
                 Err(e) => {
-                    eprintln!("jfs-sync: error: {e:#}");
+                    cli_common::eprintln!("jfs-sync: error: {e:#}");
                     2
                 }
             }
@@ -98,7 +98,7 @@ fn init_logging(c: &Common) {
             {
                 Ok(f) => f,
                 Err(e) => {
-                    eprintln!("jfs-sync: error: --log-file {}: {e}", path.display());
+                    cli_common::eprintln!("jfs-sync: error: --log-file {}: {e}", path.display());
                     std::process::exit(2);
                 }
             };
@@ -246,7 +246,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     request(&a, &c, Vec::new()).check()?;
     let mut a = a;
     if a.delete {
-        eprintln!("jfs-sync: note: --delete/--delete-during/--delete-before run as --delete-dst: extraneous destination objects are deleted after the copies, and only if the run had no error");
+        cli_common::eprintln!("jfs-sync: note: --delete/--delete-during/--delete-before run as --delete-dst: extraneous destination objects are deleted after the copies, and only if the run had no error");
         a.delete_dst = true;
     }
     if plan_only && a.job.is_none() {
@@ -340,7 +340,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         keys.retain(|k| match endpoint::check_key(k) {
             Ok(()) => true,
             Err(e) => {
-                eprintln!("jfs-sync: failed: {e}");
+                cli_common::eprintln!("jfs-sync: failed: {e}");
                 Stats::add(&stats.listed, 1);
                 Stats::add(&stats.failed, 1);
                 false
@@ -379,7 +379,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
             if !have.as_ref().is_some_and(|h| h.same_work(&spec)) {
                 bail!("a job of this name exists for other work ({:?}): choose another name, or `jfs-sync job delete` it", have.map(|h| (h.src, h.dst)));
             }
-            eprintln!(
+            cli_common::eprintln!(
                 "jfs-sync: job {} {}; start workers with: jfs-sync {src_spec} {dst_spec} --job '{}' (and the same options)",
                 meta::redact(&url),
                 if created { "created" } else { "exists already" },
@@ -419,10 +419,10 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         )
         .await?;
         if let Some(m) = &r.message {
-            eprintln!("jfs-sync: {m}");
+            cli_common::eprintln!("jfs-sync: {m}");
         }
         if r.state != "deleted" {
-            eprintln!(
+            cli_common::eprintln!(
                 "jfs-sync: job {}: {}; {} units, {} reassigned after a lost lease",
                 r.state,
                 r.summary.line(),
@@ -430,7 +430,7 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
                 r.reassigned
             );
         }
-        eprintln!(
+        cli_common::eprintln!(
             "jfs-sync: this worker: {}; {} saves refused (lease lost)",
             r.worker.line(),
             r.refused
@@ -464,12 +464,14 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
         }
     }
     if let Some(f) = &report.fatal {
-        eprintln!("jfs-sync: error: {f}");
+        cli_common::eprintln!("jfs-sync: error: {f}");
     }
     if report.interrupted {
-        eprintln!("jfs-sync: interrupted; progress saved, run the same command again to resume");
+        cli_common::eprintln!(
+            "jfs-sync: interrupted; progress saved, run the same command again to resume"
+        );
     }
-    eprintln!("jfs-sync: {}", report.summary.line());
+    cli_common::eprintln!("jfs-sync: {}", report.summary.line());
     if c.json {
         println!("{}", serde_json::to_string(&report.summary)?);
     }
@@ -516,7 +518,7 @@ async fn job_cmd(j: JobCmd) -> Result<i32> {
                 None => c.tps,
             };
             b.set_limits(bw.as_deref(), tps).await?;
-            eprintln!(
+            cli_common::eprintln!(
                 "jfs-sync: job limits now bwlimit {}, tps {} (workers take them up within a third of their lease)",
                 bw.as_deref().unwrap_or("off"),
                 tps.map_or("off".into(), |t| t.to_string())
@@ -534,7 +536,7 @@ async fn job_cmd(j: JobCmd) -> Result<i32> {
                 bail!("{held} unit(s) are held by live workers: `jfs-sync job cancel` first (or --force)");
             }
             b.remove().await?;
-            eprintln!("jfs-sync: job {} removed", meta::redact(&url));
+            cli_common::eprintln!("jfs-sync: job {} removed", meta::redact(&url));
             Ok(0)
         }
         JobCmd::Create { .. } => unreachable!("handled with the sync"),
@@ -546,7 +548,7 @@ async fn job_state(url: &str, want: &str, from: &[&str]) -> Result<i32> {
     let b = open_job(url).await?;
     let c = b.control().await?;
     if c.state == want {
-        eprintln!("jfs-sync: job {} is {want} already", meta::redact(url));
+        cli_common::eprintln!("jfs-sync: job {} is {want} already", meta::redact(url));
         return Ok(0);
     }
     if !from.contains(&c.state.as_str()) {
@@ -563,7 +565,7 @@ async fn job_state(url: &str, want: &str, from: &[&str]) -> Result<i32> {
             meta::redact(url)
         );
     }
-    eprintln!(
+    cli_common::eprintln!(
         "jfs-sync: job {} {want} (workers see it within a third of their lease)",
         meta::redact(url)
     );
@@ -606,9 +608,12 @@ async fn check(a: crate::cli::CheckArgs) -> Result<i32> {
     if a.common.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
-        eprintln!(
+        cli_common::eprintln!(
             "jfs-sync check: {} same, {} missing, {} differing, {} extra",
-            r.same, r.missing, r.differing, r.extra
+            r.same,
+            r.missing,
+            r.differing,
+            r.extra
         );
     }
     // Extra objects are a difference too: the two sides are not the same (rclone's `check`

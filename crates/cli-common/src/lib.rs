@@ -7,6 +7,9 @@
 //! - `quiet_on_closed_pipe` / `closed_pipe`: a reader that goes away (`jfs status | head -1`)
 //!   ends the command quietly with exit code 0, as it ends `cat`, instead of a panic or an
 //!   error line.
+//! - A closed **stderr** ends nothing: `cli_common::eprintln!` / `eprint!` (used instead of
+//!   std's, which panic when the write fails) and the log writer drop what cannot be written,
+//!   so a daemon or a copy whose log reader went away goes on with its work.
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use std::io::IsTerminal;
@@ -105,9 +108,12 @@ pub fn colour() -> bool {
 pub fn init_logging(level: &str, json: bool, filter_env: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env(filter_env)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // A failed write of a log line is dropped, never reported on stderr (that report would be
+    // std's `eprintln!`, which panics when stderr is the closed pipe).
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour())
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     if json {
         b.json().init();
@@ -161,6 +167,29 @@ mod tests {
 }
 
 static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// std's `eprintln!`, except that a failed write (stderr is a closed pipe: the reader of
+/// the command's messages went away) is dropped instead of panicking: a message is never
+/// worth the command's work.
+#[macro_export]
+macro_rules! eprintln {
+    () => {
+        $crate::eprint!("\n")
+    };
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// std's `eprint!` without the panic (see `eprintln!`).
+#[macro_export]
+macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stderr().lock(), $($arg)*);
+    }};
+}
 
 /// Make a print to a closed stdout (`println!` panics on a broken pipe, and the binaries
 /// print with it throughout) a quiet panic: no message, and `on_closed_pipe` turns it into a

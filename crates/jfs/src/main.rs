@@ -38,7 +38,7 @@ fn fix_malloc_threshold() {
         .args(std::env::args_os().skip(1))
         .env("GLIBC_TUNABLES", v)
         .exec();
-    eprintln!("jfs: could not restart with its malloc settings ({e}); going on");
+    cli_common::eprintln!("jfs: could not restart with its malloc settings ({e}); going on");
 }
 
 fn main() -> ExitCode {
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("jfs: cannot start the async runtime: {e}");
+            cli_common::eprintln!("jfs: cannot start the async runtime: {e}");
             return ExitCode::from(2);
         }
     };
@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         Some(Ok(cmd::Outcome::Partial)) => ExitCode::from(1),
         Some(Err(e)) if cli_common::closed_pipe(e.chain()) => ExitCode::SUCCESS,
         Some(Err(e)) => {
-            eprintln!("jfs: error: {e:#}");
+            cli_common::eprintln!("jfs: error: {e:#}");
             ExitCode::from(2)
         }
     }

@@ -88,14 +88,14 @@ pub fn main(mp: PathBuf) -> i32 {
         if connection_dead(&mp) {
             match mounts::lazy_unmount(&mp) {
                 Ok(()) => {
-                    eprintln!(
+                    cli_common::eprintln!(
                         "jfs mount guard: the mount process died; removed its dead mount at {}",
                         mp.display()
                     );
                     return 0;
                 }
                 Err(e) => {
-                    eprintln!("jfs mount guard: {e:#}");
+                    cli_common::eprintln!("jfs mount guard: {e:#}");
                     return 1;
                 }
             }

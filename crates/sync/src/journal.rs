@@ -44,11 +44,11 @@ pub async fn changes(
     let bounds = engine.journal_bounds().await?;
     let head = bounds.last;
     let Some(since) = since else {
-        eprintln!("jfs-sync: --from-journal: no earlier run recorded: a full listing this time; the next run reads the journal after entry {head}");
+        cli_common::eprintln!("jfs-sync: --from-journal: no earlier run recorded: a full listing this time; the next run reads the journal after entry {head}");
         return Ok((None, head));
     };
     if since + 1 < bounds.first {
-        eprintln!(
+        cli_common::eprintln!(
             "jfs-sync: WARNING: --from-journal: the journal no longer reaches back to entry {} (first retained is {}): falling back to a FULL LISTING",
             since + 1,
             bounds.first
@@ -71,7 +71,7 @@ pub async fn changes(
         }
     }
     let keys = changed_keys(vol, src, dst, &entries).await?;
-    eprintln!(
+    cli_common::eprintln!(
         "jfs-sync: --from-journal: entries {}..={head} touch {} keys",
         since + 1,
         keys.len()

@@ -87,7 +87,7 @@ pub fn progress(stats: Arc<Stats>, every: Duration, quiet: bool) -> tokio::task:
         } else {
             loop {
                 tokio::time::sleep(every.max(Duration::from_millis(100))).await;
-                eprintln!(
+                cli_common::eprintln!(
                     "jfs-sync: progress: {}",
                     stats.summary(t0.elapsed().as_secs_f64()).line()
                 );

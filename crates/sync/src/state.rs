@@ -115,7 +115,7 @@ impl State {
                         .next()
                         .is_some_and(|r| r.is_ok_and(|(k, _)| k.starts_with(DONE)));
                 if has_progress {
-                    eprintln!(
+                    cli_common::eprintln!(
                         "jfs-sync: the resume state in {} does not say whose progress it holds (an earlier release wrote it): starting afresh",
                         self.path.display()
                     );

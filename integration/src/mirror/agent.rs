@@ -23,6 +23,9 @@ pub struct Agent {
     pub log: PathBuf,
     envs: Vec<(String, String)>,
     prefix: Vec<String>,
+    /// Start with stdout and stderr a pipe whose reader is gone (`2>&1 | head -1` after
+    /// `head` ended): every log line fails to be written.
+    pub closed_output: bool,
 }
 
 impl Agent {
@@ -57,6 +60,7 @@ impl Agent {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             prefix: prefix.iter().map(|s| s.to_string()).collect(),
+            closed_output: false,
         };
         a.restart();
         a
@@ -77,9 +81,14 @@ impl Agent {
                 "JFS_LOG",
                 std::env::var("AGENT_LOG").unwrap_or_else(|_| "info".into()),
             )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup"))
-            .stderr(log);
+            .stdin(Stdio::null());
+        if self.closed_output {
+            let (r, w) = std::io::pipe().expect("pipe");
+            drop(r);
+            cmd.stdout(w.try_clone().expect("dup")).stderr(w);
+        } else {
+            cmd.stdout(log.try_clone().expect("dup")).stderr(log);
+        }
         cmd.env("ADMIN_TOKEN", ADMIN_TOKEN);
         for (k, v) in &self.envs {
             cmd.env(k, v);
@@ -117,6 +126,7 @@ impl Agent {
             log: log.to_path_buf(),
             envs: Vec::new(),
             prefix: Vec::new(),
+            closed_output: false,
         }
     }
 

@@ -123,7 +123,7 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
             w.write_all(b"\n")?;
             w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
             std::fs::rename(&tmp, f).with_context(|| format!("renaming into {}", f.display()))?;
-            eprintln!("dumped {} inodes to {}", d.inodes.len(), f.display());
+            cli_common::eprintln!("dumped {} inodes to {}", d.inodes.len(), f.display());
         }
         None => {
             let mut out = std::io::stdout().lock();
@@ -159,7 +159,7 @@ pub async fn load(engine: &dyn Engine, file: &Path, endpoint: Option<&str>) -> R
             d.setting.storage
         )
     })?;
-    eprintln!(
+    cli_common::eprintln!(
         "loaded {} keys ({} inodes) into {}; it now holds the blocks in {}: the metadata the dump came from can no longer write there (stop its mounts)",
         n,
         d.inodes.len(),

@@ -47,7 +47,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
     let mut m = m;
     if !m.read_only {
         if let Some(mk) = volume::mirror_marker(&m.meta_url, g.meta_password_file.clone()).await? {
-            eprintln!(
+            cli_common::eprintln!(
                 "jfs: {} is mirror {:?}'s metadata (it follows the primary at {}): mounting read-only",
                 meta::redact(&m.meta_url),
                 mk.name,
@@ -78,7 +78,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         stale: m.stale,
     };
     mount::run(vol, o, || {
-        eprintln!(
+        cli_common::eprintln!(
             "jfs: mounted {} at {}",
             meta::redact(&m.meta_url),
             mp.display()
@@ -135,7 +135,7 @@ async fn background(m: &MountArgs) -> Result<Outcome> {
         let up = mounts::find(&mp)?.is_some_and(|e| e.is_jfs())
             && control::call(&mp, &Request::Stats, |_| {}).await.is_ok();
         if up {
-            eprintln!(
+            cli_common::eprintln!(
                 "jfs: mounted at {} (pid {}, log {})",
                 mp.display(),
                 child.id(),
@@ -169,7 +169,7 @@ fn this_attempt(log: &Path, start: u64) -> String {
 pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
     if mounts::is_stale(mp) {
         mounts::lazy_unmount(mp)?;
-        eprintln!("jfs: cleared a stale mount at {}", mp.display());
+        cli_common::eprintln!("jfs: cleared a stale mount at {}", mp.display());
         return Ok(Outcome::Done);
     }
     let canon = mp
@@ -197,7 +197,7 @@ pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
     while sock.exists() && t0.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("jfs: unmounted {}", canon.display());
+    cli_common::eprintln!("jfs: unmounted {}", canon.display());
     Ok(Outcome::Done)
 }
 
@@ -219,7 +219,7 @@ async fn force_unmount(mp: &Path) -> Result<Outcome> {
         }
     }
     let Some(pid) = pid else {
-        eprintln!(
+        cli_common::eprintln!(
             "jfs: detached {}; no mount process answered on its control socket, so none was asked to exit (a process still serving it holds the volume until it ends)",
             mp.display()
         );
@@ -243,7 +243,7 @@ async fn force_unmount(mp: &Path) -> Result<Outcome> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!(
+    cli_common::eprintln!(
         "jfs: unmounted {} (the mount process, pid {pid}, committed what it buffered and exited)",
         mp.display()
     );
@@ -334,9 +334,12 @@ pub async fn warmup(
                     b.set_position(p.bytes_done);
                 } else if !json && !g.quiet && last_log.elapsed() > Duration::from_secs(5) {
                     last_log = Instant::now();
-                    eprintln!(
+                    cli_common::eprintln!(
                         "warmup: {}/{} blocks, {}/{} bytes",
-                        p.blocks_done, p.blocks, p.bytes_done, p.bytes
+                        p.blocks_done,
+                        p.blocks,
+                        p.bytes_done,
+                        p.bytes
                     );
                 }
             },
@@ -378,7 +381,7 @@ pub async fn warmup(
             ),
         }
         for e in &s.errors {
-            eprintln!("jfs: warmup: {e}");
+            cli_common::eprintln!("jfs: warmup: {e}");
         }
     }
     Ok(if partial {

@@ -321,11 +321,11 @@ pub fn report(
         bail!("{what} interrupted by a signal after {files} files ({bytes} bytes); partial files were removed, run it again to finish");
     }
     for f in failures {
-        eprintln!("jfs {what}: failed: {f:#}");
+        cli_common::eprintln!("jfs {what}: failed: {f:#}");
     }
     if !quiet {
         let mbs = bytes as f64 / took.as_secs_f64().max(1e-9) / (1 << 20) as f64;
-        eprintln!(
+        cli_common::eprintln!(
             "{what}: {files} files, {bytes} bytes in {:.2}s ({mbs:.1} MiB/s), {} failed",
             took.as_secs_f64(),
             failures.len()

@@ -26,7 +26,7 @@ pub(super) async fn delete_step(
         .max(deletes.len() as u64);
     if let Some(why) = run::refused(base.max_delete, deletes.len() as u64, listed) {
         let msg = format!("refusing to delete: {why}; nothing was deleted");
-        eprintln!("jfs-sync: {msg}");
+        cli_common::eprintln!("jfs-sync: {msg}");
         let f = Finish {
             state: "failed",
             dst_listed: 0,
@@ -54,7 +54,7 @@ pub(super) async fn delete_step(
             }
             Err(e) => {
                 tally.failed += 1;
-                eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
+                cli_common::eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
             }
         }
     }

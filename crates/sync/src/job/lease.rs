@@ -67,7 +67,7 @@ impl LeaseKeeper {
                 let h = w.held.lock().unwrap_or_else(|p| p.into_inner());
                 for (id, (t, tx)) in h.iter() {
                     if !kept.contains(id) && held.contains(&(*id, *t)) {
-                        eprintln!("jfs-sync: unit {id}: the lease was lost (another worker holds it now): stopping work on it");
+                        cli_common::eprintln!("jfs-sync: unit {id}: the lease was lost (another worker holds it now): stopping work on it");
                         let _ = tx.send(true);
                     }
                 }
@@ -84,7 +84,7 @@ impl LeaseKeeper {
                     .elapsed();
                 tracing::warn!(error = %format!("{e:#}"), "renewing leases");
                 if since > w.o.lease * 2 / 3 && !held.is_empty() {
-                    eprintln!(
+                    cli_common::eprintln!(
                     "jfs-sync: no contact with the job for {:.1}s (lease {:.0}s): stopping work on the units held, another worker may take them over",
                     since.as_secs_f64(),
                     w.o.lease.as_secs_f64()
@@ -120,7 +120,7 @@ impl LeaseKeeper {
             Ok(c) => {
                 let mut cur = w.control.lock().unwrap_or_else(|p| p.into_inner());
                 if (cur.bwlimit.as_ref(), cur.tps) != (c.bwlimit.as_ref(), c.tps) {
-                    eprintln!(
+                    cli_common::eprintln!(
                         "jfs-sync: the job's limits changed: bwlimit {}, tps {}",
                         c.bwlimit.as_deref().unwrap_or("off"),
                         c.tps.map_or("off".to_string(), |t| t.to_string())
@@ -136,7 +136,7 @@ impl LeaseKeeper {
         }
         if !w.o.quiet && self.last_log.elapsed() >= w.o.every {
             self.last_log = Instant::now();
-            eprintln!(
+            cli_common::eprintln!(
                 "jfs-sync: worker {}: {} units held, {} copied, {} bytes, {:.1} MiB/s",
                 w.o.worker,
                 held.len(),

@@ -70,7 +70,7 @@ pub async fn plan_round(
             break;
         }
         if !waiting {
-            eprintln!("jfs-sync: another worker is planning the next round from the journal: waiting for its plan");
+            cli_common::eprintln!("jfs-sync: another worker is planning the next round from the journal: waiting for its plan");
             waiting = true;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -80,7 +80,7 @@ pub async fn plan_round(
     let plan = Plan { keys, target };
     let started = board.new_round(spec, bwlimit, tps, &plan).await?;
     if started {
-        eprintln!(
+        cli_common::eprintln!(
             "jfs-sync: planned a round up to journal entry {target}: {}; other workers join with the same command",
             match &plan.keys {
                 Some(k) => format!("{} changed keys in {} units", k.len(), plan.cuts().len() + 1),

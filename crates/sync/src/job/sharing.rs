@@ -128,7 +128,7 @@ impl UnitProgress {
         {
             Ok(true) => {
                 tracing::info!(unit = self.id, at = %cut, "handed the back of the range to an idle worker");
-                eprintln!(
+                cli_common::eprintln!(
                     "jfs-sync: unit {}: handed the keys from {cut} on to an idle worker",
                     self.id
                 );

@@ -92,7 +92,7 @@ impl Worker {
 
     pub(super) fn refused(&self, what: &str, id: i64, token: i64) {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        eprintln!("jfs-sync: unit {id}: {what} refused: the lease passed to another worker (token {token} is stale); that worker resumes the range");
+        cli_common::eprintln!("jfs-sync: unit {id}: {what} refused: the lease passed to another worker (token {token} is stale); that worker resumes the range");
     }
 }
 
@@ -149,7 +149,9 @@ pub async fn work(
     if spec.from_journal {
         plan_round(&*board, &spec, &*src, &*dst, bwlimit, tps).await?;
     } else if board.create(&spec, bwlimit, tps).await? {
-        eprintln!("jfs-sync: created the job; other workers join with the same command");
+        cli_common::eprintln!(
+            "jfs-sync: created the job; other workers join with the same command"
+        );
     }
     let keys_mode = spec.from_journal && board.round().await?.keys;
     board
@@ -168,7 +170,9 @@ pub async fn work(
         }
         "failed" => {
             let n = board.retry_failed().await?;
-            eprintln!("jfs-sync: the job had finished with errors: {n} unit(s) pending again");
+            cli_common::eprintln!(
+                "jfs-sync: the job had finished with errors: {n} unit(s) pending again"
+            );
             c = board.control().await?;
         }
         _ => {}
@@ -350,7 +354,7 @@ pub async fn work(
         slots.spawn(async move {
             let id = u.id;
             if let Err(e) = run_unit(&w2, u, src, dst, &base, local, rx).await {
-                eprintln!("jfs-sync: unit {id}: {e:#}");
+                cli_common::eprintln!("jfs-sync: unit {id}: {e:#}");
             }
             w2.held
                 .lock()

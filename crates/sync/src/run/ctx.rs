@@ -68,7 +68,7 @@ impl Ctx {
         match self.dst.sync().await {
             Ok(()) => self.record(batch).await,
             Err(e) => {
-                eprintln!(
+                cli_common::eprintln!(
                     "jfs-sync: failed: making {} copies durable on {}: {e:#}",
                     batch.len(),
                     self.dst.describe()
@@ -176,7 +176,7 @@ pub(super) fn spawn_lister(
                         } else {
                             "does not exist in the source"
                         };
-                        eprintln!("jfs-sync: failed: {k:?} (from --files-from) {what}");
+                        cli_common::eprintln!("jfs-sync: failed: {k:?} (from --files-from) {what}");
                         Stats::add(&stats.listed, 1);
                         Stats::add(&stats.failed, 1);
                     }
@@ -286,7 +286,7 @@ pub(super) fn dispatch(
                 // A failed key stays unresolved: the cursor never passes it, the next run retries it.
                 Stats::add(&ctx.stats.failed, 1);
                 tracing::error!(key, error = %format!("{e:#}"), "failed");
-                eprintln!("jfs-sync: failed: {e:#}");
+                cli_common::eprintln!("jfs-sync: failed: {e:#}");
                 if ctx
                     .o
                     .max_failure

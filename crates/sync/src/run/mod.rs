@@ -427,7 +427,7 @@ pub async fn sync_range(
                     }
                     Err(e) => {
                         Stats::add(&stats.failed, 1);
-                        eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
+                        cli_common::eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
                     }
                 }
             }

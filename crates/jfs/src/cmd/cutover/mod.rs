@@ -191,7 +191,7 @@ async fn wait_barrier(e: &dyn Engine, gen: u64, b: &BarrierArgs) -> Result<()> {
             );
         }
         if Instant::now() >= say_at {
-            eprintln!(
+            cli_common::eprintln!(
                 "jfs: waiting for {} session(s) to follow generation {gen}: {}",
                 waiting.len(),
                 names.join("; ")
@@ -246,7 +246,7 @@ async fn backfill(
             .await
             .context("listing the blocks the metadata references")?,
     );
-    eprintln!(
+    cli_common::eprintln!(
         "jfs: backfill: {} blocks ({} MiB) referenced; copying those {to} lacks (state in {})",
         index.blocks,
         index.bytes >> 20,
@@ -279,7 +279,7 @@ async fn backfill(
     .await?;
     ticker.abort();
     watcher.abort();
-    eprintln!("jfs: backfill: {}", report.summary.line());
+    cli_common::eprintln!("jfs: backfill: {}", report.summary.line());
     if json {
         println!("{}", serde_json::to_string(&report.summary)?);
     }
@@ -290,7 +290,7 @@ async fn backfill(
         bail!("backfill interrupted; progress saved: run the same command again to resume");
     }
     if report.summary.failed > 0 {
-        eprintln!(
+        cli_common::eprintln!(
             "jfs: {} blocks failed to copy; run backfill again (it resumes), or let verify copy them",
             report.summary.failed
         );
@@ -299,7 +299,7 @@ async fn backfill(
     step(g, meta_url, &Event::Backfilled).await?;
     drop(index);
     let _ = std::fs::remove_dir_all(&dir);
-    eprintln!("jfs: backfill done. Next: jfs cutover verify {meta_url}");
+    cli_common::eprintln!("jfs: backfill done. Next: jfs cutover verify {meta_url}");
     Ok(Outcome::Done)
 }
 
@@ -313,7 +313,7 @@ async fn finish(g: &Global, meta_url: &str, barrier: &BarrierArgs) -> Result<Out
         wait_barrier(&*e, st.gen, barrier).await?;
         let n = drain(&*e, &settings, Role::B, &*store(g, from)?, &*store(g, to)?).await?;
         if n > 0 {
-            eprintln!("jfs: copied {n} blocks recorded as missing in the new store");
+            cli_common::eprintln!("jfs: copied {n} blocks recorded as missing in the new store");
         }
     }
     let (before, after) = step(g, meta_url, &Event::Finish).await?;
@@ -373,7 +373,7 @@ async fn abort(g: &Global, meta_url: &str, barrier: &BarrierArgs) -> Result<Outc
             .await
             .with_context(stay)?;
         if n > 0 {
-            eprintln!("jfs: copied back {n} blocks that were missing in {from}");
+            cli_common::eprintln!("jfs: copied back {n} blocks that were missing in {from}");
         }
         let (_, after) = step(g, meta_url, &Event::Abort).await?;
         wait_barrier(&*e, after.gen, barrier).await?;
@@ -392,7 +392,7 @@ async fn abort(g: &Global, meta_url: &str, barrier: &BarrierArgs) -> Result<Outc
                 )
             })?;
         if n > 0 {
-            eprintln!("jfs: copied back {n} blocks that were missing in {from}");
+            cli_common::eprintln!("jfs: copied back {n} blocks that were missing in {from}");
         }
     }
     let (before, after) = step(g, meta_url, &Event::Abort).await?;

@@ -207,10 +207,10 @@ pub(super) async fn verify(
         );
     }
     if !rep.failed.is_empty() {
-        eprintln!("jfs: verify did not pass; fix what is named above and run it again");
+        cli_common::eprintln!("jfs: verify did not pass; fix what is named above and run it again");
         return Ok(Outcome::Partial);
     }
     step(g, meta_url, &Event::Verified).await?;
-    eprintln!("jfs: verify passed. Next: jfs cutover switch {meta_url}");
+    cli_common::eprintln!("jfs: verify passed. Next: jfs cutover switch {meta_url}");
     Ok(Outcome::Done)
 }
