@@ -10,6 +10,10 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check || { echo "test.sh: code is not formatted: run cargo fmt --all" >&2; exit 1; }
+# std's eprintln!/eprint! panic when stderr is a closed pipe: the binaries use cli_common's.
+if grep -rnE '(^|[^:_a-z])eprint(ln)?!' --include='*.rs' crates fs-core mirror-agent sync-cli | grep -v '^crates/cli-common/'; then
+    echo "test.sh: std eprintln!/eprint! above: use cli_common::eprintln!/eprint! (a closed stderr must end no work)" >&2; exit 1
+fi
 cargo build --workspace --all-targets --locked
 SVC=$(mktemp -d /tmp/jfs-svc.XXXXXX)
 cleanup() { bash integration/services.sh down "$SVC" || true; rm -rf "$SVC"; }
