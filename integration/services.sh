@@ -3,6 +3,7 @@
 #   Redis 7 (password), PostgreSQL 15 (scram password), Ceph RGW (S3; 1 mon + 1 memstore OSD).
 # usage: services.sh up DIR     -> starts them, writes DIR/env (source it)
 #        services.sh down DIR   -> stops what DIR/*.pid names (by PID), removes nothing else
+#        (a later `up DIR` removes the previous run's data there first)
 # Every step fails loudly: a service that cannot start is an error, never a skip.
 set -euo pipefail
 cmd=${1:?usage: services.sh up|down DIR}; D=${2:?usage: services.sh up|down DIR}
@@ -37,6 +38,20 @@ down() {
     pid=$(head -1 "$f"); [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
     rm -f "$f"
   done
+}
+
+# A directory used before: refused while its services run (checked before `up`'s ERR trap,
+# which would stop them); else the previous run's data goes (only what this script made
+# there), so that `up` works again after `down`.
+reuse() {
+  for f in "$D"/*.pid "$D/pg/data/postmaster.pid"; do
+    [ -f "$f" ] || continue
+    if kill -0 "$(head -1 "$f")" 2>/dev/null; then
+      echo "services.sh: services in $D are running already ($(basename "$f" .pid)): source $D/env, or run: bash integration/services.sh down $D" >&2
+      exit 1
+    fi
+  done
+  rm -rf "$D/redis" "$D/pg" "$D/ceph" "$D/env" "$D"/*.pid
 }
 
 up() {
@@ -159,7 +174,7 @@ ENV
 }
 
 case "$cmd" in
-  up) [ -n "${JFS_SERVICES_KEEP_ON_ERROR:-}" ] || trap 'echo "services.sh: start failed; stopping what started" >&2; down' ERR; up ;;
+  up) reuse; [ -n "${JFS_SERVICES_KEEP_ON_ERROR:-}" ] || trap 'echo "services.sh: start failed; stopping what started" >&2; down' ERR; up ;;
   down) down ;;
   *) echo "usage: services.sh up|down DIR" >&2; exit 2 ;;
 esac

@@ -183,7 +183,7 @@ pub fn bin(name: &str) -> PathBuf {
     let p = dir.join(name);
     assert!(
         p.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first",
+        "{} is missing: run `cargo build --workspace --bins` first, with the same CARGO_TARGET_DIR as `cargo test`",
         p.display()
     );
     p
