@@ -78,9 +78,13 @@ fn names_destructive_anywhere(v: &ContextValue, destructive: Destructive<'_>) ->
 
 /// Parse the process's arguments; on a parse error print it (without destructive
 /// suggestions) and exit 2, as clap does.
-pub fn matches(cmd: clap::Command, destructive: Destructive<'_>) -> clap::ArgMatches {
+pub fn matches(
+    cmd: clap::Command,
+    args: &[std::ffi::OsString],
+    destructive: Destructive<'_>,
+) -> clap::ArgMatches {
     let mut plain = cmd.clone();
-    match cmd.try_get_matches() {
+    match cmd.try_get_matches_from(args) {
         Ok(m) => m,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             e.exit()
@@ -89,9 +93,71 @@ pub fn matches(cmd: clap::Command, destructive: Destructive<'_>) -> clap::ArgMat
     }
 }
 
-/// Parse into a clap derive type, with `matches`' care about suggestions.
+/// Options typed before a subcommand that takes them too (`jfs-sync -v check A B`, where the
+/// top level's own positionals would otherwise swallow `check`) are moved after its name;
+/// anything else is left for clap to judge.
+pub fn hoist_options(
+    cmd: &clap::Command,
+    args: Vec<std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    // Some(whether the next token is its value) for an option `c` defines; None otherwise.
+    let find = |c: &clap::Command, tok: &str| -> Option<bool> {
+        let (name, inline) = match tok.split_once('=') {
+            Some((n, _)) => (n, true),
+            None => (tok, false),
+        };
+        let a = c.get_arguments().find(|a| match name.strip_prefix("--") {
+            Some(long) => a.get_long() == Some(long),
+            // `-v`, `-vv`: one short flag, maybe repeated.
+            None => {
+                let mut ch = name.chars().skip(1);
+                let first = ch.next();
+                first.is_some() && a.get_short() == first && ch.all(|x| Some(x) == first)
+            }
+        })?;
+        Some(!inline && a.get_action().takes_values())
+    };
+    let mut i = 1;
+    while i < args.len() {
+        let Some(tok) = args[i].to_str() else {
+            return args;
+        };
+        if !tok.starts_with('-') || tok == "-" {
+            break;
+        }
+        match find(cmd, tok) {
+            Some(true) => i += 2,
+            Some(false) => i += 1,
+            None => return args,
+        }
+    }
+    let (Some(name), true) = (args.get(i).and_then(|a| a.to_str()), i > 1) else {
+        return args;
+    };
+    let Some(sub) = cmd.find_subcommand(name) else {
+        return args;
+    };
+    // Every moved option must be one the subcommand takes.
+    let mut j = 1;
+    while j < i {
+        let tok = args[j].to_str().unwrap_or_default();
+        match find(sub, tok) {
+            Some(true) => j += 2,
+            Some(false) => j += 1,
+            None => return args,
+        }
+    }
+    let mut out = vec![args[0].clone(), args[i].clone()];
+    out.extend_from_slice(&args[1..i]);
+    out.extend_from_slice(&args[i + 1..]);
+    out
+}
+
+/// Parse into a clap derive type, with `matches`' care about suggestions and `hoist_options`.
 pub fn parse<T: clap::Parser>(destructive: Destructive<'_>) -> (T, clap::ArgMatches) {
-    let m = matches(<T as clap::CommandFactory>::command(), destructive);
+    let cmd = <T as clap::CommandFactory>::command();
+    let args = hoist_options(&cmd, std::env::args_os().collect());
+    let m = matches(cmd, &args, destructive);
     match <T as clap::FromArgMatches>::from_arg_matches(&m) {
         Ok(t) => (t, m),
         Err(e) => e.exit(),
@@ -145,6 +211,57 @@ mod tests {
         sanitize(e, &mut cmd(), &["--delete-src"])
             .render()
             .to_string()
+    }
+
+    #[test]
+    fn options_before_a_subcommand_that_takes_them_move_after_it() {
+        let common = |c: clap::Command| {
+            c.arg(
+                clap::Arg::new("verbose")
+                    .short('v')
+                    .long("verbose")
+                    .action(clap::ArgAction::Count),
+            )
+            .arg(clap::Arg::new("endpoint").long("endpoint"))
+        };
+        let cmd = common(clap::Command::new("t"))
+            .arg(clap::Arg::new("src"))
+            .arg(clap::Arg::new("dst"))
+            .args_conflicts_with_subcommands(true)
+            .subcommand(common(clap::Command::new("check")).arg(clap::Arg::new("a")))
+            .subcommand(clap::Command::new("job").arg(clap::Arg::new("j")));
+        let h = |a: &[&str]| {
+            hoist_options(&cmd, a.iter().map(Into::into).collect())
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(h(&["t", "-vv", "check", "x"]), ["t", "check", "-vv", "x"]);
+        assert_eq!(
+            h(&["t", "--endpoint", "check", "-v", "check", "x"]),
+            ["t", "check", "--endpoint", "check", "-v", "x"]
+        );
+        assert_eq!(
+            h(&["t", "--endpoint=e", "check", "x"]),
+            ["t", "check", "--endpoint=e", "x"]
+        );
+        // Left alone: no subcommand, an option the subcommand lacks, nothing before it.
+        for a in [
+            &["t", "-v", "a", "b"][..],
+            &["t", "-v", "job", "j"],
+            &["t", "check", "-v", "x"],
+            &["t", "--unknown", "check"],
+        ] {
+            assert_eq!(h(a), a);
+        }
+        let m = cmd
+            .clone()
+            .try_get_matches_from(h(&["t", "-v", "check", "x"]))
+            .unwrap();
+        assert_eq!(
+            m.subcommand_matches("check").unwrap().get_count("verbose"),
+            1
+        );
     }
 
     #[test]
