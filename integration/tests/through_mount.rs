@@ -353,6 +353,27 @@ fn umount_force_returns_once_the_mount_process_let_go() {
     assert!(o.stdout == held, "the unclosed file's bytes differ");
 }
 
+/// A command that needs the RocksDB metadata for itself while a mount writes it (`load`)
+/// names the process that holds it: its PID and command line (the mount and its point).
+#[test]
+fn a_busy_rocksdb_volume_names_the_process_that_holds_it() {
+    let v = new_vol();
+    let m = v.mount();
+    let dump = v.path("d.json");
+    let o = v.jfs(&["dump", &v.meta, dump.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = v.jfs(&["load", &v.meta, dump.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let want = format!("pid {}: ", m.pid());
+    assert!(
+        text(&o).contains(&want)
+            && text(&o).contains(&format!("mount {} {}", v.meta, m.mp.display())),
+        "the refusal does not name the mount ({want}...): {}",
+        text(&o)
+    );
+    m.stop();
+}
+
 /// `jfs-sync` resolves the path of a `jfs://` URL inside the volume too: one that climbs
 /// above the volume's root is refused before anything is opened or copied.
 #[test]

@@ -141,7 +141,7 @@ impl RocksEngine {
                 Err(e) if e.as_ref().contains("lock") => {
                     return Err(Error::new(
                         ErrorKind::Busy,
-                        format!("{} is open for writing by another process (one process writes a RocksDB volume; readers open it read-only); stop that process or go through it", path.display()),
+                        format!("{} is open for writing by another process{} (one process writes a RocksDB volume; readers open it read-only); stop that process or go through it (a mount: write through its mount point)", path.display(), lock_holder(path).map_or(String::new(), |h| format!(", {h}"))),
                     ))
                 }
                 Err(e) => return Err(err(e, &format!("opening {}", path.display()))),
@@ -652,6 +652,44 @@ fn aux_write(dir: &Path, name: &str, value: Option<&[u8]>) -> Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_err(e, dir))
+}
+
+/// Who holds the write lock of the RocksDB directory `path`, as "pid N: its command line",
+/// from /proc/locks (RocksDB locks `LOCK` with a POSIX record lock); None when unknown.
+fn lock_holder(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path.join("LOCK")).ok()?;
+    let (major, minor) = (rustix::fs::major(m.dev()), rustix::fs::minor(m.dev()));
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let pid = locks.lines().find_map(|l| {
+        // "1: POSIX  ADVISORY  WRITE 2721 fd:01:123456 0 EOF" (a blocked waiter has "->").
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.get(1) == Some(&"->") || f.get(1) != Some(&"POSIX") {
+            return None;
+        }
+        let mut id = f.get(5)?.split(':');
+        let maj = u32::from_str_radix(id.next()?, 16).ok()?;
+        let min = u32::from_str_radix(id.next()?, 16).ok()?;
+        let ino: u64 = id.next()?.parse().ok()?;
+        (maj == major && min == minor && ino == m.ino())
+            .then(|| f.get(4)?.parse::<u32>().ok())
+            .flatten()
+    })?;
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut cmd = cmd
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if cmd.chars().count() > 200 {
+        cmd = cmd.chars().take(200).collect::<String>() + "...";
+    }
+    Some(if cmd.is_empty() {
+        format!("pid {pid}")
+    } else {
+        format!("pid {pid}: {cmd}")
+    })
 }
 
 #[cfg(test)]
