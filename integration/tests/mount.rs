@@ -825,7 +825,7 @@ fn operator_mistakes_are_refused_without_harm() {
 }
 
 /// `jfs mount -d` without `--log` appends to one log per mount point; a failed attempt
-/// prints its own errors only, not those of earlier attempts.
+/// prints its own errors only, not those of earlier attempts, and leaves no control socket.
 #[test]
 fn a_failed_background_mount_prints_this_attempts_errors_only() {
     fuse_ready();
@@ -863,4 +863,15 @@ fn a_failed_background_mount_prints_this_attempts_errors_only() {
         "the second attempt printed the first one's errors: {second}"
     );
     assert!(!is_mounted(&mp));
+    // Nothing of the refused mount is left in the run directory but its log.
+    let left: Vec<String> = std::fs::read_dir(&rd)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".log"))
+        .collect();
+    assert!(left.is_empty(), "a refused mount left {left:?} behind");
+    assert!(
+        !second.contains("Reply not sent"),
+        "the refusal came after mounting: {second}"
+    );
 }

@@ -284,6 +284,16 @@ async fn serve(
     cfg.acl = acl;
     cfg.n_threads = Some(o.threads.max(1));
     cfg.clone_fd = o.threads > 1;
+    // Bound before mounting: a busy address refuses the mount with nothing left behind.
+    let metrics_listener = match o.metrics {
+        Some(addr) => Some((
+            addr,
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --metrics {addr}"))?,
+        )),
+        None => None,
+    };
     // Started before mounting, so it holds none of the FUSE descriptors.
     let mut guard = guard::spawn(mp)?;
     let mp2 = mp.to_path_buf();
@@ -338,11 +348,8 @@ async fn serve(
         exit: exit_tx,
     });
     let ctl_task = tokio::spawn(control::serve(listener, ctl));
-    let metrics_task = match o.metrics {
-        Some(addr) => {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding --metrics {addr}"))?;
+    let metrics_task = match metrics_listener {
+        Some((addr, l)) => {
             let ex = exporter.clone();
             let app = axum::Router::new().route(
                 "/metrics",
