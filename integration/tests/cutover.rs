@@ -625,6 +625,11 @@ async fn a_failed_abort_keeps_the_volume_switched_and_names_the_degraded_writer(
         out.contains("nothing was changed") && out.contains("stays switched("),
         "{out}"
     );
+    assert_eq!(
+        out.matches("Read-only file system").count(),
+        1,
+        "the cause is said once: {out}"
+    );
     let st = status_json(&meta);
     assert_eq!(
         st["state"], switched["state"],

@@ -276,7 +276,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if cli_common::closed_pipe(e.chain()) => ExitCode::SUCCESS,
         Err(e) => {
-            cli_common::eprintln!("mirror-agent: error: {e:#}");
+            cli_common::eprintln!("mirror-agent: error: {}", cli_common::chain_text(e.chain()));
             ExitCode::from(2)
         }
     }

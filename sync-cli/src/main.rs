@@ -40,7 +40,7 @@ fn main() {
     let rules = match filter_rules(&matches) {
         Ok(r) => r,
         Err(e) => {
-            cli_common::eprintln!("jfs-sync: error: {e:#}");
+            cli_common::eprintln!("jfs-sync: error: {}", cli_common::chain_text(e.chain()));
             std::process::exit(2);
         }
     };
@@ -70,7 +70,7 @@ fn main() {
                 Ok(code) => code,
                 Err(e) if cli_common::closed_pipe(e.chain()) => 0,
                 Err(e) => {
-                    cli_common::eprintln!("jfs-sync: error: {e:#}");
+                    cli_common::eprintln!("jfs-sync: error: {}", cli_common::chain_text(e.chain()));
                     2
                 }
             }

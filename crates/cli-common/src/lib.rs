@@ -265,6 +265,35 @@ mod tests {
     }
 
     #[test]
+    fn a_cause_already_quoted_is_not_repeated() {
+        #[derive(Debug)]
+        struct Quoting(std::io::Error);
+        impl std::fmt::Display for Quoting {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "writing k: {}", self.0)
+            }
+        }
+        impl std::error::Error for Quoting {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Quoting(std::io::Error::from_raw_os_error(30));
+        let chain = std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+            e.source()
+        });
+        assert_eq!(
+            chain_text(chain),
+            "writing k: Read-only file system (os error 30)"
+        );
+        let io = std::io::Error::from_raw_os_error(2);
+        assert_eq!(
+            chain_text(std::iter::once(&io as &(dyn std::error::Error + 'static))),
+            "No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
     fn destructive_flags_are_never_suggested() {
         let plain = cmd()
             .try_get_matches_from(["t", "--delete-srx"])
@@ -348,6 +377,25 @@ pub fn closed_pipe<'a>(
         e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+/// An error and its causes as one line, "outer: inner: root", like anyhow's `{:#}`, except
+/// that a cause whose text the line already ends with is not repeated (an error that quotes
+/// the OS error it keeps as its source).
+pub fn chain_text<'a>(
+    chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> String {
+    let mut out = String::new();
+    for e in chain {
+        let t = e.to_string();
+        if out.is_empty() {
+            out = t;
+        } else if !out.ends_with(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+    }
+    out
 }
 
 /// The one signal handler of every binary and the mount: a token cancelled on the first

@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         Some(Ok(cmd::Outcome::Partial)) => ExitCode::from(1),
         Some(Err(e)) if cli_common::closed_pipe(e.chain()) => ExitCode::SUCCESS,
         Some(Err(e)) => {
-            cli_common::eprintln!("jfs: error: {e:#}");
+            cli_common::eprintln!("jfs: error: {}", cli_common::chain_text(e.chain()));
             ExitCode::from(2)
         }
     }
