@@ -835,3 +835,31 @@ fn a_loaded_dump_takes_the_store_over_and_the_source_is_retired() {
     // The source still reads what it had.
     assert_eq!(ok_bytes(&["cat", &h, "/orig"]), data(1, 100_000));
 }
+
+/// Issue 25 trial: one-shot writers (`put`, `mkdir`, `rm`, `jfs-sync` into `jfs://`) remove
+/// their session record when they end: `status` lists none, live or dead.
+#[test]
+fn one_shot_writers_leave_no_session_behind() {
+    let (meta, _d) = meta_url("redis");
+    let dir = tempfile::tempdir().unwrap();
+    format_local(&meta, dir.path());
+    let src = dir.path().join("src");
+    write_tree(&src, 5, 1000);
+    ok(&["put", &meta, src.to_str().unwrap(), "/t"]);
+    ok(&["mkdir", &meta, "/d"]);
+    ok(&["rm", "-r", &meta, "/t/d00"]);
+    let o = Command::new(bin("jfs-sync"))
+        .args([src.to_str().unwrap(), "jfs://VOL/s"])
+        .env("VOL", &meta)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let st: serde_json::Value = serde_json::from_str(&ok(&["status", &meta, "--json"])).unwrap();
+    assert_eq!(st["sessions"], serde_json::json!([]), "{st}");
+    // And what they wrote is there.
+    assert_eq!(
+        ok_bytes(&["cat", &meta, "/s/big.bin"]),
+        data(42, 1000),
+        "jfs-sync into the volume"
+    );
+}

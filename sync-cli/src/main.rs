@@ -66,6 +66,8 @@ fn main() {
                 Some(Cmd::Job(j)) => job_cmd(j).await,
                 None => sync(cli.sync, cli.common, rules, false).await,
             };
+            // Volumes (jfs://) opened as writers leave no session behind.
+            sync::end_sessions().await;
             match r {
                 Ok(code) => code,
                 Err(e) if cli_common::closed_pipe(e.chain()) => 0,

@@ -63,7 +63,13 @@ fn main() -> ExitCode {
         }
     };
     rt.spawn(cmd::watch_signals(cmd::cleans_up_on_signal(&args.cmd)));
-    match cli_common::on_closed_pipe(|| rt.block_on(cmd::run(args))) {
+    let run = async {
+        let r = cmd::run(args).await;
+        // Volumes opened as writers leave no session behind (a mount closes its own).
+        volume::end_sessions(std::time::Duration::from_secs(5)).await;
+        r
+    };
+    match cli_common::on_closed_pipe(|| rt.block_on(run)) {
         None => ExitCode::SUCCESS,
         Some(Ok(cmd::Outcome::Done)) => ExitCode::SUCCESS,
         Some(Ok(cmd::Outcome::Partial)) => ExitCode::from(1),

@@ -88,3 +88,9 @@ pub mod range;
 pub mod run;
 pub mod state;
 pub mod stats;
+
+/// The command's last step: volumes (`jfs://`) it opened as a writer leave no session record
+/// behind (see `volume::end_sessions`).
+pub async fn end_sessions() {
+    volume::end_sessions(std::time::Duration::from_secs(5)).await;
+}

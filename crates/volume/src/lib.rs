@@ -77,7 +77,7 @@ pub use limited::{Charge, LimitedStore};
 pub use metered::MeteredStore;
 pub use metrics::StoreMetrics;
 pub use moving::MovingEngine;
-pub use placement::{DualStore, Follower, StorageHolder, WriterHealth};
+pub use placement::{end_sessions, DualStore, Follower, StorageHolder, WriterHealth};
 pub use stack::StoreBuilder;
 
 use fs_core::error::{Error, ErrorKind, Result};

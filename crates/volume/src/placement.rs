@@ -455,6 +455,7 @@ impl Follower {
                 }
             }
         });
+        open_sessions().push((engine.clone(), id.clone(), task.abort_handle()));
         Ok(Follower { task, engine, id })
     }
 
@@ -465,10 +466,36 @@ impl Follower {
     /// Stop following and remove the session record.
     pub async fn close(self) {
         self.task.abort();
+        open_sessions().retain(|(_, id, _)| *id != self.id);
         if let Err(e) = fs_core::session::remove(&*self.engine, &self.id).await {
             tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
         }
     }
+}
+
+/// The sessions this process registered and has not closed (`end_sessions`).
+type Open = Vec<(Arc<dyn Engine>, String, tokio::task::AbortHandle)>;
+
+fn open_sessions() -> std::sync::MutexGuard<'static, Open> {
+    static OPEN: std::sync::Mutex<Open> = std::sync::Mutex::new(Vec::new());
+    OPEN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Remove the session record of every volume this process opened as a writer and still
+/// holds: a command's last step, so that a `jfs put` or a `jfs-sync` into a volume leaves
+/// no dead session behind (`gc` would remove it, once it timed out). Bounded: a metadata
+/// service that does not answer within `limit` leaves the rest to `gc`.
+pub async fn end_sessions(limit: Duration) {
+    let open = std::mem::take(&mut *open_sessions());
+    let _ = tokio::time::timeout(limit, async {
+        for (engine, id, beats) in open {
+            beats.abort();
+            if let Err(e) = fs_core::session::remove(&*engine, &id).await {
+                tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
+            }
+        }
+    })
+    .await;
 }
 
 impl Drop for Follower {
