@@ -127,6 +127,9 @@ impl Replicator {
             return Ok(());
         }
         for key in self.state.purges(256)? {
+            if !self.state.purge_wanted(&key)? {
+                continue; // queued again meanwhile
+            }
             match self.dest.delete(&key).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}

@@ -117,6 +117,9 @@ impl State {
             };
             delta.add(&it, 1);
             put_item(&mut wb, key, old.as_ref(), &it);
+            // Wanted again (a queue rebuilt while a copy was in flight): a deletion queued
+            // for an earlier copy of it is void.
+            wb.delete(k("x/", key));
             now.insert(key, Some(it));
         }
         for (key, purge) in ch
@@ -249,6 +252,11 @@ impl State {
         self.write(wb)
     }
 
+    /// Whether the deletion of `key`'s mirror copy is still wanted (an add since voids it).
+    pub fn purge_wanted(&self, key: &str) -> Result<bool> {
+        Ok(self.get(&k("x/", key))?.is_some())
+    }
+
     pub fn purged(&self, key: &str) -> Result<()> {
         let mut wb = WriteBatch::default();
         wb.delete(k("x/", key));
@@ -344,6 +352,35 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy that found its item gone (the queue was rebuilt while it ran) has its deletion
+    /// queued; the rebuild's add of the same block voids it, so the block the metadata
+    /// references is not deleted after its copy is done.
+    #[test]
+    fn an_add_voids_a_queued_deletion_of_the_same_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = State::open(dir.path()).unwrap();
+        let add = Changes {
+            add: vec![("v/k".into(), 5)],
+            ..Default::default()
+        };
+        s.record(&add, None, 0).unwrap();
+        s.reset_queue().unwrap();
+        assert!(!s.done("v/k").unwrap(), "the item is gone after a reset");
+        s.purge_later("v/k").unwrap();
+        assert_eq!(s.purges(10).unwrap(), vec!["v/k".to_string()]);
+        s.record(&add, None, 0).unwrap();
+        assert!(s.purges(10).unwrap().is_empty());
+        assert!(!s.purge_wanted("v/k").unwrap());
+        assert!(s.done("v/k").unwrap());
+        // A real purge after that still counts.
+        let purge = Changes {
+            purge: vec!["v/k".into()],
+            ..Default::default()
+        };
+        s.record(&purge, None, 0).unwrap();
+        assert_eq!(s.purges(10).unwrap(), vec!["v/k".to_string()]);
+    }
 
     #[test]
     fn prioritized_copies_come_first() {
