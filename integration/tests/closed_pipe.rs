@@ -25,6 +25,18 @@ fn into_closed_pipe(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<
     )
 }
 
+/// A RocksDB volume with its blocks in a directory: its META_URL (and what keeps it).
+fn formatted(tag: &str) -> (String, Vec<tempfile::TempDir>) {
+    let (meta, d1) = meta_url("rocksdb");
+    let (store, d2) = store_url("file");
+    let o = Command::new(bin("jfs"))
+        .args(["format", &meta, &unique(tag), "--storage", &store])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (meta, d1.into_iter().chain(d2).collect())
+}
+
 fn check(name: &str, args: &[&str], env: &[(&str, &str)]) {
     let (code, err) = into_closed_pipe(name, args, env);
     assert_eq!(code, Some(0), "{name} {args:?} on a closed pipe: {err}");
@@ -36,13 +48,7 @@ fn check(name: &str, args: &[&str], env: &[(&str, &str)]) {
 
 #[test]
 fn jfs_commands_end_quietly_on_a_closed_pipe() {
-    let (meta, _d1) = meta_url("rocksdb");
-    let (store, _d2) = store_url("file");
-    let o = Command::new(bin("jfs"))
-        .args(["format", &meta, &unique("cp"), "--storage", &store])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (meta, _keep) = formatted("cp");
     let dir = tempfile::tempdir().unwrap();
     let big = dir.path().join("big");
     std::fs::write(&big, data(1, 3 << 20)).unwrap();
@@ -76,13 +82,7 @@ fn jfs_commands_end_quietly_on_a_closed_pipe() {
 
 #[test]
 fn jfs_sync_and_mirror_agent_commands_end_quietly_on_a_closed_pipe() {
-    let (meta, _d1) = meta_url("rocksdb");
-    let (store, _d2) = store_url("file");
-    let o = Command::new(bin("jfs"))
-        .args(["format", &meta, &unique("cp"), "--storage", &store])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (meta, _keep) = formatted("cp");
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     std::fs::create_dir(&src).unwrap();
@@ -160,13 +160,7 @@ fn same_tree(a: &std::path::Path, b: &std::path::Path) -> usize {
 /// stderr").
 #[test]
 fn a_closed_stderr_ends_no_copy() {
-    let (meta, _d1) = meta_url("rocksdb");
-    let (store, _d2) = store_url("file");
-    let o = Command::new(bin("jfs"))
-        .args(["format", &meta, &unique("cs"), "--storage", &store])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (meta, _keep) = formatted("cs");
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     std::fs::create_dir(&src).unwrap();

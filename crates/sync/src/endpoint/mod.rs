@@ -35,12 +35,16 @@ pub trait Sink: Send {
 #[async_trait]
 pub trait Endpoint: Send + Sync {
     fn describe(&self) -> String;
-    /// Modification times kept to this precision (ns): 1 for local files, 1e9 for stores that
-    /// keep seconds.
-    fn mtime_precision_ns(&self) -> i64;
+    /// Modification times kept to this precision (ns): 1 for local files (the default), 1e9
+    /// for stores that keep seconds.
+    fn mtime_precision_ns(&self) -> i64 {
+        1
+    }
     /// Does a listed mtime mean "when it was uploaded" (object stores) rather than the
-    /// source's mtime carried over?
-    fn mtime_is_upload(&self) -> bool;
+    /// source's mtime carried over (the default)?
+    fn mtime_is_upload(&self) -> bool {
+        false
+    }
     /// Send every entry under `prefix` ("" or a directory key ending in '/') within `range`,
     /// in ascending order, in pages. `dirs` asks for directory entries too. Ends with Ok(())
     /// once all were sent.
@@ -247,12 +251,6 @@ pub struct Missing(pub String);
 impl Endpoint for Missing {
     fn describe(&self) -> String {
         format!("{} (does not exist yet)", self.0)
-    }
-    fn mtime_precision_ns(&self) -> i64 {
-        1
-    }
-    fn mtime_is_upload(&self) -> bool {
-        false
     }
     async fn list(
         &self,

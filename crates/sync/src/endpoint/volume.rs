@@ -229,12 +229,6 @@ impl Endpoint for VolumeEndpoint {
     fn describe(&self) -> String {
         format!("jfs://{}/{}", self.name, self.base)
     }
-    fn mtime_precision_ns(&self) -> i64 {
-        1
-    }
-    fn mtime_is_upload(&self) -> bool {
-        false
-    }
 
     async fn list(
         &self,

@@ -245,6 +245,22 @@ impl Unit {
     }
 }
 
+/// A unit's progress, saved under its lease: where it got to, its tally, the extraneous
+/// destination keys it found (deleted once the job's copies are done).
+pub struct Progress<'a> {
+    pub cursor: &'a str,
+    pub tally: &'a Summary,
+    pub deletes: &'a [(String, bool)],
+}
+
+/// A round to plan: the job's spec and limits, and what the round covers.
+pub struct NewRound<'a> {
+    pub spec: &'a Spec,
+    pub bwlimit: Option<&'a str>,
+    pub tps: Option<u32>,
+    pub plan: &'a Plan,
+}
+
 /// How a unit ended.
 pub struct Finish<'a> {
     pub state: &'a str,
@@ -319,14 +335,7 @@ pub trait Board: Send + Sync {
     async fn claim(&self, worker: &str, lease_ms: u64, max_attempts: u32) -> Result<Option<Unit>>;
     /// Extend the leases still held (id, token); returns the ids renewed.
     async fn renew(&self, worker: &str, held: &[(i64, i64)], lease_ms: u64) -> Result<Vec<i64>>;
-    async fn save(
-        &self,
-        id: i64,
-        token: i64,
-        cursor: &str,
-        tally: &Summary,
-        deletes: &[(String, bool)],
-    ) -> Result<Saved>;
+    async fn save(&self, id: i64, token: i64, p: &Progress<'_>) -> Result<Saved>;
     async fn finish(&self, id: i64, token: i64, f: &Finish<'_>) -> Result<bool>;
     /// Cut a unit at `cuts` (ascending, inside its range, past its cursor): it keeps the
     /// first piece, the others become pending units, and a request to share it is answered.
@@ -353,13 +362,7 @@ pub trait Board: Send + Sync {
     /// (its keys stored before any unit can be claimed). Ok(false): the job is running (its
     /// round was planned by another worker). A round that ends done records its target as
     /// the job's journal position (`set_state("done")`).
-    async fn new_round(
-        &self,
-        spec: &Spec,
-        bwlimit: Option<&str>,
-        tps: Option<u32>,
-        plan: &Plan,
-    ) -> Result<bool>;
+    async fn new_round(&self, r: &NewRound<'_>) -> Result<bool>;
     /// Become the one worker that plans the next round (for `ttl`, after which another may
     /// take over); creates the job's record (done, no units) when there is none.
     async fn claim_planning(&self, spec: &Spec, ttl: Duration) -> Result<bool>;

@@ -78,7 +78,14 @@ pub async fn plan_round(
     let since = board.round().await?.journal_seq;
     let (keys, target) = crate::journal::changes(src, dst, since).await?;
     let plan = Plan { keys, target };
-    let started = board.new_round(spec, bwlimit, tps, &plan).await?;
+    let started = board
+        .new_round(&NewRound {
+            spec,
+            bwlimit,
+            tps,
+            plan: &plan,
+        })
+        .await?;
     if started {
         cli_common::eprintln!(
             "jfs-sync: planned a round up to journal entry {target}: {}; other workers join with the same command",

@@ -206,7 +206,15 @@ impl Shared for UnitProgress {
         let saved = self
             .w
             .board
-            .save(self.id, self.token, cursor, tally, &deletes)
+            .save(
+                self.id,
+                self.token,
+                &Progress {
+                    cursor,
+                    tally,
+                    deletes: &deletes,
+                },
+            )
             .await;
         if let Err(e) = &saved {
             self.w.note(e);

@@ -384,12 +384,6 @@ impl Endpoint for LocalDir {
     fn describe(&self) -> String {
         self.root.display().to_string()
     }
-    fn mtime_precision_ns(&self) -> i64 {
-        1
-    }
-    fn mtime_is_upload(&self) -> bool {
-        false
-    }
 
     async fn list(
         &self,

@@ -2,7 +2,7 @@
 //! schema and its migrations, the error messages, and the call timeout.
 
 use super::super::record_json;
-use super::super::{Plan, Spec, Unit};
+use super::super::{NewRound, Unit};
 use crate::stats::Tally;
 use anyhow::{Context, Result};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -193,13 +193,13 @@ impl PgBoard {
         Ok(tx)
     }
 
-    pub(super) async fn new_round_in(
-        &self,
-        spec: &Spec,
-        bwlimit: Option<&str>,
-        tps: Option<u32>,
-        plan: &Plan,
-    ) -> Result<bool> {
+    pub(super) async fn new_round_in(&self, r: &NewRound<'_>) -> Result<bool> {
+        let NewRound {
+            spec,
+            bwlimit,
+            tps,
+            plan,
+        } = *r;
         let mut c = self.client().await?;
         let s = &self.s;
         let tx = c.transaction().await?;

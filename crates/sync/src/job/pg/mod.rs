@@ -4,8 +4,8 @@
 mod conn;
 
 use super::record_json;
-use super::{Board, Control, Finish, Plan, Round, Saved, Spec, Unit, WorkerReport};
-use crate::stats::{Summary, Tally};
+use super::{Board, Control, Finish, NewRound, Progress, Round, Saved, Spec, Unit, WorkerReport};
+use crate::stats::Tally;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use conn::*;
@@ -233,14 +233,12 @@ impl Board for PgBoard {
         .await
     }
 
-    async fn save(
-        &self,
-        id: i64,
-        token: i64,
-        cursor: &str,
-        tally: &Summary,
-        deletes: &[(String, bool)],
-    ) -> Result<Saved> {
+    async fn save(&self, id: i64, token: i64, p: &Progress<'_>) -> Result<Saved> {
+        let Progress {
+            cursor,
+            tally,
+            deletes,
+        } = *p;
         timed("saving progress", async {
             let mut c = self.client().await?;
             let tx = self.begin(&mut c).await?;
@@ -576,14 +574,8 @@ impl Board for PgBoard {
         .await
     }
 
-    async fn new_round(
-        &self,
-        spec: &Spec,
-        bwlimit: Option<&str>,
-        tps: Option<u32>,
-        plan: &Plan,
-    ) -> Result<bool> {
-        self.new_round_in(spec, bwlimit, tps, plan)
+    async fn new_round(&self, r: &NewRound<'_>) -> Result<bool> {
+        self.new_round_in(r)
             .await
             .map_err(flat)
             .context("planning the job's round")

@@ -6,8 +6,8 @@
 mod scripts;
 
 use super::record_json;
-use super::{Board, Control, Finish, Plan, Round, Saved, Spec, Unit, WorkerReport};
-use crate::stats::{Summary, Tally};
+use super::{Board, Control, Finish, NewRound, Progress, Round, Saved, Spec, Unit, WorkerReport};
+use crate::stats::Tally;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -336,14 +336,12 @@ impl Board for RedisBoard {
         self.run("renewing leases", &script(RENEW), args).await
     }
 
-    async fn save(
-        &self,
-        id: i64,
-        token: i64,
-        cursor: &str,
-        tally: &Summary,
-        deletes: &[(String, bool)],
-    ) -> Result<Saved> {
+    async fn save(&self, id: i64, token: i64, p: &Progress<'_>) -> Result<Saved> {
+        let Progress {
+            cursor,
+            tally,
+            deletes,
+        } = *p;
         let mut args = vec![
             id.to_string(),
             token.to_string(),
@@ -534,13 +532,13 @@ impl Board for RedisBoard {
         })
     }
 
-    async fn new_round(
-        &self,
-        spec: &Spec,
-        bwlimit: Option<&str>,
-        tps: Option<u32>,
-        plan: &Plan,
-    ) -> Result<bool> {
+    async fn new_round(&self, r: &NewRound<'_>) -> Result<bool> {
+        let NewRound {
+            spec,
+            bwlimit,
+            tps,
+            plan,
+        } = *r;
         // The keys go to a staging set first (gone by itself if this worker dies now); the
         // round's script makes it the round's set in the same step that makes the units.
         let nonce = std::time::SystemTime::now()
