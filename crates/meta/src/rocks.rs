@@ -54,6 +54,9 @@ pub fn base_options() -> Options {
 /// recovers by itself once room is made.
 pub const DISK_FLOOR: u64 = 64 << 20;
 
+/// The most write-ahead log a RocksDB volume keeps before flushing (`max_total_wal_size`).
+pub const WAL_BOUND: u64 = 64 << 20;
+
 /// Err("disk full ...") when the file system of `dir` has less than `DISK_FLOOR` free for
 /// unprivileged writers (or `need` more than that); a directory that cannot be examined
 /// passes (the write itself then reports).
@@ -87,6 +90,26 @@ struct Inner {
     tx: watch::Sender<u64>,
 }
 
+/// A clean close flushes the memtables: the next open (a mount, an agent, the next
+/// `jfs-sync --from-journal` pass) then reads SST files instead of replaying a write-ahead
+/// log that may hold a whole bulk copy. A crash still replays it, as it must.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.secondary.is_some() {
+            return;
+        }
+        let mut o = rocksdb::FlushOptions::default();
+        o.set_wait(true);
+        for name in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META] {
+            if let Some(cf) = self.db.cf_handle(name) {
+                if let Err(e) = self.db.flush_cf_opt(&cf, &o) {
+                    tracing::warn!(path = %self.path.display(), cf = name, error = %e, "flushing at close failed; the next open replays the log");
+                }
+            }
+        }
+    }
+}
+
 pub struct RocksEngine {
     inner: Arc<Inner>,
 }
@@ -111,6 +134,9 @@ impl RocksEngine {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_max_open_files(512);
+        // Bounds the log an open after a crash replays: past it, the column families whose
+        // data the oldest log holds are flushed.
+        opts.set_max_total_wal_size(WAL_BOUND);
         let (db, secondary) = match mode {
             _ if !create && !path.join("CURRENT").exists() => {
                 return Err(Error::new(
