@@ -36,6 +36,19 @@ pub struct Owner {
     pub incarnation: Option<String>,
 }
 
+impl Owner {
+    /// The record that makes `s`'s volume (and metadata incarnation) the owner, now.
+    fn of(s: &Settings) -> Owner {
+        Owner {
+            version: VERSION,
+            name: s.name.clone(),
+            uuid: s.uuid.clone(),
+            since_ns: crate::types::now_ns(),
+            incarnation: s.incarnation.clone(),
+        }
+    }
+}
+
 /// The owner record of `settings.name`'s prefix in `store`, if any.
 pub async fn read(store: &dyn BlockStore, name: &str) -> Result<Option<Owner>> {
     let k = key(name);
@@ -71,14 +84,7 @@ pub enum Claim {
 pub async fn claim(store: &dyn BlockStore, s: &Settings) -> Result<Claim> {
     let c = claimable(store, s).await?;
     if c == Claim::Claimed {
-        let o = Owner {
-            version: VERSION,
-            name: s.name.clone(),
-            uuid: s.uuid.clone(),
-            since_ns: crate::types::now_ns(),
-            incarnation: s.incarnation.clone(),
-        };
-        let v = crate::record::encode(&o);
+        let v = crate::record::encode(&Owner::of(s));
         store.put(&key(&s.name), Bytes::from(v)).await?;
     }
     Ok(c)
@@ -145,15 +151,11 @@ pub async fn take_over(store: &dyn BlockStore, s: &Settings) -> Result<()> {
             return Err(taken(&store.display_url(), &o));
         }
     }
-    let o = Owner {
-        version: VERSION,
-        name: s.name.clone(),
-        uuid: s.uuid.clone(),
-        since_ns: crate::types::now_ns(),
-        incarnation: s.incarnation.clone(),
-    };
     store
-        .put(&key(&s.name), Bytes::from(crate::record::encode(&o)))
+        .put(
+            &key(&s.name),
+            Bytes::from(crate::record::encode(&Owner::of(s))),
+        )
         .await
 }
 

@@ -229,16 +229,7 @@ impl Fs {
             }
         };
         match outcome {
-            CommitOutcome::Committed { .. } => {
-                let placement =
-                    storage::Fixed::new(engine.clone(), store.clone(), &settings.storage).await?;
-                Ok(Fs::with_settings(
-                    engine,
-                    store,
-                    settings,
-                    Arc::new(placement),
-                ))
-            }
+            CommitOutcome::Committed { .. } => Self::over_one_store(engine, store, settings).await,
             CommitOutcome::Conflict => {
                 unclaim().await;
                 Err(Error::new(
@@ -253,6 +244,14 @@ impl Fs {
     /// store is not where blocks go then): writers open through `volume`, which follows it.
     pub async fn open(engine: Arc<dyn Engine>, store: Arc<dyn BlockStore>) -> Result<Fs> {
         let settings = Self::load_settings(&*engine).await?;
+        Self::over_one_store(engine, store, settings).await
+    }
+
+    async fn over_one_store(
+        engine: Arc<dyn Engine>,
+        store: Arc<dyn BlockStore>,
+        settings: Settings,
+    ) -> Result<Fs> {
         let placement =
             storage::Fixed::new(engine.clone(), store.clone(), &settings.storage).await?;
         Ok(Fs::with_settings(

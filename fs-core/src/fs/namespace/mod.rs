@@ -297,17 +297,7 @@ impl Fs {
     /// device number and attributes.
     async fn free_inode(&self, tx: &mut Txn<'_>, ino: Ino, attr: &Attr) -> Result<()> {
         self.free_chunks_from(tx, ino, 0).await?;
-        for (k, _) in tx
-            .scan(
-                &keys::xattr_prefix(ino),
-                &keys::prefix_end(&keys::xattr_prefix(ino)),
-                usize::MAX,
-            )
-            .await?
-        {
-            tx.delete(k);
-        }
-        tx.delete(keys::attr(ino));
+        delete_xattrs_and_attr(tx, ino).await?;
         match attr.kind {
             FileKind::Symlink => tx.delete(keys::symlink(ino)),
             FileKind::CharDev | FileKind::BlockDev => tx.delete(keys::rdev(ino)),
@@ -362,4 +352,17 @@ impl Fs {
         .await?;
         Ok(out)
     }
+}
+
+/// Delete every extended attribute of `ino`, and its attributes.
+async fn delete_xattrs_and_attr(tx: &mut Txn<'_>, ino: Ino) -> Result<()> {
+    let prefix = keys::xattr_prefix(ino);
+    for (k, _) in tx
+        .scan(&prefix, &keys::prefix_end(&prefix), usize::MAX)
+        .await?
+    {
+        tx.delete(k);
+    }
+    tx.delete(keys::attr(ino));
+    Ok(())
 }

@@ -52,17 +52,7 @@ impl Fs {
     }
 
     async fn remove_dir_inode(tx: &mut Txn<'_>, ino: Ino) -> Result<()> {
-        for (k, _) in tx
-            .scan(
-                &keys::xattr_prefix(ino),
-                &keys::prefix_end(&keys::xattr_prefix(ino)),
-                usize::MAX,
-            )
-            .await?
-        {
-            tx.delete(k);
-        }
-        tx.delete(keys::attr(ino));
+        super::delete_xattrs_and_attr(tx, ino).await?;
         tx.add(keys::USED_INODES, -1);
         Ok(())
     }
