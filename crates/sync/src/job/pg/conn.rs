@@ -194,12 +194,7 @@ impl PgBoard {
     }
 
     pub(super) async fn new_round_in(&self, r: &NewRound<'_>) -> Result<bool> {
-        let NewRound {
-            spec,
-            bwlimit,
-            tps,
-            plan,
-        } = *r;
+        let (spec, bwlimit, tps, plan) = (r.spec, r.bwlimit, r.tps, r.plan);
         let mut c = self.client().await?;
         let s = &self.s;
         let tx = c.transaction().await?;

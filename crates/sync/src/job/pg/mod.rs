@@ -234,11 +234,7 @@ impl Board for PgBoard {
     }
 
     async fn save(&self, id: i64, token: i64, p: &Progress<'_>) -> Result<Saved> {
-        let Progress {
-            cursor,
-            tally,
-            deletes,
-        } = *p;
+        let (cursor, tally, deletes) = (p.cursor, p.tally, p.deletes);
         timed("saving progress", async {
             let mut c = self.client().await?;
             let tx = self.begin(&mut c).await?;

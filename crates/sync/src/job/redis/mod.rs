@@ -337,11 +337,7 @@ impl Board for RedisBoard {
     }
 
     async fn save(&self, id: i64, token: i64, p: &Progress<'_>) -> Result<Saved> {
-        let Progress {
-            cursor,
-            tally,
-            deletes,
-        } = *p;
+        let (cursor, tally, deletes) = (p.cursor, p.tally, p.deletes);
         let mut args = vec![
             id.to_string(),
             token.to_string(),
@@ -533,12 +529,7 @@ impl Board for RedisBoard {
     }
 
     async fn new_round(&self, r: &NewRound<'_>) -> Result<bool> {
-        let NewRound {
-            spec,
-            bwlimit,
-            tps,
-            plan,
-        } = *r;
+        let (spec, bwlimit, tps, plan) = (r.spec, r.bwlimit, r.tps, r.plan);
         // The keys go to a staging set first (gone by itself if this worker dies now); the
         // round's script makes it the round's set in the same step that makes the units.
         let nonce = std::time::SystemTime::now()
