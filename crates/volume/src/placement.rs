@@ -359,12 +359,15 @@ impl BlockStore for StorageHolder {
 
 /// A registered session that follows the storage record: it re-reads the record every
 /// `FOLLOW_EVERY`, moves the holder to a new generation, and acknowledges it at once; it
-/// beats every `fs_core::session::HEARTBEAT`. Dropping it stops it (the record stays until
-/// `close`, or until it is found dead).
+/// beats every `fs_core::session::HEARTBEAT`. `close` removes its record; dropping it
+/// removes the record in a task of its own (`end_sessions` waits for those). A process that
+/// dies leaves the record for `gc`, once it is found dead.
 pub struct Follower {
     task: tokio::task::JoinHandle<()>,
     engine: Arc<dyn Engine>,
     id: String,
+    /// The record is removed already (`close`).
+    closed: bool,
 }
 
 impl Follower {
@@ -455,8 +458,12 @@ impl Follower {
                 }
             }
         });
-        open_sessions().push((engine.clone(), id.clone(), task.abort_handle()));
-        Ok(Follower { task, engine, id })
+        Ok(Follower {
+            task,
+            engine,
+            id,
+            closed: false,
+        })
     }
 
     pub fn session_id(&self) -> &str {
@@ -464,43 +471,50 @@ impl Follower {
     }
 
     /// Stop following and remove the session record.
-    pub async fn close(self) {
+    pub async fn close(mut self) {
         self.task.abort();
-        open_sessions().retain(|(_, id, _)| *id != self.id);
-        if let Err(e) = fs_core::session::remove(&*self.engine, &self.id).await {
-            tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
-        }
+        self.closed = true;
+        remove_session(&*self.engine, &self.id).await;
     }
 }
 
 /// The sessions this process registered and has not closed (`end_sessions`).
-type Open = Vec<(Arc<dyn Engine>, String, tokio::task::AbortHandle)>;
-
-fn open_sessions() -> std::sync::MutexGuard<'static, Open> {
-    static OPEN: std::sync::Mutex<Open> = std::sync::Mutex::new(Vec::new());
-    OPEN.lock().unwrap_or_else(|p| p.into_inner())
+async fn remove_session(engine: &dyn Engine, id: &str) {
+    if let Err(e) = fs_core::session::remove(engine, id).await {
+        tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
+    }
 }
 
-/// Remove the session record of every volume this process opened as a writer and still
-/// holds: a command's last step, so that a `jfs put` or a `jfs-sync` into a volume leaves
-/// no dead session behind (`gc` would remove it, once it timed out). Bounded: a metadata
-/// service that does not answer within `limit` leaves the rest to `gc`.
+/// Removals of the records of dropped followers, still running.
+fn removals() -> std::sync::MutexGuard<'static, Vec<tokio::task::JoinHandle<()>>> {
+    static REMOVALS: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+        std::sync::Mutex::new(Vec::new());
+    REMOVALS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Wait (at most `limit`) for the session records of dropped writers to be removed: a
+/// command's last step before its runtime ends, so that a `jfs put` or a `jfs-sync` into a
+/// volume leaves no dead session behind. A metadata service that does not answer in time
+/// leaves the rest to `gc`.
 pub async fn end_sessions(limit: Duration) {
-    let open = std::mem::take(&mut *open_sessions());
-    let _ = tokio::time::timeout(limit, async {
-        for (engine, id, beats) in open {
-            beats.abort();
-            if let Err(e) = fs_core::session::remove(&*engine, &id).await {
-                tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
-            }
-        }
-    })
-    .await;
+    let pending = std::mem::take(&mut *removals());
+    let _ = tokio::time::timeout(limit, futures::future::join_all(pending)).await;
 }
 
 impl Drop for Follower {
     fn drop(&mut self) {
         self.task.abort();
+        if self.closed {
+            return;
+        }
+        // Outside a runtime (a test's last drop) the record stays for gc.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (engine, id) = (self.engine.clone(), std::mem::take(&mut self.id));
+            let removal = rt.spawn(async move { remove_session(&*engine, &id).await });
+            let mut r = removals();
+            r.retain(|t| !t.is_finished());
+            r.push(removal);
+        }
     }
 }
 
