@@ -8,14 +8,25 @@ use background::{Worker, WorkerState, WorkerStatus};
 
 /// Start the primary's workers on its supervisor.
 pub(super) fn start(p: &Arc<Primary>) {
-    p.workers.spawn(StatusWorker {
+    p.workers.spawn(Periodic {
+        name: "primary status",
+        what: "refreshing status",
         p: p.clone(),
         tick: ticker(Duration::from_millis(500)),
+        step: |p| Box::pin(async move { p.refresh_status().await }),
         failures: Failures::default(),
     });
-    p.workers.spawn(LeaseWorker {
+    p.workers.spawn(Periodic {
+        name: "slot lease",
+        what: "recording this agent beside the volume",
         p: p.clone(),
         tick: ticker(LEASE_EVERY),
+        step: |p| {
+            Box::pin(async move {
+                let admin = *p.admin.lock().unwrap_or_else(|e| e.into_inner());
+                p.beat(admin).await
+            })
+        },
         failures: Failures::default(),
     });
     p.workers.spawn(MaintenanceWorker {
@@ -60,51 +71,27 @@ impl Failures {
     }
 }
 
-/// `primary status`: the status document and metrics, every 500 ms.
-struct StatusWorker {
+/// `primary status` (the status document and metrics, every 500 ms) and `slot lease` (the
+/// lease, every `LEASE_EVERY`; `Primary::run` removes it once the workers stopped): one step
+/// at each tick, a failure logged and counted, never backed off.
+struct Periodic {
+    name: &'static str,
+    /// What a failure of the step says it was doing.
+    what: &'static str,
     p: Arc<Primary>,
     tick: tokio::time::Interval,
+    step: fn(Arc<Primary>) -> futures::future::BoxFuture<'static, Result<()>>,
     failures: Failures,
 }
 
 #[async_trait::async_trait]
-impl Worker for StatusWorker {
+impl Worker for Periodic {
     fn name(&self) -> String {
-        "primary status".into()
+        self.name.into()
     }
     async fn work(&mut self, _stop: &CancellationToken) -> Result<WorkerState> {
-        if let Err(e) = self.p.refresh_status().await {
-            self.failures.note(&e, "refreshing status");
-        }
-        Ok(WorkerState::Idle)
-    }
-    async fn wait_for_work(&mut self) -> WorkerState {
-        self.tick.tick().await;
-        WorkerState::Busy
-    }
-    fn status(&self) -> WorkerStatus {
-        self.failures.status()
-    }
-}
-
-/// `slot lease`: the lease refreshed every `LEASE_EVERY` (`Primary::run` removes it once the
-/// workers stopped).
-struct LeaseWorker {
-    p: Arc<Primary>,
-    tick: tokio::time::Interval,
-    failures: Failures,
-}
-
-#[async_trait::async_trait]
-impl Worker for LeaseWorker {
-    fn name(&self) -> String {
-        "slot lease".into()
-    }
-    async fn work(&mut self, _stop: &CancellationToken) -> Result<WorkerState> {
-        let admin = *self.p.admin.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = self.p.beat(admin).await {
-            self.failures
-                .note(&e, "recording this agent beside the volume");
+        if let Err(e) = (self.step)(self.p.clone()).await {
+            self.failures.note(&e, self.what);
         }
         Ok(WorkerState::Idle)
     }
