@@ -5,8 +5,10 @@
 # (build each with `cargo build --release -p jfs` in a worktree of its commit).
 set -euo pipefail
 R=$1; shift
-D=$(mktemp -d /tmp/wcmp.XXXXXX); head -c $((1024<<20)) /dev/urandom > $D/src.bin
-declare -A res
+D=$(mktemp -d /tmp/jfs-bench-ab.XXXXXX)
+cleanup() { for m in "$D"/*/mnt; do [ -d "$m" ] && "$1" umount "$m" >/dev/null 2>&1; done; rm -rf "$D"; }
+trap 'cleanup "$1"' EXIT
+head -c $((1024<<20)) /dev/urandom > $D/src.bin
 for r in $(seq $R); do
   for J in "$@"; do
     V=$D/v$r-$(basename $(dirname $J)); mkdir -p $V/mnt
@@ -18,4 +20,3 @@ for r in $(seq $R); do
     $J umount $V/mnt >/dev/null; rm -rf $V
   done
 done
-rm -rf $D
