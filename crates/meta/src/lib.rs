@@ -51,6 +51,7 @@
 //! Secrets: passwords in a URL are refused. They come from a file, `?password_env=`, or
 //! `JFS_META_PASSWORD`. `display_url()` never contains one.
 
+mod localdir;
 mod postgres;
 mod redis_engine;
 mod rocks;

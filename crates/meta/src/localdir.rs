@@ -1,0 +1,96 @@
+//! The files of an embedded volume's directory around RocksDB itself: the free-room check
+//! every local writer makes first, the small side files written whole (write, fsync, rename,
+//! fsync the directory), and who holds the RocksDB write lock (for the "busy" message).
+
+use fs_core::error::{Error, ErrorKind, Result};
+use std::path::Path;
+
+pub const DISK_FLOOR: u64 = 64 << 20;
+
+/// Err("disk full ...") when the file system of `dir` has less than `DISK_FLOOR` free for
+/// unprivileged writers (or `need` more than that); a directory that cannot be examined
+/// passes (the write itself then reports).
+pub fn check_room(dir: &Path, need: u64) -> std::result::Result<(), String> {
+    match rustix::fs::statvfs(dir) {
+        Ok(s) => {
+            let free = s.f_bavail.saturating_mul(s.f_frsize);
+            if free < DISK_FLOOR.saturating_add(need) {
+                return Err(format!(
+                    "disk full: {} has {} MiB free, under the {} MiB kept free; make room there (nothing was written)",
+                    dir.display(),
+                    free >> 20,
+                    (DISK_FLOOR + need) >> 20
+                ));
+            }
+            Ok(())
+        }
+        Err(_) => Ok(()),
+    }
+}
+
+pub(crate) fn io_err(e: std::io::Error, path: &Path) -> Error {
+    let kind = if e.raw_os_error() == Some(28) {
+        "disk full: "
+    } else {
+        ""
+    };
+    Error::new(ErrorKind::Backend, format!("{}: {kind}{e}", path.display()))
+}
+
+pub(crate) fn aux_write(dir: &Path, name: &str, value: Option<&[u8]>) -> Result<()> {
+    use std::io::Write;
+    let path = dir.join(name);
+    let Some(value) = value else {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(e, &path)),
+            _ => Ok(()),
+        };
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io_err(e, dir))?;
+    let tmp = dir.join(format!("{name}.tmp.{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io_err(e, &tmp))?;
+    f.write_all(value).map_err(|e| io_err(e, &tmp))?;
+    f.sync_all().map_err(|e| io_err(e, &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io_err(e, &path))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err(e, dir))
+}
+
+/// Who holds the write lock of the RocksDB directory `path`, as "pid N: its command line",
+/// from /proc/locks (RocksDB locks `LOCK` with a POSIX record lock); None when unknown.
+pub(crate) fn lock_holder(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path.join("LOCK")).ok()?;
+    let (major, minor) = (rustix::fs::major(m.dev()), rustix::fs::minor(m.dev()));
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let pid = locks.lines().find_map(|l| {
+        // "1: POSIX  ADVISORY  WRITE 2721 fd:01:123456 0 EOF" (a blocked waiter has "->").
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.get(1) == Some(&"->") || f.get(1) != Some(&"POSIX") {
+            return None;
+        }
+        let mut id = f.get(5)?.split(':');
+        let maj = u32::from_str_radix(id.next()?, 16).ok()?;
+        let min = u32::from_str_radix(id.next()?, 16).ok()?;
+        let ino: u64 = id.next()?.parse().ok()?;
+        (maj == major && min == minor && ino == m.ino())
+            .then(|| f.get(4)?.parse::<u32>().ok())
+            .flatten()
+    })?;
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut cmd = cmd
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if cmd.chars().count() > 200 {
+        cmd = cmd.chars().take(200).collect::<String>() + "...";
+    }
+    Some(if cmd.is_empty() {
+        format!("pid {pid}")
+    } else {
+        format!("pid {pid}: {cmd}")
+    })
+}
