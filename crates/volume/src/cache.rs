@@ -6,7 +6,8 @@
 //! length, CRC32C of the data) and the data. A read checks the header against the file and the
 //! key: a torn, truncated or bit-flipped file is removed and the block refetched, never served.
 //! Files are written to a temporary name and renamed, so a crash leaves either nothing or a
-//! whole file (plus temporaries, removed at the next start).
+//! whole file (plus temporaries, removed at the next start). A file of another format version
+//! (the header's) is a miss and is replaced: a cache needs no migration.
 //!
 //! The index (key, size, recency) lives in memory and is rebuilt by scanning the directory at
 //! start, oldest first by modification time, so the cache survives restarts. Eviction is LRU,
@@ -491,6 +492,45 @@ mod tests {
             assert!(c.lookup(&key(2, 1000), Some(good)).await.is_some());
             assert!(c.lookup(&key(2, 1000), Some(good ^ 1)).await.is_none());
             assert!(!p(2).exists());
+        });
+    }
+
+    /// The cache's record is its file header. A cache is disposable, so its migration is
+    /// a miss: a file of another format version (a newer release's, or a bare block from
+    /// before the header) is never served, is removed, and the next insert replaces it.
+    #[test]
+    fn a_cache_file_of_another_format_is_a_miss_and_is_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let c = open(d.path(), 1 << 20);
+            let data = Bytes::from(vec![7u8; 1000]);
+            assert!(c.insert(&key(1, 1000), data.clone(), true).await.unwrap());
+            assert!(c.insert(&key(2, 1000), data.clone(), true).await.unwrap());
+            let p1 = c.rel_path(&key(1, 1000)).unwrap().0;
+            let p2 = c.rel_path(&key(2, 1000)).unwrap().0;
+            let mut newer = std::fs::read(&p1).unwrap();
+            assert_eq!(newer[4], VERSION);
+            newer[4] = VERSION + 1;
+            std::fs::write(&p1, &newer).unwrap();
+            std::fs::write(&p2, &data).unwrap();
+            drop(c);
+            let c = open(d.path(), 1 << 20);
+            assert!(
+                c.lookup(&key(1, 1000), None).await.is_none(),
+                "newer format served"
+            );
+            assert!(
+                c.lookup(&key(2, 1000), None).await.is_none(),
+                "headerless file served"
+            );
+            assert!(
+                !p1.exists() && !p2.exists(),
+                "files of another format removed"
+            );
+            assert_eq!(c.usage().items, 0);
+            assert!(c.insert(&key(1, 1000), data.clone(), true).await.unwrap());
+            assert_eq!(c.lookup(&key(1, 1000), None).await.unwrap(), data);
+            assert_eq!(std::fs::read(&p1).unwrap()[4], VERSION);
         });
     }
 
