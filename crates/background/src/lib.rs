@@ -162,6 +162,15 @@ impl Supervisor {
         lock(&self.infos).iter().map(|i| lock(i).clone()).collect()
     }
 
+    /// Cancel the token and stop every worker at once, wherever it is (an owner that is
+    /// dropped and cannot wait).
+    pub fn abort(&self) {
+        self.stop.cancel();
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+    }
+
     /// Cancel the token and wait (at most `deadline`) for every worker to finish what it
     /// holds; those still running then are aborted and named. Returns their names.
     pub async fn shutdown(&self, deadline: Duration) -> Vec<String> {

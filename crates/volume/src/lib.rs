@@ -63,6 +63,7 @@
 mod cache;
 mod cached;
 mod fallback;
+mod follower;
 mod limited;
 mod metered;
 mod metrics;
@@ -73,11 +74,12 @@ mod stack;
 pub use cache::{CacheConfig, CacheUsage, DiskCache};
 pub use cached::CachedStore;
 pub use fallback::{FallbackStore, Wanted, ORIGIN_TIMEOUT};
+pub use follower::{end_sessions, Follower};
 pub use limited::{Charge, LimitedStore};
 pub use metered::MeteredStore;
 pub use metrics::StoreMetrics;
 pub use moving::MovingEngine;
-pub use placement::{end_sessions, DualStore, Follower, StorageHolder, WriterHealth};
+pub use placement::{DualStore, StorageHolder, WriterHealth};
 pub use stack::StoreBuilder;
 
 use fs_core::error::{Error, ErrorKind, Result};

@@ -11,17 +11,18 @@
 //!
 //! `StorageHolder` is the block store the volume's layers above (cache, readers) see: it
 //! delegates to the current placement, and `reload` swaps in a new one when the record's
-//! generation changed. `follow` keeps a session's acknowledgement of the generation current
-//! (polling the record every `FOLLOW_EVERY`) and its heartbeat.
+//! generation changed. A session's `Follower` (`follower.rs`) keeps its acknowledgement of the
+//! generation current (polling the record every `FOLLOW_EVERY`) and its heartbeat.
 
+use crate::follower::Follower;
 use crate::metrics::StoreMetrics;
 use crate::stack::StoreBuilder;
 use async_trait::async_trait;
 use bytes::Bytes;
 use fs_core::error::{ErrorKind, Result};
-use fs_core::session::{Degraded, Session};
+use fs_core::session::Degraded;
 use fs_core::storage::{self, Phase, Placement, Role, StorageFollow, StorageState};
-use fs_core::{keys, BlockCheck, BlockStore, Engine, ObjectMeta};
+use fs_core::{BlockCheck, BlockStore, Engine, ObjectMeta};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -354,167 +355,6 @@ impl BlockStore for StorageHolder {
         f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
     ) -> Result<()> {
         self.store().list(prefix, f).await
-    }
-}
-
-/// A registered session that follows the storage record: it re-reads the record every
-/// `FOLLOW_EVERY`, moves the holder to a new generation, and acknowledges it at once; it
-/// beats every `fs_core::session::HEARTBEAT`. `close` removes its record; dropping it
-/// removes the record in a task of its own (`end_sessions` waits for those). A process that
-/// dies leaves the record for `gc`, once it is found dead.
-pub struct Follower {
-    task: tokio::task::JoinHandle<()>,
-    engine: Arc<dyn Engine>,
-    id: String,
-    /// The record is removed already (`close`).
-    closed: bool,
-}
-
-impl Follower {
-    /// Register `session` (acknowledging the holder's generation) and follow.
-    pub async fn start(
-        engine: Arc<dyn Engine>,
-        mover: Option<Arc<crate::MovingEngine>>,
-        holder: Option<Arc<StorageHolder>>,
-        mut session: Session,
-    ) -> Result<Follower> {
-        if let Some(h) = &holder {
-            session.acks.insert(storage::ACK.into(), h.gen());
-        }
-        fs_core::session::beat(&*engine, &mut session).await?;
-        let id = session.id.clone();
-        let e = engine.clone();
-        let mut gens = holder.as_ref().map(|h| h.watch());
-        // Weak: the holder may keep this follower (see `keep`).
-        let holder = holder.map(|h| Arc::downgrade(&h));
-        let task = tokio::spawn(async move {
-            let mut poll = tokio::time::interval(FOLLOW_EVERY);
-            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut last_beat = Instant::now();
-            let mut moves_seen = mover.as_ref().map_or(0, |m| m.moves());
-            loop {
-                tokio::select! {
-                    _ = poll.tick() => {}
-                    _ = async { match gens.as_mut() { Some(g) => g.changed().await.ok(), None => std::future::pending().await } } => {}
-                }
-                let mut beat = last_beat.elapsed() >= fs_core::session::HEARTBEAT;
-                if let Some(mv) = &mover {
-                    if let Err(err) = mv.follow_move().await {
-                        tracing::warn!(error = %err, "following the volume's move failed; retrying");
-                    }
-                    // Moved (here, or by a commit that waited for it): the session lives in
-                    // the new primary's metadata from now on.
-                    if mv.moves() != moves_seen {
-                        moves_seen = mv.moves();
-                        beat = true;
-                    }
-                }
-                let h = match &holder {
-                    Some(w) => match w.upgrade() {
-                        Some(h) => Some(h),
-                        None => return,
-                    },
-                    None => None,
-                };
-                if let Some(h) = &h {
-                    match e
-                        .get(keys::STORAGE)
-                        .await
-                        .map(|r| storage::gen_of(r.as_deref()))
-                    {
-                        Ok(Ok(g)) if g != h.gen() => {
-                            if let Err(err) = h.reload().await {
-                                tracing::warn!(error = %err, "following the volume's storage failed; retrying");
-                            }
-                        }
-                        Ok(Ok(_)) => {}
-                        Ok(Err(err)) | Err(err) => {
-                            tracing::warn!(error = %err, "reading the volume's storage record failed")
-                        }
-                    }
-                    let g = h.gen();
-                    if session.acks.get(storage::ACK) != Some(&g) {
-                        session.acks.insert(storage::ACK.into(), g);
-                        beat = true;
-                    }
-                    // A run of failed writes to the other store starts or ends (its count is
-                    // refreshed with the heartbeat).
-                    let d = h.degraded();
-                    if d.is_some() != session.degraded.is_some()
-                        || d.as_ref().map(|d| &d.store)
-                            != session.degraded.as_ref().map(|d| &d.store)
-                    {
-                        beat = true;
-                    }
-                    if beat {
-                        session.degraded = d;
-                    }
-                }
-                if beat {
-                    match fs_core::session::beat(&*e, &mut session).await {
-                        Ok(()) => last_beat = Instant::now(),
-                        Err(err) => tracing::warn!(error = %err, "session heartbeat failed"),
-                    }
-                }
-            }
-        });
-        Ok(Follower {
-            task,
-            engine,
-            id,
-            closed: false,
-        })
-    }
-
-    pub fn session_id(&self) -> &str {
-        &self.id
-    }
-
-    /// Stop following and remove the session record.
-    pub async fn close(mut self) {
-        self.task.abort();
-        self.closed = true;
-        remove_session(&*self.engine, &self.id).await;
-    }
-}
-
-/// The sessions this process registered and has not closed (`end_sessions`).
-async fn remove_session(engine: &dyn Engine, id: &str) {
-    if let Err(e) = fs_core::session::remove(engine, id).await {
-        tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
-    }
-}
-
-/// Removals of the records of dropped followers, still running.
-fn removals() -> std::sync::MutexGuard<'static, Vec<tokio::task::JoinHandle<()>>> {
-    static REMOVALS: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
-        std::sync::Mutex::new(Vec::new());
-    REMOVALS.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Wait (at most `limit`) for the session records of dropped writers to be removed: a
-/// command's last step before its runtime ends, so that a `jfs put` or a `jfs-sync` into a
-/// volume leaves no dead session behind. A metadata service that does not answer in time
-/// leaves the rest to `gc`.
-pub async fn end_sessions(limit: Duration) {
-    let pending = std::mem::take(&mut *removals());
-    let _ = tokio::time::timeout(limit, futures::future::join_all(pending)).await;
-}
-
-impl Drop for Follower {
-    fn drop(&mut self) {
-        self.task.abort();
-        if self.closed {
-            return;
-        }
-        // Outside a runtime (a test's last drop) the record stays for gc.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (engine, id) = (self.engine.clone(), std::mem::take(&mut self.id));
-            let removal = rt.spawn(async move { remove_session(&*engine, &id).await });
-            let mut r = removals();
-            r.retain(|t| !t.is_finished());
-            r.push(removal);
-        }
     }
 }
 

@@ -1,0 +1,232 @@
+//! A process's session, kept alive: the `Follower` registers the session record and runs
+//! one background worker (`background::Worker`, under a supervisor of its own) that, every
+//! `FOLLOW_EVERY` or at once when the holder's generation moves:
+//! - follows a volume move (`MovingEngine::follow_move`);
+//! - re-reads the storage record and moves the holder to a new generation;
+//! - acknowledges that generation and publishes a dual write's degraded state in the record;
+//! - beats every `fs_core::session::HEARTBEAT` (a failed beat is a worker error: retried with
+//!   the supervisor's backoff, counted in its status).
+//!
+//! `close` stops the worker, then removes the record; dropping a `Follower` removes the record
+//! in a task of its own (`end_sessions` waits for those). A process that dies leaves the
+//! record for `gc`, once it is found dead.
+
+use crate::placement::{StorageHolder, FOLLOW_EVERY};
+use async_trait::async_trait;
+use background::{CancellationToken, Supervisor, Worker, WorkerState, WorkerStatus};
+use fs_core::error::Result;
+use fs_core::session::Session;
+use fs_core::storage::{self, StorageFollow};
+use fs_core::{keys, Engine};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How long `close` lets a beat in flight finish before the record is removed.
+const CLOSE_DRAIN: Duration = Duration::from_secs(2);
+
+pub struct Follower {
+    workers: Supervisor,
+    engine: Arc<dyn Engine>,
+    id: String,
+    /// The record is removed already (`close`).
+    closed: bool,
+}
+
+/// The worker: one pass of following per call.
+struct SessionWorker {
+    engine: Arc<dyn Engine>,
+    mover: Option<Arc<crate::MovingEngine>>,
+    /// Weak: the holder may keep this follower (see `keep`).
+    holder: Option<Weak<StorageHolder>>,
+    gens: Option<watch::Receiver<u64>>,
+    poll: tokio::time::Interval,
+    session: Session,
+    last_beat: Instant,
+    moves_seen: u64,
+}
+
+impl Follower {
+    /// Register `session` (acknowledging the holder's generation) and follow.
+    pub async fn start(
+        engine: Arc<dyn Engine>,
+        mover: Option<Arc<crate::MovingEngine>>,
+        holder: Option<Arc<StorageHolder>>,
+        mut session: Session,
+    ) -> Result<Follower> {
+        if let Some(h) = &holder {
+            session.acks.insert(storage::ACK.into(), h.gen());
+        }
+        fs_core::session::beat(&*engine, &mut session).await?;
+        let id = session.id.clone();
+        let mut poll =
+            tokio::time::interval_at(tokio::time::Instant::now() + FOLLOW_EVERY, FOLLOW_EVERY);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let workers = Supervisor::new(CancellationToken::new());
+        workers.spawn(SessionWorker {
+            engine: engine.clone(),
+            moves_seen: mover.as_ref().map_or(0, |m| m.moves()),
+            mover,
+            gens: holder.as_ref().map(|h| h.watch()),
+            holder: holder.map(|h| Arc::downgrade(&h)),
+            poll,
+            session,
+            last_beat: Instant::now(),
+        });
+        Ok(Follower {
+            workers,
+            engine,
+            id,
+            closed: false,
+        })
+    }
+
+    pub fn session_id(&self) -> &str {
+        &self.id
+    }
+
+    /// Stop following (a beat in flight finishes first) and remove the session record.
+    pub async fn close(mut self) {
+        self.workers.shutdown(CLOSE_DRAIN).await;
+        self.closed = true;
+        remove_session(&*self.engine, &self.id).await;
+    }
+}
+
+#[async_trait]
+impl Worker for SessionWorker {
+    fn name(&self) -> String {
+        "session follower".into()
+    }
+
+    async fn work(&mut self, _stop: &CancellationToken) -> anyhow::Result<WorkerState> {
+        let mut beat = self.last_beat.elapsed() >= fs_core::session::HEARTBEAT;
+        if let Some(mv) = &self.mover {
+            if let Err(err) = mv.follow_move().await {
+                tracing::warn!(error = %err, "following the volume's move failed; retrying");
+            }
+            // Moved (here, or by a commit that waited for it): the session lives in the new
+            // primary's metadata from now on.
+            if mv.moves() != self.moves_seen {
+                self.moves_seen = mv.moves();
+                beat = true;
+            }
+        }
+        let h = match &self.holder {
+            Some(w) => match w.upgrade() {
+                Some(h) => Some(h),
+                None => return Ok(WorkerState::Done),
+            },
+            None => None,
+        };
+        if let Some(h) = &h {
+            beat |= self.follow_storage(h).await;
+        }
+        if beat {
+            fs_core::session::beat(&*self.engine, &mut self.session)
+                .await
+                .map_err(|e| anyhow::Error::from(e).context("session heartbeat failed"))?;
+            self.last_beat = Instant::now();
+        }
+        Ok(WorkerState::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> WorkerState {
+        let gens = self.gens.as_mut();
+        tokio::select! {
+            _ = self.poll.tick() => {}
+            _ = async { match gens { Some(g) => g.changed().await.ok(), None => std::future::pending().await } } => {}
+        }
+        WorkerState::Busy
+    }
+
+    fn status(&self) -> WorkerStatus {
+        let mut s = WorkerStatus::default();
+        s.detail
+            .insert("session".into(), self.session.id.clone().into());
+        if let Some(g) = self.session.acks.get(storage::ACK) {
+            s.detail.insert("storage_generation".into(), (*g).into());
+        }
+        s
+    }
+}
+
+impl SessionWorker {
+    /// Move `h` to the storage record's generation when it changed; true when the session
+    /// record must be written now (a new generation to acknowledge, a degraded state that
+    /// began or ended).
+    async fn follow_storage(&mut self, h: &StorageHolder) -> bool {
+        match self
+            .engine
+            .get(keys::STORAGE)
+            .await
+            .map(|r| storage::gen_of(r.as_deref()))
+        {
+            Ok(Ok(g)) if g != h.gen() => {
+                if let Err(err) = h.reload().await {
+                    tracing::warn!(error = %err, "following the volume's storage failed; retrying");
+                }
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) | Err(err) => {
+                tracing::warn!(error = %err, "reading the volume's storage record failed")
+            }
+        }
+        let mut beat = false;
+        let session = &mut self.session;
+        let g = h.gen();
+        if session.acks.get(storage::ACK) != Some(&g) {
+            session.acks.insert(storage::ACK.into(), g);
+            beat = true;
+        }
+        // A run of failed writes to the other store starts or ends (its count is refreshed
+        // with the heartbeat).
+        let d = h.degraded();
+        if d.is_some() != session.degraded.is_some()
+            || d.as_ref().map(|d| &d.store) != session.degraded.as_ref().map(|d| &d.store)
+        {
+            beat = true;
+        }
+        session.degraded = d;
+        beat
+    }
+}
+
+async fn remove_session(engine: &dyn Engine, id: &str) {
+    if let Err(e) = fs_core::session::remove(engine, id).await {
+        tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
+    }
+}
+
+/// Removals of the records of dropped followers, still running.
+fn removals() -> std::sync::MutexGuard<'static, Vec<tokio::task::JoinHandle<()>>> {
+    static REMOVALS: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+        std::sync::Mutex::new(Vec::new());
+    REMOVALS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Wait (at most `limit`) for the session records of dropped writers to be removed: a
+/// command's last step before its runtime ends, so that a `jfs put` or a `jfs-sync` into a
+/// volume leaves no dead session behind. A metadata service that does not answer in time
+/// leaves the rest to `gc`.
+pub async fn end_sessions(limit: Duration) {
+    let pending = std::mem::take(&mut *removals());
+    let _ = tokio::time::timeout(limit, futures::future::join_all(pending)).await;
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.workers.abort();
+        if self.closed {
+            return;
+        }
+        // Outside a runtime (a test's last drop) the record stays for gc.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (engine, id) = (self.engine.clone(), std::mem::take(&mut self.id));
+            let removal = rt.spawn(async move { remove_session(&*engine, &id).await });
+            let mut r = removals();
+            r.retain(|t| !t.is_finished());
+            r.push(removal);
+        }
+    }
+}
