@@ -130,6 +130,9 @@ impl Primary {
             .with_context(|| format!("listening on {}", self.cfg.listen))?;
         tracing::info!(listen = %self.cfg.listen, tls = self.tls.is_some(), mirrors = self.tokens.len(), "primary agent serving the journal");
         maintenance::start(&self);
+        // Each mirror's connection is a task of its own, tracked so that shutdown waits for
+        // it to persist the acknowledgements it holds.
+        let connections = tokio_util::task::TaskTracker::new();
         loop {
             let (sock, peer) = tokio::select! {
                 _ = stop.cancelled() => break,
@@ -144,7 +147,7 @@ impl Primary {
             };
             let me = self.clone();
             let stop = stop.clone();
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 if let Err(e) = me.serve(sock, stop).await {
                     tracing::info!(%peer, error = %format!("{e:#}"), "mirror connection ended");
                 }
@@ -154,7 +157,17 @@ impl Primary {
         for (_, (_, t)) in self.conns.lock().unwrap_or_else(|p| p.into_inner()).drain() {
             t.cancel();
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        connections.close();
+        if tokio::time::timeout(DRAIN, connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                connections = connections.len(),
+                ?DRAIN,
+                "mirror connections did not end within the drain deadline"
+            );
+        }
         self.workers.shutdown(DRAIN).await;
         // Last: until here `slot drop` goes through this agent.
         let _ = self.engine.aux_put(LEASE, None).await;
