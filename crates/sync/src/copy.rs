@@ -29,15 +29,28 @@ const SMALL_LOCAL: u64 = 4 << 20;
 /// Objects at least this large go to S3 as resumable multipart uploads.
 pub const RESUMABLE_MIN: u64 = 2 * crate::endpoint::PART as u64;
 
+/// Every ranged read a sync makes goes through here: the rate limits are charged (one
+/// request, `n` bytes) before the read. The only other charges are a request per file
+/// (`copy_file`) and the bytes of local-to-local copies, which never pass through a read.
+async fn paced_read(
+    limits: &Limits,
+    ep: &dyn Endpoint,
+    key: &str,
+    off: u64,
+    n: u64,
+) -> Result<bytes::Bytes> {
+    limits.request().await;
+    limits.bytes(n).await;
+    ep.read(key, off, n).await
+}
+
 /// CRC32C of an object, read in pieces.
 pub async fn checksum(ep: &dyn Endpoint, key: &str, size: u64, limits: &Limits) -> Result<u32> {
     let mut crc = 0u32;
     let mut pieces = futures::stream::iter((0..size.div_ceil(PIECE)).map(|i| async move {
         let off = i * PIECE;
         let n = PIECE.min(size - off);
-        limits.request().await;
-        limits.bytes(n).await;
-        ep.read(key, off, n).await
+        paced_read(limits, ep, key, off, n).await
     }))
     .buffered(READS_IN_FLIGHT);
     while let Some(b) = pieces.try_next().await? {
@@ -153,9 +166,7 @@ impl Copier<'_> {
             let id = &id;
             async move {
                 let (off, len) = ((n - 1) * part, part_len(n));
-                self.limits.request().await;
-                self.limits.bytes(len).await;
-                let data = self.src.read(&e.key, off, len).await?;
+                let data = paced_read(self.limits, self.src, &e.key, off, len).await?;
                 let etag = s3.upload_part(&e.key, id, n as i32, data).await?;
                 Ok::<_, anyhow::Error>((n as i32, etag, len))
             }
@@ -180,9 +191,7 @@ impl Copier<'_> {
                 futures::stream::iter((0..e.size.div_ceil(PIECE)).map(|i| async move {
                     let off = i * PIECE;
                     let n = PIECE.min(e.size - off);
-                    self.limits.request().await;
-                    self.limits.bytes(n).await;
-                    self.src.read(&e.key, off, n).await
+                    paced_read(self.limits, self.src, &e.key, off, n).await
                 }))
                 .buffered(READS_IN_FLIGHT);
             while let Some(b) = pieces.try_next().await? {
