@@ -320,10 +320,7 @@ pub async fn connect(
 }
 
 /// The next message within `t`; silence or a closed connection is an error.
-pub async fn recv_within<R>(s: &mut R, t: Duration) -> Result<ToMirror>
-where
-    R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin,
-{
+pub async fn recv_within<R: crate::proto::FrameStream>(s: &mut R, t: Duration) -> Result<ToMirror> {
     tokio::time::timeout(t, proto::recv::<ToMirror, _>(s))
         .await
         .map_err(|_| anyhow!("nothing from the primary for {t:?}"))?

@@ -204,20 +204,22 @@ pub fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T> {
         .map_err(|e| Corrupt(format!("undecodable: {e}"), Damage::Foreign).into())
 }
 
-pub async fn send<T: Serialize, S>(sink: &mut S, msg: &T) -> Result<()>
-where
-    S: futures::Sink<Bytes, Error = std::io::Error> + Unpin,
-{
+/// The half of a connection that frames are written to.
+pub trait FrameSink: futures::Sink<Bytes, Error = std::io::Error> + Unpin {}
+impl<T: futures::Sink<Bytes, Error = std::io::Error> + Unpin> FrameSink for T {}
+
+/// The half of a connection that frames are read from.
+pub trait FrameStream: futures::Stream<Item = std::io::Result<BytesMut>> + Unpin {}
+impl<T: futures::Stream<Item = std::io::Result<BytesMut>> + Unpin> FrameStream for T {}
+
+pub async fn send<T: Serialize, S: FrameSink>(sink: &mut S, msg: &T) -> Result<()> {
     sink.send(encode(msg))
         .await
         .map_err(|e| anyhow!("sending: {e}"))
 }
 
 /// The next message, or None at a clean end of stream.
-pub async fn recv<T: DeserializeOwned, S>(stream: &mut S) -> Result<Option<T>>
-where
-    S: futures::Stream<Item = std::io::Result<BytesMut>> + Unpin,
-{
+pub async fn recv<T: DeserializeOwned, S: FrameStream>(stream: &mut S) -> Result<Option<T>> {
     match stream.next().await {
         None => Ok(None),
         // The codec rejects a length over MAX_MESSAGE: a damaged length prefix.

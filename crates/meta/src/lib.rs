@@ -56,7 +56,7 @@ mod postgres;
 mod redis_engine;
 mod rocks;
 
-pub use postgres::PgEngine;
+pub use postgres::{pool_builder as pg_pool_builder, PgEngine};
 pub use redis_engine::RedisEngine;
 pub use rocks::{base_options, check_room, RocksEngine, RocksMode, DISK_FLOOR};
 

@@ -144,15 +144,7 @@ impl PgEngine {
             let _keep = client;
             let _ = listener.await;
         });
-        let mgr = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(16)
+        let pool = pool_builder(cfg, 16)
             .build()
             .map_err(|e| Error::new(ErrorKind::Config, format!("postgres pool: {e}")))?;
         Ok(PgEngine {
@@ -242,6 +234,22 @@ async fn append(
         .await
         .map_err(|e| map_err(e, "notify"))?;
     Ok(())
+}
+
+/// A pool of up to `max_size` plain connections to `cfg`, recycled without a check query:
+/// the one way this project pools PostgreSQL connections (the engine, the job boards).
+pub fn pool_builder(
+    cfg: tokio_postgres::Config,
+    max_size: usize,
+) -> deadpool_postgres::PoolBuilder {
+    let mgr = Manager::from_config(
+        cfg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(mgr).max_size(max_size)
 }
 
 #[async_trait]

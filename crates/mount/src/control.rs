@@ -225,14 +225,8 @@ async fn file_blocks(
         let n = CHUNK_SIZE.min(len - off) as usize;
         let plan: Plan = vfs.fs.plan_read(ino, off, n).await?;
         for p in plan.pieces {
-            if let Piece::Block {
-                key,
-                block_len,
-                crc,
-                ..
-            } = p
-            {
-                keys.insert((key, block_len, crc));
+            if let Piece::Block { key, check, .. } = p {
+                keys.insert((key, check.len, check.crc));
             }
         }
         off += n as u64;

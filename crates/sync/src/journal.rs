@@ -126,7 +126,12 @@ impl Paths<'_> {
 async fn keys_under(ep: &dyn Endpoint, prefix: &str, out: &mut BTreeSet<String>) -> Result<()> {
     let (tx, mut rx) = mpsc::channel(4);
     let all = crate::range::KeyRange::all();
-    let lister = ep.list(prefix, &all, false, tx);
+    let listing = crate::endpoint::Listing {
+        prefix,
+        range: &all,
+        dirs: false,
+    };
+    let lister = ep.list(listing, tx);
     let collect = async {
         while let Some(page) = rx.recv().await {
             for e in page? {

@@ -9,9 +9,9 @@
 //! the one `endpoint::walk`. The module graph runs one way: `entry` and `range` (the
 //! vocabulary) <- `endpoint` <- `listing` <- `run`.
 
-use crate::endpoint::Endpoint;
-use crate::entry::{Entry, Kind, Page};
-use crate::range::KeyRange;
+use crate::endpoint::{Endpoint, Listing};
+use crate::entry::{Entry, Page};
+use crate::range::{KeyRange, Step};
 use anyhow::Result;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -32,7 +32,15 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         let r = if threads <= 1 || depth == 0 {
-            ep.list("", &range, dirs, tx.clone()).await
+            ep.list(
+                Listing {
+                    prefix: "",
+                    range: &range,
+                    dirs,
+                },
+                tx.clone(),
+            )
+            .await
         } else {
             parallel(ep, range, dirs, threads, depth, tx.clone()).await
         };
@@ -61,23 +69,21 @@ async fn expand(
         Err(e) => return Err(e),
     };
     for e in level {
-        if range.past(&e.key) {
-            break;
-        }
-        if e.kind == Kind::Dir {
-            if range.skips_tree(&e.key) {
-                continue;
+        match range.step(&e, dirs) {
+            Step::Stop => break,
+            Step::Skip => {}
+            Step::Keep => out.push(Unit::One(e)),
+            Step::Open { keep } => {
+                let key = e.key.clone();
+                if keep {
+                    out.push(Unit::One(e));
+                }
+                if depth > 1 {
+                    Box::pin(expand(ep, &key, depth - 1, dirs, range, out)).await?;
+                } else {
+                    out.push(Unit::Tree(key));
+                }
             }
-            if dirs && range.contains(&e.key) {
-                out.push(Unit::One(e.clone()));
-            }
-            if depth > 1 {
-                Box::pin(expand(ep, &e.key, depth - 1, dirs, range, out)).await?;
-            } else {
-                out.push(Unit::Tree(e.key));
-            }
-        } else if range.contains(&e.key) {
-            out.push(Unit::One(e));
         }
     }
     Ok(())
@@ -114,7 +120,17 @@ async fn parallel(
                 let (ep, range) = (ep.clone(), range.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
-                    if let Err(e) = ep.list(&prefix, &range, dirs, t.clone()).await {
+                    if let Err(e) = ep
+                        .list(
+                            Listing {
+                                prefix: &prefix,
+                                range: &range,
+                                dirs,
+                            },
+                            t.clone(),
+                        )
+                        .await
+                    {
                         let _ = t.send(Err(e)).await;
                     }
                 });

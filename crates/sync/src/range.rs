@@ -89,6 +89,41 @@ impl KeyRange {
     }
 }
 
+/// What a listing that meets entries in key order does with one.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Past the range: the listing ends.
+    Stop,
+    /// Outside the range: passed over (a directory's subtree is not opened).
+    Skip,
+    /// A file in the range.
+    Keep,
+    /// A directory whose subtree meets the range: open it, and list the directory itself
+    /// first when `keep`.
+    Open { keep: bool },
+}
+
+impl KeyRange {
+    /// The step for `e`, where directories are listed too when `dirs`.
+    pub fn step(&self, e: &crate::entry::Entry, dirs: bool) -> Step {
+        if self.past(&e.key) {
+            Step::Stop
+        } else if e.kind == crate::entry::Kind::Dir {
+            if self.skips_tree(&e.key) {
+                Step::Skip
+            } else {
+                Step::Open {
+                    keep: dirs && self.contains(&e.key),
+                }
+            }
+        } else if self.contains(&e.key) {
+            Step::Keep
+        } else {
+            Step::Skip
+        }
+    }
+}
+
 /// The upper end of a range being worked, which may be lowered while the run goes (a shared
 /// job hands the back of a busy range to an idle worker). The run admits each key in order;
 /// a cut is accepted only above every key admitted so far, so no key is worked on both sides.

@@ -68,12 +68,11 @@ pub(crate) fn decode_chunk(ino: Ino, idx: u32, v: Option<Vec<u8>>) -> Result<Vec
 pub enum Piece {
     /// A hole: zeros.
     Zeros { dst: usize, len: usize },
-    /// `len` bytes of block `key` (`block_len` long, CRC32C `crc` where the slice recorded
-    /// one) from `from`, to `dst` in the result.
+    /// `len` bytes of block `key` (what it must be: `check`, its length and the CRC32C its
+    /// slice recorded) from `from`, to `dst` in the result.
     Block {
         key: String,
-        block_len: u32,
-        crc: Option<u32>,
+        check: crate::BlockCheck,
         from: usize,
         len: usize,
         dst: usize,
@@ -135,8 +134,10 @@ pub(crate) fn plan_chunk(
             let n = (blen - in_block).min(left);
             out.push(Piece::Block {
                 key: keys::block_key(&s.name, g.id, bi, blen),
-                block_len: blen,
-                crc: c.crc(g.id, bi),
+                check: crate::BlockCheck {
+                    len: blen,
+                    crc: c.crc(g.id, bi),
+                },
                 from: in_block as usize,
                 len: n as usize,
                 dst: d,

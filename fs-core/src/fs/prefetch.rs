@@ -254,17 +254,13 @@ impl FileReader {
         for p in &plan.pieces {
             if let Piece::Block {
                 key,
-                block_len,
-                crc,
+                check: want,
                 from,
                 len,
                 dst,
             } = p
             {
-                let want = BlockCheck {
-                    len: *block_len,
-                    crc: *crc,
-                };
+                let want = *want;
                 let piece_end = offset + (*dst + *len) as u64;
                 let f = match st.held.get_mut(key) {
                     Some(h) => {
@@ -284,7 +280,7 @@ impl FileReader {
                             .cfg
                             .budget
                             .as_ref()
-                            .and_then(|b| b.try_take(*block_len as u64));
+                            .and_then(|b| b.try_take(want.len as u64));
                         if permit.is_some() || self.cfg.budget.is_none() {
                             st.held.insert(
                                 key.clone(),
@@ -314,8 +310,7 @@ impl FileReader {
                 for p in ahead.pieces {
                     if let Piece::Block {
                         key,
-                        block_len,
-                        crc,
+                        check,
                         len,
                         dst,
                         ..
@@ -331,17 +326,11 @@ impl FileReader {
                             .cfg
                             .budget
                             .as_ref()
-                            .and_then(|b| b.try_take(block_len as u64))
+                            .and_then(|b| b.try_take(check.len as u64))
                         else {
                             break; // out of memory for read-ahead: read less ahead
                         };
-                        let f = self.fetch_of(
-                            &key,
-                            BlockCheck {
-                                len: block_len,
-                                crc,
-                            },
-                        );
+                        let f = self.fetch_of(&key, check);
                         // Start it now: a shared future only runs when polled.
                         tokio::spawn(f.clone().map(|_| ()));
                         self.stats.lock().unwrap_or_else(|p| p.into_inner()).fetched += 1;

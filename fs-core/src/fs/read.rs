@@ -127,21 +127,11 @@ impl Fs {
             .filter_map(|p| match p {
                 Piece::Block {
                     key,
-                    block_len,
-                    crc,
+                    check,
                     from,
                     len,
                     dst,
-                } => Some((
-                    key.clone(),
-                    BlockCheck {
-                        len: *block_len,
-                        crc: *crc,
-                    },
-                    *from,
-                    *len,
-                    *dst,
-                )),
+                } => Some((key.clone(), *check, *from, *len, *dst)),
                 Piece::Zeros { .. } => None,
             })
             .collect();

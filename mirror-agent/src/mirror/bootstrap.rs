@@ -4,14 +4,11 @@
 use super::*;
 
 impl Mirror {
-    pub(super) async fn install_snapshot<R>(
+    pub(super) async fn install_snapshot<R: crate::proto::FrameStream>(
         &self,
         stream: &mut R,
         stop: &CancellationToken,
-    ) -> Result<()>
-    where
-        R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin,
-    {
+    ) -> Result<()> {
         let (s0, settings) = match recv_within(stream, Duration::from_secs(120)).await? {
             ToMirror::SnapshotBegin { seq, settings } => (seq, settings),
             other => bail!("expected a snapshot, got {}", proto::msg_name(&other)),

@@ -6,10 +6,11 @@ use super::*;
 impl Primary {
     /// Send a snapshot and return its starting sequence number. The slot is pinned at the
     /// start first, so the journal after it is retained while the pairs are read.
-    pub(super) async fn send_snapshot<S>(&self, mirror: &str, sink: &mut S) -> Result<u64>
-    where
-        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
-    {
+    pub(super) async fn send_snapshot<S: crate::proto::FrameSink>(
+        &self,
+        mirror: &str,
+        sink: &mut S,
+    ) -> Result<u64> {
         let s0 = loop {
             let s0 = self.engine.journal_bounds().await?.last;
             self.update_slot(mirror, |s| {

@@ -127,7 +127,7 @@ impl Primary {
         res
     }
 
-    pub(super) async fn stream<S, R>(
+    pub(super) async fn stream<S: crate::proto::FrameSink, R: crate::proto::FrameStream + Send>(
         &self,
         mirror: &str,
         want: Want,
@@ -136,11 +136,7 @@ impl Primary {
         sink: &mut S,
         stream: &mut R,
         stop: &CancellationToken,
-    ) -> Result<()>
-    where
-        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
-        R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin + Send,
-    {
+    ) -> Result<()> {
         let refuse = |reason: String, resync: bool| ToMirror::Refused { reason, resync };
         let slot = slots::get(&*self.engine, mirror).await?;
         if slot.is_none() {
@@ -199,18 +195,17 @@ impl Primary {
         self.stream_inner(mirror, want, sink, stream, stop).await
     }
 
-    pub(super) async fn stream_inner<S, R>(
+    pub(super) async fn stream_inner<
+        S: crate::proto::FrameSink,
+        R: crate::proto::FrameStream + Send,
+    >(
         &self,
         mirror: &str,
         want: Want,
         sink: &mut S,
         stream: &mut R,
         stop: &CancellationToken,
-    ) -> Result<()>
-    where
-        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
-        R: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin + Send,
-    {
+    ) -> Result<()> {
         let head = self.engine.journal_bounds().await?.last;
         proto::send(
             sink,
@@ -339,10 +334,7 @@ impl Primary {
 }
 
 /// Tell the mirror it must resync from a snapshot; the error that ends the stream.
-async fn refuse_resync<S>(sink: &mut S, why: String) -> anyhow::Error
-where
-    S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
-{
+async fn refuse_resync<S: crate::proto::FrameSink>(sink: &mut S, why: String) -> anyhow::Error {
     let reason = format!("{why}: resync from a snapshot");
     let _ = proto::send(
         sink,

@@ -280,17 +280,8 @@ fn plan(
             .set_permissions(name, Permissions::from_mode(meta.mode() & 0o7777))
             .with_context(|| root.ctx(format!("setting the mode of {name}")))?;
         let d = Arc::new(d);
-        let mut children: Vec<_> = std::fs::read_dir(local)
-            .with_context(|| format!("listing {}", local.display()))?
-            .collect::<std::io::Result<_>>()?;
-        children.sort_by_key(|e| e.file_name());
-        for c in children {
-            let cname = c
-                .file_name()
-                .to_str()
-                .map(str::to_string)
-                .with_context(|| format!("{:?} is not UTF-8", c.path()))?;
-            plan(root, &d, &c.path(), &cname, jobs, dirs)?;
+        for (path, cname) in super::sorted_children(local)? {
+            plan(root, &d, &path, &cname, jobs, dirs)?;
         }
         dirs.push((parent.clone(), name.to_string(), meta));
     } else if ft.is_symlink() {

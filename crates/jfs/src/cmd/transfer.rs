@@ -125,17 +125,8 @@ fn plan_put<'a>(
                 }
                 Err(e) => return Err(e).with_context(|| format!("creating directory {name}")),
             };
-            let mut children: Vec<_> = std::fs::read_dir(local)
-                .with_context(|| format!("listing {}", local.display()))?
-                .collect::<std::io::Result<_>>()?;
-            children.sort_by_key(|e| e.file_name());
-            for c in children {
-                let cname = c
-                    .file_name()
-                    .to_str()
-                    .map(str::to_string)
-                    .with_context(|| format!("{:?} is not UTF-8", c.path()))?;
-                plan_put(fs, &c.path(), ino, &cname, jobs, dirs).await?;
+            for (path, cname) in super::sorted_children(local)? {
+                plan_put(fs, &path, ino, &cname, jobs, dirs).await?;
             }
             dirs.push((ino, meta));
         } else if ft.is_symlink() {

@@ -147,13 +147,8 @@ impl Endpoint for BlocksEndpoint {
     fn mtime_is_upload(&self) -> bool {
         self.store.mtime_is_upload()
     }
-    async fn list(
-        &self,
-        prefix: &str,
-        range: &crate::range::KeyRange,
-        _dirs: bool,
-        tx: mpsc::Sender<Page>,
-    ) -> Result<()> {
+    async fn list(&self, l: super::Listing<'_>, tx: mpsc::Sender<Page>) -> Result<()> {
+        let (prefix, range) = (l.prefix, l.range);
         let mut after = range.start_after();
         loop {
             let page = self.index.page(after.as_deref(), 1000)?;

@@ -23,6 +23,15 @@ use bytes::Bytes;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+/// What one listing covers: the entries under `prefix` ("" or a directory key ending in
+/// '/') within `range`, with directory entries too when `dirs`.
+#[derive(Debug, Clone, Copy)]
+pub struct Listing<'a> {
+    pub prefix: &'a str,
+    pub range: &'a KeyRange,
+    pub dirs: bool,
+}
+
 /// Where a copy is being written. `write` is called with consecutive pieces in order;
 /// `finish` makes the object visible under its real name (never before it is complete).
 #[async_trait]
@@ -45,16 +54,9 @@ pub trait Endpoint: Send + Sync {
     fn mtime_is_upload(&self) -> bool {
         false
     }
-    /// Send every entry under `prefix` ("" or a directory key ending in '/') within `range`,
-    /// in ascending order, in pages. `dirs` asks for directory entries too. Ends with Ok(())
-    /// once all were sent.
-    async fn list(
-        &self,
-        prefix: &str,
-        range: &KeyRange,
-        dirs: bool,
-        tx: mpsc::Sender<Page>,
-    ) -> Result<()>;
+    /// Send every entry the listing `l` covers, in ascending order, in pages. Ends with
+    /// Ok(()) once all were sent.
+    async fn list(&self, l: Listing<'_>, tx: mpsc::Sender<Page>) -> Result<()>;
     /// The entries one level under `prefix`, directories as `name/`, sorted.
     async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>>;
     async fn stat(&self, key: &str) -> Result<Option<Entry>>;
@@ -252,13 +254,7 @@ impl Endpoint for Missing {
     fn describe(&self) -> String {
         format!("{} (does not exist yet)", self.0)
     }
-    async fn list(
-        &self,
-        _prefix: &str,
-        _range: &KeyRange,
-        _dirs: bool,
-        _tx: mpsc::Sender<Page>,
-    ) -> Result<()> {
+    async fn list(&self, _l: Listing<'_>, _tx: mpsc::Sender<Page>) -> Result<()> {
         Ok(())
     }
     async fn list_level(&self, _prefix: &str) -> Result<Vec<Entry>> {

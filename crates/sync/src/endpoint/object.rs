@@ -4,8 +4,7 @@
 //! An object becomes visible only when its upload completes, so a killed run leaves no half
 //! object under the real key.
 
-use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
-use crate::range::KeyRange;
+use super::{check_key, Endpoint, Entry, Kind, Listing, Page, Sink};
 use anyhow::{bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -126,16 +125,15 @@ impl Endpoint for ObjectStore {
         true
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        range: &KeyRange,
-        dirs: bool,
-        tx: mpsc::Sender<Page>,
-    ) -> Result<()> {
+    async fn list(&self, listing: Listing<'_>, tx: mpsc::Sender<Page>) -> Result<()> {
         if !self.ordered_listing() {
-            return super::walk::walk(self, prefix, range, dirs, &tx).await;
+            return super::walk::walk(self, listing, &tx).await;
         }
+        let Listing {
+            prefix,
+            range,
+            dirs,
+        } = listing;
         let mut l = self.op.lister_with(prefix).recursive(true);
         let after = range.start_after().filter(|a| a.as_str() >= prefix);
         if let Some(a) = &after {

@@ -2,8 +2,7 @@
 //! `NAME` holds the META_URL (as JuiceFS does; it keeps URLs and passwords out of arguments).
 //! Files are written under a temporary name and renamed into place when complete.
 
-use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
-use crate::range::KeyRange;
+use super::{check_key, Endpoint, Entry, Kind, Listing, Page, Sink};
 use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -230,20 +229,14 @@ impl Endpoint for VolumeEndpoint {
         format!("jfs://{}/{}", self.name, self.base)
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        range: &KeyRange,
-        dirs: bool,
-        tx: mpsc::Sender<Page>,
-    ) -> Result<()> {
-        match self.fs.resolve(&self.path_of(prefix)).await {
+    async fn list(&self, l: Listing<'_>, tx: mpsc::Sender<Page>) -> Result<()> {
+        match self.fs.resolve(&self.path_of(l.prefix)).await {
             Ok((_, a)) if a.kind == FileKind::Dir => {}
             Ok(_) => bail!("{} is not a directory", self.describe()),
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e.into()),
         }
-        super::walk::walk(self, prefix, range, dirs, &tx).await
+        super::walk::walk(self, l, &tx).await
     }
 
     async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {

@@ -2,8 +2,9 @@
 //! volume, an object store without ordered recursive listing): depth first, in ascending key
 //! order, pages of 1000, never opening a subtree wholly outside the range.
 
-use crate::entry::{Entry, Kind, Page};
-use crate::range::KeyRange;
+use super::Listing;
+use crate::entry::{Entry, Page};
+use crate::range::Step;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use tokio::sync::mpsc;
@@ -21,13 +22,12 @@ pub trait Tree: Send + Sync {
 
 /// Send every entry under `prefix` within `range`, in ascending key order, in pages of 1000.
 /// Subtrees wholly outside the range are not opened; the walk ends at the range's upper end.
-pub async fn walk<T: Tree>(
-    t: &T,
-    prefix: &str,
-    range: &KeyRange,
-    dirs: bool,
-    tx: &mpsc::Sender<Page>,
-) -> Result<()> {
+pub async fn walk<T: Tree>(t: &T, l: Listing<'_>, tx: &mpsc::Sender<Page>) -> Result<()> {
+    let Listing {
+        prefix,
+        range,
+        dirs,
+    } = l;
     let mut page = Vec::with_capacity(1000);
     let mut stack = vec![t.level(prefix).await?];
     while let Some(level) = stack.last_mut() {
@@ -35,23 +35,20 @@ pub async fn walk<T: Tree>(
             stack.pop();
             continue;
         };
-        if range.past(&e.key) {
-            break;
-        }
-        if e.kind == Kind::Dir {
-            if range.skips_tree(&e.key) {
-                continue;
+        match range.step(&e, dirs) {
+            Step::Stop => break,
+            Step::Skip => continue,
+            Step::Keep => page.push(e),
+            Step::Open { keep } => {
+                let l = t
+                    .level(&e.key)
+                    .await
+                    .with_context(|| format!("listing {}", e.key))?;
+                stack.push(l);
+                if keep {
+                    page.push(e);
+                }
             }
-            if dirs && range.contains(&e.key) {
-                page.push(e.clone());
-            }
-            let l = t
-                .level(&e.key)
-                .await
-                .with_context(|| format!("listing {}", e.key))?;
-            stack.push(l);
-        } else if range.contains(&e.key) {
-            page.push(e);
         }
         if page.len() >= 1000 && tx.send(Ok(std::mem::take(&mut page))).await.is_err() {
             return Ok(()); // the receiver stopped

@@ -4,7 +4,6 @@
 //! Files are written under a temporary name and renamed into place when complete.
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
-use crate::range::KeyRange;
 use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -31,7 +30,17 @@ pub struct LocalDir {
 /// At most this many directory handles are kept open.
 const PARENTS_MAX: usize = 256;
 
-fn entry_from(key: String, m: &cap_std::fs::Metadata, target: Option<String>) -> Entry {
+/// The entry `key` of `dir`, whose metadata is `m` (a symlink's target is read here).
+fn entry_at(dir: &Dir, key: String, m: &cap_std::fs::Metadata) -> Result<Entry> {
+    let target = if m.is_symlink() {
+        Some(
+            dir.read_link_contents(rel(&key))?
+                .to_string_lossy()
+                .into_owned(),
+        )
+    } else {
+        None
+    };
     let kind = if m.is_dir() {
         Kind::Dir
     } else if m.is_symlink() {
@@ -39,14 +48,14 @@ fn entry_from(key: String, m: &cap_std::fs::Metadata, target: Option<String>) ->
     } else {
         Kind::File
     };
-    Entry {
+    Ok(Entry {
         key,
         kind,
         size: if kind == Kind::File { m.len() } else { 0 },
         mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
         mode: Some(m.mode() & 0o7777),
         target,
-    }
+    })
 }
 
 fn rel(key: &str) -> &Path {
@@ -331,13 +340,7 @@ impl super::walk::Tree for LocalDir {
                     let Some((name, meta)) = kids.next(&dir, &prefix)? else {
                         return Ok((None, batch));
                     };
-                    let key = format!("{prefix}{name}");
-                    let target = if meta.is_symlink() {
-                        Some(dir.read_link_contents(&key)?.to_string_lossy().into_owned())
-                    } else {
-                        None
-                    };
-                    batch.push(entry_from(key, &meta, target));
+                    batch.push(entry_at(&dir, format!("{prefix}{name}"), &meta)?);
                 }
                 Ok((Some(kids), batch))
             })
@@ -385,14 +388,8 @@ impl Endpoint for LocalDir {
         self.root.display().to_string()
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        range: &KeyRange,
-        dirs: bool,
-        tx: mpsc::Sender<Page>,
-    ) -> Result<()> {
-        super::walk::walk(self, prefix, range, dirs, &tx)
+    async fn list(&self, l: super::Listing<'_>, tx: mpsc::Sender<Page>) -> Result<()> {
+        super::walk::walk(self, l, &tx)
             .await
             .with_context(|| format!("listing {}", self.root.display()))
     }
@@ -410,13 +407,7 @@ impl Endpoint for LocalDir {
             }
             let mut out = Vec::new();
             for (name, meta) in Self::children(&dir, &p)? {
-                let key = format!("{p}{name}");
-                let target = if meta.is_symlink() {
-                    Some(dir.read_link_contents(&key)?.to_string_lossy().into_owned())
-                } else {
-                    None
-                };
-                out.push(entry_from(key, &meta, target));
+                out.push(entry_at(&dir, format!("{p}{name}"), &meta)?);
             }
             Ok(out)
         })
@@ -428,21 +419,12 @@ impl Endpoint for LocalDir {
         let (dir, k) = (self.dir.clone(), key.to_string());
         blocking(move || match dir.symlink_metadata(rel(&k)) {
             Ok(m) => {
-                let target = if m.is_symlink() {
-                    Some(
-                        dir.read_link_contents(rel(&k))?
-                            .to_string_lossy()
-                            .into_owned(),
-                    )
-                } else {
-                    None
-                };
                 let key = if m.is_dir() && !k.ends_with('/') {
                     format!("{k}/")
                 } else {
                     k
                 };
-                Ok(Some(entry_from(key, &m, target)))
+                Ok(Some(entry_at(&dir, key, &m)?))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("stat {k}")),

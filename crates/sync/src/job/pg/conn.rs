@@ -5,9 +5,8 @@ use super::super::record_json;
 use super::super::{NewRound, Unit};
 use crate::stats::Tally;
 use anyhow::{Context, Result};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::Pool;
 use std::time::Duration;
-use tokio_postgres::NoTls;
 
 pub struct PgBoard {
     pub(super) pool: Pool,
@@ -88,15 +87,7 @@ impl PgBoard {
         password_from: &str,
     ) -> Result<Self> {
         session(&mut cfg);
-        let mgr = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(8)
+        let pool = meta::pg_pool_builder(cfg, 8)
             .wait_timeout(Some(CALL_TIMEOUT))
             .create_timeout(Some(Duration::from_secs(5)))
             .runtime(deadpool_postgres::Runtime::Tokio1)
