@@ -58,6 +58,22 @@ fn entry_at(dir: &Dir, key: String, m: &cap_std::fs::Metadata) -> Result<Entry> 
     })
 }
 
+/// The entries of directory `key` ("": the root).
+fn read_level(dir: &Dir, key: &str) -> std::io::Result<cap_std::fs::ReadDir> {
+    if key.is_empty() {
+        dir.entries()
+    } else {
+        dir.read_dir(rel(key))
+    }
+}
+
+/// The name of an entry of directory `key`; one that is not UTF-8 is refused.
+fn name_of(e: &cap_std::fs::DirEntry, key: &str) -> Result<String> {
+    e.file_name()
+        .into_string()
+        .map_err(|n| anyhow!("{key}{n:?}: file name is not UTF-8"))
+}
+
 fn rel(key: &str) -> &Path {
     Path::new(key.trim_end_matches('/'))
 }
@@ -100,20 +116,13 @@ impl LocalDir {
     /// entries is sorted on disk (runs of names in temp files, merged), so a flat directory of
     /// millions of files costs a few MiB of memory, not gigabytes.
     fn kids(dir: &Dir, key: &str) -> Result<Kids> {
-        let rd = if key.is_empty() {
-            dir.entries()?
-        } else {
-            dir.read_dir(rel(key))?
-        };
+        let rd = read_level(dir, key)?;
         let limit = spill_at();
         let mut names: Vec<String> = Vec::new();
         let mut runs: Vec<std::fs::File> = Vec::new();
         for e in rd {
             let e = e?;
-            let name = e
-                .file_name()
-                .into_string()
-                .map_err(|n| anyhow!("{key}{n:?}: file name is not UTF-8"))?;
+            let name = name_of(&e, key)?;
             names.push(if e.file_type()?.is_dir() {
                 format!("{name}/")
             } else {
@@ -135,18 +144,11 @@ impl LocalDir {
 
     /// Children of directory `key`, sorted by key order: directories as `name/`.
     fn children(dir: &Dir, key: &str) -> Result<Vec<(String, cap_std::fs::Metadata)>> {
-        let rd = if key.is_empty() {
-            dir.entries()?
-        } else {
-            dir.read_dir(rel(key))?
-        };
+        let rd = read_level(dir, key)?;
         let mut out = Vec::new();
         for e in rd {
             let e = e?;
-            let name = e
-                .file_name()
-                .into_string()
-                .map_err(|n| anyhow!("{key}{n:?}: file name is not UTF-8"))?;
+            let name = name_of(&e, key)?;
             let meta = e.metadata()?;
             out.push((
                 if meta.is_dir() {
@@ -397,11 +399,7 @@ impl Endpoint for LocalDir {
     async fn list_level(&self, prefix: &str) -> Result<Vec<Entry>> {
         let (dir, p) = (self.dir.clone(), prefix.to_string());
         blocking(move || {
-            let rd = if p.is_empty() {
-                dir.entries()?
-            } else {
-                dir.read_dir(rel(&p))?
-            };
+            let rd = read_level(&dir, &p)?;
             if rd.count() > spill_at() {
                 return Err(anyhow::Error::new(super::TooWide));
             }
