@@ -115,24 +115,13 @@ echo
 echo "jfs get of the ${SIZE_MB} MiB file (median of $ROUNDS): $(mbps "$t_get") MiB/s; cp: $(mbps "$t_cp") MiB/s, get/cp $(ratio "$t_cp" "$t_get"); cp + sync: $(mbps "$t_cps") MiB/s, get/(cp + sync) $(ratio "$t_cps" "$t_get2")"
 
 # --- many small files
-PYS='import sys, os, time
-root, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-data = os.urandom(16384)
-t = time.time()
-for i in range(n):
-    p = os.path.join(root, "d%02d" % (i % 50))
-    if mode == "write":
-        if i < 50: os.makedirs(p, exist_ok=True)
-        with open(os.path.join(p, "f%06d" % i), "wb") as f: f.write(data)
-    else:
-        with open(os.path.join(p, "f%06d" % i), "rb") as f: assert len(f.read()) == 16384
-print(f"{time.time()-t:.3f}")'
+PYS=integration/smallfiles.py
 mkdir -p "$D/local/small" "$MNT/small"
-w_local=$(python3 -c "$PYS" "$D/local/small" "$SMALL" write); sync
-w_mnt=$(python3 -c "$PYS" "$MNT/small" "$SMALL" write)
+w_local=$(python3 "$PYS" "$D/local/small" "$SMALL" write); sync
+w_mnt=$(python3 "$PYS" "$MNT/small" "$SMALL" write)
 drop
-r_local=$(python3 -c "$PYS" "$D/local/small" "$SMALL" read)
-r_mnt=$(python3 -c "$PYS" "$MNT/small" "$SMALL" read)
+r_local=$(python3 "$PYS" "$D/local/small" "$SMALL" read)
+r_mnt=$(python3 "$PYS" "$MNT/small" "$SMALL" read)
 per() { python3 -c "print(f'{$1*1000/$SMALL:.3f}')"; }
 echo
 echo "| $SMALL files of 16 KiB | local | mount | mount/local | mount per file |"

@@ -134,32 +134,18 @@ row "warm read (local cache), dd bs=1M" "$(mbps "$SIZE_MB" "$TA") MiB/s" "$(mbps
 umount_both
 
 # --- small files: create+write, open+read cold, stat, rm -rf
-PYS='import sys, os, time
-root, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-data = os.urandom(16384)
-t = time.time()
-for i in range(n):
-    p = os.path.join(root, "d%02d" % (i % 50))
-    f = os.path.join(p, "f%06d" % i)
-    if mode == "write":
-        if i < 50: os.makedirs(p, exist_ok=True)
-        with open(f, "wb") as o: o.write(data)
-    elif mode == "read":
-        with open(f, "rb") as o: assert len(o.read()) == 16384
-    else:
-        assert os.stat(f).st_size == 16384
-print(f"{time.time()-t:.3f}")'
+PYS=integration/smallfiles.py
 small() { # small MODE: sets TA and TB (medians over ROUNDS, each round on fresh trees)
   local a=() b=()
   for r in $(seq "$ROUNDS"); do
     for m in "$A" "$B"; do
       if [ "$1" = write ]; then
         mkdir "$m/s$r"
-        v=$(python3 -c "$PYS" "$m/s$r" "$SMALL" write)
+        v=$(python3 "$PYS" "$m/s$r" "$SMALL" write)
       elif [ "$1" = rm ]; then
         drop; v=$(secs rm -rf "$m/s$r")
       else
-        drop; v=$(python3 -c "$PYS" "$m/s$r" "$SMALL" "$1")
+        drop; v=$(python3 "$PYS" "$m/s$r" "$SMALL" "$1")
       fi
       if [ "$m" = "$A" ]; then a+=("$v"); else b+=("$v"); fi
     done
