@@ -366,6 +366,16 @@ async fn warmup(
             }
         }
     }
+    // What was fetched is durable before the warm-up reports done: one sync for all of it.
+    if action == WarmAction::Warm && fetched.load(Ordering::Relaxed) > 0 {
+        if let Err(e) = cache.sync().await {
+            failed.fetch_add(1, Ordering::Relaxed);
+            errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!("making the warmed blocks durable: {e}"));
+        }
+    }
     p = snapshot(&p);
     send(w, &serde_json::json!({"done": true, "summary": p})).await
 }

@@ -68,7 +68,7 @@ impl CachedStore {
                     Ok(permit) => {
                         let b = b.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = c.insert(&k, b, false).await {
+                            if let Err(e) = c.insert(&k, b).await {
                                 tracing::warn!(error = %e, "caching a block failed; reads go to the store");
                             }
                             drop(permit);
@@ -87,8 +87,9 @@ impl CachedStore {
         f
     }
 
-    /// Make sure block `key` is durably in the local cache. Ok(true): fetched now;
-    /// Ok(false): it was there. An error when there is no cache or the block does not fit.
+    /// Make sure block `key` is in the local cache (durable once `DiskCache::sync` returns:
+    /// a warm-up syncs once at its end). Ok(true): fetched now; Ok(false): it was there. An
+    /// error when there is no cache or the block does not fit.
     pub async fn warm(&self, key: &str, want: BlockCheck) -> Result<bool> {
         let Some(c) = &self.cache else {
             return Err(Error::new(
@@ -100,7 +101,7 @@ impl CachedStore {
             return Ok(false);
         }
         let b = self.inner.get_block_to_keep(key, want).await?;
-        if !c.insert(key, b, true).await? {
+        if !c.insert(key, b).await? {
             return Err(Error::new(
                 ErrorKind::Backend,
                 format!(
