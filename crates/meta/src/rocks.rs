@@ -154,8 +154,7 @@ impl RocksEngine {
             },
         };
         if secondary.is_some() {
-            db.try_catch_up_with_primary()
-                .map_err(|e| err(e, "catching up with the primary"))?;
+            catch_up_steadily(&db)?;
         }
         let head = read_head(&db)?;
         let (tx, _) = watch::channel(head);
@@ -226,6 +225,25 @@ fn remove_stale_secondaries() {
             let _ = std::fs::remove_dir_all(ent.path());
         }
     }
+}
+
+/// Catch a new secondary up until two catch-ups in a row reach the same sequence number.
+/// One is not enough: a catch-up reads the writer's MANIFEST, then its log files, and a
+/// flush in between can delete a log whose data the MANIFEST read did not list yet. Young
+/// volumes hold everything in that log, so the secondary saw an empty key space ("not
+/// formatted") until its next catch-up. A few more catch-ups, bounded, see the flush.
+fn catch_up_steadily(db: &DB) -> Result<()> {
+    let mut seen = None;
+    for _ in 0..8 {
+        db.try_catch_up_with_primary()
+            .map_err(|e| err(e, "catching up with the primary"))?;
+        let now = db.latest_sequence_number();
+        if seen == Some(now) {
+            break;
+        }
+        seen = Some(now);
+    }
+    Ok(())
 }
 
 fn read_head(db: &DB) -> Result<u64> {
