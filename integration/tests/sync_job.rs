@@ -851,6 +851,25 @@ fn a_deleted_or_cancelled_job_stops_its_workers(engine_var: &str, tag: &str) {
             assert!(t0.elapsed() < Duration::from_secs(60), "nothing copied");
             std::thread::sleep(Duration::from_millis(50));
         }
+        // Both workers are in the job before it goes: a worker that starts after a delete
+        // finds no job and rightly creates a new one (seen under load: it then ran the new
+        // job to its end).
+        loop {
+            let st = jobs::status(&url);
+            let joined = st["workers"].as_array().map_or(0, |a| {
+                a.iter()
+                    .filter(|w| w["worker"].as_str().is_some_and(|n| n.starts_with(what)))
+                    .count()
+            });
+            if joined == 2 {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "both workers never joined the job: {st}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         if what == "delete" {
             jobs::job("delete", &url, &["--force"]);
         } else {
