@@ -52,10 +52,13 @@ impl<'a> Txn<'a> {
     /// Read `keys` in one engine call (one round trip to Redis or PostgreSQL), recorded as
     /// `get` records a read: later `get`s of them are answered from what was read here.
     pub async fn prefetch(&mut self, keys: &[Vec<u8>]) -> Result<()> {
+        // Each key once (a rename within one directory names its parent twice).
         let want: Vec<Vec<u8>> = keys
             .iter()
             .filter(|k| !self.writes.contains_key(*k) && !self.reads.contains_key(*k))
             .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect();
         if want.is_empty() {
             return Ok(());

@@ -286,7 +286,8 @@ impl Engine for PgEngine {
             .map_err(|e| map_err(e, "get"))?;
         let mut m: HashMap<Vec<u8>, Vec<u8>> =
             rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
-        Ok(keys.iter().map(|k| m.remove(k)).collect())
+        // `get`, not `remove`: a key asked for twice is answered twice.
+        Ok(keys.iter().map(|k| m.get(k).cloned()).collect())
     }
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
