@@ -229,9 +229,9 @@ fn remove_stale_secondaries() {
 
 /// Catch a new secondary up until two catch-ups in a row reach the same sequence number.
 /// One is not enough: a catch-up reads the writer's MANIFEST, then its log files, and a
-/// flush in between can delete a log whose data the MANIFEST read did not list yet. Young
-/// volumes hold everything in that log, so the secondary saw an empty key space ("not
-/// formatted") until its next catch-up. A few more catch-ups, bounded, see the flush.
+/// flush in between can delete a log whose data the MANIFEST read did not list yet, and a
+/// young volume may hold everything in that log. A few more catch-ups, bounded, see the
+/// flush. (Idle writer: two catch-ups; the mirror's "not formatted" dump is still open.)
 fn catch_up_steadily(db: &DB) -> Result<()> {
     let mut seen = None;
     for _ in 0..8 {
