@@ -284,8 +284,7 @@ impl Engine for PgEngine {
             .query(&st, &[&keys])
             .await
             .map_err(|e| map_err(e, "get"))?;
-        let mut m: HashMap<Vec<u8>, Vec<u8>> =
-            rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+        let m: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
         // `get`, not `remove`: a key asked for twice is answered twice.
         Ok(keys.iter().map(|k| m.get(k).cloned()).collect())
     }
