@@ -770,3 +770,72 @@ fn log_timestamps_parse() {
     assert_eq!(d.as_secs(), 1_795_609_108);
     assert_eq!(d.subsec_nanos(), 375_076_000);
 }
+
+/// FUSE passthrough at a mirror mount: a file read whole there gets a whole-file copy, and
+/// its next open is read by the kernel from it. The file overwritten in place at the primary
+/// (same inode, new content) and applied by the agent is never served from the old copy; a
+/// handle opened before keeps the version it opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passthrough_at_a_mirror_never_serves_a_version_the_agent_replaced() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "redis", None, "", "").await;
+    let owner = fs_core::Owner { uid: 0, gid: 0 };
+    let (ino, _) = vol
+        .fs
+        .create(fs_core::ROOT_INO, b"m.bin", 0o644, owner)
+        .await
+        .unwrap();
+    let len = 9 << 20;
+    let v1 = data(41, len);
+    vol.fs.write(ino, 0, &v1).await.unwrap();
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    let m = Mount::start(
+        &pair.m_meta,
+        dir.path(),
+        "mm",
+        &[
+            "--cache-size",
+            "1G",
+            "--attr-cache",
+            "0s",
+            "--entry-cache",
+            "0s",
+        ],
+    );
+    let f = m.mp.join("m.bin");
+    assert!(std::fs::read(&f).unwrap() == v1);
+    stat_until(
+        &m,
+        "jfs_whole_files_made_total",
+        Duration::from_secs(60),
+        |v| v >= 1.0,
+    );
+    let p0 = metric(&m.stats(), "jfs_passthrough_opens_total");
+    let h = std::fs::File::open(&f).unwrap();
+    assert_eq!(metric(&m.stats(), "jfs_passthrough_opens_total"), p0 + 1.0);
+    // A new version at the primary, in place.
+    let v2 = data(42, len);
+    vol.fs.write(ino, 0, &v2).await.unwrap();
+    wait_applied(&pair, &**vol.fs.engine()).await;
+    assert!(
+        std::fs::read(&f).unwrap() == v2,
+        "the old copy was served after the agent applied a new version"
+    );
+    let mut old = vec![0u8; len];
+    h.read_exact_at(&mut old, 0).unwrap();
+    assert!(old == v1, "a handle opened before the change read a mix");
+    drop(h);
+    // The new version gets its own copy (the read above went through the mount, whole).
+    stat_until(
+        &m,
+        "jfs_whole_files_made_total",
+        Duration::from_secs(60),
+        |v| v >= 2.0,
+    );
+    let p1 = metric(&m.stats(), "jfs_passthrough_opens_total");
+    assert!(std::fs::read(&f).unwrap() == v2);
+    assert_eq!(metric(&m.stats(), "jfs_passthrough_opens_total"), p1 + 1.0);
+    m.stop();
+}

@@ -128,6 +128,12 @@ pub struct MountArgs {
     /// FUSE request loops.
     #[arg(long, default_value_t = 4)]
     pub fuse_threads: usize,
+    /// FUSE passthrough of cached files: auto (on where the kernel offers it and the mount
+    /// runs as root; a read-only open of a file held whole in the local cache is handed to
+    /// the kernel, which reads the local copy directly) or off (every read goes through the
+    /// mount).
+    #[arg(long, default_value = "auto", value_name = "auto|off", value_parser = ["auto", "off"])]
+    pub passthrough: String,
 }
 
 /// How long a cutover step waits for the volume's live sessions to follow it.

@@ -238,6 +238,7 @@ async fn collect(
     vfs: &Vfs,
     path: &str,
     out: &mut Vec<(String, u32, Option<u32>)>,
+    files: &mut Vec<Ino>,
     p: &mut WarmProgress,
 ) -> fs_core::Result<()> {
     let (ino, a) = vfs.fs.resolve(path).await?;
@@ -246,6 +247,7 @@ async fn collect(
         match a.kind {
             FileKind::File => {
                 p.files += 1;
+                files.push(ino);
                 for (k, l, crc) in file_blocks(vfs, ino, a.length).await? {
                     p.blocks += 1;
                     p.bytes += l as u64;
@@ -282,14 +284,15 @@ async fn warmup(
         .await;
     };
     let mut p = WarmProgress::default();
-    let mut blocks = Vec::new();
+    let (mut blocks, mut files) = (Vec::new(), Vec::new());
     for path in &paths {
-        if let Err(e) = collect(&ctl.vfs, path, &mut blocks, &mut p).await {
+        if let Err(e) = collect(&ctl.vfs, path, &mut blocks, &mut files, &mut p).await {
             return send(w, &serde_json::json!({"error": format!("{path}: {e}")})).await;
         }
     }
     blocks.sort();
     blocks.dedup();
+    let keys: Vec<String> = blocks.iter().map(|(k, _, _)| k.clone()).collect();
     let (blocks_done, bytes_done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let (fetched, cached, evicted, failed) = (
         Arc::new(AtomicU64::new(0)),
@@ -366,6 +369,19 @@ async fn warmup(
             }
         }
     }
+    // A cache too small for the whole set evicts early blocks for later ones: the warm-up
+    // has not done its job then, whatever the order the blocks came in.
+    if action == WarmAction::Warm && failed.load(Ordering::Relaxed) == 0 {
+        let gone = keys.iter().filter(|k| !cache.contains(k)).count();
+        if gone > 0 {
+            failed.fetch_add(gone as u64, Ordering::Relaxed);
+            errors.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+                "the local cache is full ({} bytes): {gone} of {} blocks were evicted by later ones; give the mount a larger --cache-size",
+                cache.usage().capacity,
+                keys.len()
+            ));
+        }
+    }
     // What was fetched is durable before the warm-up reports done: one sync for all of it.
     if action == WarmAction::Warm && fetched.load(Ordering::Relaxed) > 0 {
         if let Err(e) = cache.sync().await {
@@ -375,6 +391,24 @@ async fn warmup(
                 .unwrap_or_else(|p| p.into_inner())
                 .push(format!("making the warmed blocks durable: {e}"));
         }
+    }
+    // With passthrough, each warmed file of some size is also copied whole (from the blocks
+    // just cached), so that its next open is read by the kernel from the local disk.
+    // An eviction drops the files' whole copies too.
+    match action {
+        WarmAction::Warm if failed.load(Ordering::Relaxed) == 0 => {
+            for ino in files {
+                if let Err(e) = ctl.vfs.whole_copy(ino).await {
+                    tracing::info!(ino, error = %e, "a whole-file copy for passthrough was not made");
+                }
+            }
+        }
+        WarmAction::Evict => {
+            for ino in files {
+                cache.remove_whole(ino);
+            }
+        }
+        _ => {}
     }
     p = snapshot(&p);
     send(w, &serde_json::json!({"done": true, "summary": p})).await

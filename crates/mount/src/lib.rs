@@ -64,6 +64,9 @@ pub struct MountOptions {
     pub threads: usize,
     /// A mirror site: what opens do while the mirror is out of its window.
     pub stale: vfs::Stale,
+    /// Hand read-only opens of files held whole in the local cache to the kernel (FUSE
+    /// passthrough) where the kernel and the mount's rights allow it.
+    pub passthrough: bool,
 }
 
 /// Check the mount point: a directory, not mounted by a live process; a stale FUSE mount
@@ -114,6 +117,29 @@ pub fn raise_kernel_readahead(mp: &Path, kb: u64) {
     if let Err(e) = std::fs::write(&p, kb.to_string()) {
         tracing::info!(path = %p, error = %e, "could not raise the kernel read-ahead (needs root); sequential reads use 128 KiB requests");
     }
+}
+
+/// Whether this process may lend the kernel backing files (FUSE passthrough): root, with
+/// CAP_SYS_ADMIN, in the host's user namespace.
+fn passthrough_rights() -> std::result::Result<(), &'static str> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("the mount does not run as root");
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if cap_eff & (1 << 21) == 0 {
+        return Err("the mount lacks CAP_SYS_ADMIN");
+    }
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    let whole = map.split_whitespace().collect::<Vec<_>>().as_slice() == ["0", "0", "4294967295"];
+    if !whole {
+        return Err("the mount runs in a user namespace (a container's root is not the host's)");
+    }
+    Ok(())
 }
 
 /// The mount's kernel read-ahead (see `raise_kernel_readahead`).
@@ -228,7 +254,7 @@ async fn serve(
         });
     }
     let mm = Arc::new(metrics::MountMetrics::default());
-    let vfs = Arc::new(vfs::Vfs::new(
+    let vfs = vfs::Vfs::new(
         fs.clone(),
         open,
         vfs::VfsConfig {
@@ -240,7 +266,17 @@ async fn serve(
             stale: o.stale,
         },
         mm.clone(),
-    ));
+    );
+    let vfs = Arc::new(match (store.cache(), o.passthrough) {
+        (Some(c), true) => match passthrough_rights() {
+            Ok(()) => vfs.with_passthrough(c.clone()),
+            Err(why) => {
+                tracing::warn!("FUSE passthrough is off: {why} (the kernel lends backing files to CAP_SYS_ADMIN of the host only); reads go through the mount");
+                vfs
+            }
+        },
+        _ => vfs,
+    });
     let ffs = fuse::FuseFs {
         vfs: vfs.clone(),
         rt: tokio::runtime::Handle::current(),

@@ -61,6 +61,10 @@ pub struct MountMetrics {
     pub stale_opens: Counter,
     /// Opens failed while out of the window (`--stale fail`, or `wait` running out).
     pub stale_refused: Counter,
+    /// Opens handed to the kernel with a local whole-file copy (FUSE passthrough).
+    pub passthrough_opens: Counter,
+    /// Whole-file copies made in the local cache for passthrough.
+    pub whole_files_made: Counter,
 }
 
 impl Default for MountMetrics {
@@ -87,6 +91,8 @@ impl Default for MountMetrics {
             mirror_resyncing: Gauge::default(),
             stale_opens: Counter::default(),
             stale_refused: Counter::default(),
+            passthrough_opens: Counter::default(),
+            whole_files_made: Counter::default(),
         }
     }
 }
@@ -178,6 +184,16 @@ impl MountMetrics {
             "jfs_stale_refused",
             "Opens failed while the mirror was out of its window",
             self.stale_refused.clone(),
+        );
+        r.register(
+            "jfs_passthrough_opens",
+            "Opens handed to the kernel with a local whole-file copy (FUSE passthrough)",
+            self.passthrough_opens.clone(),
+        );
+        r.register(
+            "jfs_whole_files_made",
+            "Whole-file copies made in the local cache for passthrough",
+            self.whole_files_made.clone(),
         );
         r.register(
             "jfs_open_handles",

@@ -37,20 +37,20 @@ pub struct CacheConfig {
     pub free_ratio: f64,
 }
 
-struct Index {
-    lru: LruCache<String, u64>,
-    used: u64,
+pub(crate) struct Index {
+    pub(crate) lru: LruCache<String, u64>,
+    pub(crate) used: u64,
     /// Room promised to inserts being written (so concurrent fills never overshoot).
-    reserved: u64,
+    pub(crate) reserved: u64,
 }
 
 pub struct DiskCache {
-    root: PathBuf,
+    pub(crate) root: PathBuf,
     volume: String,
     pub(crate) capacity: u64,
     free_ratio: f64,
-    index: Mutex<Index>,
-    metrics: Arc<StoreMetrics>,
+    pub(crate) index: Mutex<Index>,
+    pub(crate) metrics: Arc<StoreMetrics>,
 }
 
 /// What the cache holds of some blocks (`jfs warmup --check`).
@@ -207,6 +207,7 @@ impl DiskCache {
                 }
             }
         }
+        removed += self.rebuild_whole(&mut files);
         files.sort();
         let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
         for (_, key, size) in &files {
@@ -217,7 +218,7 @@ impl DiskCache {
         Ok((files.len() as u64, removed))
     }
 
-    fn publish(&self, ix: &Index) {
+    pub(crate) fn publish(&self, ix: &Index) {
         self.metrics.cache_bytes.set(ix.used as i64);
         self.metrics.cache_items.set(ix.lru.len() as i64);
     }
@@ -239,7 +240,7 @@ impl DiskCache {
             .contains(key)
     }
 
-    fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &str) {
         let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(size) = ix.lru.pop(key) {
             ix.used -= size;
@@ -374,7 +375,7 @@ impl DiskCache {
     /// Evict least recently used blocks until `incoming` more bytes fit under the capacity
     /// and the disk keeps its free share. False when the disk is at its floor with nothing
     /// left to evict.
-    fn make_room(&self, incoming: u64) -> bool {
+    pub(crate) fn make_room(&self, incoming: u64) -> bool {
         loop {
             let victim = {
                 let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
@@ -400,6 +401,8 @@ impl DiskCache {
             };
             if let Some((path, _)) = self.rel_path(&victim) {
                 let _ = std::fs::remove_file(path);
+            } else {
+                self.remove_whole_files(&victim);
             }
             self.metrics.cache_evictions.inc();
         }

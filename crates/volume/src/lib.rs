@@ -70,6 +70,7 @@ mod metrics;
 pub mod moving;
 pub mod placement;
 mod stack;
+mod whole;
 
 pub use cache::{CacheConfig, CacheUsage, DiskCache};
 pub use cached::CachedStore;
@@ -81,6 +82,7 @@ pub use metrics::StoreMetrics;
 pub use moving::MovingEngine;
 pub use placement::{DualStore, StorageHolder, WriterHealth};
 pub use stack::StoreBuilder;
+pub use whole::WholeWriter;
 
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::{BlockStore, Engine, Fs};

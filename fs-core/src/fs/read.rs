@@ -33,6 +33,31 @@ pub async fn slice_checksums(engine: &dyn Engine, ids: &[u64]) -> Result<HashMap
 }
 
 impl Fs {
+    /// Exactly what `ino` holds now: its attributes, and its length followed by every chunk
+    /// record, raw (read in one round trip). Slices are immutable and never reuse an id, so
+    /// two equal versions show the same bytes; any commit, truncate or compaction changes it.
+    /// The whole-file cache entries behind FUSE passthrough are keyed by it.
+    pub async fn content_version(&self, ino: Ino) -> Result<(crate::types::Attr, Vec<u8>)> {
+        let attr = self.getattr(ino).await?;
+        if attr.kind != FileKind::File {
+            return Err(Error::new(
+                ErrorKind::IsDir,
+                format!("inode {ino} is not a file"),
+            ));
+        }
+        let n = attr.length.div_ceil(CHUNK_SIZE) as u32;
+        let keys: Vec<Vec<u8>> = (0..n).map(|i| keys::chunk(ino, i)).collect();
+        let mut v = attr.length.to_be_bytes().to_vec();
+        for (i, rec) in self.engine.get_many(&keys).await?.into_iter().enumerate() {
+            if let Some(rec) = rec {
+                v.extend_from_slice(&(i as u32).to_be_bytes());
+                v.extend_from_slice(&(rec.len() as u32).to_be_bytes());
+                v.extend_from_slice(&rec);
+            }
+        }
+        Ok((attr, v))
+    }
+
     /// The chunk records of chunk `idx` of `ino`.
     pub async fn chunk_records(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRec>> {
         decode_chunk(ino, idx, self.engine.get(&keys::chunk(ino, idx)).await?)

@@ -76,6 +76,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         allow_other: m.allow_other,
         threads: m.fuse_threads,
         stale: m.stale,
+        passthrough: m.passthrough == "auto",
     };
     mount::run(vol, o, || {
         cli_common::eprintln!(

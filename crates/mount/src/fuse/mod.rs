@@ -13,6 +13,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use fuser::{BackingId, InitFlags};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
@@ -62,6 +63,18 @@ pub fn negotiate(config: &mut KernelConfig) {
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         negotiate(config);
+        if let Some(pt) = self.vfs.pt.as_ref().filter(|p| p.enabled()) {
+            // Backing files on a plain local file system (stacking depth 0) need depth 1.
+            if config
+                .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
+                .is_err()
+                || config.set_max_stack_depth(1).is_err()
+            {
+                pt.disable("this kernel does not offer it (Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)");
+            } else {
+                tracing::info!("FUSE passthrough is on: read-only opens of files held whole in the local cache are read by the kernel from the local copy");
+            }
+        }
         Ok(())
     }
 
@@ -272,16 +285,15 @@ impl Filesystem for FuseFs {
         let (v, i) = (self.vfs.clone(), ino(i));
         self.go(
             "open",
-            async move { v.open(i, flags.0).await },
+            async move {
+                let o = v.open(i, flags.0).await?;
+                if o.copy_whole {
+                    v.make_whole(i);
+                }
+                Ok((o, v))
+            },
             move |r| match r {
-                Ok(o) => reply.opened(
-                    FileHandle(o.fh),
-                    if o.keep_cache {
-                        FopenFlags::FOPEN_KEEP_CACHE
-                    } else {
-                        FopenFlags::empty()
-                    },
-                ),
+                Ok((o, v)) => open_reply(&v, reply, o),
                 Err(e) => reply.error(Errno::from_i32(e)),
             },
         );
@@ -358,7 +370,7 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         let v = self.vfs.clone();
-        self.go("release", async move { v.release(fh.0).await }, move |r| {
+        self.go("release", async move { v.close(fh.0).await }, move |r| {
             empty_reply(reply, r)
         });
     }
@@ -632,5 +644,53 @@ impl Filesystem for FuseFs {
             async move { v.fallocate(fh.0, offset, length, mode).await },
             move |r| empty_reply(reply, r),
         );
+    }
+}
+
+/// Answer an open: in passthrough with the inode's backing file (registered with the kernel
+/// at its first open, kept while the inode is in passthrough), else plainly. A backing file
+/// the kernel refuses turns passthrough off and the handle goes on in caching mode.
+fn open_reply(vfs: &Arc<Vfs>, reply: ReplyOpen, o: crate::vfs::Opened) {
+    let fh = FileHandle(o.fh);
+    let Some(pt) = o.passthrough else {
+        let flags = if o.keep_cache {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        return reply.opened(fh, flags);
+    };
+    let id = {
+        let mut slot = pt.backing.id.lock().unwrap_or_else(|p| p.into_inner());
+        match &*slot {
+            Some(Ok(id)) => Ok(id.clone()),
+            Some(Err(())) => Err(std::io::Error::other("refused before")),
+            None => match reply.open_backing(&pt.backing.file) {
+                Ok(id) => {
+                    let id: Arc<dyn std::any::Any + Send + Sync> = Arc::new(id);
+                    *slot = Some(Ok(id.clone()));
+                    Ok(id)
+                }
+                Err(e) => {
+                    *slot = Some(Err(()));
+                    Err(e)
+                }
+            },
+        }
+    };
+    match id {
+        Ok(id) => {
+            let id = id.downcast_ref::<BackingId>().expect("a backing id");
+            let flags = if pt.direct {
+                FopenFlags::FOPEN_DIRECT_IO
+            } else {
+                FopenFlags::empty()
+            };
+            reply.opened_passthrough(fh, flags, id)
+        }
+        Err(e) => {
+            vfs.passthrough_refused(o.fh, &e);
+            reply.opened(fh, FopenFlags::empty())
+        }
     }
 }

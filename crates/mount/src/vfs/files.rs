@@ -42,6 +42,7 @@ impl Vfs {
                     )),
                     gen: AtomicU64::new(0),
                     pinned: Mutex::new(None),
+                    io: Default::default(),
                 })
             })
             .clone();
@@ -49,8 +50,22 @@ impl Vfs {
         n
     }
 
+    /// A new handle of `ino` in caching mode (as long as no open of it is in passthrough).
     fn new_handle(&self, ino: Ino) -> u64 {
+        self.new_handle_as(ino, false, None, None).0
+    }
+
+    /// A new handle of `ino`, in passthrough when `entry` (the whole-file entry of content
+    /// `version`) may be handed out, or when the inode is in passthrough already.
+    fn new_handle_as(
+        &self,
+        ino: Ino,
+        read_only: bool,
+        version: Option<Vec<u8>>,
+        entry: Option<std::fs::File>,
+    ) -> (u64, Option<passthrough::PtOpen>) {
         let node = self.node_open(ino);
+        let (mode, pt) = self.choose_io(&node, read_only, version, entry);
         let fh = self.next_fh.fetch_add(1, Ordering::SeqCst);
         self.handles
             .lock()
@@ -62,10 +77,15 @@ impl Vfs {
                     node,
                     reader: tokio::sync::Mutex::new(None),
                     counted: Default::default(),
+                    mode: Mutex::new(mode),
+                    read_bytes: AtomicU64::new(0),
                 }),
             );
         self.metrics.open_handles.inc();
-        fh
+        if pt.is_some() {
+            self.metrics.passthrough_opens.inc();
+        }
+        (fh, pt)
     }
 
     fn handle(&self, fh: u64) -> VResult<Arc<Handle>> {
@@ -89,7 +109,8 @@ impl Vfs {
 
     pub async fn open(&self, ino: Ino, flags: i32) -> VResult<Opened> {
         let acc = flags & libc::O_ACCMODE;
-        if acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+        let read_only = acc == libc::O_RDONLY && flags & libc::O_TRUNC == 0;
+        if !read_only {
             self.rw()?;
         }
         self.fresh_gate().await?;
@@ -101,14 +122,28 @@ impl Vfs {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&ino)
                 .is_some_and(|(_, _, t)| t.elapsed() < self.cfg.open_cache);
-            if recent && self.open.get(ino).is_none() {
+            if recent && self.open.get(ino).is_none() && !self.whole_candidate(ino) {
+                let (fh, pt) = self.new_handle_as(ino, read_only, None, None);
                 return Ok(Opened {
-                    fh: self.new_handle(ino),
+                    fh,
                     keep_cache: true,
+                    passthrough: pt,
+                    copy_whole: false,
                 });
             }
         }
-        let a = match self.fs.getattr(ino).await {
+        // A read-only open may be answered with a whole-file copy: its content version is
+        // read instead of the bare attributes.
+        let whole = if read_only {
+            self.whole_entry(ino).await?
+        } else {
+            None
+        };
+        let got = match &whole {
+            Some((a, _, _)) => Ok(a.clone()),
+            None => self.fs.getattr(ino).await,
+        };
+        let a = match got {
             Ok(a) => a,
             // At a mirror the agent may have applied the inode's deletion since the kernel
             // looked its name up (a file replaced by rename at the primary): ESTALE makes
@@ -124,8 +159,13 @@ impl Vfs {
             _ => return Err(libc::ENXIO),
         }
         let keep_cache = self.keep_cache(ino, &a);
-        let fh = self.new_handle(ino);
-        if self.cfg.pin_versions {
+        let (version, entry) = match whole {
+            Some((_, v, f)) => (Some(v), f),
+            None => (None, None),
+        };
+        let (fh, pt) = self.new_handle_as(ino, read_only, version, entry);
+        // A plain passthrough open reads its backing file, which holds the version opened.
+        if self.cfg.pin_versions && pt.as_ref().is_none_or(|p| p.direct) {
             let pinned = async {
                 let h = self.handle(fh)?;
                 let rd = match self.reader(&h).await {
@@ -146,7 +186,17 @@ impl Vfs {
                 *n.pinned.lock().unwrap_or_else(|p| p.into_inner()) = Some(a.clone());
             }
         }
-        Ok(Opened { fh, keep_cache })
+        let copy_whole = read_only
+            && keep_cache
+            && pt.is_none()
+            && a.length >= passthrough::MIN_WHOLE
+            && self.pt.as_ref().is_some_and(|p| p.enabled());
+        Ok(Opened {
+            fh,
+            keep_cache,
+            passthrough: pt,
+            copy_whole,
+        })
     }
 
     pub async fn create(
@@ -213,6 +263,7 @@ impl Vfs {
         let rd = self.reader(&h).await?;
         let data = rd.read(offset, size as usize).await.map_err(err)?;
         self.metrics.read_bytes.inc_by(data.len() as u64);
+        h.read_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         let st = rd.stats();
         {
             let mut c = h.counted.lock().unwrap_or_else(|p| p.into_inner());
@@ -271,6 +322,22 @@ impl Vfs {
         self.flush(fh).await
     }
 
+    /// `release`, and then, when the handle read its whole file (at least
+    /// `passthrough::MIN_WHOLE`), a whole-file copy for the next opens' passthrough.
+    pub async fn close(self: &Arc<Self>, fh: u64) -> VResult<()> {
+        let read = self.handle(fh).ok().and_then(|h| {
+            let n = h.read_bytes.load(Ordering::Relaxed);
+            (self.pt.is_some() && n >= passthrough::MIN_WHOLE).then_some((h.ino, n))
+        });
+        let r = self.release(fh).await;
+        if let Some((ino, n)) = read {
+            if self.fs.getattr(ino).await.is_ok_and(|a| a.length <= n) {
+                self.make_whole(ino);
+            }
+        }
+        r
+    }
+
     /// Close a handle: commit its file's buffer; at the last close of an inode unlinked while
     /// open, free it.
     pub async fn release(&self, fh: u64) -> VResult<()> {
@@ -281,6 +348,8 @@ impl Vfs {
             .remove(&fh)
             .ok_or(libc::EBADF)?;
         self.metrics.open_handles.dec();
+        let mode = *h.mode.lock().unwrap_or_else(|p| p.into_inner());
+        self.io_done(&h.node, mode, false);
         let r = self.flush_ino(h.ino).await;
         let last = {
             let mut m = self.open.nodes.lock().unwrap_or_else(|p| p.into_inner());

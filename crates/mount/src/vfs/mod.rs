@@ -13,6 +13,7 @@
 mod dirs;
 mod files;
 mod names;
+pub mod passthrough;
 
 use crate::metrics::MountMetrics;
 use crate::writer::Writer;
@@ -131,6 +132,8 @@ pub struct Node {
     /// A mirror site: the attributes of the version opened, answered while it stays open
     /// after the agent applied its deletion.
     pinned: Mutex<Option<Attr>>,
+    /// Its opens in caching and in passthrough mode (see `passthrough`).
+    io: Mutex<passthrough::IoState>,
 }
 
 /// The open-file table: fs-core asks it whether an unlinked inode must be kept.
@@ -176,6 +179,9 @@ pub struct Handle {
     reader: tokio::sync::Mutex<Option<(u64, Arc<FileReader>)>>,
     /// Reader statistics already added to the metrics.
     counted: Mutex<fs_core::fs::ReadStats>,
+    mode: Mutex<passthrough::IoMode>,
+    /// Bytes read through this handle.
+    read_bytes: AtomicU64,
 }
 
 pub struct Vfs {
@@ -193,6 +199,8 @@ pub struct Vfs {
     /// The latest commit failure of each inode (the cause behind an EIO), newest last; a
     /// writer that got EIO asks for it through the control socket (`Request::WriteError`).
     write_errors: Mutex<std::collections::VecDeque<(Ino, String)>>,
+    /// FUSE passthrough of files held whole in the local cache (none: no cache, or off).
+    pub pt: Option<Arc<passthrough::Passthrough>>,
 }
 
 /// How many inodes' latest commit failures are remembered.
@@ -213,6 +221,11 @@ fn check_name(name: &[u8]) -> VResult<()> {
 pub struct Opened {
     pub fh: u64,
     pub keep_cache: bool,
+    /// Answer with this backing file (FUSE passthrough).
+    pub passthrough: Option<passthrough::PtOpen>,
+    /// A file opened again unchanged with no whole-file copy yet: worth making one (the
+    /// kernel may serve this open from its page cache, so no read would show it is hot).
+    pub copy_whole: bool,
 }
 
 impl Vfs {
@@ -237,7 +250,15 @@ impl Vfs {
             seen: Mutex::new(HashMap::new()),
             freshness: Default::default(),
             write_errors: Default::default(),
+            pt: None,
         }
+    }
+
+    /// Hand read-only opens of files held whole in `cache` to the kernel (see
+    /// `passthrough`).
+    pub fn with_passthrough(mut self, cache: Arc<volume::DiskCache>) -> Vfs {
+        self.pt = Some(Arc::new(passthrough::Passthrough::new(cache)));
+        self
     }
 
     /// Remember why a commit of `ino` failed (the errno the writer got says only EIO).
