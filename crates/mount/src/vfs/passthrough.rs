@@ -17,7 +17,8 @@
 //!
 //! Whole-file entries are made in the background from bytes read through the checked read
 //! path: after `jfs warmup` of a file, and when a handle that read a whole file is closed.
-//! An entry is checked against its CRCs before its first hand-off in this process.
+//! An entry found at start (made by an earlier process) is checked against its CRCs before
+//! its first hand-off.
 
 use super::*;
 use std::collections::HashSet;
@@ -314,9 +315,15 @@ impl Vfs {
         if v2 != v1 {
             return Ok(false);
         }
-        tokio::task::spawn_blocking(move || w.finish(&v1))
+        let v = v1.clone();
+        tokio::task::spawn_blocking(move || w.finish(&v))
             .await
             .map_err(|e| fs_core::Error::new(ErrorKind::Backend, e.to_string()))??;
+        // Made here from checked bytes: no CRC pass before its first hand-off.
+        p.verified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((ino, v1));
         Ok(true)
     }
 }
