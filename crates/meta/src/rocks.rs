@@ -686,7 +686,7 @@ mod install_tests {
         std::fs::create_dir_all(p.join("jfs-aux")).unwrap();
         std::fs::write(p.join("jfs-aux").join(fs_core::site::MARKER), b"{}").unwrap();
         let val = vec![7u8; 4096];
-        let mut misses = 0;
+        let mut misses = Vec::new();
         for i in 0..40u64 {
             w.install_reset().await.unwrap();
             let mut pairs: Vec<KvPair> = vec![(b"S".to_vec(), i.to_be_bytes().to_vec())];
@@ -701,10 +701,9 @@ mod install_tests {
             let got = r.get(b"S").await.unwrap();
             let k = r.get(b"k000300").await.unwrap();
             if got.as_deref() != Some(&i.to_be_bytes()[..]) || k.is_none() {
-                misses += 1;
-                eprintln!("round {i}: S={got:?} k300={}", k.is_some());
+                misses.push(format!("round {i}: S={got:?} k300={}", k.is_some()));
             }
         }
-        assert_eq!(misses, 0);
+        assert!(misses.is_empty(), "{misses:?}");
     }
 }
