@@ -568,12 +568,13 @@ fn cache_files(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
     let v = new_vol("rocksdb");
+    // The block cache (whole-file copies for passthrough: tests/passthrough.rs).
     let payload = data(5, 20 << 20);
-    let m = mount(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &["--passthrough", "off"]);
     std::fs::write(m.mp.join("f"), &payload).unwrap();
     m.stop();
     // Warm the cache, then damage it while unmounted: a bit flip and a truncation.
-    let m = mount(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &["--passthrough", "off"]);
     let o = jfs_in(&v, &["warmup", m.mp.join("f").to_str().unwrap()]);
     assert!(
         o.status.success(),
@@ -588,7 +589,7 @@ fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
     std::fs::write(&files[0], &b).unwrap();
     let b = std::fs::read(&files[1]).unwrap();
     std::fs::write(&files[1], &b[..b.len() / 2]).unwrap();
-    let m = mount(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &["--passthrough", "off"]);
     assert_eq!(
         std::fs::read(m.mp.join("f")).unwrap(),
         payload,
@@ -601,7 +602,7 @@ fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
     );
     m.stop();
     // A small cache stays within its size.
-    let m = mount(&v, "small", &["--cache-size", "9M"]);
+    let m = mount(&v, "small", &["--cache-size", "9M", "--passthrough", "off"]);
     let big = data(6, 40 << 20);
     std::fs::write(m.mp.join("g"), &big).unwrap();
     assert_eq!(std::fs::read(m.mp.join("g")).unwrap(), big);
@@ -627,7 +628,9 @@ fn a_damaged_cache_is_refetched_never_served_and_the_cache_keeps_its_size() {
 #[test]
 fn warmed_files_read_without_touching_the_store() {
     let v = new_vol("rocksdb");
-    let m = mount(&v, "mnt", &[]);
+    // The block cache's path (with passthrough, files of 4 MiB and more are warmed into
+    // whole-file copies instead: tests/passthrough.rs).
+    let m = mount(&v, "mnt", &["--passthrough", "off"]);
     std::fs::create_dir(m.mp.join("model")).unwrap();
     let mut want = Vec::new();
     for i in 0..4 {
@@ -636,7 +639,7 @@ fn warmed_files_read_without_touching_the_store() {
         want.push(d);
     }
     m.stop();
-    let m = mount(&v, "mnt", &[]);
+    let m = mount(&v, "mnt", &["--passthrough", "off"]);
     let check = jfs_in(
         &v,
         &[

@@ -257,7 +257,11 @@ fn a_damaged_copy_is_never_served_and_eviction_while_open_is_safe() {
         "the damaged copy was handed out"
     );
     assert_eq!(metric(&s, "jfs_cache_damaged_total"), d0 + 1.0);
-    assert!(!copy.exists(), "the damaged copy was kept");
+    // (a new copy may already stand at the same path: the read above was whole)
+    assert!(
+        std::fs::read(&copy).map_or(true, |b| &b[4096..4103] != b"garbage"),
+        "the damaged copy was kept"
+    );
 
     // A new copy (from that read); open it, evict it while open, read on.
     stat_at_least(&m, "jfs_whole_files_made_total", 2.0);
@@ -372,4 +376,28 @@ fn a_mount_without_the_hosts_root_reads_through_the_mount_and_says_so() {
         .flat_map(|rd| rd.flatten())
         .count();
     assert_eq!(copies, 0, "a whole-file copy was made with passthrough off");
+}
+
+/// A warm-up into a whole-file copy that the cache cannot hold fails and says why; nothing
+/// is left behind, and the cache keeps its size.
+#[test]
+fn a_whole_copy_too_big_for_the_cache_is_refused_loudly() {
+    let v = new_vol("rocksdb");
+    let m = Mount::start(&v.meta, v.dir.path(), "m", &["--cache-size", "9M"]);
+    let f = m.mp.join("big.bin");
+    let want = data(11, LEN);
+    std::fs::write(&f, &want).unwrap();
+    let o = jfs_in(&m, &["warmup", f.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("the local cache is full"), "{err}");
+    assert!(whole_copies(&m).is_empty());
+    assert!(metric(&m.stats(), "jfs_cache_bytes") <= (9 << 20) as f64);
+    assert!(read(&f) == want);
+    m.stop();
 }

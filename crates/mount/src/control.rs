@@ -107,6 +107,10 @@ pub struct WarmProgress {
     pub cached: u64,
     pub evicted: u64,
     pub failed: u64,
+    /// Files held as whole-file copies for passthrough: made or found (warm), found
+    /// (check), dropped (evict).
+    #[serde(default)]
+    pub whole_files: u64,
     /// The first few failures, for the summary.
     pub errors: Vec<String>,
 }
@@ -234,11 +238,22 @@ async fn file_blocks(
     Ok(keys.into_iter().collect())
 }
 
+/// What a warm-up works on: blocks one by one, and (with passthrough) files warmed straight
+/// into whole-file copies.
+#[derive(Default)]
+struct WarmSet {
+    blocks: Vec<(String, u32, Option<u32>)>,
+    whole: Vec<Ino>,
+    files: Vec<Ino>,
+    /// Blocks (and bytes) a check found in current whole-file copies.
+    in_whole: (u64, u64),
+}
+
 async fn collect(
     vfs: &Vfs,
     path: &str,
-    out: &mut Vec<(String, u32, Option<u32>)>,
-    files: &mut Vec<Ino>,
+    action: WarmAction,
+    set: &mut WarmSet,
     p: &mut WarmProgress,
 ) -> fs_core::Result<()> {
     let (ino, a) = vfs.fs.resolve(path).await?;
@@ -247,11 +262,19 @@ async fn collect(
         match a.kind {
             FileKind::File => {
                 p.files += 1;
-                files.push(ino);
-                for (k, l, crc) in file_blocks(vfs, ino, a.length).await? {
-                    p.blocks += 1;
-                    p.bytes += l as u64;
-                    out.push((k, l, crc));
+                set.files.push(ino);
+                let blocks = file_blocks(vfs, ino, a.length).await?;
+                p.blocks += blocks.len() as u64;
+                p.bytes += blocks.iter().map(|b| b.1 as u64).sum::<u64>();
+                let whole = vfs.warms_whole(a.length);
+                match action {
+                    WarmAction::Warm if whole => set.whole.push(ino),
+                    WarmAction::Check if whole && vfs.has_current_whole(ino).await => {
+                        p.whole_files += 1;
+                        set.in_whole.0 += blocks.len() as u64;
+                        set.in_whole.1 += blocks.iter().map(|b| b.1 as u64).sum::<u64>();
+                    }
+                    _ => set.blocks.extend(blocks),
                 }
             }
             FileKind::Dir => {
@@ -284,12 +307,18 @@ async fn warmup(
         .await;
     };
     let mut p = WarmProgress::default();
-    let (mut blocks, mut files) = (Vec::new(), Vec::new());
+    let mut set = WarmSet::default();
     for path in &paths {
-        if let Err(e) = collect(&ctl.vfs, path, &mut blocks, &mut files, &mut p).await {
+        if let Err(e) = collect(&ctl.vfs, path, action, &mut set, &mut p).await {
             return send(w, &serde_json::json!({"error": format!("{path}: {e}")})).await;
         }
     }
+    let WarmSet {
+        mut blocks,
+        whole,
+        files,
+        in_whole,
+    } = set;
     blocks.sort();
     blocks.dedup();
     let keys: Vec<String> = blocks.iter().map(|(k, _, _)| k.clone()).collect();
@@ -301,7 +330,7 @@ async fn warmup(
         Arc::new(AtomicU64::new(0)),
     );
     let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let work = futures::stream::iter(blocks.into_iter().map(|(key, len, crc)| {
+    let blocks_work = futures::stream::iter(blocks.into_iter().map(|(key, len, crc)| {
         let (store, cache) = (ctl.store.clone(), cache.clone());
         let (bd, byd, fe, ca, ev, fa, errs) = (
             blocks_done.clone(),
@@ -348,6 +377,46 @@ async fn warmup(
     }))
     .buffer_unordered(threads)
     .collect::<Vec<()>>();
+    // Files warmed straight into whole-file copies, one after another (each fetches
+    // `threads` blocks at once).
+    cached.fetch_add(in_whole.0, Ordering::Relaxed);
+    blocks_done.fetch_add(in_whole.0, Ordering::Relaxed);
+    bytes_done.fetch_add(in_whole.1, Ordering::Relaxed);
+    let whole_done = Arc::new(AtomicU64::new(0));
+    let whole_work = {
+        let (vfs, store, wd) = (ctl.vfs.clone(), ctl.store.clone(), whole_done.clone());
+        let (bd, byd, fe, ca, fa, errs) = (
+            blocks_done.clone(),
+            bytes_done.clone(),
+            fetched.clone(),
+            cached.clone(),
+            failed.clone(),
+            errors.clone(),
+        );
+        async move {
+            for ino in whole {
+                let each = |len: u64, now: bool| {
+                    bd.fetch_add(1, Ordering::Relaxed);
+                    byd.fetch_add(len, Ordering::Relaxed);
+                    let c = if now { &fe } else { &ca };
+                    c.fetch_add(1, Ordering::Relaxed);
+                };
+                match vfs.warm_whole(&store, ino, threads, each).await {
+                    Ok(_) => {
+                        wd.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        fa.fetch_add(1, Ordering::Relaxed);
+                        let mut v = errs.lock().unwrap_or_else(|p| p.into_inner());
+                        if v.len() < 10 {
+                            v.push(format!("inode {ino}: {e}"));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let work = futures::future::join(blocks_work, whole_work);
     tokio::pin!(work);
     let snapshot = |p: &WarmProgress| {
         let mut q = p.clone();
@@ -395,21 +464,14 @@ async fn warmup(
     // With passthrough, each warmed file of some size is also copied whole (from the blocks
     // just cached), so that its next open is read by the kernel from the local disk.
     // An eviction drops the files' whole copies too.
-    match action {
-        WarmAction::Warm if failed.load(Ordering::Relaxed) == 0 => {
-            for ino in files {
-                if let Err(e) = ctl.vfs.whole_copy(ino).await {
-                    tracing::info!(ino, error = %e, "a whole-file copy for passthrough was not made");
-                }
+    if action == WarmAction::Evict {
+        for ino in files {
+            if cache.remove_whole(ino) {
+                whole_done.fetch_add(1, Ordering::Relaxed);
             }
         }
-        WarmAction::Evict => {
-            for ino in files {
-                cache.remove_whole(ino);
-            }
-        }
-        _ => {}
     }
+    p.whole_files += whole_done.load(Ordering::Relaxed);
     p = snapshot(&p);
     send(w, &serde_json::json!({"done": true, "summary": p})).await
 }

@@ -117,6 +117,20 @@ impl CachedStore {
         self.cache.as_ref()
     }
 
+    /// Block `key` for a whole-file copy (which holds the bytes itself): the cached copy if
+    /// there is one (true), else one fetch from below that fills no cache (false).
+    pub async fn get_block_for_copy(&self, key: &str, want: BlockCheck) -> Result<(Bytes, bool)> {
+        if let Some(c) = self.cache.as_ref().filter(|c| c.cacheable(key)) {
+            if let Some(b) = c.lookup(key, want.crc).await {
+                self.metrics.cache_hits.inc();
+                self.metrics.cache_hit_bytes.inc_by(b.len() as u64);
+                return Ok((b, true));
+            }
+        }
+        let b = self.flight(key, false, Some(want)).await?;
+        Ok((b, false))
+    }
+
     /// The cache first (its copy checked against the slice's checksum when `want` has
     /// one), then one fetch from below.
     async fn read(&self, key: &str, want: Option<BlockCheck>) -> Result<Bytes> {

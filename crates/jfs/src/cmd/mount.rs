@@ -363,22 +363,25 @@ pub async fn warmup(
         }
         match action {
             WarmAction::Warm => println!(
-                "warmed {} files, {} blocks ({} bytes) in {:.1} s ({:.1} MiB/s): {} fetched, {} already cached, {} failed",
+                "warmed {} files, {} blocks ({} bytes) in {:.1} s ({:.1} MiB/s): {} fetched, {} already cached, {} failed{}",
                 s.files, s.blocks, s.bytes, secs,
                 s.bytes as f64 / secs.max(1e-9) / 1048576.0,
-                s.fetched, s.cached, s.failed
+                s.fetched, s.cached, s.failed,
+                whole_note(s.whole_files, "held as whole-file copies for passthrough")
             ),
             WarmAction::Check => println!(
-                "{} files, {} blocks ({} bytes): {} blocks cached ({:.1}%)",
+                "{} files, {} blocks ({} bytes): {} blocks cached ({:.1}%){}",
                 s.files,
                 s.blocks,
                 s.bytes,
                 s.cached,
-                if s.blocks == 0 { 100.0 } else { s.cached as f64 * 100.0 / s.blocks as f64 }
+                if s.blocks == 0 { 100.0 } else { s.cached as f64 * 100.0 / s.blocks as f64 },
+                whole_note(s.whole_files, "held as whole-file copies")
             ),
             WarmAction::Evict => println!(
-                "{} files, {} blocks: {} evicted from the local cache",
-                s.files, s.blocks, s.evicted
+                "{} files, {} blocks: {} evicted from the local cache{}",
+                s.files, s.blocks, s.evicted,
+                whole_note(s.whole_files, "whole-file copies dropped")
             ),
         }
         for e in &s.errors {
@@ -390,6 +393,15 @@ pub async fn warmup(
     } else {
         Outcome::Done
     })
+}
+
+/// ", N files WHAT" when N > 0 (the warm-up summary's note on whole-file copies).
+fn whole_note(n: u64, what: &str) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!("; {n} files {what}")
+    }
 }
 
 /// Parse Prometheus text into name{labels} -> value (histogram buckets left out).

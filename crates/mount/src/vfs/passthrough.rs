@@ -327,3 +327,173 @@ impl Vfs {
         Ok(true)
     }
 }
+
+/// What a warm-up into a whole-file copy did (blocks and their bytes).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WarmedWhole {
+    pub fetched: u64,
+    pub cached: u64,
+    pub bytes: u64,
+}
+
+impl Vfs {
+    /// Whether a warm-up of a file `len` bytes long goes straight into a whole-file copy.
+    pub fn warms_whole(&self, len: u64) -> bool {
+        len >= MIN_WHOLE && self.pt.as_ref().is_some_and(|p| p.enabled())
+    }
+
+    /// Whether `ino` has a whole-file copy of its current content (`jfs warmup --check`).
+    pub async fn has_current_whole(&self, ino: Ino) -> bool {
+        matches!(self.whole_entry(ino).await, Ok(Some((_, _, Some(_)))))
+    }
+
+    /// Warm `ino` straight into a whole-file copy, without block-cache copies (one write per
+    /// byte, as a block warm-up): its pieces in file order, `threads` blocks fetched at
+    /// once, each from the block cache when it is there, else from the store, checked.
+    /// `each(len, fetched)` is told of every block as it lands. A copy of the current
+    /// version already there counts every block as cached.
+    pub async fn warm_whole(
+        &self,
+        store: &volume::CachedStore,
+        ino: Ino,
+        threads: usize,
+        each: impl Fn(u64, bool),
+    ) -> fs_core::Result<WarmedWhole> {
+        use fs_core::fs::Piece;
+        use futures::StreamExt;
+        let backend =
+            |e: tokio::task::JoinError| fs_core::Error::new(ErrorKind::Backend, e.to_string());
+        let Some(p) = self.pt.clone().filter(|p| p.enabled()) else {
+            return Err(fs_core::Error::new(ErrorKind::Config, "passthrough is off"));
+        };
+        // One copy of a file is made at a time: wait for one in the making (a handle that
+        // read the file whole just closed), then see whether it is the current version.
+        while !p
+            .making
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ino)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _unmark = Unmark(&p, ino);
+        let (a, v1) = self.fs.content_version(ino).await?;
+        let len = a.length;
+        // Every block piece of the file, in file order.
+        let mut pieces = Vec::new();
+        let mut off = 0u64;
+        while off < len {
+            let n = fs_core::CHUNK_SIZE.min(len - off) as usize;
+            let mut plan = self.fs.plan_read(ino, off, n).await?.pieces;
+            plan.sort_by_key(|p| match p {
+                Piece::Zeros { dst, .. } | Piece::Block { dst, .. } => *dst,
+            });
+            pieces.extend(plan.into_iter().map(|p| (off, p)));
+            off += n as u64;
+        }
+        let (c, v) = (p.cache.clone(), v1.clone());
+        if tokio::task::spawn_blocking(move || c.open_whole(ino, &v, false).is_some())
+            .await
+            .map_err(backend)?
+        {
+            let mut w = WarmedWhole::default();
+            for (_, piece) in &pieces {
+                if let Piece::Block { len, .. } = piece {
+                    each(*len as u64, false);
+                    w.cached += 1;
+                    w.bytes += *len as u64;
+                }
+            }
+            return Ok(w);
+        }
+        let c = p.cache.clone();
+        let Some(mut w) = tokio::task::spawn_blocking(move || c.whole_writer(ino, len))
+            .await
+            .map_err(backend)??
+        else {
+            return Err(fs_core::Error::new(
+                ErrorKind::Backend,
+                format!("the local cache is full ({} bytes): no room for a whole copy of {len} bytes; give the mount a larger --cache-size", p.cache.usage().capacity),
+            ));
+        };
+        let mut done = WarmedWhole::default();
+        let mut at = 0u64;
+        let mut parts = futures::stream::iter(pieces.into_iter().map(|(base, piece)| async move {
+            match piece {
+                Piece::Zeros { dst, len } => {
+                    Ok((base + dst as u64, bytes::Bytes::from(vec![0u8; len]), None))
+                }
+                Piece::Block {
+                    key,
+                    check,
+                    from,
+                    len,
+                    dst,
+                } => {
+                    let (b, was_cached) = store.get_block_for_copy(&key, check).await?;
+                    if b.len() < from + len {
+                        return Err(fs_core::error::corrupt(format!(
+                            "block {key} is shorter than its slice says"
+                        )));
+                    }
+                    Ok((
+                        base + dst as u64,
+                        b.slice(from..from + len),
+                        Some(was_cached),
+                    ))
+                }
+            }
+        }))
+        .buffered(threads.clamp(1, 16));
+        while let Some(part) = parts.next().await {
+            let (pos, data, block) = part?;
+            if pos != at {
+                return Err(fs_core::error::corrupt(format!(
+                    "inode {ino}: the read plan has a gap at {at}"
+                )));
+            }
+            at += data.len() as u64;
+            if let Some(was_cached) = block {
+                each(data.len() as u64, !was_cached);
+                if was_cached {
+                    done.cached += 1;
+                } else {
+                    done.fetched += 1;
+                }
+                done.bytes += data.len() as u64;
+            }
+            w = tokio::task::spawn_blocking(move || w.write(&data).map(|_| w))
+                .await
+                .map_err(backend)??;
+        }
+        let (_, v2) = self.fs.content_version(ino).await?;
+        if v2 != v1 {
+            return Err(fs_core::Error::new(
+                ErrorKind::Busy,
+                "the file changed while it was warmed; warm it again",
+            ));
+        }
+        let v = v1.clone();
+        tokio::task::spawn_blocking(move || w.finish(&v))
+            .await
+            .map_err(backend)??;
+        p.verified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((ino, v1));
+        self.metrics.whole_files_made.inc();
+        Ok(done)
+    }
+}
+
+/// Takes an inode off the being-made set when dropped.
+struct Unmark<'a>(&'a Passthrough, Ino);
+impl Drop for Unmark<'_> {
+    fn drop(&mut self) {
+        self.0
+            .making
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
+    }
+}
