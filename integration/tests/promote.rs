@@ -608,7 +608,7 @@ async fn forced_promotion_beside_a_live_old_site_loses_no_acknowledged_write() {
         .count();
     assert!(at_promotion >= seen);
     acks(at_promotion + 8);
-    // The operator fences it (runbooks/failover.md, step 3): its mount follows the move.
+    // The operator fences it (runbooks/failover.md, step 3).
     let m_cfg = pair.mirror.cfg.display().to_string();
     let env = [
         ("NEW_META", pair.m_meta.as_str()),
@@ -618,29 +618,56 @@ async fn forced_promotion_beside_a_live_old_site_loses_no_acknowledged_write() {
         ("OLD_SITE", "old-site"),
     ];
     runbook::run_checked("failover", "fence", &env);
+    // Its mount acknowledged writes past the promotion point: it must not follow the move
+    // (a checkpoint caught half-way, its data written here and its rename by name sent on,
+    // would rename the new primary's own `ck.tmp`, other bytes, under an acknowledged name).
+    // It refuses writes at once and says to remount; the writer is told (`err`).
     let t0 = Instant::now();
     while !std::fs::read_to_string(&m.log)
         .unwrap_or_default()
-        .contains("the volume moved to a new primary")
+        .contains("went on past the point where the new primary")
     {
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "the mount did not follow the move: {}",
+            "the mount did not see the fork: {}",
             std::fs::read_to_string(&m.log).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // A few checkpoints at the new primary (fewer than the 40 names, so that some names'
-    // last acknowledged version is one the old site alone had).
-    let moved_at = std::fs::read_to_string(dir.path().join("ckpt-writer.log"))
-        .unwrap()
-        .lines()
-        .filter(|l| l.starts_with("ok "))
-        .count();
-    acks(moved_at + 3);
-    // A checkpoint caught by the fence half-way (its data written at the old site, its
-    // rename waiting) fails at the new primary, which never had that data: the writer is
-    // told (`err`), it was not acknowledged.
+    let errs = |n: usize| {
+        let t0 = Instant::now();
+        loop {
+            let got = std::fs::read_to_string(dir.path().join("ckpt-writer.log"))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("err "))
+                .count();
+            if got >= n {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the writer saw {got} errors"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    errs(2);
+    assert!(
+        !std::fs::read_to_string(&m.log)
+            .unwrap_or_default()
+            .contains("the volume moved to a new primary"),
+        "the mount followed a move across the fork"
+    );
+    let first = w.stop();
+    m.stop();
+    // Remounted at the new primary, as the line says: a few checkpoints there (fewer than
+    // the 40 names, so that some names' last acknowledged version is one the old site
+    // alone had).
+    let m = Mount::start(&pair.m_meta, dir.path(), "mnt2", &["--cache-size", "0"]);
+    std::fs::remove_file(dir.path().join("ckpt-writer.stop")).unwrap();
+    let w = writer(&m.mp, dir.path());
+    acks(first.took.len() + 3);
     let log = w.stop();
     m.stop();
     // The old site rejoins; what it acknowledged after the promotion is saved.

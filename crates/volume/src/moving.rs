@@ -6,6 +6,15 @@
 //! and swaps it in here. Inode numbers are the same on both sides (the new primary replayed
 //! this one's journal), so open files and the kernel's inodes stay valid; commits refused by
 //! the old metadata's fence in the meantime are retried by their callers.
+//!
+//! That holds only when the new history continues this one: the old metadata's last entry
+//! (final once it is fenced) is at most the point where the new primary took over. After a
+//! forced promotion beside a live old site it is not: the old site went on acknowledging
+//! (its tail is saved and re-applied by the failover runbook), and this mount's inode
+//! numbers, the names it resolved and its handles describe files the new primary does not
+//! have; a rename by name there would move another file under an acknowledged name. So a
+//! mount never follows such a move: its commits are refused at once with a line that says
+//! to remount at the new primary, and it goes on serving reads of the old state.
 
 use async_trait::async_trait;
 use fs_core::engine::{CommitOutcome, JournalBounds, KvPair};
@@ -24,6 +33,8 @@ pub struct MovingEngine {
     moves: std::sync::atomic::AtomicU64,
     /// One look at the new primary at a time: commits waiting together share it.
     probing: tokio::sync::Mutex<()>,
+    /// Set when the move would cross a fork (see the module text): commits are refused.
+    diverged: std::sync::OnceLock<String>,
     /// How to open the next one.
     access: crate::Access,
     password_file: Option<PathBuf>,
@@ -39,6 +50,7 @@ impl MovingEngine {
             inner: RwLock::new(e),
             moves: Default::default(),
             probing: Default::default(),
+            diverged: Default::default(),
             access,
             password_file,
         })
@@ -55,6 +67,10 @@ impl MovingEngine {
     /// If the metadata says the volume moved and the new primary is ready, move there.
     /// Returns the new URL when it moved.
     pub async fn follow_move(&self) -> Result<Option<String>> {
+        // Said once, when found; commits refuse by themselves from then on.
+        if self.diverged.get().is_some() {
+            return Ok(None);
+        }
         let _one = self.probing.lock().await;
         let cur = self.cur();
         let Some(m) = fs_core::site::moved(&*cur).await? else {
@@ -77,6 +93,28 @@ impl MovingEngine {
             if fs_core::site::marker(&*probe).await?.is_some()
                 || fs_core::site::epoch(&*probe).await? < m.epoch
             {
+                return Ok(None);
+            }
+            // This history is final once the fence's marker is here (commits refused);
+            // before that, wait.
+            if fs_core::site::marker(&*cur).await?.is_none() {
+                return Ok(None);
+            }
+            let old_head = cur.journal_bounds().await?.last;
+            let old_epoch = fs_core::site::epoch(&*cur).await?;
+            let parted = fs_core::site::epoch_record(&*probe)
+                .await?
+                .and_then(|r| r.parted_from(old_epoch));
+            if parted.is_none_or(|p| old_head > p) {
+                let why = format!(
+                    "this mount's metadata {} went on past the point where the new primary {} took over (it holds entries up to {old_head}; the new history continues from {}): its files, names and open handles are not the new primary's, so it does not follow the move and refuses writes; unmount it and mount {} (the failover runbook re-applies what the old site acknowledged)",
+                    cur.display_url(),
+                    m.meta_url,
+                    parted.map_or_else(|| "a point this record does not tell".to_string(), |p| format!("entry {p}")),
+                    m.meta_url
+                );
+                tracing::error!("{why}");
+                let _ = self.diverged.set(why);
                 return Ok(None);
             }
         }
@@ -115,6 +153,12 @@ impl Engine for MovingEngine {
         let t0 = std::time::Instant::now();
         let mut unexplained = 0;
         loop {
+            if let Some(why) = self.diverged.get() {
+                return Err(fs_core::Error::new(
+                    fs_core::ErrorKind::ReadOnly,
+                    why.clone(),
+                ));
+            }
             let cur = self.cur();
             let r = cur.commit(req).await;
             let Err(e) = &r else { return r };
