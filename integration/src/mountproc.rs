@@ -23,6 +23,36 @@ pub fn fuse_ready() {
     );
 }
 
+/// A volume formatted for a mount test: its metadata URL, a scratch dir for its mounts,
+/// and the dirs holding its metadata and blocks.
+pub struct Vol {
+    pub meta: String,
+    pub dir: tempfile::TempDir,
+    _keep: Vec<tempfile::TempDir>,
+}
+
+/// A volume on `engine` (`rocksdb`, `redis`, `postgres`) with blocks in a local directory.
+pub fn new_vol(engine: &str) -> Vol {
+    fuse_ready();
+    let (meta, d1) = crate::meta_url(engine);
+    let (store, d2) = crate::store_url("file");
+    let o = Command::new(bin("jfs"))
+        .args(["format", &meta, &unique("mv"), "--storage", &store])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running jfs format");
+    assert!(
+        o.status.success(),
+        "format: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Vol {
+        meta,
+        dir: tempfile::tempdir().unwrap(),
+        _keep: d1.into_iter().chain(d2).collect(),
+    }
+}
+
 /// A metric of `Mount::stats`, summed over its labels.
 pub fn metric(m: &std::collections::BTreeMap<String, f64>, name: &str) -> f64 {
     m.iter()

@@ -4,36 +4,12 @@
 //!
 //! These need /dev/fuse and fusermount3 (Debian fuse3): without them they fail, never skip.
 
-use integration::mountproc::{fuse_ready, is_mounted, metric, Mount};
-use integration::{bin, data, meta_url, store_url, unique};
+use integration::mountproc::{fuse_ready, is_mounted, metric, new_vol, Mount, Vol};
+use integration::{bin, data};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A volume formatted for a test: its metadata URL and the dirs holding it.
-struct Vol {
-    meta: String,
-    dir: tempfile::TempDir,
-    _keep: Vec<tempfile::TempDir>,
-}
-
-fn new_vol(engine: &str) -> Vol {
-    fuse_ready();
-    let (meta, d1) = meta_url(engine);
-    let (store, d2) = store_url("file");
-    let o = jfs(&["format", &meta, &unique("mv"), "--storage", &store], &[]);
-    assert!(
-        o.status.success(),
-        "format: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    Vol {
-        meta,
-        dir: tempfile::tempdir().unwrap(),
-        _keep: d1.into_iter().chain(d2).collect(),
-    }
-}
 
 fn run_dir(v: &Vol) -> PathBuf {
     v.dir.path().join("run")

@@ -7,8 +7,8 @@
 //! CAP_SYS_ADMIN only), and a kernel with FUSE passthrough (6.9+): they fail, never skip,
 //! without them.
 
-use integration::mountproc::{fuse_ready, metric, Mount};
-use integration::{bin, data, meta_url, store_url, unique};
+use integration::mountproc::{metric, Mount, Vol};
+use integration::{bin, data};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -17,34 +17,12 @@ use std::time::{Duration, Instant};
 
 const LEN: usize = 12 << 20;
 
-struct Vol {
-    meta: String,
-    dir: tempfile::TempDir,
-    _keep: Vec<tempfile::TempDir>,
-}
-
 fn new_vol(engine: &str) -> Vol {
-    fuse_ready();
     assert!(
         rustix::process::geteuid().is_root(),
         "these tests need root (FUSE passthrough's backing files need CAP_SYS_ADMIN)"
     );
-    let (meta, d1) = meta_url(engine);
-    let (store, d2) = store_url("file");
-    let o = Command::new(bin("jfs"))
-        .args(["format", &meta, &unique("pt"), "--storage", &store])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "format: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    Vol {
-        meta,
-        dir: tempfile::tempdir().unwrap(),
-        _keep: d1.into_iter().chain(d2).collect(),
-    }
+    integration::mountproc::new_vol(engine)
 }
 
 fn jfs_in(m: &Mount, args: &[&str]) -> std::process::Output {

@@ -421,14 +421,15 @@ impl DiskCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn key(id: u64, len: u32) -> String {
         fs_core::keys::block_key("vol", id, 0, len)
     }
 
-    fn open(dir: &Path, capacity: u64) -> Arc<DiskCache> {
+    /// A cache of volume "vol" (uuid "uuid1") in `dir` (also the whole-file tests').
+    pub(crate) fn open(dir: &Path, capacity: u64) -> Arc<DiskCache> {
         DiskCache::open(
             &CacheConfig {
                 dir: dir.to_path_buf(),

@@ -373,23 +373,10 @@ impl Drop for WholeWriter {
 
 #[cfg(test)]
 mod tests {
-    use crate::cache::{CacheConfig, DiskCache};
+    use crate::cache::tests::open;
+    use crate::cache::DiskCache;
     use std::io::Read;
     use std::sync::Arc;
-
-    fn open(dir: &std::path::Path, capacity: u64) -> Arc<DiskCache> {
-        DiskCache::open(
-            &CacheConfig {
-                dir: dir.to_path_buf(),
-                capacity,
-                free_ratio: 0.0,
-            },
-            "vol",
-            "uuid",
-            Default::default(),
-        )
-        .unwrap()
-    }
 
     fn make(c: &Arc<DiskCache>, ino: u64, data: &[u8], version: &[u8]) {
         let mut w = c.whole_writer(ino, data.len() as u64).unwrap().unwrap();
@@ -428,7 +415,7 @@ mod tests {
         let c = open(d.path(), 1 << 30);
         let data = vec![3u8; 5 << 20];
         make(&c, 9, &data, b"v");
-        let path = d.path().join("uuid/whole/9");
+        let path = d.path().join("uuid1/whole/9");
         // Altered in place (one byte): the ctime moves, the stamp no longer matches.
         let mut p = std::fs::metadata(&path).unwrap().permissions();
         std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o644);
@@ -441,12 +428,12 @@ mod tests {
         // A crash half-way: a temporary and an entry without its record; both removed at
         // the next start, nothing indexed.
         make(&c, 10, &data, b"v");
-        std::fs::remove_file(d.path().join("uuid/whole/10.rec")).unwrap();
-        std::fs::write(d.path().join("uuid/whole/.11.tmp.00000000"), b"half").unwrap();
+        std::fs::remove_file(d.path().join("uuid1/whole/10.rec")).unwrap();
+        std::fs::write(d.path().join("uuid1/whole/.11.tmp.00000000"), b"half").unwrap();
         drop(c);
         let c = open(d.path(), 1 << 30);
         assert_eq!(c.usage().items, 0);
-        assert!(std::fs::read_dir(d.path().join("uuid/whole"))
+        assert!(std::fs::read_dir(d.path().join("uuid1/whole"))
             .unwrap()
             .next()
             .is_none());
@@ -459,8 +446,8 @@ mod tests {
         let data = vec![1u8; 6 << 20];
         make(&c, 4, &data, b"v");
         // Change one byte and put the stamp back as it was: only the CRC check can see it.
-        let path = d.path().join("uuid/whole/4");
-        let rec_path = d.path().join("uuid/whole/4.rec");
+        let path = d.path().join("uuid1/whole/4");
+        let rec_path = d.path().join("uuid1/whole/4.rec");
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[5 << 20] ^= 1;
         std::fs::remove_file(&path).unwrap();
