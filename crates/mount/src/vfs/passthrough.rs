@@ -246,7 +246,7 @@ impl Vfs {
     }
 
     /// Make a whole-file entry of `ino` now (see `make_whole`); true if one was made.
-    pub async fn whole_copy(&self, ino: Ino) -> fs_core::Result<bool> {
+    async fn whole_copy(&self, ino: Ino) -> fs_core::Result<bool> {
         let Some(p) = self.pt.clone().filter(|p| p.enabled()) else {
             return Ok(false);
         };
@@ -258,11 +258,10 @@ impl Vfs {
         {
             return Ok(false);
         }
-        let r = self.make_whole_now(&p, ino).await;
-        p.making
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&ino);
+        let r = {
+            let _unmark = Unmark(&p, ino);
+            self.make_whole_now(&p, ino).await
+        };
         if matches!(r, Ok(true)) {
             self.metrics.whole_files_made.inc();
         }
