@@ -82,7 +82,9 @@ pub mod types;
 pub use engine::{CommitOutcome, Engine, JournalBounds};
 pub use error::{Error, ErrorKind, ErrorStatus, Result};
 pub use fs::namespace::Owner;
-pub use fs::{Budget, FileReader, FileWriter, Fs, Keeper, NewSlice, ReadAhead};
+pub use fs::{
+    BlockBuf, BlockPool, Budget, FileReader, FileWriter, Fs, Keeper, NewSlice, ReadAhead,
+};
 pub use journal::{CommitRequest, Entry, Mutation, Op};
 pub use path::VolPath;
 pub use store::{BlockCheck, BlockStore, ObjectMeta, StoreLayer};

@@ -11,15 +11,20 @@
 //! Failure: the first upload or commit that fails poisons the buffer; later slices are not
 //! committed (they could overwrite in the wrong order), and `flush` returns the error (EIO).
 
-use fs_core::{Budget, Fs, Ino, CHUNK_SIZE};
+use fs_core::{BlockBuf, BlockPool, Budget, Fs, Ino, CHUNK_SIZE};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
+/// A run's bytes are kept in whole blocks (`BlockBuf`s from the mount's pool, one block
+/// long, page-aligned), so each goes to the store from the memory it was written into.
 struct Run {
     start: u64,
-    buf: Vec<u8>,
+    /// Full blocks, then the one being filled.
+    blocks: Vec<bytes::Bytes>,
+    cur: Option<BlockBuf>,
+    len: usize,
     permits: Vec<OwnedSemaphorePermit>,
     reserved: u64,
 }
@@ -34,6 +39,7 @@ pub struct Writer {
     fs: Arc<Fs>,
     ino: Ino,
     budget: Budget,
+    pool: Arc<BlockPool>,
     seal: usize,
     run: Option<Run>,
     pending: VecDeque<Pending>,
@@ -48,12 +54,15 @@ pub struct Writer {
 const RESERVE_STEP: u64 = 256 << 10;
 
 impl Writer {
-    pub fn new(fs: Arc<Fs>, ino: Ino, budget: Budget) -> Writer {
+    /// `pool`'s buffers are one block of `fs` long.
+    pub fn new(fs: Arc<Fs>, ino: Ino, budget: Budget, pool: Arc<BlockPool>) -> Writer {
         let bs = fs.settings().block_size as usize;
+        debug_assert_eq!(pool.block_size(), bs);
         Writer {
             fs,
             ino,
             budget,
+            pool,
             seal: bs * 4,
             run: None,
             pending: VecDeque::new(),
@@ -104,13 +113,13 @@ impl Writer {
     }
 
     async fn write_in_chunk(&mut self, off: u64, data: &[u8]) -> Result<(), String> {
-        let continues = matches!(&self.run, Some(r) if r.start + r.buf.len() as u64 == off);
+        let continues = matches!(&self.run, Some(r) if r.start + r.len as u64 == off);
         if !continues {
             if let Some(r) = &self.run {
                 tracing::trace!(
                     ino = self.ino,
                     run_start = r.start,
-                    run_len = r.buf.len(),
+                    run_len = r.len,
                     off,
                     "a write elsewhere seals the run"
                 );
@@ -120,13 +129,15 @@ impl Writer {
         if self.run.is_none() {
             self.run = Some(Run {
                 start: off,
-                buf: Vec::with_capacity(data.len().max(64 << 10)),
+                blocks: Vec::new(),
+                cur: None,
+                len: 0,
                 permits: Vec::new(),
                 reserved: 0,
             });
         }
         // Room in the budget for the run's new length.
-        let need = self.run.as_ref().map_or(0, |r| r.buf.len()) as u64 + data.len() as u64;
+        let need = self.run.as_ref().map_or(0, |r| r.len) as u64 + data.len() as u64;
         let have = self.run.as_ref().map_or(0, |r| r.reserved);
         if need > have {
             let step = (need - have).max(RESERVE_STEP);
@@ -149,8 +160,18 @@ impl Writer {
             r.reserved += step;
         }
         let r = self.run.as_mut().expect("a run was started above");
-        r.buf.extend_from_slice(data);
-        if r.buf.len() >= self.seal {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let cur = r.cur.get_or_insert_with(|| self.pool.take());
+            let n = cur.extend(rest);
+            rest = &rest[n..];
+            if cur.room() == 0 {
+                let full = r.cur.take().expect("filled just above");
+                r.blocks.push(full.freeze());
+            }
+        }
+        r.len += data.len();
+        if r.len >= self.seal {
             self.seal();
         }
         Ok(())
@@ -158,13 +179,16 @@ impl Writer {
 
     /// Start uploading the current run.
     fn seal(&mut self) {
-        let Some(r) = self.run.take() else { return };
-        if r.buf.is_empty() {
+        let Some(mut r) = self.run.take() else { return };
+        if r.len == 0 {
             return;
         }
+        if let Some(cur) = r.cur.take().filter(|c| !c.is_empty()) {
+            r.blocks.push(cur.freeze());
+        }
         let fs = self.fs.clone();
-        let data = bytes::Bytes::from(r.buf);
-        let task = tokio::spawn(async move { fs.upload_slice(data).await });
+        let blocks = r.blocks;
+        let task = tokio::spawn(async move { fs.upload_blocks(blocks).await });
         self.pending.push_back(Pending {
             start: r.start,
             task,

@@ -110,17 +110,35 @@ impl Fs {
     /// unreferenced blocks for gc). The checksum of each block is taken from the bytes
     /// handed to the store, before they leave this process.
     pub async fn upload_slice(&self, data: Bytes) -> Result<NewSlice> {
+        let bs = self.settings.block_size as usize;
+        let blocks = (0..data.len())
+            .step_by(bs)
+            .map(|off| data.slice(off..(off + bs).min(data.len())))
+            .collect();
+        self.upload_blocks(blocks).await
+    }
+
+    /// `upload_slice` for a slice already cut into its blocks: every one but the last is
+    /// exactly one block long (the mount's writer fills `BlockBuf`s this way, so each block
+    /// goes to the store from the memory it was written into).
+    pub async fn upload_blocks(&self, blocks: Vec<Bytes>) -> Result<NewSlice> {
+        let bs = self.settings.block_size as usize;
+        let len: usize = blocks.iter().map(|b| b.len()).sum();
+        let n = blocks.len();
+        if blocks
+            .iter()
+            .enumerate()
+            .any(|(i, b)| b.len() > bs || (i + 1 < n && b.len() != bs) || (b.is_empty() && n > 1))
+        {
+            return Err(invalid(format!(
+                "a slice's blocks must each be {bs} bytes but the last: got {:?}",
+                blocks.iter().map(|b| b.len()).collect::<Vec<_>>()
+            )));
+        }
         let placed = self.placement.current();
         let id = self.alloc_slice().await?;
-        let bs = self.settings.block_size as usize;
-        let blocks: Vec<(String, Bytes)> =
-            keys::slice_block_keys(&self.settings.name, id, data.len() as u32, bs as u32)
-                .enumerate()
-                .map(|(i, (k, l))| {
-                    let off = i * bs;
-                    (k, data.slice(off..off + l as usize))
-                })
-                .collect();
+        let keys = keys::slice_block_keys(&self.settings.name, id, len as u32, bs as u32);
+        let blocks: Vec<(String, Bytes)> = keys.map(|(k, _)| k).zip(blocks).collect();
         let crcs = if self.settings.checksums() {
             blocks.iter().map(|(_, b)| crc32c::crc32c(b)).collect()
         } else {
@@ -137,7 +155,7 @@ impl Fs {
         .await?;
         Ok(NewSlice {
             id,
-            len: data.len() as u32,
+            len: len as u32,
             crcs,
             placed,
         })

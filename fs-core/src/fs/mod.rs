@@ -1,6 +1,7 @@
 //! `Fs`: file-system semantics over an `Engine` (metadata) and a `BlockStore` (data).
 //! Every method is one or more optimistic transactions, retried on conflict.
 
+mod blockbuf;
 mod budget;
 mod data;
 mod layout;
@@ -8,6 +9,7 @@ pub mod namespace;
 mod prefetch;
 mod read;
 
+pub use blockbuf::{BlockBuf, BlockPool};
 pub use budget::Budget;
 pub use data::{FileWriter, NewSlice};
 pub use layout::{Chunk, Piece, Plan};

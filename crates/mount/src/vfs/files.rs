@@ -39,6 +39,7 @@ impl Vfs {
                         self.fs.clone(),
                         ino,
                         self.budget.clone(),
+                        self.blocks.clone(),
                     )),
                     gen: AtomicU64::new(0),
                     pinned: Mutex::new(None),

@@ -188,6 +188,8 @@ pub struct Vfs {
     pub fs: Arc<Fs>,
     pub cfg: VfsConfig,
     pub budget: Budget,
+    /// Block buffers for writers, reused (see `fs_core::BlockPool`).
+    blocks: Arc<fs_core::BlockPool>,
     pub metrics: Arc<MountMetrics>,
     open: Arc<OpenFiles>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
@@ -237,7 +239,11 @@ impl Vfs {
     ) -> Vfs {
         let budget = Budget::new(cfg.buffer_size);
         metrics.buffer_size.set(budget.total() as i64);
+        let bs = fs.settings().block_size as usize;
+        // Kept for reuse: up to 8 blocks, within the write budget.
+        let keep = ((cfg.buffer_size as usize) / bs).min(8);
         Vfs {
+            blocks: fs_core::BlockPool::new(bs, keep),
             fs,
             cfg,
             budget,
