@@ -39,6 +39,7 @@ use futures::TryStreamExt;
 use opendal::layers::{RetryLayer, TimeoutLayer};
 use opendal::{services, Operator};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use opendal;
@@ -50,6 +51,8 @@ pub struct OpendalStore {
     /// into a buffer of the file's size), not through OpenDAL's chunked reader, which copies
     /// each block twice more (its read buffer, then joining the chunks).
     local_root: Option<std::path::PathBuf>,
+    /// Buffers for reading a local store's large blocks with `O_DIRECT` (see `read_local`).
+    read_bufs: Arc<fs_core::BlockPool>,
 }
 
 /// `key` as a path under a store's directory, when it is a plain relative path (no `..`, no
@@ -150,44 +153,80 @@ fn put_local(root: &std::path::Path, path: &std::path::Path, data: &[u8]) -> std
     written
 }
 
+/// Blocks up to this size (the default block size) are read into buffers from a pool.
+const READ_BUF: usize = 4 << 20;
+
+/// Read a local store's file whole. A block of up to 4 MiB is read into a page-aligned
+/// buffer from `bufs`: no fresh pages to fault in and clear for each block (the buffer goes
+/// back to `bufs` when its last `Bytes` is dropped), and a whole-file copy made of it can be
+/// written with `O_DIRECT` (`write_at_end`). The read itself goes through the page cache:
+/// measured on this project's disks, `O_DIRECT` reads halved the CPU of a cold read but cut
+/// its speed by a third (the kernel's read-ahead keeps more of the disk busy).
+fn read_local(path: &std::path::Path, bufs: &Arc<fs_core::BlockPool>) -> std::io::Result<Bytes> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    if len <= READ_BUF as u64 && len > 0 {
+        let mut b = bufs.take();
+        b.fill(|room| f.read(room))?;
+        if b.len() as u64 != len {
+            return Err(std::io::Error::other(format!(
+                "{} changed while it was read ({len} bytes, then {})",
+                path.display(),
+                b.len()
+            )));
+        }
+        return Ok(b.freeze());
+    }
+    let mut v = Vec::with_capacity(len as usize);
+    f.read_to_end(&mut v)?;
+    Ok(Bytes::from(v))
+}
+
 /// The alignment `O_DIRECT` asks of memory, lengths and offsets (the page size: enough for
 /// every logical block size up to 4 KiB).
 const DIRECT_ALIGN: usize = 4096;
 
 /// Create `path` (it must not exist) holding `data`, synced.
 fn write_synced(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    write_at_end(&mut f, 0, data)?;
+    f.sync_all()
+}
+
+/// Append `data` to `f`, whose length is `at`. Where `at` and `data` start on a 4 KiB
+/// boundary, the whole pages go with `O_DIRECT` (from this memory straight to the disk, no
+/// page-cache copy, nothing left to write back) and an unaligned tail through the page
+/// cache; on a file system without `O_DIRECT` (the flag is refused with EINVAL, or the
+/// write is) everything goes through the page cache. The file is left without the flag.
+pub fn write_at_end(f: &mut std::fs::File, at: u64, data: &[u8]) -> std::io::Result<()> {
     use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
+    use std::io::{Seek, SeekFrom, Write};
     let direct_len = data.len() & !(DIRECT_ALIGN - 1);
-    if direct_len > 0 && (data.as_ptr() as usize) % DIRECT_ALIGN == 0 {
-        let direct = (|| {
-            let mut d = opts
-                .clone()
-                .custom_flags(OFlags::DIRECT.bits() as i32)
-                .open(path)?;
-            d.write_all(&data[..direct_len])?;
-            if direct_len < data.len() {
-                let flags = fcntl_getfl(&d)?;
-                fcntl_setfl(&d, flags - OFlags::DIRECT)?;
-                d.write_all(&data[direct_len..])?;
+    let mut done = 0;
+    if direct_len > 0
+        && at.is_multiple_of(DIRECT_ALIGN as u64)
+        && (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
+    {
+        let flags = fcntl_getfl(&*f)?;
+        if fcntl_setfl(&*f, flags | OFlags::DIRECT).is_ok() {
+            let r = f.write_all(&data[..direct_len]);
+            fcntl_setfl(&*f, flags)?;
+            match r {
+                Ok(()) => done = direct_len,
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                    // Refused: start again through the page cache, from where it began.
+                    f.set_len(at)?;
+                    f.seek(SeekFrom::Start(at))?;
+                }
+                Err(e) => return Err(e),
             }
-            d.sync_all()
-        })();
-        match direct {
-            // EINVAL: this file system does not do O_DIRECT (tmpfs refuses the open, some
-            // refuse the write): write it buffered instead.
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-                let _ = std::fs::remove_file(path);
-            }
-            r => return r,
         }
     }
-    let mut f = opts.open(path)?;
-    f.write_all(data)?;
-    f.sync_all()
+    f.write_all(&data[done..])
 }
 
 impl OpendalStore {
@@ -219,6 +258,7 @@ impl OpendalStore {
             op,
             display: url.to_string(),
             local_root,
+            read_bufs: fs_core::BlockPool::new(READ_BUF, 8),
         })
     }
 }
@@ -452,9 +492,10 @@ impl BlockStore for OpendalStore {
     async fn get(&self, key: &str) -> Result<Bytes> {
         if let Some(root) = self.local_root.as_deref() {
             let path = self.local_path(root, key, "reading")?;
-            let read = tokio::task::spawn_blocking(move || std::fs::read(path)).await;
+            let bufs = self.read_bufs.clone();
+            let read = tokio::task::spawn_blocking(move || read_local(&path, &bufs)).await;
             return match read {
-                Ok(Ok(v)) => Ok(Bytes::from(v)),
+                Ok(Ok(v)) => Ok(v),
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::new(
                     ErrorKind::NotFound,
                     format!("reading {key}: not found in {}", self.display),
@@ -554,6 +595,35 @@ impl BlockStore for OpendalStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Files of every size read back exactly: up to 4 MiB into pooled buffers (whole pages
+    /// and an unaligned tail), larger ones into a buffer of their own.
+    #[test]
+    fn local_files_read_back_exactly_direct_or_not() {
+        let bufs = fs_core::BlockPool::new(READ_BUF, 2);
+        let dir = tempfile::tempdir().unwrap();
+        for (i, len) in [
+            0usize,
+            100,
+            1 << 20,
+            (3 << 20) + 4097,
+            4 << 20,
+            (4 << 20) + 1,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let data: Vec<u8> = (0..len).map(|j| (j * 13 + i) as u8).collect();
+            let p = dir.path().join(format!("f{i}"));
+            std::fs::write(&p, &data).unwrap();
+            for _ in 0..2 {
+                let got = read_local(&p, &bufs).unwrap();
+                assert_eq!(got.len(), len);
+                assert!(got[..] == data[..], "{len} bytes");
+            }
+        }
+        assert!(read_local(&dir.path().join("missing"), &bufs).is_err());
+    }
 
     /// Aligned bytes (the mount's block buffers) of every shape: whole pages, pages and an
     /// unaligned tail, under a page; and unaligned bytes. Each reads back exactly, on a disk

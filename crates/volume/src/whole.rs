@@ -286,7 +286,8 @@ impl WholeWriter {
             ));
         }
         let f = self.file.as_mut().expect("open until finished");
-        f.write_all(data).map_err(|e| io_err("writing", e))?;
+        // Whole blocks read with O_DIRECT (a local store's) are written the same way.
+        objstore::write_at_end(f, self.written, data).map_err(|e| io_err("writing", e))?;
         while !data.is_empty() {
             let room = (SEG - self.written % SEG) as usize;
             let n = room.min(data.len());

@@ -94,6 +94,24 @@ impl BlockBuf {
         self.len += n;
         n
     }
+    /// Fill the buffer from `read` (called with the room left, which starts on a 4 KiB
+    /// boundary while everything read so far is whole pages) until it returns 0 or the
+    /// buffer is full. For `O_DIRECT` reads.
+    pub fn fill(
+        &mut self,
+        mut read: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
+    ) -> std::io::Result<()> {
+        while self.room() > 0 {
+            let at = self.off + self.len;
+            let end = self.off + self.pool.size;
+            let n = read(&mut self.mem[at..end])?;
+            if n == 0 {
+                break;
+            }
+            self.len += n;
+        }
+        Ok(())
+    }
     /// The bytes written so far, as `Bytes` that give the memory back to the pool when the
     /// last of them is dropped.
     pub fn freeze(self) -> Bytes {
@@ -141,6 +159,21 @@ mod tests {
         let b = pool.take();
         assert!(b.is_empty());
         assert_eq!(pool.kept(), 0);
+        // Filled by a reader, in pieces, up to its end or the buffer's.
+        let mut b = pool.take();
+        let src: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let mut at = 0;
+        b.fill(|room| {
+            assert_eq!(room.as_ptr() as usize % ALIGN, 0);
+            let n = room.len().min(src.len() - at).min(8192);
+            room[..n].copy_from_slice(&src[at..at + n]);
+            at += n;
+            Ok(n)
+        })
+        .unwrap();
+        assert_eq!(b.as_ref(), &src[..64 << 10]);
+        drop(b);
+        let b = pool.take();
         // At most `keep` are kept.
         let (x, y, z) = (pool.take(), pool.take(), pool.take());
         drop((b, x, y, z));

@@ -444,6 +444,15 @@ impl Vfs {
             }
         }))
         .buffered(threads.clamp(1, 16));
+        // The copy is written by a thread of its own, so that the fetches go on while it
+        // writes (a stream is only driven while it is polled).
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
+        let writing = tokio::task::spawn_blocking(move || {
+            while let Some(data) = rx.blocking_recv() {
+                w.write(&data)?;
+            }
+            Ok::<_, fs_core::Error>(w)
+        });
         while let Some(part) = parts.next().await {
             let (pos, data, block) = part?;
             if pos != at {
@@ -461,10 +470,12 @@ impl Vfs {
                 }
                 done.bytes += data.len() as u64;
             }
-            w = tokio::task::spawn_blocking(move || w.write(&data).map(|_| w))
-                .await
-                .map_err(backend)??;
+            if tx.send(data).await.is_err() {
+                break; // the writer failed: its error is below
+            }
         }
+        drop(tx);
+        let w = writing.await.map_err(backend)??;
         let (_, v2) = self.fs.content_version(ino).await?;
         if v2 != v1 {
             return Err(fs_core::Error::new(
