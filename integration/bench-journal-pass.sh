@@ -14,15 +14,7 @@ if [ -z "${2:-}" ]; then cargo build --release --locked -p jfs -p sync-cli >/dev
 B=${2:-$CARGO_TARGET_DIR/release}
 W=$(mktemp -d /tmp/jfs-bench-jp.XXXXXX)
 trap 'rm -rf "$W"' EXIT
-python3 - "$W/src" "$N" <<'PY'
-import os, sys
-root, n = sys.argv[1], int(sys.argv[2])
-for i in range(n):
-    d = os.path.join(root, f"d{i % 100:03d}")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, f"f{i:06d}"), "wb") as f:
-        f.write(os.urandom(1 + (i * 37) % 4096))
-PY
+python3 integration/trees.py tiny "$W/src" "$N"
 mkdir -p $W/sa $W/sb
 $B/jfs format rocksdb://$W/ma va --storage file://$W/sa >/dev/null 2>&1
 $B/jfs format rocksdb://$W/mb vb --storage file://$W/sb >/dev/null 2>&1

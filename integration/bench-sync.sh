@@ -24,17 +24,7 @@ export RCLONE_CONFIG_CEPH_TYPE=s3 RCLONE_CONFIG_CEPH_PROVIDER=Ceph RCLONE_CONFIG
 rcl() { env -u AWS_CA_BUNDLE rclone "$@"; }
 secs() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>"$W/last.err" || { cat "$W/last.err" >&2; return 1; }; t1=$(date +%s.%N); echo "$t1 - $t0" | bc; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.2f}')" "$1" "$2"; }
-mk_small() { # mk_small DIR N: N files of 16 KiB in 50 folders
-  python3 - "$1" "$2" <<'PY'
-import os, sys
-root, n = sys.argv[1], int(sys.argv[2])
-blob = os.urandom(16384)
-for i in range(n):
-    d = os.path.join(root, f"dir{i % 50:02d}")
-    if i < 50: os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, f"f{i:07d}"), "wb") as f: f.write(blob[i % 64:] + blob[:i % 64])
-PY
-}
+mk_small() { python3 integration/trees.py small "$1" "$2"; } # mk_small DIR N
 
 if want a; then
 echo "### (a) $SMALL files of 16 KiB, directory -> S3 (Ceph RGW on loopback)"

@@ -7,6 +7,7 @@
 #   ENGINE=redis bash integration/bench-vs-juicefs.sh      # both on one Redis
 #   ENGINE=postgres bash integration/bench-vs-juicefs.sh   # both on one PostgreSQL
 #   SIZE_MB=256 SMALL=2000 ROUNDS=3 ...
+#   PARTS=mount ...                                 # without the migration rows (bench-sync-vs-juicefs.sh)
 # Each figure is the median of ROUNDS runs taken in turn (ours, then JuiceFS), page cache
 # dropped before each, so that a slow moment of the VM's disk does not land on one side only.
 # Redis and PostgreSQL come from integration/services.sh, on loopback, stopped at the end.
@@ -164,3 +165,9 @@ echo
 echo "| step ($ENGINE) | jfs | JuiceFS | ours / JuiceFS (speed) |"
 echo "|---|---|---|---|"
 printf '%s\n' "${ROWS[@]}"
+
+# The migration rows (jfs-sync vs juicefs sync), on the embedded engines only.
+if [ "${PARTS:-mount,sync}" != mount ] && [ "$ENGINE" = rocksdb ]; then
+  echo
+  bash integration/bench-sync-vs-juicefs.sh
+fi
