@@ -49,6 +49,27 @@ impl<'a> Txn<'a> {
         Ok(v)
     }
 
+    /// Read `keys` in one engine call (one round trip to Redis or PostgreSQL), recorded as
+    /// `get` records a read: later `get`s of them are answered from what was read here.
+    pub async fn prefetch(&mut self, keys: &[Vec<u8>]) -> Result<()> {
+        // Each key once (a rename within one directory names its parent twice).
+        let want: Vec<Vec<u8>> = keys
+            .iter()
+            .filter(|k| !self.writes.contains_key(*k) && !self.reads.contains_key(*k))
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if want.is_empty() {
+            return Ok(());
+        }
+        let values = self.engine.get_many(&want).await?;
+        for (k, v) in want.into_iter().zip(values) {
+            self.reads.insert(k, v);
+        }
+        Ok(())
+    }
+
     /// A range read, merged with this transaction's own buffered writes. Not validated at
     /// commit: callers guard it by reading the owning inode's attributes.
     pub async fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {

@@ -152,6 +152,13 @@ pub(crate) async fn get_dir(tx: &mut Txn<'_>, ino: Ino) -> Result<Attr> {
     Ok(a)
 }
 
+/// Read directory `parent`'s attributes and its entry `name` in one round trip: every change
+/// of a name reads both (`get_dir` and `lookup_entry` are then answered from the transaction).
+pub(crate) async fn prefetch_entry(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -> Result<()> {
+    tx.prefetch(&[keys::attr(parent), keys::dentry(parent, name)])
+        .await
+}
+
 pub(crate) async fn lookup_entry(
     tx: &mut Txn<'_>,
     parent: Ino,

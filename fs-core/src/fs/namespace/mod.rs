@@ -9,7 +9,8 @@ mod remove;
 
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
 use crate::fs::{
-    check_name, get_attr, get_dir, lookup_entry, lossy, new_attr, put_attr, transact, Fs,
+    check_name, get_attr, get_dir, lookup_entry, lossy, new_attr, prefetch_entry, put_attr,
+    transact, Fs,
 };
 use crate::journal::Op;
 use crate::keys;
@@ -43,10 +44,13 @@ impl Fs {
 
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
         let mut tx = Txn::new(&*self.engine);
-        get_dir(&mut tx, parent).await?;
-        let (ino, _) = lookup_entry(&mut tx, parent, name)
-            .await?
-            .ok_or_else(|| not_found(format!("{:?} in inode {parent}", lossy(name))))?;
+        // Only a directory holds names, so a hit needs no read of the parent: two reads (two
+        // round trips to Redis or PostgreSQL), not three. A miss reads the parent to say why:
+        // gone, not a directory, or no such name.
+        let Some((ino, _)) = lookup_entry(&mut tx, parent, name).await? else {
+            get_dir(&mut tx, parent).await?;
+            return Err(not_found(format!("{:?} in inode {parent}", lossy(name))));
+        };
         Ok((ino, get_attr(&mut tx, ino).await?))
     }
 
@@ -94,6 +98,7 @@ impl Fs {
         check_name(name)?;
         let ino = self.alloc_inode().await?;
         let (attr, _) = transact!(self, |tx| {
+            prefetch_entry(&mut tx, parent, name).await?;
             let mut pattr = get_dir(&mut tx, parent).await?;
             if lookup_entry(&mut tx, parent, name).await?.is_some() {
                 return Err(Error::new(

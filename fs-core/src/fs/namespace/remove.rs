@@ -4,7 +4,9 @@
 
 use super::touch_dir;
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
-use crate::fs::{check_name, get_attr, get_dir, lookup_entry, lossy, put_attr, transact, Fs};
+use crate::fs::{
+    check_name, get_attr, get_dir, lookup_entry, lossy, prefetch_entry, put_attr, transact, Fs,
+};
 use crate::journal::Op;
 use crate::keys;
 use crate::txn::Txn;
@@ -13,6 +15,7 @@ use crate::types::{now_ns, FileKind, Ino, ROOT_INO};
 impl Fs {
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
         transact!(self, |tx| {
+            prefetch_entry(&mut tx, parent, name).await?;
             let mut pattr = get_dir(&mut tx, parent).await?;
             let (ino, kind) = lookup_entry(&mut tx, parent, name)
                 .await?
@@ -59,6 +62,7 @@ impl Fs {
 
     pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
         transact!(self, |tx| {
+            prefetch_entry(&mut tx, parent, name).await?;
             let mut pattr = get_dir(&mut tx, parent).await?;
             let (ino, kind) = lookup_entry(&mut tx, parent, name)
                 .await?
@@ -101,6 +105,14 @@ impl Fs {
             return self.lookup(parent, name).await.map(|_| ());
         }
         transact!(self, |tx| {
+            // Both parents and both names in one round trip.
+            tx.prefetch(&[
+                keys::attr(parent),
+                keys::dentry(parent, name),
+                keys::attr(new_parent),
+                keys::dentry(new_parent, new_name),
+            ])
+            .await?;
             let mut pattr = get_dir(&mut tx, parent).await?;
             let mut npattr = if new_parent == parent {
                 None
