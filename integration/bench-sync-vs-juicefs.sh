@@ -34,7 +34,10 @@ trap 'rm -rf "$W"' EXIT
 export XDG_CACHE_HOME=$W/xdg
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # secs CMD...: seconds a command took (its output dropped; its errors shown if it fails)
-secs() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>"$W/err" || { cat "$W/err" >&2; exit 1; }; t1=$(date +%s.%N); python3 -c "print(f'{$t1-$t0:.3f}')"; }
+# quiet CMD...: run a command, its output shown only if it fails (then the script stops)
+quiet() { "$@" >"$W/out" 2>&1 || { echo "bench-sync-vs-juicefs.sh: failed: $*" >&2; tail -20 "$W/out" >&2; kill -TERM $$; exit 1; }; }
+# secs CMD...: seconds a command took
+secs() { local t0 t1; t0=$(date +%s.%N); quiet "$@"; t1=$(date +%s.%N); python3 -c "print(f'{$t1-$t0:.3f}')"; }
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 ROWS=()
 row() { ROWS+=("| $1 | $2 s | $3 s | $(ratio "$3" "$2") | ${4:-} |"); } # name ours theirs [rclone]
@@ -60,32 +63,33 @@ vol_pass() {
   mkdir -p "$v"
   python3 integration/trees.py tiny "$v/src" "$n"
   python3 integration/trees.py changed "$v/chg"
-  "$B/jfs" format "rocksdb://$v/ma" va --storage "file://$v/sa" >/dev/null
-  "$B/jfs" format "rocksdb://$v/mb" vb --storage "file://$v/sb" >/dev/null
-  "$JUICEFS" format --storage file --bucket "$v/ja/" "sqlite3://$v/ja.db" ja >/dev/null 2>&1
-  "$JUICEFS" format --storage file --bucket "$v/jb/" "sqlite3://$v/jb.db" jb >/dev/null 2>&1
+  quiet "$B/jfs" format "rocksdb://$v/ma" va --storage "file://$v/sa"
+  quiet "$B/jfs" format "rocksdb://$v/mb" vb --storage "file://$v/sb"
+  quiet "$JUICEFS" format --storage file --bucket "$v/ja/" "sqlite3://$v/ja.db" vol-a
+  quiet "$JUICEFS" format --storage file --bucket "$v/jb/" "sqlite3://$v/jb.db" vol-b
   export OA="rocksdb://$v/ma" OB="rocksdb://$v/mb" TA="sqlite3://$v/ja.db" TB="sqlite3://$v/jb.db"
-  "$B/jfs-sync" "$v/src/" jfs://OA/ >/dev/null 2>&1
-  "$JUICEFS" sync "$v/src/" jfs://TA/ >/dev/null 2>&1
+  quiet "$B/jfs-sync" "$v/src/" jfs://OA/
+  quiet "$JUICEFS" sync "$v/src/" jfs://TA/
   drop; FULL_A=$(secs "$B/jfs-sync" jfs://OA/ jfs://OB/ --from-journal)
   drop; FULL_B=$(secs "$JUICEFS" sync jfs://TA/ jfs://TB/)
-  "$B/jfs-sync" "$v/chg/" jfs://OA/ >/dev/null 2>&1
-  "$JUICEFS" sync "$v/chg/" jfs://TA/ >/dev/null 2>&1
+  quiet "$B/jfs-sync" "$v/chg/" jfs://OA/
+  quiet "$JUICEFS" sync "$v/chg/" jfs://TA/
   drop; INC_A=$(secs "$B/jfs-sync" jfs://OA/ jfs://OB/ --from-journal)
   drop; INC_B=$(secs "$JUICEFS" sync jfs://TA/ jfs://TB/)
   # Both destinations hold the changed bytes.
-  "$B/jfs" get "$OB" /d007/f000007 "$v/got" >/dev/null
+  quiet "$B/jfs" get "$OB" /d007/f000007 "$v/got"
   cmp -s "$v/got" "$v/chg/d007/f000007" || { echo "bench-sync-vs-juicefs.sh: our copy lacks a change" >&2; exit 1; }
-  "$JUICEFS" sync jfs://TB/d007/f000007 "$v/theirs/" >/dev/null 2>&1
-  cmp -s "$v/theirs/d007/f000007" "$v/chg/d007/f000007" || { echo "bench-sync-vs-juicefs.sh: JuiceFS's copy lacks a change" >&2; exit 1; }
+  quiet "$JUICEFS" sync jfs://TB/d007/ "$v/theirs/"
+  cmp -s "$v/theirs/f000007" "$v/chg/d007/f000007" || { echo "bench-sync-vs-juicefs.sh: JuiceFS's copy lacks a change" >&2; exit 1; }
   rm -rf "$v"
 }
 vol_pass "$VOL"
 row "volume -> volume, $VOL files up to 4 KiB, full" "$FULL_A" "$FULL_B"
 row "same, incremental pass after 100 files changed" "$INC_A" "$INC_B"
+VOL_A=$INC_A VOL_B=$INC_B
 SCALE_ROWS=()
 for n in $SCALES; do
-  if [ "$n" = "$VOL" ]; then a=$INC_A; b=$INC_B; else vol_pass "$n"; a=$INC_A; b=$INC_B; fi
+  if [ "$n" = "$VOL" ]; then a=$VOL_A; b=$VOL_B; else vol_pass "$n"; a=$INC_A; b=$INC_B; fi
   SCALE_ROWS+=("| $n | $a s | $b s | $(ratio "$b" "$a") |")
 done
 
