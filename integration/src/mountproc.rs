@@ -118,8 +118,22 @@ impl ReadOnlyBind {
         };
         ok(&["--bind", d, d]);
         let r = ReadOnlyBind(dir.to_path_buf());
-        ok(&["-o", "remount,ro,bind", d]);
-        r
+        // A block being written at that moment holds a file open for writing on the new
+        // bind, and the kernel refuses to make it read-only (EBUSY) until it is closed: try
+        // again for a few seconds.
+        let mut last = String::new();
+        for _ in 0..200 {
+            let o = Command::new("mount")
+                .args(["-o", "remount,ro,bind", d])
+                .output()
+                .unwrap();
+            if o.status.success() {
+                return r;
+            }
+            last = String::from_utf8_lossy(&o.stderr).into_owned();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("mount -o remount,ro,bind {d}: {last}");
     }
 
     /// Over the directory of a `file://` store.
