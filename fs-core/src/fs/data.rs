@@ -28,6 +28,10 @@ pub(crate) async fn check_generation(tx: &mut Txn<'_>, gen: u64) -> Result<()> {
     Ok(())
 }
 
+/// Files of up to this many chunks (4 GiB) have their chunk records freed by key (see
+/// `Fs::free_file_chunks`).
+const FREE_BY_KEY: u64 = 64;
+
 /// A slice whose blocks are in the store, not yet referenced (see `Fs::upload_slice`).
 #[derive(Debug, Clone)]
 pub struct NewSlice {
@@ -324,6 +328,36 @@ impl Fs {
 
     /// Delete chunks with index >= `first` of `ino`, moving their slices to pending deletes.
     /// Touches only chunk keys (one per 64 MiB), never data: truncating a huge file is cheap.
+    /// Free every chunk of a file `length` bytes long. Chunk records exist only below the
+    /// length (a write extends it in the transaction that adds the record; a truncate frees
+    /// the records past it), so a file of up to `FREE_BY_KEY` chunks has its records read by
+    /// key, in one call (validated at commit, unlike a scan), and a larger one is scanned.
+    pub(crate) async fn free_file_chunks(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: Ino,
+        length: u64,
+    ) -> Result<()> {
+        let n = length.div_ceil(CHUNK_SIZE);
+        if n > FREE_BY_KEY {
+            return self.free_chunks_from(tx, ino, 0).await;
+        }
+        let keys: Vec<Vec<u8>> = (0..n as u32).map(|i| keys::chunk(ino, i)).collect();
+        tx.prefetch(&keys).await?;
+        let mut freed = BTreeSet::new();
+        for (idx, k) in keys.into_iter().enumerate() {
+            if let Some(v) = tx.get(&k).await? {
+                let recs = decode_chunk(ino, idx as u32, Some(v))?;
+                freed.extend(recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)));
+                tx.delete(k);
+            }
+        }
+        for (id, size) in freed {
+            tx.stamp(keys::pending(id, size));
+        }
+        Ok(())
+    }
+
     pub(crate) async fn free_chunks_from(
         &self,
         tx: &mut Txn<'_>,

@@ -301,7 +301,11 @@ impl Fs {
     /// Delete an inode without links: its chunks (slices to pending deletes), xattrs, target,
     /// device number and attributes.
     async fn free_inode(&self, tx: &mut Txn<'_>, ino: Ino, attr: &Attr) -> Result<()> {
-        self.free_chunks_from(tx, ino, 0).await?;
+        if attr.kind == FileKind::File {
+            self.free_file_chunks(tx, ino, attr.length).await?;
+        } else {
+            self.free_chunks_from(tx, ino, 0).await?;
+        }
         delete_xattrs_and_attr(tx, ino).await?;
         match attr.kind {
             FileKind::Symlink => tx.delete(keys::symlink(ino)),

@@ -26,6 +26,9 @@ impl Fs {
                     format!("{:?} is a directory", lossy(name)),
                 ));
             }
+            // The inode and its first chunk in one call: a file of up to one chunk that
+            // goes needs nothing more to be freed (`free_file_chunks`).
+            tx.prefetch(&[keys::attr(ino), keys::chunk(ino, 0)]).await?;
             let attr = get_attr(&mut tx, ino).await?;
             let now = now_ns();
             tx.delete(keys::dentry(parent, name));
