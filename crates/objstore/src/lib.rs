@@ -51,7 +51,7 @@ pub struct OpendalStore {
     /// into a buffer of the file's size), not through OpenDAL's chunked reader, which copies
     /// each block twice more (its read buffer, then joining the chunks).
     local_root: Option<std::path::PathBuf>,
-    /// Buffers for reading a local store's large blocks with `O_DIRECT` (see `read_local`).
+    /// Pooled page-aligned buffers for reading a local store's blocks (see `read_local`).
     read_bufs: Arc<fs_core::BlockPool>,
 }
 
@@ -133,7 +133,7 @@ fn remove_stale_temp(dir: &std::path::Path) {
 /// Bytes that start on a 4 KiB boundary (the mount's block buffers) are written with
 /// `O_DIRECT`, all but an unaligned tail: the disk reads them from this memory, with no
 /// copy into the page cache and no write-back later. The sync that follows is then a
-/// cache flush. File systems that refuse `O_DIRECT` (tmpfs) get the buffered write.
+/// cache flush. File systems that refuse `O_DIRECT` get the buffered write.
 fn put_local(root: &std::path::Path, path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
     let tmp = root.join(".jfs-tmp").join(format!(
         "{}.{:016x}",
@@ -599,7 +599,7 @@ mod tests {
     /// Files of every size read back exactly: up to 4 MiB into pooled buffers (whole pages
     /// and an unaligned tail), larger ones into a buffer of their own.
     #[test]
-    fn local_files_read_back_exactly_direct_or_not() {
+    fn local_files_read_back_exactly_pooled_or_not() {
         let bufs = fs_core::BlockPool::new(READ_BUF, 2);
         let dir = tempfile::tempdir().unwrap();
         for (i, len) in [
@@ -627,7 +627,7 @@ mod tests {
 
     /// Aligned bytes (the mount's block buffers) of every shape: whole pages, pages and an
     /// unaligned tail, under a page; and unaligned bytes. Each reads back exactly, on a disk
-    /// file system (O_DIRECT) and on tmpfs (which refuses it: the buffered write).
+    /// file system and on tmpfs.
     #[test]
     fn blocks_written_direct_or_buffered_read_back_exactly() {
         let pool = fs_core::BlockPool::new(64 << 10, 1);

@@ -286,7 +286,8 @@ impl WholeWriter {
             ));
         }
         let f = self.file.as_mut().expect("open until finished");
-        // Whole blocks read with O_DIRECT (a local store's) are written the same way.
+        // Pieces of a local store's blocks start page-aligned (its pooled read buffers):
+        // those go with O_DIRECT.
         objstore::write_at_end(f, self.written, data).map_err(|e| io_err("writing", e))?;
         while !data.is_empty() {
             let room = (SEG - self.written % SEG) as usize;

@@ -32,6 +32,22 @@ pub(crate) async fn check_generation(tx: &mut Txn<'_>, gen: u64) -> Result<()> {
 /// `Fs::free_file_chunks`).
 const FREE_BY_KEY: u64 = 64;
 
+/// Delete chunk records (`(key, value)` as read) and stamp each slice they reference as
+/// pending deletion, once.
+fn free_chunk_records(tx: &mut Txn<'_>, ino: Ino, records: Vec<(Vec<u8>, Vec<u8>)>) -> Result<()> {
+    let mut freed = BTreeSet::new();
+    for (k, v) in records {
+        let recs = SliceRec::decode_list(&v)
+            .ok_or_else(|| corrupt(format!("chunk of inode {ino} does not decode")))?;
+        freed.extend(recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)));
+        tx.delete(k);
+    }
+    for (id, size) in freed {
+        tx.stamp(keys::pending(id, size));
+    }
+    Ok(())
+}
+
 /// A slice whose blocks are in the store, not yet referenced (see `Fs::upload_slice`).
 #[derive(Debug, Clone)]
 pub struct NewSlice {
@@ -326,8 +342,6 @@ impl Fs {
         Ok(())
     }
 
-    /// Delete chunks with index >= `first` of `ino`, moving their slices to pending deletes.
-    /// Touches only chunk keys (one per 64 MiB), never data: truncating a huge file is cheap.
     /// Free every chunk of a file `length` bytes long. Chunk records exist only below the
     /// length (a write extends it in the transaction that adds the record; a truncate frees
     /// the records past it), so a file of up to `FREE_BY_KEY` chunks has its records read by
@@ -344,20 +358,17 @@ impl Fs {
         }
         let keys: Vec<Vec<u8>> = (0..n as u32).map(|i| keys::chunk(ino, i)).collect();
         tx.prefetch(&keys).await?;
-        let mut freed = BTreeSet::new();
-        for (idx, k) in keys.into_iter().enumerate() {
+        let mut found = Vec::new();
+        for k in keys {
             if let Some(v) = tx.get(&k).await? {
-                let recs = decode_chunk(ino, idx as u32, Some(v))?;
-                freed.extend(recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)));
-                tx.delete(k);
+                found.push((k, v));
             }
         }
-        for (id, size) in freed {
-            tx.stamp(keys::pending(id, size));
-        }
-        Ok(())
+        free_chunk_records(tx, ino, found)
     }
 
+    /// Delete chunks with index >= `first` of `ino`, moving their slices to pending deletes.
+    /// Touches only chunk keys (one per 64 MiB), never data: truncating a huge file is cheap.
     pub(crate) async fn free_chunks_from(
         &self,
         tx: &mut Txn<'_>,
@@ -369,18 +380,11 @@ impl Fs {
         loop {
             let page = tx.scan(&start, &end, 1024).await?;
             let n = page.len();
-            let mut freed = BTreeSet::new();
-            for (k, v) in page {
-                let recs = SliceRec::decode_list(&v)
-                    .ok_or_else(|| corrupt(format!("chunk of inode {ino} does not decode")))?;
-                freed.extend(recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)));
+            if let Some((k, _)) = page.last() {
                 start = k.clone();
                 start.push(0);
-                tx.delete(k);
             }
-            for (id, size) in freed {
-                tx.stamp(keys::pending(id, size));
-            }
+            free_chunk_records(tx, ino, page)?;
             if n < 1024 {
                 return Ok(());
             }
