@@ -84,7 +84,9 @@ pub trait Engine: Send + Sync + 'static {
         }
         Ok(out)
     }
-    /// Up to `limit` pairs with `start <= key < end`, in key order.
+    /// Up to `limit` pairs with `start <= key < end`, in key order. Fewer than `limit` only
+    /// when no more keys lie in the range (callers page on that), even while other clients
+    /// change keys in it.
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>>;
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome>;
@@ -182,8 +184,9 @@ impl<'a> Pager<'a> {
         if self.buf.is_empty() {
             if let Some(from) = self.from.take() {
                 let page = self.engine.scan(&from, &[0xff], Self::PAGE).await?;
-                if page.len() == Self::PAGE {
-                    let mut after = page.last().expect("a full page").0.clone();
+                // Only an empty page ends it (a key missed here would be deleted by `diff`).
+                if !page.is_empty() {
+                    let mut after = page.last().expect("a page").0.clone();
                     after.push(0);
                     self.from = Some(after);
                 }

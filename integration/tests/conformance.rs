@@ -1039,6 +1039,64 @@ mod cases {
 
     /// A staged resync's last step (`install_switch`): the live metadata becomes exactly the
     /// staged key space, journal and head in one write; refused on a primary's metadata.
+    /// A page shorter than its limit means the range is exhausted, even while other clients
+    /// delete keys inside it: snapshots, resync diffs and queue rebuilds stop at the first
+    /// short page. (On Redis a scan reads names, then values; a name deleted between the two
+    /// used to shorten the page, and a snapshot sent under load then lacked every key after
+    /// it, the volume's settings among them.)
+    pub async fn scan_pages_are_full_while_keys_change(v: &TestVol) {
+        let fs = &v.fs;
+        let (d, _) = fs.mkdir(ROOT_INO, b"stable", 0o755, O).await.unwrap();
+        for i in 0..200 {
+            fs.create(d, format!("f{i}").as_bytes(), 0o644, O)
+                .await
+                .unwrap();
+        }
+        let (churn_dir, _) = fs.mkdir(ROOT_INO, b"churn", 0o755, O).await.unwrap();
+        // Every key there now stays (the churn adds and deletes only names of its own).
+        let everything = fs.engine().scan(b"", &[0xff], 1_000_000).await.unwrap();
+        let stable: std::collections::BTreeSet<Vec<u8>> =
+            everything.into_iter().map(|(k, _)| k).collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let c = v.client().await;
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) && n < 200_000 {
+                    let name = format!("c{}", n % 50);
+                    let _ = c.create(churn_dir, name.as_bytes(), 0o644, O).await;
+                    let _ = c.unlink(churn_dir, name.as_bytes()).await;
+                    n += 1;
+                }
+                n
+            })
+        };
+        let page = 7;
+        let mut passes = 0;
+        while passes < 300 {
+            passes += 1;
+            let mut seen = std::collections::BTreeSet::new();
+            fs_core::engine::scan_all(&**fs.engine(), b"", &[0xff], page, |p| {
+                assert!(p.len() <= page);
+                seen.extend(p.into_iter().map(|(k, _)| k));
+                Ok(())
+            })
+            .await
+            .unwrap();
+            let missing: Vec<_> = stable.iter().filter(|k| !seen.contains(*k)).collect();
+            assert!(
+                missing.is_empty(),
+                "pass {passes}: a paged scan missed {} keys that never changed (first {:?})",
+                missing.len(),
+                missing.first().map(|k| String::from_utf8_lossy(k))
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let n = churn.await.unwrap();
+        assert!(n > 0, "the churn ran");
+    }
+
     pub async fn install_switch_makes_the_live_state_the_staged_one(v: &TestVol) {
         let fs = &v.fs;
         let (d, _) = fs.mkdir(ROOT_INO, b"d", 0o755, O).await.unwrap();
@@ -1175,6 +1233,7 @@ macro_rules! backend {
             case!(unlinked_open_files_are_kept_until_released);
             case!(the_file_reader_matches_plain_reads);
             case!(install_switch_makes_the_live_state_the_staged_one);
+            case!(scan_pages_are_full_while_keys_change);
         }
     };
 }

@@ -289,29 +289,48 @@ impl Engine for RedisEngine {
     }
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
+        // Names come from the index, values from a second call. A name deleted between the
+        // two is skipped (its absence is validated by commit), and the page is topped up from
+        // past the last name read: a page shorter than `limit` must mean the range is
+        // exhausted, since every caller pages on that (snapshots, resync diffs, dumps). A large
+        // limit is read in calls of at most `SCAN_CALL` names.
+        const SCAN_CALL: usize = 10_000;
         let mut c = self.conn.clone();
+        let mut out: Vec<KvPair> = Vec::new();
         let mut lo = b"[".to_vec();
         lo.extend_from_slice(start);
         let mut hi = b"(".to_vec();
         hi.extend_from_slice(end);
-        let limit = limit.min(100_000);
-        let members: Vec<Vec<u8>> = redis::cmd("ZRANGEBYLEX")
-            .arg(self.index_key())
-            .arg(lo)
-            .arg(hi)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| map_err(e, "scan"))?;
-        let vals = self.get_many(&members).await?;
-        // A key deleted between the two calls is skipped; its absence is validated by commit.
-        Ok(members
-            .into_iter()
-            .zip(vals)
-            .filter_map(|(k, v)| v.map(|v| (k, v)))
-            .collect())
+        while out.len() < limit {
+            let want = (limit - out.len()).min(SCAN_CALL);
+            let members: Vec<Vec<u8>> = redis::cmd("ZRANGEBYLEX")
+                .arg(self.index_key())
+                .arg(&lo)
+                .arg(&hi)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(want)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| map_err(e, "scan"))?;
+            let exhausted = members.len() < want;
+            if let Some(last) = members.last() {
+                // Exclusive from the last name read: no name is read twice.
+                lo = b"(".to_vec();
+                lo.extend_from_slice(last);
+            }
+            let vals = self.get_many(&members).await?;
+            out.extend(
+                members
+                    .into_iter()
+                    .zip(vals)
+                    .filter_map(|(k, v)| v.map(|v| (k, v))),
+            );
+            if exhausted {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {

@@ -106,9 +106,10 @@ impl Mirror {
     pub(super) async fn complete_bootstrap(&self) -> Result<()> {
         // A state without the volume's settings is never made the mirror's: its mounts would
         // be refused ("not formatted"). A snapshot is asked for again instead; a staged
-        // resync's live metadata goes on serving its previous state meanwhile. (Seen once in
-        // a few hundred test runs, cause not yet found: this keeps the site usable and says
-        // so.)
+        // resync's live metadata goes on serving its previous state meanwhile. (It happened
+        // when a Redis primary's scan returned a short page while keys were deleted, which
+        // ended the snapshot early; engines now return short pages only at the end of a
+        // range. This stays as the last check before a state becomes the mirror's.)
         let target = self.meta.target();
         if target.get(keys::SETTING).await?.is_none() {
             let b = target.journal_bounds().await?;

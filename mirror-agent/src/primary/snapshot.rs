@@ -48,7 +48,8 @@ impl Primary {
             if len > 0 {
                 proto::send(sink, &ToMirror::SnapshotPairs { pairs: page }).await?;
             }
-            if len < 1000 {
+            // Only an empty page ends it: what the snapshot lacks, a mirror never gets.
+            if len == 0 {
                 break;
             }
         }
