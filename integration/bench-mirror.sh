@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # mirror-agent benchmarks (BENCHMARKS.md): apply rate per engine, metadata lag on loopback and
-# through the delay proxy, block replication over a 100 Mbit/s tbf link, bwlimit accuracy.
-# Needs root (network namespaces, tc). Usage: bash integration/bench-mirror.sh [apply|lag|blocks]...
+# through the delay proxy, block replication over a 100 Mbit/s tbf link, bwlimit accuracy,
+# writes at a mirror mount (through the delay proxy).
+# Needs root (network namespaces, tc, FUSE). Usage: bash integration/bench-mirror.sh [apply|lag|blocks|writes]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash integration/install-deps.sh test
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
-cargo build --release --locked -p mirror-agent -p integration --bins
+cargo build --release --locked -p mirror-agent -p jfs -p integration --bins
 SVC=$(mktemp -d /tmp/jfs-svc.XXXXXX)
 cleanup() { bash integration/services.sh down "$SVC" || true; rm -rf "$SVC"; }
 trap cleanup EXIT

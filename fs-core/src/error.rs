@@ -4,7 +4,7 @@
 use std::fmt;
 
 /// What went wrong, coarse enough for callers to decide (retry, map to errno, exit code).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum ErrorKind {
     NotFound,

@@ -282,8 +282,8 @@ pub fn parse_counter(v: Option<&[u8]>) -> Result<i64> {
 }
 
 /// A transaction ready to commit: the values it read (None = absent), what it writes, and
-/// the operation it performs.
-#[derive(Clone, Debug)]
+/// the operation it performs. Serializable: a mirror forwards it to its primary (`volume::forward`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitRequest {
     pub reads: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     pub writes: Vec<Mutation>,

@@ -61,6 +61,13 @@ pub struct Progress {
     /// until the agent switches it to the new one.
     #[serde(default)]
     pub resyncing: bool,
+    /// The primary lets this mirror write: the agent's forward socket, through which a
+    /// mount here sends its changes (`volume::forward`). None: mounts here are read-only.
+    #[serde(default)]
+    pub forward_socket: Option<String>,
+    /// Why mounts here are read-only when the agent knows (the primary refused writes).
+    #[serde(default)]
+    pub writes_refused: Option<String>,
 }
 
 /// How often a mirror agent writes its progress record.

@@ -97,6 +97,10 @@ pub struct MirrorEntry {
     pub token_file: Option<PathBuf>,
     #[serde(default)]
     pub token: Option<toml::Value>,
+    /// Mounts at this mirror may write: their changes come through the mirror's agent and
+    /// are committed here (off by default: the mirror's mounts are read-only).
+    #[serde(default)]
+    pub allow_writes: bool,
 }
 
 impl MirrorEntry {

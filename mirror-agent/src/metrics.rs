@@ -65,6 +65,22 @@ pub struct Metrics {
     pub slot_lag_entries: Family<Labels, Gauge>,
     pub slot_needs_resync: Family<Labels, Gauge>,
     pub slot_connected: Family<Labels, Gauge>,
+    /// Changes forwarded by a mirror's mounts: committed, conflicted (retried there after
+    /// catching up), refused (not allowed, outside the file tree, fenced, failed).
+    pub fwd_committed: Family<Labels, Counter>,
+    pub fwd_conflicts: Family<Labels, Counter>,
+    pub fwd_refused: Family<Labels, Counter>,
+    /// Seconds spent committing forwarded changes (sum; divide by the counts for a mean).
+    pub fwd_seconds: Family<Labels, Counter<f64, AtomicU64>>,
+    // mirror role, writes through to the primary
+    /// Changes this site's mounts sent, by outcome.
+    pub fwd_sent: Counter,
+    pub fwd_sent_conflicts: Counter,
+    pub fwd_sent_failed: Counter,
+    /// Seconds from a mount's request to the primary's answer (sum).
+    pub fwd_sent_seconds: Counter<f64, AtomicU64>,
+    /// 1 while the primary lets this mirror write and the forward connection is up.
+    pub fwd_connected: Gauge,
     /// The JSON served at `/status`, refreshed by the running role.
     pub status: Mutex<serde_json::Value>,
 }
@@ -149,11 +165,56 @@ impl Metrics {
                     "1 while the mirror is connected",
                     m.slot_connected.clone(),
                 );
+                r.register(
+                    "forwarded_committed",
+                    "Changes from a mirror's mounts committed here",
+                    m.fwd_committed.clone(),
+                );
+                r.register(
+                    "forwarded_conflicts",
+                    "Changes from a mirror's mounts that read an older state (retried there)",
+                    m.fwd_conflicts.clone(),
+                );
+                r.register(
+                    "forwarded_refused",
+                    "Changes from a mirror's mounts refused or failed",
+                    m.fwd_refused.clone(),
+                );
+                r.register(
+                    "forwarded_commit_seconds",
+                    "Seconds spent committing changes from a mirror's mounts",
+                    m.fwd_seconds.clone(),
+                );
             } else {
                 r.register(
                     "applied_seq",
                     "Last sequence number applied at this mirror",
                     m.applied_seq.clone(),
+                );
+                r.register(
+                    "forward_sent",
+                    "Changes of this site's mounts committed at the primary",
+                    m.fwd_sent.clone(),
+                );
+                r.register(
+                    "forward_conflicts",
+                    "Changes of this site's mounts that read an older state than the primary's",
+                    m.fwd_sent_conflicts.clone(),
+                );
+                r.register(
+                    "forward_failed",
+                    "Changes of this site's mounts refused or not answered",
+                    m.fwd_sent_failed.clone(),
+                );
+                r.register(
+                    "forward_seconds",
+                    "Seconds from a mount's change to the primary's answer (sum)",
+                    m.fwd_sent_seconds.clone(),
+                );
+                r.register(
+                    "forward_connected",
+                    "1 while the primary lets this mirror write and the connection is up",
+                    m.fwd_connected.clone(),
                 );
                 r.register(
                     "primary_head_seq",

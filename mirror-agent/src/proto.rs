@@ -11,6 +11,9 @@
 //! 3. mirror checks the proof, -> `Auth { mac = mac(token, "mirror", nonce_p, nonce_m) }`
 //! 4. primary -> `Welcome` then entries (or a snapshot first), or `Refused`.
 //!
+//! A second connection with `want = Forward` (a mirror the primary lets write) carries no
+//! journal: `Commit { id, req }` one way, `Forwarded { id, reply }` back, many in flight.
+//!
 //! This module knows only the messages and their framing; `handshake` (which uses it) runs
 //! the exchange above.
 
@@ -36,6 +39,9 @@ pub enum Want {
     From(u64),
     /// Send a snapshot first, then the entries after it.
     Snapshot,
+    /// No journal: this connection carries changes made by mounts at the mirror site, for
+    /// the primary to commit (`ToPrimary::Commit`), when the primary lets the mirror write.
+    Forward,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +65,12 @@ pub enum ToPrimary {
     /// Everything up to `seq` is durably applied at the mirror.
     Ack {
         seq: u64,
+    },
+    /// On a `Want::Forward` connection: a change made by a mount at the mirror site, with
+    /// what it read; answered by `ToMirror::Forwarded` with the same `id`.
+    Commit {
+        id: u64,
+        req: fs_core::CommitRequest,
     },
 }
 
@@ -101,6 +113,11 @@ pub enum ToMirror {
     /// have been applied on top of it.
     SnapshotEnd {
         seq: u64,
+    },
+    /// The answer to `ToPrimary::Commit { id, .. }`.
+    Forwarded {
+        id: u64,
+        reply: volume::forward::ForwardReply,
     },
 }
 
@@ -151,6 +168,7 @@ pub fn msg_name(m: &ToMirror) -> &'static str {
         ToMirror::SnapshotBegin { .. } => "snapshot-begin",
         ToMirror::SnapshotPairs { .. } => "snapshot-pairs",
         ToMirror::SnapshotEnd { .. } => "snapshot-end",
+        ToMirror::Forwarded { .. } => "forwarded",
     }
 }
 

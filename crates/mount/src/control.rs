@@ -87,6 +87,11 @@ pub enum Request {
     WriteError {
         ino: u64,
     },
+    /// A change a mirror site's mount made, relayed by the primary agent of a RocksDB volume
+    /// (whose one writer is this process): committed here, answered as a `ForwardReply`.
+    Commit {
+        req: fs_core::CommitRequest,
+    },
     Cutover {
         event: fs_core::storage::Event,
         /// The operator's command (`user@host pid N`), for the audit record.
@@ -208,6 +213,28 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
                 Err(e) => serde_json::json!({"error": format!("cutover {}: {e}", event.name())}),
             };
             send(&mut w, &v).await
+        }
+        Request::Commit { req } => {
+            use volume::forward::ForwardReply;
+            let engine = ctl.vfs.fs.engine();
+            let reply = match volume::forward::tree_only(&req) {
+                Err(why) => ForwardReply::Failed {
+                    kind: fs_core::ErrorKind::PermissionDenied,
+                    message: why,
+                    temporary: false,
+                },
+                Ok(()) => match engine.commit(&req).await {
+                    Ok(fs_core::CommitOutcome::Committed { seq, time_ns }) => {
+                        ForwardReply::Committed { seq, time_ns }
+                    }
+                    Ok(fs_core::CommitOutcome::Conflict) => match engine.journal_bounds().await {
+                        Ok(b) => ForwardReply::Conflict { head: b.last },
+                        Err(e) => ForwardReply::failed(&e),
+                    },
+                    Err(e) => ForwardReply::failed(&e),
+                },
+            };
+            send(&mut w, &serde_json::json!({"done": true, "reply": reply})).await
         }
         Request::Warmup {
             paths,

@@ -239,7 +239,9 @@ async fn serve(
     workers: &background::Supervisor,
     ready: impl FnOnce(),
 ) -> Result<()> {
-    if !o.read_only {
+    // Only at the primary: a mirror's sessions are its own, and the primary's kept inodes
+    // name sessions a mirror never sees.
+    if !o.read_only && !matches!(site, volume::Site::Mirror { .. }) {
         let fs = fs.clone();
         tokio::spawn(async move {
             match fs.reap_sessions(fs_core::session::DEFAULT_TIMEOUT).await {
@@ -402,9 +404,10 @@ async fn serve(
         None => None,
     };
     // A read-only view follows its writer: a RocksDB secondary catches up with it, and the
-    // applied sequence number (a mirror's agent's progress) is published.
-    if o.read_only {
-        let mirror = matches!(site, volume::Site::Mirror { .. });
+    // applied sequence number (a mirror's agent's progress) is published. A mirror's view is
+    // read-only here even when its mount writes through to the primary.
+    let mirror = matches!(site, volume::Site::Mirror { .. });
+    if o.read_only || mirror {
         mm.mirror_site.set(mirror as i64);
         workers.spawn(loops::ReadOnlyFollower::new(
             fs.engine().clone(),

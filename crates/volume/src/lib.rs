@@ -64,6 +64,7 @@ mod cache;
 mod cached;
 mod fallback;
 mod follower;
+pub mod forward;
 mod limited;
 mod metered;
 mod metrics;
@@ -76,6 +77,7 @@ pub use cache::{CacheConfig, CacheUsage, DiskCache};
 pub use cached::CachedStore;
 pub use fallback::{FallbackStore, Wanted, ORIGIN_TIMEOUT};
 pub use follower::{end_sessions, Follower};
+pub use forward::ForwardingEngine;
 pub use limited::{Charge, LimitedStore};
 pub use metered::MeteredStore;
 pub use metrics::StoreMetrics;
@@ -86,8 +88,9 @@ pub use whole::WholeWriter;
 
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::{BlockStore, Engine, Fs};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// What the caller will do with the volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -127,6 +130,10 @@ pub struct Options {
     /// Follow the volume when its primary moves to another metadata (see `moving`): a
     /// long-running opener (a mount).
     pub follow_moves: bool,
+    /// At a mirror site whose primary lets it write: the mirror agent's forward socket. The
+    /// volume is opened to read here (`Access::Read`) and its commits go to the primary
+    /// (`forward`); blocks go where the primary's storage record says.
+    pub forward: Option<PathBuf>,
 }
 
 /// Where a volume's blocks are read from.
@@ -270,6 +277,34 @@ pub async fn mirror_marker(
     fs_core::site::marker(&*engine).await
 }
 
+/// At a mirror site, whether its mounts may write and how: the agent's forward socket when
+/// the primary lets this mirror write and the agent says so now (its progress record is
+/// fresh and the socket exists), else why not.
+pub async fn mirror_writes(
+    meta_url: &str,
+    password_file: Option<PathBuf>,
+) -> Result<std::result::Result<PathBuf, String>> {
+    let engine = open_engine(meta_url, Access::Read, password_file, false).await?;
+    let Some(p) = fs_core::site::progress(&*engine).await? else {
+        return Ok(Err("no mirror agent has run at this site yet".into()));
+    };
+    let age = Duration::from_nanos(fs_core::now_ns().saturating_sub(p.at_ns).max(0) as u64);
+    if age > Duration::from_secs(30) {
+        return Ok(Err(format!(
+            "this site's mirror agent last reported {}s ago (is it running?)",
+            age.as_secs()
+        )));
+    }
+    Ok(match (p.forward_socket, p.writes_refused) {
+        (Some(s), _) if Path::new(&s).exists() => Ok(PathBuf::from(s)),
+        (Some(s), _) => Err(format!("the agent's forward socket {s} is missing")),
+        (None, Some(why)) => Err(why),
+        (None, None) => {
+            Err("the agent has not heard from the primary whether this mirror may write".into())
+        }
+    })
+}
+
 /// Open a volume: engine, settings, block store, with the checks above.
 pub async fn open(meta_url: &str, o: &Options) -> Result<Fs> {
     let engine = open_engine(meta_url, o.access, o.password_file.clone(), false).await?;
@@ -392,9 +427,24 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
     if o.access == Access::Write && !o.allow_incomplete {
         fs_core::owner::check_holder(&*store, &settings).await?;
     }
-    let mut fs = match &holder {
-        Some(h) => Fs::open_following(engine.clone(), store.clone(), h.clone()).await?,
-        None => Fs::open(engine.clone(), store.clone()).await?,
+    // A mirror that writes through to its primary: commits are forwarded, blocks go to the
+    // origin's stores by the primary's storage record (replicated here), so the write-order
+    // invariant holds there (every block the journal references exists at the origin).
+    let forwarding = match (&site, &o.forward) {
+        (Site::Mirror { .. }, Some(sock)) => {
+            let fwd: Arc<dyn Engine> = Arc::new(ForwardingEngine::new(engine.clone(), sock));
+            let writes = StoreBuilder::new(o.endpoint.clone(), metrics.clone());
+            let h = StorageHolder::open(engine.clone(), writes, &settings.storage)
+                .await
+                .map_err(|e| e.context("opening the origin store to write blocks to"))?;
+            Some((fwd, h))
+        }
+        _ => None,
+    };
+    let mut fs = match (&holder, &forwarding) {
+        (_, Some((fwd, h))) => Fs::open_following(fwd.clone(), store.clone(), h.clone()).await?,
+        (Some(h), None) => Fs::open_following(engine.clone(), store.clone(), h.clone()).await?,
+        (None, None) => Fs::open(engine.clone(), store.clone()).await?,
     };
     if o.io_parallel > 0 {
         fs.io_parallel = o.io_parallel;
@@ -410,7 +460,10 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
             Follower::start(
                 engine,
                 mover,
-                holder.clone().or(origin_holder.clone()),
+                holder
+                    .clone()
+                    .or(forwarding.as_ref().map(|(_, h)| h.clone()))
+                    .or(origin_holder.clone()),
                 fs_core::session::Session::new(&l, o.access == Access::Read),
             )
             .await

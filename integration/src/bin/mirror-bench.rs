@@ -6,7 +6,10 @@
 //!   delay proxy (50 ms each way);
 //! - `blocks`: block replication through a 100 Mbit/s `tc tbf` link between two network
 //!   namespaces (origin store served over HTTP in the primary's namespace), against curl
-//!   over the same link; and the accuracy of `bwlimit` on loopback.
+//!   over the same link; and the accuracy of `bwlimit` on loopback;
+//! - `writes`: create + 16 KiB write + close at a mirror mount that writes through to the
+//!   primary, on loopback and through the delay proxy (5 ms and 50 ms each way), against the
+//!   same at a mount of the primary.
 //!
 //! Usage: `source <services env>; mirror-bench [apply|lag|blocks]...` (see integration/bench-mirror.sh).
 
@@ -31,6 +34,9 @@ async fn main() {
     }
     if want("blocks") {
         blocks().await;
+    }
+    if want("writes") {
+        writes().await;
     }
 }
 
@@ -337,4 +343,80 @@ fn walk(root: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// Per-file time of `n` creates + 16 KiB writes + closes in `dir` (mean).
+fn files_at(dir: &std::path::Path, n: usize) -> Duration {
+    std::fs::create_dir_all(dir).unwrap();
+    let body = integration::data(7, 16 << 10);
+    let t0 = Instant::now();
+    for i in 0..n {
+        std::fs::write(dir.join(format!("f{i}")), &body).unwrap();
+    }
+    t0.elapsed() / n as u32
+}
+
+async fn writes() {
+    use integration::mountproc::Mount;
+    println!("## create + 16 KiB write + close at a mirror mount that writes through (primary Redis, mirror RocksDB)\n");
+    println!("| link to the primary | files | at the primary, ms/file | at the mirror, ms/file | extra | extra in round trips |");
+    println!("|---|---|---|---|---|---|");
+    for (delay, n) in [(None, 400usize), (Some(5u64), 200), (Some(50), 40)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (meta, d1) = meta_url("redis");
+        let (store, d2) = integration::store_url("file");
+        let o = integration::run(
+            "jfs",
+            &[
+                "format",
+                &meta,
+                &integration::unique("w"),
+                "--storage",
+                &store,
+            ],
+            &[],
+        );
+        assert!(
+            o.status.success(),
+            "format: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let pair = Pair::start(
+            dir.path(),
+            &meta,
+            "rocksdb",
+            delay.map(|ms| (Duration::from_millis(ms), 0)),
+            ALLOW_WRITES,
+            "",
+        )
+        .await;
+        status_until(&pair.mirror, Duration::from_secs(60), |st| {
+            st["bootstrap"].is_null() && st["writes"]["allowed"] == true
+        })
+        .await;
+        let pm = Mount::start(&meta, dir.path(), "pm", &["--cache-size", "0"]);
+        let mm = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+        let local = files_at(&pm.mp.join("p"), n);
+        let remote = files_at(&mm.mp.join("m"), n);
+        let rtt = delay.map(|ms| Duration::from_millis(2 * ms));
+        let extra = remote.saturating_sub(local);
+        println!(
+            "| {} | {n} | {:.2} | {:.2} | {:.2} ms | {} |",
+            delay.map_or("loopback".to_string(), |ms| format!(
+                "delay proxy, {ms} ms each way"
+            )),
+            local.as_secs_f64() * 1e3,
+            remote.as_secs_f64() * 1e3,
+            extra.as_secs_f64() * 1e3,
+            rtt.map_or("-".to_string(), |r| format!(
+                "{:.1}",
+                extra.as_secs_f64() / r.as_secs_f64()
+            )),
+        );
+        mm.stop();
+        pm.stop();
+        drop(pair);
+        drop((d1, d2));
+    }
+    println!();
 }

@@ -244,6 +244,9 @@ pub fn n(v: &Value, path: &str) -> u64 {
         .unwrap_or_else(|| panic!("status field {path} missing in {v}"))
 }
 
+/// In a primary's extra lines: let every mirror write (it goes into their entries).
+pub const ALLOW_WRITES: &str = "allow_writes = true";
+
 pub fn primary_toml(
     meta: &str,
     state: &Path,
@@ -252,12 +255,22 @@ pub fn primary_toml(
     mirrors: &[&str],
     extra: &str,
 ) -> String {
+    // `allow_writes = true` among the extra lines goes into every mirror's entry.
+    let writes = extra.lines().any(|l| l.trim() == ALLOW_WRITES);
+    let extra: String = extra
+        .lines()
+        .filter(|l| l.trim() != ALLOW_WRITES)
+        .map(|l| format!("{l}\n"))
+        .collect();
     let mut s = format!(
         "role = \"primary\"\nmeta = \"{meta}\"\nstate_dir = \"{}\"\nadmin = \"{admin}\"\nadmin_token_env = \"ADMIN_TOKEN\"\n[primary]\nlisten = \"{listen}\"\ntrim_interval = \"1s\"\n{extra}\n",
         state.display()
     );
     for m in mirrors {
         s += &format!("[[primary.mirrors]]\nname = \"{m}\"\ntoken_env = \"MIRROR_TOKEN\"\n");
+        if writes {
+            s += &format!("{ALLOW_WRITES}\n");
+        }
     }
     s
 }

@@ -52,7 +52,10 @@ impl Pair {
         primary_extra: &str,
         mirror_extra: &str,
     ) -> Pair {
-        let env = [("MIRROR_TOKEN", TOKEN)];
+        // The run directory of the test's mounts (`Mount::start`): a primary agent of a
+        // RocksDB volume reaches the writing mount's control socket there.
+        let run_dir = dir.join("run").display().to_string();
+        let env = [("MIRROR_TOKEN", TOKEN), ("JFS_RUN_DIR", run_dir.as_str())];
         // (listen, primary admin, mirror admin, primary prefix, mirror prefix)
         let (listen, p_admin, m_admin, p_pre, m_pre) = match &at {
             Placement::Loopback { .. } => {

@@ -15,6 +15,7 @@
 
 mod apply;
 mod bootstrap;
+mod forward;
 mod replication;
 mod session;
 mod status;
@@ -89,6 +90,8 @@ pub struct Mirror {
     kick: tokio::sync::Notify,
     /// The agent's state directory (its `rollback/` keeps saved diverged tails).
     state_dir: std::path::PathBuf,
+    /// Writes of the site's mounts, relayed to the primary (`forward`).
+    fwd: forward::Forwarding,
 }
 
 enum End {
@@ -215,6 +218,7 @@ impl Mirror {
             force_snapshot: std::sync::atomic::AtomicBool::new(force),
             kick: tokio::sync::Notify::new(),
             state_dir: state_dir.to_path_buf(),
+            fwd: forward::Forwarding::default(),
         });
         if let Some(s) = settings {
             m.set_settings(s).await?;
@@ -361,9 +365,20 @@ impl Mirror {
         self.workers.spawn(status::StatusWorker::new(self.clone()));
         self.workers
             .spawn(replication::ReplicationWorker::new(self.clone()));
+        self.workers
+            .spawn(forward::ForwardWorker::new(self.clone()));
+        let socket_stop = CancellationToken::new();
+        let socket = tokio::spawn(self.clone().serve_forward_socket(socket_stop.clone()));
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = self.halt.cancelled() => {}
+        }
+        // The mounts' changes in flight get their answers before the link goes.
+        socket_stop.cancel();
+        match socket.await {
+            Ok(Err(e)) => tracing::warn!(error = %format!("{e:#}"), "the forward socket failed"),
+            Err(e) => tracing::warn!(error = %e, "the forward socket's task failed"),
+            Ok(Ok(())) => {}
         }
         // Drain: the session applies what it received and ends; copies in flight finish
         // (or stay queued); then the status is brought up to date one last time.

@@ -83,7 +83,23 @@ impl Mirror {
             within_window: m.within_window.get() == 1,
             at_ns: fs_core::now_ns(),
             resyncing: m.resync_staged.get() == 1,
+            forward_socket: None,
+            writes_refused: None,
         };
+        let mut p = p;
+        match self
+            .fwd
+            .allowed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            Some(Ok(())) => {
+                p.forward_socket = Some(self.forward_socket().to_string_lossy().into_owned())
+            }
+            Some(Err(why)) => p.writes_refused = Some(why),
+            None => {}
+        }
         fs_core::site::set_progress(&*self.engine, &p).await?;
         Ok(())
     }
@@ -213,6 +229,12 @@ impl Mirror {
                     .clone()
             });
         let (bw, tps) = self.limits.current();
+        let writes = self
+            .fwd
+            .allowed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         m.window_seconds.set(w.as_secs_f64());
         m.copy_limit.set(bw.unwrap_or(0) as i64);
         m.set_status(serde_json::json!({
@@ -242,6 +264,17 @@ impl Mirror {
                 "staged_seq": staged_seq,
             })),
             "needs_resync": needs_resync,
+            // The site's mounts' changes, committed at the primary (`forward`).
+            "writes": {
+                "allowed": match &writes { Some(Ok(())) => serde_json::json!(true), Some(Err(_)) => serde_json::json!(false), None => serde_json::Value::Null },
+                "refused": writes.as_ref().and_then(|w| w.as_ref().err()),
+                "connected": m.fwd_connected.get() == 1,
+                "socket": self.forward_socket(),
+                "committed": m.fwd_sent.get(),
+                "conflicts": m.fwd_sent_conflicts.get(),
+                "failed": m.fwd_sent_failed.get(),
+                "seconds": m.fwd_sent_seconds.get(),
+            },
             "last_error": last_error,
             "frame_errors": m.frame_errors.get(),
             "reconnects": m.reconnects.get(),

@@ -3,7 +3,7 @@
 //! first), records their acknowledgements in the slots, enforces the retention cap and trims
 //! the journal behind the slowest active mirror.
 //!
-//! By concern: `slot_keeping` (registering, acknowledging, dropping, the retention cap), `stream`
+//! By concern: `forward` (the changes of mounts at mirrors allowed to write), `slot_keeping` (registering, acknowledging, dropping, the retention cap), `stream`
 //! (one mirror's connection: the handshake, the checks of where it resumes, the journal),
 //! `snapshot` (a snapshot for a mirror that starts over), `lease` (the record that tells
 //! other processes this agent keeps the slots), `maintenance` (the background work: status,
@@ -15,6 +15,7 @@
 //! brings a dropped slot back); one live connection per mirror (a newer one cancels the
 //! older); the journal is trimmed only behind the slowest active slot.
 
+mod forward;
 mod lease;
 mod maintenance;
 mod slot_keeping;

@@ -90,6 +90,17 @@ impl Primary {
             proto::send(&mut sink, &refuse(r.clone(), false)).await?;
             bail!(r);
         }
+        // The changes of the mirror's mounts: a connection of its own, beside the journal's.
+        if want == Want::Forward {
+            if epoch < mine {
+                let r = format!("mirror {mirror:?} is at epoch {epoch}, this primary at {mine}: its writes wait until it has caught up with the promotion");
+                proto::send(&mut sink, &refuse(r.clone(), false)).await?;
+                bail!(r);
+            }
+            return self
+                .serve_forward(&mirror, &mut sink, &mut stream, &stop)
+                .await;
+        }
         // A mirror from before a promotion (the old primary rejoining): a history that
         // differs past the promotion point is that site's lost tail, and it resyncs.
         let rejoining = epoch < mine;
@@ -219,6 +230,7 @@ impl Primary {
         let mut cursor = match want {
             Want::From(f) => f.max(1),
             Want::Snapshot => self.send_snapshot(mirror, sink).await? + 1,
+            Want::Forward => bail!("internal: a forward connection reached the journal stream"),
         };
         tracing::info!(mirror, from = cursor, "streaming the journal");
         // Acknowledgements arrive on the other half; the slot is written at most every 500 ms.

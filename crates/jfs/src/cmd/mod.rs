@@ -313,6 +313,7 @@ pub fn volume_options(
         cache,
         session: None,
         follow_moves: false,
+        forward: None,
     }
 }
 

@@ -43,20 +43,38 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         capacity: m.cache_size,
         free_ratio: m.free_space_ratio,
     });
-    // A mirror's metadata follows its primary: its mounts are read-only.
+    // A mirror's metadata follows its primary: its mounts write through to the primary when
+    // the primary lets this mirror write (through the site's agent), else are read-only.
     let mut m = m;
+    let mut forward = None;
     if !m.read_only {
         if let Some(mk) = volume::mirror_marker(&m.meta_url, g.meta_password_file.clone()).await? {
-            cli_common::eprintln!(
-                "jfs: {} is mirror {:?}'s metadata (it follows the primary at {}): mounting read-only",
-                meta::redact(&m.meta_url),
-                mk.name,
-                mk.primary
-            );
-            m.read_only = true;
+            match volume::mirror_writes(&m.meta_url, g.meta_password_file.clone()).await? {
+                Ok(sock) => {
+                    cli_common::eprintln!(
+                        "jfs: {} is mirror {:?}'s metadata: changes are committed at the primary at {} (through this site's agent)",
+                        meta::redact(&m.meta_url),
+                        mk.name,
+                        mk.primary
+                    );
+                    forward = Some(sock);
+                }
+                Err(why) => {
+                    cli_common::eprintln!(
+                        "jfs: {} is mirror {:?}'s metadata (it follows the primary at {}): mounting read-only ({why})",
+                        meta::redact(&m.meta_url),
+                        mk.name,
+                        mk.primary
+                    );
+                    m.read_only = true;
+                }
+            }
         }
     }
-    let mut opts = super::volume_options(g, m.read_only, cache);
+    // A mount that writes through its mirror opens the metadata to read: the agent is its
+    // only writer.
+    let mut opts = super::volume_options(g, m.read_only || forward.is_some(), cache);
+    opts.forward = forward;
     opts.session = Some(mp.to_string_lossy().into_owned());
     // A mount outlives a move of the volume's primary (site or engine migration).
     opts.follow_moves = true;

@@ -166,7 +166,8 @@ impl Vfs {
         };
         let (fh, pt) = self.new_handle_as(ino, read_only, version, entry);
         // A plain passthrough open reads its backing file, which holds the version opened.
-        if self.cfg.pin_versions && pt.as_ref().is_none_or(|p| p.direct) {
+        // An open for writing at a mirror that writes through reads what it wrote: unpinned.
+        if self.cfg.pin_versions && read_only && pt.as_ref().is_none_or(|p| p.direct) {
             let pinned = async {
                 let h = self.handle(fh)?;
                 let rd = match self.reader(&h).await {

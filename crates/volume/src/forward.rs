@@ -1,0 +1,330 @@
+//! Writes at a mirror site. A mount at a mirror whose primary lets it write opens the
+//! mirror's metadata through `ForwardingEngine`: reads are the mirror's own (a consistent
+//! prefix of the primary's), and a commit, carrying what its transaction read, goes to the
+//! site's mirror agent over a local socket (`SOCKET_NAME` in the agent's state directory,
+//! named in its progress record). The agent relays it over its authenticated connection to
+//! the primary agent, whose engine commits it in the primary's order; a read that differs
+//! there is a conflict, as between two writers at the primary.
+//!
+//! Read-your-writes: a commit returns only once this site's metadata has applied its
+//! sequence number, and a conflict only once the site has applied what the primary had then,
+//! so the retry reads a view at least that new.
+//!
+//! Invariants: nothing here writes the mirror's metadata (applying the journal stays its only
+//! writer; its marker refuses every other commit); every wait is bounded, then an error
+//! names what did not answer (EIO at the mount), and a change is either committed at the
+//! primary or not at all.
+
+use async_trait::async_trait;
+use fs_core::engine::{CommitOutcome, Engine, JournalBounds, KvPair};
+use fs_core::{CommitRequest, Entry, Error, ErrorKind, Mutation, Result};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The agent's forward socket, in its state directory.
+pub const SOCKET_NAME: &str = "forward.sock";
+/// How long a change may wait for the primary's answer (through the agent).
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a committed change may wait for this site to apply it.
+pub const APPLY_WAIT: Duration = Duration::from_secs(30);
+/// The largest frame on the forward socket.
+const MAX_FRAME: usize = 64 << 20;
+
+/// What a mount asks its agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ForwardRequest {
+    Commit(CommitRequest),
+}
+
+/// The primary's answer, relayed by the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ForwardReply {
+    Committed {
+        seq: u64,
+        time_ns: i64,
+    },
+    /// What the change read differs at the primary, whose head was `head`.
+    Conflict {
+        head: u64,
+    },
+    /// Not committed: refused (not allowed, fenced) or not answered.
+    Failed {
+        kind: ErrorKind,
+        message: String,
+        temporary: bool,
+    },
+}
+
+impl ForwardReply {
+    pub fn failed(e: &Error) -> ForwardReply {
+        ForwardReply::Failed {
+            kind: e.kind(),
+            message: e.message().to_string(),
+            temporary: e.status() == fs_core::ErrorStatus::Temporary,
+        }
+    }
+}
+
+/// Write one frame: a little-endian u32 length, then the postcard body.
+pub async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
+    w: &mut W,
+    msg: &T,
+) -> std::io::Result<()> {
+    let body = postcard::to_allocvec(msg)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&body);
+    w.write_all(&buf).await?;
+    w.flush().await
+}
+
+/// Read one frame; None at a clean end of the stream.
+pub async fn read_frame<R: AsyncRead + Unpin, T: DeserializeOwned>(
+    r: &mut R,
+) -> std::io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a forward frame of {len} bytes is over the limit"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    postcard::from_bytes(&body)
+        .map(Some)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Whether a forwarded change touches only the file tree (what a mount writes): never the
+/// volume's settings, storage record or epoch. The primary agent refuses any other.
+pub fn tree_only(req: &CommitRequest) -> std::result::Result<(), String> {
+    use fs_core::keys::Key;
+    for m in &req.writes {
+        let key = match m {
+            Mutation::Put { key, .. }
+            | Mutation::Delete { key }
+            | Mutation::Stamp { key }
+            | Mutation::Add { key, .. } => key,
+        };
+        match fs_core::keys::parse(key) {
+            Key::Counter(_)
+            | Key::Attr(_)
+            | Key::Dentry(..)
+            | Key::Chunk(..)
+            | Key::Symlink(_)
+            | Key::Xattr(..)
+            | Key::Rdev(_)
+            | Key::Pending(..)
+            | Key::Checksums(_)
+            | Key::Kept(_) => {}
+            other => {
+                return Err(format!(
+                    "a change forwarded from a mirror may touch only the file tree, not {other:?}"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A mirror's metadata whose commits go to the primary (see the module comment).
+pub struct ForwardingEngine {
+    local: Arc<dyn Engine>,
+    socket: PathBuf,
+    timeout: Duration,
+    apply_wait: Duration,
+}
+
+impl ForwardingEngine {
+    pub fn new(local: Arc<dyn Engine>, socket: &Path) -> ForwardingEngine {
+        ForwardingEngine {
+            local,
+            socket: socket.to_path_buf(),
+            timeout: FORWARD_TIMEOUT,
+            apply_wait: APPLY_WAIT,
+        }
+    }
+
+    async fn ask(&self, req: &CommitRequest) -> Result<ForwardReply> {
+        let sock = self.socket.display();
+        let io = async {
+            let mut s = tokio::net::UnixStream::connect(&self.socket)
+                .await
+                .map_err(|e| {
+                    Error::temporary(
+                        ErrorKind::Backend,
+                        format!("the mirror agent's forward socket {sock}: {e} (is mirror-agent running at this site?)"),
+                    )
+                })?;
+            let lost = |e: std::io::Error| {
+                Error::temporary(
+                    ErrorKind::Backend,
+                    format!("the mirror agent at {sock} did not answer: {e}"),
+                )
+            };
+            write_frame(&mut s, &ForwardRequest::Commit(req.clone()))
+                .await
+                .map_err(lost)?;
+            read_frame::<_, ForwardReply>(&mut s)
+                .await
+                .map_err(lost)?
+                .ok_or_else(|| {
+                    Error::temporary(
+                        ErrorKind::Backend,
+                        format!(
+                            "the mirror agent at {sock} closed the connection without an answer"
+                        ),
+                    )
+                })
+        };
+        match tokio::time::timeout(self.timeout, io).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::temporary(
+                ErrorKind::Backend,
+                format!(
+                    "no answer from the primary within {:?} (through the mirror agent at {sock}): the change was not made here; it is at the primary only if the primary committed it just now",
+                    self.timeout
+                ),
+            )),
+        }
+    }
+
+    /// Wait until this site's metadata has applied `seq` (bounded).
+    async fn applied(&self, seq: u64) -> Result<bool> {
+        let t0 = Instant::now();
+        loop {
+            let b = self.local.journal_bounds().await?;
+            if b.last >= seq {
+                return Ok(true);
+            }
+            let left = self.apply_wait.saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            self.local
+                .journal_wait(b.last, left.min(Duration::from_millis(500)))
+                .await?;
+        }
+    }
+}
+
+#[async_trait]
+impl Engine for ForwardingEngine {
+    fn kind(&self) -> &'static str {
+        self.local.kind()
+    }
+    fn display_url(&self) -> String {
+        self.local.display_url()
+    }
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.local.get(key).await
+    }
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.local.get_many(keys).await
+    }
+    async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
+        self.local.scan(start, end, limit).await
+    }
+    async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
+        let reply = match self.ask(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                // This site was promoted (its metadata is no longer a mirror's, and its agent
+                // no longer relays): commit here. The engine refuses it atomically should the
+                // metadata be a mirror's after all.
+                if fs_core::site::marker(&*self.local).await?.is_none() {
+                    return self.local.commit(req).await;
+                }
+                return Err(e);
+            }
+        };
+        match reply {
+            ForwardReply::Committed { seq, time_ns } => {
+                if self.applied(seq).await? {
+                    Ok(CommitOutcome::Committed { seq, time_ns })
+                } else {
+                    Err(Error::temporary(
+                        ErrorKind::Backend,
+                        format!(
+                            "the change was committed at the primary as entry {seq}, but this mirror has not applied it within {:?} (is its agent replicating?); it shows here once applied",
+                            self.apply_wait
+                        ),
+                    ))
+                }
+            }
+            ForwardReply::Conflict { head } => {
+                // The retry must read a view at least as new as the primary's then.
+                self.applied(head).await?;
+                Ok(CommitOutcome::Conflict)
+            }
+            ForwardReply::Failed {
+                kind,
+                message,
+                temporary,
+            } => Err(if temporary {
+                Error::temporary(kind, message)
+            } else {
+                Error::new(kind, message)
+            }),
+        }
+    }
+    async fn journal_bounds(&self) -> Result<JournalBounds> {
+        self.local.journal_bounds().await
+    }
+    async fn journal_read(&self, from: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>> {
+        self.local.journal_read(from, max).await
+    }
+    async fn journal_wait(&self, after: u64, timeout: Duration) -> Result<bool> {
+        self.local.journal_wait(after, timeout).await
+    }
+    async fn journal_trim(&self, before: u64) -> Result<u64> {
+        self.local.journal_trim(before).await
+    }
+    async fn apply(&self, _entries: &[Entry]) -> Result<u64> {
+        Err(Error::new(
+            ErrorKind::ReadOnly,
+            "a mount's forwarding view of a mirror does not replay entries (its agent does)",
+        ))
+    }
+    async fn aux_put(&self, name: &str, value: Option<&[u8]>) -> Result<()> {
+        self.local.aux_put(name, value).await
+    }
+    async fn aux_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        self.local.aux_list(prefix).await
+    }
+    async fn install_reset(&self) -> Result<()> {
+        Err(refused_install())
+    }
+    async fn install_put(&self, _pairs: &[KvPair]) -> Result<()> {
+        Err(refused_install())
+    }
+    async fn install_head(&self, _head: u64) -> Result<()> {
+        Err(refused_install())
+    }
+    async fn install_switch(
+        &self,
+        _writes: &[Mutation],
+        _frames: &[(u64, Vec<u8>)],
+        _head: u64,
+    ) -> Result<()> {
+        Err(refused_install())
+    }
+}
+
+fn refused_install() -> Error {
+    Error::new(
+        ErrorKind::ReadOnly,
+        "a mount's forwarding view of a mirror installs nothing (its agent does)",
+    )
+}

@@ -1,0 +1,486 @@
+//! Writes at a mirror site (a mount that writes through to the primary): real agents, a real
+//! FUSE mount of the mirror's metadata, changes committed by the primary's engine and applied
+//! back at the mirror before the writer returns. Every test asserts on bytes, errnos and counts.
+
+use integration::mirror::*;
+use integration::mountproc::Mount;
+use integration::{data, read_all, volume_with};
+use std::time::{Duration, Instant};
+
+/// Wait until the mirror agent knows whether the primary lets it write (its status).
+async fn writes_known(pair: &Pair) -> serde_json::Value {
+    status_until(&pair.mirror, Duration::from_secs(30), |st| {
+        st["bootstrap"].is_null() && !st["writes"]["allowed"].is_null()
+    })
+    .await
+}
+
+/// A primary volume on `engine` and a mount of it at `dir/pm` (on RocksDB the mount is the
+/// one writing process, through which the primary agent commits a mirror's changes); the
+/// volume's metadata and store URLs.
+struct Primary {
+    meta: String,
+    store: String,
+    mount: Mount,
+    _keep: Vec<tempfile::TempDir>,
+}
+
+fn primary_volume(engine: &str) -> (String, String, Vec<tempfile::TempDir>) {
+    let (meta, d1) = integration::meta_url(engine);
+    let (store, d2) = integration::store_url("file");
+    let o = integration::run(
+        "jfs",
+        &[
+            "format",
+            &meta,
+            &integration::unique("v"),
+            "--storage",
+            &store,
+        ],
+        &[],
+    );
+    assert!(
+        o.status.success(),
+        "format: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (meta, store, d1.into_iter().chain(d2).collect())
+}
+
+/// The primary's volume, opened to read (after the mount's changes).
+async fn primary_fs(p: &Primary) -> fs_core::Fs {
+    let e = open_ro(&p.meta).await;
+    fs_core::Fs::open(e, integration::open_store(&p.store))
+        .await
+        .unwrap()
+}
+
+async fn writes_through(p_engine: &'static str, m_engine: &'static str, loops: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, store, keep) = primary_volume(p_engine);
+    let pair = Pair::start(dir.path(), &meta, m_engine, None, ALLOW_WRITES, "").await;
+    let p = Primary {
+        mount: Mount::start(&meta, dir.path(), "pm", &["--cache-size", "0"]),
+        meta,
+        store,
+        _keep: keep,
+    };
+    let st = writes_known(&pair).await;
+    assert_eq!(st["writes"]["allowed"], true, "{st}");
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(log.contains("committed at the primary"), "{log}");
+    let at_primary = |path: &str| std::fs::read(p.mount.mp.join(path)).unwrap();
+    // A directory and a file of several blocks, written and closed at the mirror: read back
+    // there at once, and at the primary.
+    let big = data(1, (9 << 20) + 333);
+    std::fs::create_dir(m.mp.join("out")).unwrap();
+    std::fs::write(m.mp.join("out/ckpt"), &big).unwrap();
+    assert!(
+        std::fs::read(m.mp.join("out/ckpt")).unwrap() == big,
+        "re-read at the mirror"
+    );
+    assert!(at_primary("out/ckpt") == big, "read at the primary");
+    // Read-your-writes, in a loop: create, write, close, reopen, read. No miss.
+    let t0 = Instant::now();
+    for i in 0..loops {
+        let f = m.mp.join(format!("out/f{i}"));
+        let b = data(100 + i, 1000 + i as usize);
+        std::fs::write(&f, &b).unwrap();
+        let got = std::fs::read(&f).unwrap();
+        assert!(
+            got == b,
+            "f{i}: read {} bytes, not what was written",
+            got.len()
+        );
+    }
+    let per_file = t0.elapsed() / loops as u32;
+    // Renames, an overwrite and an unlink at the mirror: the primary sees each.
+    std::fs::rename(m.mp.join("out/f0"), m.mp.join("out/renamed")).unwrap();
+    std::fs::write(m.mp.join("out/f1"), b"short now").unwrap();
+    std::fs::remove_file(m.mp.join("out/f2")).unwrap();
+    assert!(at_primary("out/renamed") == data(100, 1000));
+    assert_eq!(at_primary("out/f1"), b"short now");
+    assert!(
+        !p.mount.mp.join("out/f2").exists(),
+        "f2 still at the primary"
+    );
+    assert!(
+        !p.mount.mp.join("out/f0").exists(),
+        "f0 still at the primary"
+    );
+    // A change at the primary shows at the mirror; the mirror's next change builds on it.
+    std::fs::write(p.mount.mp.join("out/from-primary"), b"v1").unwrap();
+    let t0 = Instant::now();
+    while !m.mp.join("out/from-primary").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the primary's file never showed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::write(m.mp.join("out/from-primary"), b"overwritten at the mirror").unwrap();
+    assert_eq!(at_primary("out/from-primary"), b"overwritten at the mirror");
+    // The mirror agent counted the changes; none failed.
+    let st = pair.mirror.status();
+    assert!(n(&st, "writes.committed") >= 2 * loops, "{st}");
+    assert_eq!(n(&st, "writes.failed"), 0, "{st}");
+    let pm = pair.primary.metrics();
+    assert!(
+        pm.contains("jfs_mirror_forwarded_committed_total{mirror=\"m1\"}"),
+        "{pm}"
+    );
+    m.stop();
+    // After convergence the two metadata stores hold the same tree, and every block the
+    // mirror's writes reference is in the origin store (the write-order invariant).
+    let pfs = primary_fs(&p).await;
+    wait_converged(&pair.mirror, &**pfs.engine(), Duration::from_secs(60)).await;
+    let files = assert_same(&pfs, &pair.m_meta, &pair.m_store).await;
+    assert!(files as u64 >= loops, "only {files} files compared");
+    let o = integration::run("jfs", &["fsck", &p.meta, "--deep"], &[]);
+    assert!(
+        o.status.success(),
+        "fsck --deep at the primary: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    p.mount.stop();
+    eprintln!(
+        "{p_engine}->{m_engine}: create+write+close+read at the mirror, {per_file:?} per file"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_mount_writes_through_to_the_primary_rocksdb() {
+    writes_through("rocksdb", "rocksdb", 300).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_mount_writes_through_to_the_primary_redis_to_postgres() {
+    writes_through("redis", "postgres", 1000).await;
+}
+
+/// A mirror the primary does not let write: its mounts are read-only (EROFS) and say why;
+/// its agent's status says so too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_not_allowed_to_write_mounts_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, "", "").await;
+    let st = writes_known(&pair).await;
+    assert_eq!(st["writes"]["allowed"], false, "{st}");
+    assert!(
+        st["writes"]["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("allow_writes")),
+        "{st}"
+    );
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.contains("mounting read-only") && log.contains("allow_writes"),
+        "{log}"
+    );
+    let e = std::fs::write(m.mp.join("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(30 /* EROFS */), "{e}");
+    m.stop();
+    assert_eq!(
+        vol.fs.engine().journal_bounds().await.unwrap().last,
+        pair.mirror.status()["applied_seq"].as_u64().unwrap(),
+        "nothing was committed at the primary"
+    );
+}
+
+/// The primary agent stopped: a change at the mirror mount fails with EIO within the bound
+/// and is not made; reads go on; once the primary is back, writes go through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_primary_down_changes_fail_in_bounded_time_and_reads_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let mut pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, ALLOW_WRITES, "").await;
+    writes_known(&pair).await;
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    std::fs::write(m.mp.join("before"), data(5, 100_000)).unwrap();
+    assert_eq!(pair.primary.term(), 0);
+    let t0 = Instant::now();
+    let e = std::fs::write(m.mp.join("during"), b"x").unwrap_err();
+    let took = t0.elapsed();
+    assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    assert!(took < Duration::from_secs(15), "the failure took {took:?}");
+    assert!(std::fs::read(m.mp.join("before")).unwrap() == data(5, 100_000));
+    assert!(
+        vol.fs.resolve("/during").await.is_err(),
+        "half a change at the primary"
+    );
+    pair.primary.restart();
+    let t0 = Instant::now();
+    loop {
+        match std::fs::write(m.mp.join("after"), b"back") {
+            Ok(()) => break,
+            Err(e) => assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "writes did not resume: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (ino, _) = vol.fs.resolve("/after").await.unwrap();
+    assert_eq!(read_all(&vol.fs, ino).await, b"back");
+    m.stop();
+}
+
+/// kill -9 of a mount writing at the mirror: every file closed before the kill reads back
+/// intact at the mirror (a new mount) and at the primary; the file being written when it
+/// died is absent or a prefix of what was written (whole slices only); fsck --deep passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_of_a_writing_mirror_mount_loses_no_closed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, store, keep) = primary_volume("redis");
+    let pair = Pair::start(dir.path(), &meta, "rocksdb", None, ALLOW_WRITES, "").await;
+    let p = Primary {
+        mount: Mount::start(&meta, dir.path(), "pm", &["--cache-size", "0"]),
+        meta,
+        store,
+        _keep: keep,
+    };
+    writes_known(&pair).await;
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let mut want = Vec::new();
+    for i in 0..10u64 {
+        let b = data(200 + i, 200_000 * (i as usize + 1));
+        std::fs::write(m.mp.join(format!("closed-{i}")), &b).unwrap();
+        want.push(b);
+    }
+    let mp = m.mp.clone();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let Ok(mut f) = std::fs::File::create(mp.join("in-flight")) else {
+            return;
+        };
+        for i in 0..400u64 {
+            if f.write_all(&data(i, 256 << 10)).is_err() || (i % 16 == 15 && f.sync_all().is_err())
+            {
+                return;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    std::process::Command::new("kill")
+        .args(["-9", &m.pid().to_string()])
+        .status()
+        .unwrap();
+    let _ = writer.join();
+    let t0 = Instant::now();
+    while integration::mountproc::is_mounted(&m.mp) && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(m);
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    for (i, b) in want.iter().enumerate() {
+        let name = format!("closed-{i}");
+        assert!(
+            std::fs::read(m.mp.join(&name)).unwrap() == *b,
+            "{name} at the mirror"
+        );
+        assert!(
+            std::fs::read(p.mount.mp.join(&name)).unwrap() == *b,
+            "{name} at the primary"
+        );
+    }
+    // Whole slices only: what was committed of the file in flight is a prefix of its bytes.
+    let expect: Vec<u8> = (0..400u64).flat_map(|i| data(i, 256 << 10)).collect();
+    if let Ok(got) = std::fs::read(p.mount.mp.join("in-flight")) {
+        assert!(
+            expect.starts_with(&got),
+            "the file in flight holds {} bytes that are not a prefix of what was written",
+            got.len()
+        );
+    }
+    m.stop();
+    let o = integration::run("jfs", &["fsck", &p.meta, "--deep"], &[]);
+    assert!(
+        o.status.success(),
+        "fsck --deep at the primary after kill -9: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    p.mount.stop();
+}
+
+/// Writers at the primary and at two mirrors at once, in shared directories (creates,
+/// overwrites, renames across directories, deletes of the same names), then convergence:
+/// the three metadata stores hold the same tree, every file is whole (one writer's complete
+/// bytes), and files only one writer touched hold exactly its last bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (meta, store, _keep) = primary_volume("postgres");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let env = [
+        ("MIRROR_TOKEN", TOKEN),
+        ("JFS_RUN_DIR", &*d.join("run").display().to_string()),
+    ];
+    let primary = Agent::start_with(
+        d,
+        "primary",
+        &primary_toml(
+            &meta,
+            &d.join("pstate"),
+            &format!("127.0.0.1:{}", free_port()),
+            &listen,
+            &["m1", "m2"],
+            ALLOW_WRITES,
+        ),
+        &env,
+        &[],
+    );
+    let mut mirrors = Vec::new();
+    for (name, engine) in [("m1", "rocksdb"), ("m2", "redis")] {
+        let (m_meta, d1) = integration::meta_url(engine);
+        let (m_store, d2) = integration::store_url("file");
+        let a = Agent::start_with(
+            d,
+            name,
+            &mirror_toml(
+                &m_meta,
+                &d.join(format!("{name}-state")),
+                &format!("127.0.0.1:{}", free_port()),
+                name,
+                &listen,
+                &m_store,
+                "",
+            ),
+            &env,
+            &[],
+        );
+        mirrors.push((a, m_meta, m_store, d1, d2));
+    }
+    let pm = Mount::start(&meta, d, "pm", &["--cache-size", "0"]);
+    std::fs::create_dir(pm.mp.join("s")).unwrap();
+    std::fs::create_dir(pm.mp.join("t")).unwrap();
+    let mut mounts = vec![("p".to_string(), pm.mp.clone())];
+    let mut mms = Vec::new();
+    for (a, m_meta, ..) in &mirrors {
+        status_until(a, Duration::from_secs(60), |st| {
+            st["bootstrap"].is_null() && st["writes"]["allowed"] == true
+        })
+        .await;
+        let name = a.status()["name"].as_str().unwrap().to_string();
+        let m = Mount::start(m_meta, d, &format!("mm-{name}"), &["--cache-size", "0"]);
+        // The shared directories exist there before the writers start.
+        let t0 = Instant::now();
+        while !m.mp.join("t").exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{name}: s/ and t/ never showed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        mounts.push((name, m.mp.clone()));
+        mms.push(m);
+    }
+    let run_for = Duration::from_secs(60);
+    let writers: Vec<_> = mounts
+        .iter()
+        .map(|(who, mp)| {
+            let (who, mp) = (who.clone(), mp.clone());
+            std::thread::spawn(move || {
+                use rand::Rng;
+                let mut rng = rand::rng();
+                let mut mine: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+                let (mut ok, mut eio) = (0u64, 0u64);
+                let t0 = Instant::now();
+                let mut k = 0u64;
+                while t0.elapsed() < run_for {
+                    k += 1;
+                    let shared = format!("n{}", rng.random_range(0..12));
+                    let dir = if rng.random_bool(0.5) { "s" } else { "t" };
+                    let body = format!("{who}:{k}:")
+                        .into_bytes()
+                        .repeat(rng.random_range(1..400));
+                    let r = match rng.random_range(0..10) {
+                        // Replace a shared name atomically (write aside, rename over it),
+                        // as checkpoints are: two in-place overwrites racing would mix bytes
+                        // on any file system.
+                        0..=3 => {
+                            let tmp = mp.join(dir).join(format!(".tmp-{who}-{k}"));
+                            std::fs::write(&tmp, &body)
+                                .and_then(|()| std::fs::rename(&tmp, mp.join(dir).join(&shared)))
+                        }
+                        4..=5 => std::fs::rename(
+                            mp.join("s").join(&shared),
+                            mp.join("t").join(format!("n{}", rng.random_range(0..12))),
+                        ),
+                        6 => std::fs::remove_file(mp.join(dir).join(&shared)),
+                        _ => {
+                            // A file only this writer touches, overwritten in place.
+                            let own = format!("own-{who}-{}", rng.random_range(0..8));
+                            let r = std::fs::write(mp.join("s").join(&own), &body);
+                            if r.is_ok() {
+                                mine.insert(own, body);
+                            }
+                            r
+                        }
+                    };
+                    match r {
+                        Ok(()) => ok += 1,
+                        Err(e) if e.raw_os_error() == Some(5) => eio += 1,
+                        Err(_) => {} // ENOENT and the like: another writer got there first
+                    }
+                }
+                (who, mine, ok, eio)
+            })
+        })
+        .collect();
+    let results: Vec<_> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    for m in mms {
+        m.stop();
+    }
+    let pfs = fs_core::Fs::open(open_ro(&meta).await, integration::open_store(&store))
+        .await
+        .unwrap();
+    for (a, m_meta, m_store, ..) in &mirrors {
+        wait_converged(a, &**pfs.engine(), Duration::from_secs(120)).await;
+        assert_same(&pfs, m_meta, m_store).await;
+    }
+    // Every file is one writer's whole bytes; a writer's own files hold its last bytes.
+    let whole = |b: &[u8]| {
+        let s = String::from_utf8_lossy(b);
+        let unit = s.split_inclusive(':').take(2).collect::<String>();
+        !unit.is_empty() && b.len() % unit.len() == 0 && s == unit.repeat(b.len() / unit.len())
+    };
+    // (Read from the primary's metadata itself: a mount's kernel caches may hold a name
+    // another site renamed away for up to their TTL.)
+    let mut files = 0;
+    for sub in ["/s", "/t"] {
+        let (d, _) = pfs.resolve(sub).await.unwrap();
+        for e in pfs.readdir_all(d).await.unwrap() {
+            let b = read_all(&pfs, e.ino).await;
+            assert!(
+                whole(&b),
+                "{sub}/{} is not one writer's whole bytes",
+                String::from_utf8_lossy(&e.name)
+            );
+            files += 1;
+        }
+    }
+    assert!(files > 0);
+    let mut total = 0;
+    for (who, mine, ok, eio) in &results {
+        assert_eq!(*eio, 0, "{who}: {eio} changes failed with EIO");
+        assert!(*ok > 20, "{who}: only {ok} changes made");
+        total += ok;
+        for (name, b) in mine {
+            let (ino, _) = pfs.resolve(&format!("/s/{name}")).await.unwrap();
+            assert!(
+                read_all(&pfs, ino).await == *b,
+                "{name}: not {who}'s last bytes"
+            );
+        }
+    }
+    eprintln!("{total} changes by 3 writers in {run_for:?}; {files} files at the end");
+    pm.stop();
+    drop(primary);
+    drop(mirrors);
+}

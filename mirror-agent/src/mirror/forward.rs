@@ -1,0 +1,327 @@
+//! Writes at this mirror site: the agent relays the changes of the site's mounts to the
+//! primary. A `forward link` worker keeps a second authenticated connection to the primary
+//! agent (`Want::Forward`); the primary says there whether it lets this mirror write, and
+//! the answer goes into the progress record the mounts read (`forward_socket`). The mounts
+//! send each change (a `CommitRequest` with what it read) to the forward socket in the state
+//! directory (`volume::forward::SOCKET_NAME`, mode 0600); the agent sends it on with an id and
+//! hands the primary's answer back. Many changes are in flight on the one connection.
+//!
+//! Bounded everywhere: a change waits at most `ANSWER_WAIT` for the primary; a lost link fails
+//! what was in flight at once (such a change may have been committed: it then arrives with
+//! the journal), and the next change finds the link reconnecting and fails at once, EIO at
+//! the mount. The mirror's metadata is written only by applying the journal, as before.
+
+use super::*;
+use background::{Worker, WorkerState};
+use fs_core::retry::Backoff;
+use tokio::sync::oneshot;
+use volume::forward::{self as fwd, ForwardReply, ForwardRequest};
+
+/// How long a change waits for the primary's answer (below the mount's own bound).
+const ANSWER_WAIT: Duration = Duration::from_secs(8);
+/// The pause before reconnecting the forward link.
+const RELINK: Backoff = Backoff {
+    base: Duration::from_millis(200),
+    cap: Duration::from_secs(5),
+    full_jitter: false,
+};
+/// The pause after the primary refused this mirror's writes (it may be allowed later).
+const REFUSED_PAUSE: Duration = Duration::from_secs(30);
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<ForwardReply>>>>;
+
+/// The forward link's state, shared by the worker and the socket's connections.
+#[derive(Default)]
+pub(crate) struct Forwarding {
+    /// Requests for the live link, when there is one.
+    tx: Mutex<Option<mpsc::Sender<(u64, fs_core::CommitRequest)>>>,
+    pending: Pending,
+    next_id: std::sync::atomic::AtomicU64,
+    /// Whether the primary lets this mirror write: None until it said; Err(why) if not.
+    pub(crate) allowed: Mutex<Option<std::result::Result<(), String>>>,
+    last_error: Mutex<Option<String>>,
+}
+
+fn failed(kind: fs_core::ErrorKind, temporary: bool, message: String) -> ForwardReply {
+    ForwardReply::Failed {
+        kind,
+        message,
+        temporary,
+    }
+}
+
+impl Mirror {
+    /// The forward socket's path.
+    pub(crate) fn forward_socket(&self) -> std::path::PathBuf {
+        self.state_dir.join(fwd::SOCKET_NAME)
+    }
+
+    /// Relay one change to the primary and return its answer (never waits unbounded).
+    pub(crate) async fn forward(&self, req: fs_core::CommitRequest) -> ForwardReply {
+        let t0 = Instant::now();
+        let f = &self.fwd;
+        if let Some(Err(why)) = f.allowed.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            self.metrics.fwd_sent_failed.inc();
+            return failed(fs_core::ErrorKind::ReadOnly, false, why);
+        }
+        let tx = f.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(tx) = tx else {
+            self.metrics.fwd_sent_failed.inc();
+            let last = f
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            return failed(
+                fs_core::ErrorKind::Backend,
+                true,
+                format!(
+                    "the primary at {} is unreachable from this mirror: the change was not made ({})",
+                    self.cfg.primary,
+                    last.unwrap_or_else(|| "not connected yet".into())
+                ),
+            );
+        };
+        let id = f.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (done, answer) = oneshot::channel();
+        f.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, done);
+        let reply = if tx.send((id, req)).await.is_err() {
+            failed(
+                fs_core::ErrorKind::Backend,
+                true,
+                format!(
+                    "the link to the primary at {} just closed: the change was not made",
+                    self.cfg.primary
+                ),
+            )
+        } else {
+            match tokio::time::timeout(ANSWER_WAIT, answer).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => failed(
+                    fs_core::ErrorKind::Backend,
+                    true,
+                    format!("the link to the primary at {} was lost while it committed this change: it may have been made, and then shows here once applied", self.cfg.primary),
+                ),
+                Err(_) => failed(
+                    fs_core::ErrorKind::Backend,
+                    true,
+                    format!("no answer from the primary at {} within {ANSWER_WAIT:?}: the change may have been made, and then shows here once applied", self.cfg.primary),
+                ),
+            }
+        };
+        f.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        self.metrics
+            .fwd_sent_seconds
+            .inc_by(t0.elapsed().as_secs_f64());
+        match &reply {
+            ForwardReply::Committed { .. } => self.metrics.fwd_sent.inc(),
+            ForwardReply::Conflict { .. } => self.metrics.fwd_sent_conflicts.inc(),
+            ForwardReply::Failed { .. } => self.metrics.fwd_sent_failed.inc(),
+        };
+        reply
+    }
+
+    /// One forward link: connect, greet with `Want::Forward`, then relay until it breaks.
+    async fn forward_link(self: &Arc<Self>, stop: &CancellationToken) -> Result<End> {
+        let mut wire = tokio::select! {
+            _ = stop.cancelled() => return Ok(End::Stopped),
+            w = self.connect() => w?,
+        };
+        let hello = ToPrimary::Hello {
+            proto: proto::PROTO_VERSION,
+            mirror: self.cfg.name.clone(),
+            volume_uuid: self.settings().map(|s| s.uuid),
+            nonce: proto::nonce(),
+            want: Want::Forward,
+            prev_crc: None,
+            epoch: fs_core::site::epoch(&*self.engine).await?,
+        };
+        match handshake::connect(
+            &mut wire,
+            &self.cfg.primary,
+            &self.token,
+            hello,
+            READ_TIMEOUT,
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(e) => {
+                return Ok(match handshake::failure(&e).map(fs_core::Error::status) {
+                    Some(fs_core::ErrorStatus::Permanent)
+                    | Some(fs_core::ErrorStatus::Persistent) => End::Refused(e),
+                    _ => End::Retry(e),
+                })
+            }
+        }
+        let was = self
+            .fwd
+            .allowed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(Ok(()));
+        if !matches!(was, Some(Ok(()))) {
+            tracing::info!(primary = %self.cfg.primary, socket = %self.forward_socket().display(), "the primary lets this mirror write: the site's mounts write through to it");
+            self.publish_now().await;
+        }
+        let (tx, mut rx) = mpsc::channel::<(u64, fs_core::CommitRequest)>(256);
+        *self.fwd.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        self.metrics.fwd_connected.set(1);
+        let (mut sink, mut stream) = wire.split();
+        let end = loop {
+            tokio::select! {
+                _ = stop.cancelled() => break Ok(End::Stopped),
+                Some((id, req)) = rx.recv() => {
+                    if let Err(e) = proto::send(&mut sink, &ToPrimary::Commit { id, req }).await {
+                        break Err(e);
+                    }
+                }
+                msg = proto::recv::<ToMirror, _>(&mut stream) => match msg {
+                    Ok(Some(ToMirror::Forwarded { id, reply })) => {
+                        if let Some(done) = self.fwd.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id) {
+                            let _ = done.send(reply);
+                        }
+                    }
+                    Ok(Some(other)) => break Err(anyhow!("unexpected {} on the forward link", proto::msg_name(&other))),
+                    Ok(None) => break Err(anyhow!("the primary closed the forward link")),
+                    Err(e) => break Err(e),
+                },
+            }
+        };
+        // What was in flight fails now (its senders are dropped); new changes fail at once
+        // until the link is back.
+        *self.fwd.tx.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.fwd
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.metrics.fwd_connected.set(0);
+        end.or_else(|e| Ok(End::Retry(e)))
+    }
+
+    /// Serve the forward socket for the site's mounts until `stop`.
+    pub(crate) async fn serve_forward_socket(
+        self: Arc<Self>,
+        stop: CancellationToken,
+    ) -> Result<()> {
+        let path = self.forward_socket();
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("removing the old {}", path.display()))
+            }
+        }
+        let listener = tokio::net::UnixListener::bind(&path)
+            .with_context(|| format!("listening on {}", path.display()))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("restricting {}", path.display()))?;
+        }
+        let conns = tokio_util::task::TaskTracker::new();
+        loop {
+            let (mut sock, _) = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting on the forward socket");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let me = self.clone();
+            conns.spawn(async move {
+                loop {
+                    let req = match fwd::read_frame::<_, ForwardRequest>(&mut sock).await {
+                        Ok(Some(ForwardRequest::Commit(r))) => r,
+                        Ok(None) => return,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "a mount's forward request does not decode");
+                            return;
+                        }
+                    };
+                    let reply = me.forward(req).await;
+                    if fwd::write_frame(&mut sock, &reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        // Changes in flight get their answers (each is bounded by `ANSWER_WAIT`).
+        conns.close();
+        let _ = tokio::time::timeout(ANSWER_WAIT, conns.wait()).await;
+        let _ = std::fs::remove_file(&path);
+        Ok(())
+    }
+}
+
+/// Keeps the forward link up (see the module comment).
+pub(super) struct ForwardWorker {
+    m: Arc<Mirror>,
+    failures: u32,
+}
+
+impl ForwardWorker {
+    pub(super) fn new(m: Arc<Mirror>) -> Self {
+        ForwardWorker { m, failures: 0 }
+    }
+}
+
+#[async_trait::async_trait]
+impl Worker for ForwardWorker {
+    fn name(&self) -> String {
+        "forward link".into()
+    }
+
+    async fn work(&mut self, stop: &CancellationToken) -> Result<WorkerState> {
+        if stop.is_cancelled() {
+            return Ok(WorkerState::Done);
+        }
+        let m = self.m.clone();
+        let started = Instant::now();
+        let end = m.forward_link(stop).await.unwrap_or_else(End::Retry);
+        if started.elapsed() > Duration::from_secs(3) {
+            self.failures = 0;
+        }
+        match end {
+            End::Stopped => Ok(WorkerState::Done),
+            End::Refused(e) => {
+                let why = handshake::describe(&e);
+                let was = m
+                    .fwd
+                    .allowed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .replace(Err(why.clone()));
+                if was.as_ref().and_then(|r| r.as_ref().err()) != Some(&why) {
+                    tracing::info!(reason = %why, "the primary does not let this mirror write: the site's mounts are read-only");
+                    m.publish_now().await;
+                }
+                Ok(WorkerState::Throttled(REFUSED_PAUSE))
+            }
+            End::Retry(e) | End::Foreign(e) => {
+                let msg = format!("{e:#}");
+                *m.fwd.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(msg.clone());
+                let pause = RELINK.delay(self.failures);
+                self.failures = self.failures.saturating_add(1);
+                tracing::debug!(error = %msg, retry_in = ?pause, "the forward link to the primary is down");
+                Ok(WorkerState::Throttled(pause))
+            }
+            End::Kicked | End::Resync(_) => Ok(WorkerState::Busy),
+        }
+    }
+
+    async fn wait_for_work(&mut self) -> WorkerState {
+        WorkerState::Busy
+    }
+}

@@ -1,0 +1,354 @@
+//! Changes made by mounts at a mirror site, committed here. A mirror the config lets write
+//! (`allow_writes`) opens a second connection with `Want::Forward`; each `Commit` on it is a
+//! transaction prepared against the mirror's view, carrying what it read, and the primary's
+//! engine commits it in the primary's order like any local writer's: a read that differs
+//! here is a conflict, and the mirror retries once it has applied what the primary had.
+//!
+//! Refused: a mirror not allowed to write (at the handshake, and nothing it sends is read);
+//! a change that touches more than the file tree (`volume::forward::tree_only`: never the
+//! settings, the storage record or the epoch); any commit this metadata refuses (fenced).
+//! On shutdown no new change is read, and those in flight are answered first.
+
+use super::*;
+use futures::stream::FuturesUnordered;
+use std::time::Instant;
+use volume::forward::ForwardReply;
+
+/// Changes of one mirror committed at once.
+const IN_FLIGHT: usize = 64;
+
+impl Primary {
+    pub(super) async fn serve_forward<S: crate::proto::FrameSink, R: crate::proto::FrameStream>(
+        &self,
+        mirror: &str,
+        sink: &mut S,
+        stream: &mut R,
+        stop: &CancellationToken,
+    ) -> Result<()> {
+        let l = label(mirror);
+        let allowed = self
+            .cfg
+            .mirrors
+            .iter()
+            .any(|m| m.name == mirror && m.allow_writes);
+        if !allowed {
+            self.metrics.fwd_refused.get_or_create(&l).inc();
+            let r = format!("mirror {mirror:?} may not write: the primary agent's config does not allow it (set allow_writes = true in its [[primary.mirrors]] entry)");
+            tracing::info!(mirror, "refused a mirror's writes: {r}");
+            proto::send(
+                sink,
+                &ToMirror::Refused {
+                    reason: r.clone(),
+                    resync: false,
+                },
+            )
+            .await?;
+            bail!(r);
+        }
+        let head = self.engine.journal_bounds().await?.last;
+        let epoch = fs_core::site::epoch(&*self.engine).await?;
+        proto::send(
+            sink,
+            &ToMirror::Welcome {
+                volume_uuid: self.uuid.clone(),
+                head,
+                epoch,
+            },
+        )
+        .await?;
+        tracing::info!(mirror, "the mirror's mounts write through this primary");
+        let mut inflight = FuturesUnordered::new();
+        let mut reading = true;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled(), if reading => reading = false,
+                Some((id, reply)) = inflight.next(), if !inflight.is_empty() => {
+                    proto::send(sink, &ToMirror::Forwarded { id, reply }).await?;
+                }
+                msg = proto::recv::<ToPrimary, _>(stream), if reading && inflight.len() < IN_FLIGHT => {
+                    match msg? {
+                        None => reading = false,
+                        Some(ToPrimary::Commit { id, req }) => {
+                            inflight.push(self.forwarded_commit(mirror, id, req));
+                        }
+                        Some(_) => bail!("mirror {mirror:?} sent something other than a change on its forward connection"),
+                    }
+                }
+            }
+            if !reading && inflight.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn forwarded_commit(
+        &self,
+        mirror: &str,
+        id: u64,
+        req: fs_core::CommitRequest,
+    ) -> (u64, ForwardReply) {
+        let l = label(mirror);
+        if let Err(why) = volume::forward::tree_only(&req) {
+            self.metrics.fwd_refused.get_or_create(&l).inc();
+            tracing::warn!(mirror, %why, "refused a change forwarded by a mirror");
+            return (
+                id,
+                ForwardReply::Failed {
+                    kind: ErrorKind::PermissionDenied,
+                    message: why,
+                    temporary: false,
+                },
+            );
+        }
+        let t0 = Instant::now();
+        let r = match self.engine.commit(&req).await {
+            // A RocksDB volume has one writing process, and this agent only follows it: the
+            // change goes through that process (a read-write mount on this host).
+            Err(e) if e.kind() == ErrorKind::ReadOnly && self.engine.kind() == "rocksdb" => {
+                let reply = self.commit_through_writer(req).await;
+                self.metrics
+                    .fwd_seconds
+                    .get_or_create(&l)
+                    .inc_by(t0.elapsed().as_secs_f64());
+                match &reply {
+                    ForwardReply::Committed { .. } => {
+                        self.metrics.fwd_committed.get_or_create(&l).inc()
+                    }
+                    ForwardReply::Conflict { .. } => {
+                        self.metrics.fwd_conflicts.get_or_create(&l).inc()
+                    }
+                    ForwardReply::Failed { message, .. } => {
+                        tracing::warn!(mirror, error = %message, "a change forwarded by a mirror failed");
+                        self.metrics.fwd_refused.get_or_create(&l).inc()
+                    }
+                };
+                return (id, reply);
+            }
+            r => r,
+        };
+        self.metrics
+            .fwd_seconds
+            .get_or_create(&l)
+            .inc_by(t0.elapsed().as_secs_f64());
+        let reply = match r {
+            Ok(fs_core::engine::CommitOutcome::Committed { seq, time_ns }) => {
+                self.metrics.fwd_committed.get_or_create(&l).inc();
+                ForwardReply::Committed { seq, time_ns }
+            }
+            Ok(fs_core::engine::CommitOutcome::Conflict) => {
+                self.metrics.fwd_conflicts.get_or_create(&l).inc();
+                let head = match self.engine.journal_bounds().await {
+                    Ok(b) => b.last,
+                    Err(e) => return (id, ForwardReply::failed(&e)),
+                };
+                ForwardReply::Conflict { head }
+            }
+            Err(e) => {
+                self.metrics.fwd_refused.get_or_create(&l).inc();
+                tracing::warn!(mirror, error = %e, "a change forwarded by a mirror failed");
+                ForwardReply::failed(&e)
+            }
+        };
+        (id, reply)
+    }
+}
+
+impl Primary {
+    /// Commit through the process that writes this RocksDB volume: a live read-write mount
+    /// of this host (its control socket), as `jfs` write commands do.
+    async fn commit_through_writer(&self, req: fs_core::CommitRequest) -> ForwardReply {
+        let fail = |message: String| ForwardReply::Failed {
+            kind: ErrorKind::Backend,
+            message,
+            temporary: true,
+        };
+        let now = fs_core::now_ns();
+        let sessions = match fs_core::session::list(&*self.engine).await {
+            Ok(s) => s,
+            Err(e) => return ForwardReply::failed(&e),
+        };
+        let writer = sessions.into_iter().find_map(|s| {
+            let mp = std::path::PathBuf::from(&s.mountpoint);
+            (!s.read_only
+                && s.host == fs_core::retry::hostname()
+                && s.is_live(now, fs_core::session::DEFAULT_TIMEOUT)
+                && mount::mounts::find(&mp)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|e| e.is_jfs()))
+            .then_some(mp)
+        });
+        let Some(mp) = writer else {
+            return fail(format!(
+                "the primary's RocksDB volume {} has no writing process on this host: mount it read-write at the primary (RocksDB admits one writing process, and a mirror's changes are committed through it)",
+                self.engine.display_url()
+            ));
+        };
+        match mount::control::call(&mp, &mount::control::Request::Commit { req }, |_| {}).await {
+            Ok(v) => serde_json::from_value(v["reply"].clone()).unwrap_or_else(|e| {
+                fail(format!(
+                    "the primary's mount at {} answered a change with something else: {e}",
+                    mp.display()
+                ))
+            }),
+            Err(e) => fail(format!(
+                "committing through the primary's mount at {}: {e:#}",
+                mp.display()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{ToMirror, ToPrimary, Want};
+    use fs_core::{keys, CommitRequest, Mutation, Op, Settings};
+
+    /// A primary agent on a new RocksDB volume with two mirrors, "w" allowed to write and "r"
+    /// not; its address.
+    async fn primary(d: &std::path::Path) -> (Arc<Primary>, String, CancellationToken) {
+        let engine: Arc<dyn Engine> = Arc::new(
+            meta::RocksEngine::open(&d.join("meta"), meta::RocksMode::ReadWrite, true, true)
+                .unwrap(),
+        );
+        std::fs::create_dir_all(d.join("blocks")).unwrap();
+        let store_url = format!("file://{}", d.join("blocks").display());
+        let store = volume::open_store(&store_url, None).unwrap();
+        fs_core::Fs::format(
+            engine.clone(),
+            store,
+            Settings::new("v", &store_url, fs_core::DEFAULT_BLOCK_SIZE),
+        )
+        .await
+        .unwrap();
+        std::fs::write(d.join("token"), "a-token-of-32-characters-or-more").unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let text = format!(
+            "role = \"primary\"\nmeta = \"rocksdb://{}\"\nstate_dir = \"{}\"\n[primary]\nlisten = \"{listen}\"\n\
+             [[primary.mirrors]]\nname = \"w\"\ntoken_file = \"{tok}\"\nallow_writes = true\n\
+             [[primary.mirrors]]\nname = \"r\"\ntoken_file = \"{tok}\"\n",
+            d.join("meta").display(),
+            d.join("state").display(),
+            tok = d.join("token").display()
+        );
+        let cfg = crate::config::Config::parse(&text)
+            .unwrap()
+            .primary
+            .unwrap();
+        let p = Primary::new(cfg, engine, Arc::new(Metrics::new(true)))
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(p.clone().run(stop.clone()));
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(&listen).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (p, listen, stop)
+    }
+
+    /// A hand-made forward connection as mirror `name`: the handshake's outcome.
+    async fn link(listen: &str, name: &str) -> (proto::Wire, Result<crate::handshake::Welcome>) {
+        let sock = tokio::net::TcpStream::connect(listen).await.unwrap();
+        let mut wire = proto::wire(Box::new(sock));
+        let hello = ToPrimary::Hello {
+            proto: proto::PROTO_VERSION,
+            mirror: name.into(),
+            volume_uuid: None,
+            nonce: proto::nonce(),
+            want: Want::Forward,
+            prev_crc: None,
+            epoch: 0,
+        };
+        let w = crate::handshake::connect(
+            &mut wire,
+            listen,
+            "a-token-of-32-characters-or-more",
+            hello,
+            Duration::from_secs(5),
+        )
+        .await;
+        (wire, w)
+    }
+
+    async fn ask(wire: &mut proto::Wire, id: u64, req: CommitRequest) -> ForwardReply {
+        proto::send(wire, &ToPrimary::Commit { id, req })
+            .await
+            .unwrap();
+        match proto::recv::<ToMirror, _>(wire).await.unwrap().unwrap() {
+            ToMirror::Forwarded { id: got, reply } => {
+                assert_eq!(got, id);
+                reply
+            }
+            other => panic!("unexpected {}", proto::msg_name(&other)),
+        }
+    }
+
+    fn put(key: &[u8], value: &[u8], reads: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> CommitRequest {
+        CommitRequest {
+            reads,
+            writes: vec![Mutation::Put {
+                key: key.to_vec(),
+                value: value.to_vec(),
+            }],
+            op: Op::Release { ino: 1 },
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_primary_commits_only_what_an_allowed_mirror_forwards() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, listen, stop) = primary(d.path()).await;
+        let head0 = p.engine.journal_bounds().await.unwrap().last;
+        // A mirror not allowed to write is refused at the handshake, naming the setting.
+        let (_, w) = link(&listen, "r").await;
+        let e = format!("{:#}", w.err().expect("refused"));
+        assert!(
+            e.contains("may not write") && e.contains("allow_writes"),
+            "{e}"
+        );
+        // An allowed one: a change of the file tree commits, in the primary's order.
+        let (mut wire, w) = link(&listen, "w").await;
+        assert!(w.is_ok());
+        let k = keys::kept(77);
+        let r = ask(&mut wire, 1, put(&k, b"s", vec![(k.clone(), None)])).await;
+        assert!(
+            matches!(r, ForwardReply::Committed { seq, .. } if seq == head0 + 1),
+            "{r:?}"
+        );
+        assert_eq!(p.engine.get(&k).await.unwrap(), Some(b"s".to_vec()));
+        // Prepared against an older view (it read the key absent): a conflict, with the head.
+        let r = ask(&mut wire, 2, put(&k, b"t", vec![(k.clone(), None)])).await;
+        assert_eq!(r, ForwardReply::Conflict { head: head0 + 1 });
+        assert_eq!(p.engine.get(&k).await.unwrap(), Some(b"s".to_vec()));
+        // Never the volume's settings or its storage record, even from an allowed mirror.
+        for key in [keys::SETTING, keys::STORAGE, keys::EPOCH] {
+            let r = ask(&mut wire, 3, put(key, b"{}", vec![])).await;
+            assert!(
+                matches!(
+                    &r,
+                    ForwardReply::Failed {
+                        kind: ErrorKind::PermissionDenied,
+                        ..
+                    }
+                ),
+                "{r:?}"
+            );
+        }
+        assert_eq!(p.engine.journal_bounds().await.unwrap().last, head0 + 1);
+        let l = label("w");
+        assert_eq!(p.metrics.fwd_committed.get_or_create(&l).get(), 1);
+        assert_eq!(p.metrics.fwd_conflicts.get_or_create(&l).get(), 1);
+        assert_eq!(p.metrics.fwd_refused.get_or_create(&l).get(), 3);
+        assert_eq!(p.metrics.fwd_refused.get_or_create(&label("r")).get(), 1);
+        stop.cancel();
+    }
+}
