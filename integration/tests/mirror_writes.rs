@@ -58,7 +58,17 @@ async fn primary_fs(p: &Primary) -> fs_core::Fs {
 async fn writes_through(p_engine: &'static str, m_engine: &'static str, loops: u64) {
     let dir = tempfile::tempdir().unwrap();
     let (meta, store, keep) = primary_volume(p_engine);
-    let pair = Pair::start(dir.path(), &meta, m_engine, None, ALLOW_WRITES, "").await;
+    // The agent's copier held back (1 byte/s): blocks reach the mirror store only as the
+    // mount writes them there.
+    let pair = Pair::start(
+        dir.path(),
+        &meta,
+        m_engine,
+        None,
+        ALLOW_WRITES,
+        "bwlimit = \"1\"",
+    )
+    .await;
     let p = Primary {
         mount: Mount::start(&meta, dir.path(), "pm", &["--cache-size", "0"]),
         meta,
@@ -79,6 +89,13 @@ async fn writes_through(p_engine: &'static str, m_engine: &'static str, loops: u
     assert!(
         std::fs::read(m.mp.join("out/ckpt")).unwrap() == big,
         "re-read at the mirror"
+    );
+    // Its 3 blocks went to the mirror's store too: read back there without the origin.
+    assert_eq!(integration::mountproc::store_blocks(&pair.m_store).len(), 3);
+    let fallback = integration::mountproc::metric(&m.stats(), "jfs_fallback_reads_total");
+    assert_eq!(
+        fallback, 0.0,
+        "blocks written at the mirror were read from the origin"
     );
     assert!(at_primary("out/ckpt") == big, "read at the primary");
     // Read-your-writes, in a loop: create, write, close, reopen, read. No miss.

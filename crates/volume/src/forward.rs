@@ -328,3 +328,55 @@ fn refused_install() -> Error {
         "a mount's forwarding view of a mirror installs nothing (its agent does)",
     )
 }
+
+/// Where a writing mirror mount puts blocks: the origin's placement (the primary's storage
+/// record, replicated here), each block then also into the mirror's own store, so that
+/// reading it back at the mirror costs no origin read. The origin's put must succeed (the
+/// write-order invariant is about the origin); a failed mirror copy is logged and left to
+/// the agent's copier, which queues every block the journal brings.
+pub struct AlsoToMirror {
+    pub origin: Arc<crate::StorageHolder>,
+    pub mirror: Arc<dyn fs_core::BlockStore>,
+}
+
+struct Tee {
+    origin: Arc<dyn fs_core::BlockStore>,
+    mirror: Arc<dyn fs_core::BlockStore>,
+}
+
+#[async_trait]
+impl fs_core::StoreLayer for Tee {
+    fn below(&self) -> &dyn fs_core::BlockStore {
+        &*self.origin
+    }
+    async fn put(&self, key: &str, data: bytes::Bytes) -> Result<()> {
+        self.origin.put(key, data.clone()).await?;
+        if let Err(e) = self.mirror.put(key, data).await {
+            tracing::debug!(key, error = %e, "a block written at the origin was not copied into the mirror store (the agent copies it)");
+        }
+        Ok(())
+    }
+}
+
+impl AlsoToMirror {
+    fn wrap(&self, p: Arc<fs_core::storage::Placement>) -> Arc<fs_core::storage::Placement> {
+        Arc::new(fs_core::storage::Placement {
+            gen: p.gen,
+            state: p.state.clone(),
+            store: Arc::new(Tee {
+                origin: p.store.clone(),
+                mirror: self.mirror.clone(),
+            }),
+        })
+    }
+}
+
+#[async_trait]
+impl fs_core::storage::StorageFollow for AlsoToMirror {
+    fn current(&self) -> Arc<fs_core::storage::Placement> {
+        self.wrap(self.origin.current())
+    }
+    async fn reload(&self) -> Result<Arc<fs_core::storage::Placement>> {
+        Ok(self.wrap(self.origin.reload().await?))
+    }
+}

@@ -352,6 +352,8 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
     let mut holder: Option<Arc<StorageHolder>> = None;
     // At a mirror: the origin's stores, followed by the session (not a write placement).
     let mut origin_holder: Option<Arc<StorageHolder>> = None;
+    // At a mirror: its own store (a writing mount also puts its blocks there).
+    let mut mirror_store: Option<Arc<dyn BlockStore>> = None;
     let (site, metered): (Site, Arc<dyn BlockStore>) = match marker {
         Some(m) => {
             let store_url = o.block_store.clone().unwrap_or(m.store.clone());
@@ -360,6 +362,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
             let mirror = stores
                 .open(&store_url)
                 .map_err(|e| e.context(format!("opening mirror {:?}'s block store", m.name)))?;
+            mirror_store = Some(mirror.clone());
             let site = Site::Mirror {
                 name: m.name.clone(),
                 store: store_url.clone(),
@@ -442,7 +445,18 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         _ => None,
     };
     let mut fs = match (&holder, &forwarding) {
-        (_, Some((fwd, h))) => Fs::open_following(fwd.clone(), store.clone(), h.clone()).await?,
+        (_, Some((fwd, h))) => {
+            let placement: Arc<dyn fs_core::storage::StorageFollow> = match &mirror_store {
+                Some(ms) if ms.display_url() != h.display_url() => {
+                    Arc::new(forward::AlsoToMirror {
+                        origin: h.clone(),
+                        mirror: ms.clone(),
+                    })
+                }
+                _ => h.clone(),
+            };
+            Fs::open_following(fwd.clone(), store.clone(), placement).await?
+        }
         (Some(h), None) => Fs::open_following(engine.clone(), store.clone(), h.clone()).await?,
         (None, None) => Fs::open(engine.clone(), store.clone()).await?,
     };
