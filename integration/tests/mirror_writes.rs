@@ -501,3 +501,66 @@ async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state
     drop(primary);
     drop(mirrors);
 }
+
+/// The link between the sites cut (network namespaces, the link down: packets vanish): a
+/// change at the mirror mount fails with EIO within the bound, reads go on, nothing is half
+/// made; after the link returns, writes go through again by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_link_cut_changes_fail_in_bounded_time_and_resume_after() {
+    let net = NetPair::new(3);
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, store, keep) = primary_volume("rocksdb");
+    // The primary's mount first: the primary agent, started in its namespace next, sees it
+    // in its copy of the mount table (it commits the mirror's changes through it).
+    let p = Primary {
+        mount: Mount::start(&meta, dir.path(), "pm", &["--cache-size", "0"]),
+        meta,
+        store,
+        _keep: keep,
+    };
+    let at = Placement::Netns {
+        net: &net,
+        port: 19_630,
+    };
+    let pair = Pair::start_at(dir.path(), &p.meta, "rocksdb", at, ALLOW_WRITES, "").await;
+    let st = writes_known(&pair).await;
+    assert_eq!(st["writes"]["allowed"], true, "{st}");
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    std::fs::write(m.mp.join("before"), data(8, 300_000)).unwrap();
+    assert!(std::fs::read(p.mount.mp.join("before")).unwrap() == data(8, 300_000));
+    net.link(false);
+    for name in ["during-1", "during-2"] {
+        let t0 = Instant::now();
+        let e = std::fs::write(m.mp.join(name), b"whole").unwrap_err();
+        let took = t0.elapsed();
+        assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{name}: {e}");
+        assert!(
+            took < Duration::from_secs(15),
+            "{name}: the failure took {took:?}"
+        );
+    }
+    assert!(std::fs::read(m.mp.join("before")).unwrap() == data(8, 300_000));
+    net.link(true);
+    let t0 = Instant::now();
+    loop {
+        match std::fs::write(m.mp.join("after"), b"back") {
+            Ok(()) => break,
+            Err(e) => assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "writes did not resume after the link came back: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(std::fs::read(p.mount.mp.join("after")).unwrap(), b"back");
+    // A change that failed was made whole or not at all (its create may have reached the
+    // primary before the cut; its bytes then came with a later commit, or never).
+    for name in ["during-1", "during-2"] {
+        if let Ok(b) = std::fs::read(p.mount.mp.join(name)) {
+            assert!(b.is_empty() || b == b"whole", "{name}: {} bytes", b.len());
+        }
+    }
+    m.stop();
+    drop(pair);
+    p.mount.stop();
+}

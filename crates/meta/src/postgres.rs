@@ -171,7 +171,17 @@ impl PgEngine {
 }
 
 /// Apply puts and deletes (last write of a key wins) inside a transaction.
-async fn write_set(tx: &deadpool_postgres::Transaction<'_>, writes: &[&Mutation]) -> Result<()> {
+/// Apply a write-set, append its journal frames, advance the head and notify the journal's
+/// readers: one statement, so one round trip (the sub-statements of a `WITH` run once each,
+/// on one snapshot; the puts and deletes touch distinct keys, the last write of a key wins).
+async fn write_and_append(
+    tx: &deadpool_postgres::Transaction<'_>,
+    channel: &str,
+    writes: &[&Mutation],
+    seqs: &[i64],
+    frames: &[Vec<u8>],
+    head: i64,
+) -> Result<()> {
     let mut last: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
     for m in writes {
         match m {
@@ -190,49 +200,32 @@ async fn write_set(tx: &deadpool_postgres::Transaction<'_>, writes: &[&Mutation]
             None => dk.push(k),
         }
     }
-    if !pk.is_empty() {
-        let st = tx
-            .prepare_cached("INSERT INTO jfs_kv (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v")
-            .await
-            .map_err(|e| map_err(e, "prepare"))?;
-        tx.execute(&st, &[&pk, &pv])
-            .await
-            .map_err(|e| map_err(e, "writing keys"))?;
-    }
-    if !dk.is_empty() {
-        let st = tx
-            .prepare_cached("DELETE FROM jfs_kv WHERE k = ANY($1)")
-            .await
-            .map_err(|e| map_err(e, "prepare"))?;
-        tx.execute(&st, &[&dk])
-            .await
-            .map_err(|e| map_err(e, "deleting keys"))?;
-    }
-    Ok(())
-}
-
-async fn append(
-    tx: &deadpool_postgres::Transaction<'_>,
-    channel: &str,
-    seqs: &[i64],
-    frames: &[Vec<u8>],
-) -> Result<()> {
     let st = tx
         .prepare_cached(
-            "INSERT INTO jfs_journal (seq, frame) SELECT * FROM unnest($1::bigint[], $2::bytea[])",
+            "WITH put AS (INSERT INTO jfs_kv (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
+                 ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v), \
+             del AS (DELETE FROM jfs_kv WHERE k = ANY($3::bytea[])), \
+             jrn AS (INSERT INTO jfs_journal (seq, frame) SELECT * FROM unnest($4::bigint[], $5::bytea[])), \
+             hd AS (UPDATE jfs_head SET seq = $6 WHERE id = 1) \
+             SELECT pg_notify($7, $8)",
         )
         .await
         .map_err(|e| map_err(e, "prepare"))?;
-    tx.execute(&st, &[&seqs, &frames])
-        .await
-        .map_err(|e| map_err(e, "appending to the journal"))?;
-    let last = *seqs.last().expect("at least one entry");
-    tx.execute("UPDATE jfs_head SET seq = $1 WHERE id = 1", &[&last])
-        .await
-        .map_err(|e| map_err(e, "advancing head"))?;
-    tx.execute("SELECT pg_notify($1, $2)", &[&channel, &last.to_string()])
-        .await
-        .map_err(|e| map_err(e, "notify"))?;
+    tx.query(
+        &st,
+        &[
+            &pk,
+            &pv,
+            &dk,
+            &seqs,
+            &frames,
+            &head,
+            &channel,
+            &head.to_string(),
+        ],
+    )
+    .await
+    .map_err(|e| map_err(e, "writing keys and the journal"))?;
     Ok(())
 }
 
@@ -321,16 +314,20 @@ impl Engine for PgEngine {
         let mut want: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
         let ckeys = req.counter_keys();
         want.extend(ckeys.iter().map(|k| k.as_slice()));
-        let st = tx
-            .prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)")
-            .await
-            .map_err(|e| map_err(e, "prepare"))?;
-        let rows = tx
-            .query(&st, &[&want])
-            .await
-            .map_err(|e| map_err(e, "validating reads"))?;
-        let cur: HashMap<Vec<u8>, Vec<u8>> =
-            rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+        let cur: HashMap<Vec<u8>, Vec<u8>> = if want.is_empty() {
+            HashMap::new()
+        } else {
+            let st = tx
+                .prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)")
+                .await
+                .map_err(|e| map_err(e, "prepare"))?;
+            tx.query(&st, &[&want])
+                .await
+                .map_err(|e| map_err(e, "validating reads"))?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect()
+        };
         for (k, v) in &req.reads {
             if cur.get(k) != v.as_ref() {
                 tx.rollback().await.map_err(|e| map_err(e, "rollback"))?;
@@ -343,8 +340,15 @@ impl Engine for PgEngine {
             .collect();
         let seq = head as u64 + 1;
         let entry = req.materialize(seq, fs_core::types::now_ns(), &counters)?;
-        write_set(&tx, &entry.writes.iter().collect::<Vec<_>>()).await?;
-        append(&tx, &self.channel, &[seq as i64], &[entry.encode()]).await?;
+        write_and_append(
+            &tx,
+            &self.channel,
+            &entry.writes.iter().collect::<Vec<_>>(),
+            &[seq as i64],
+            &[entry.encode()],
+            seq as i64,
+        )
+        .await?;
         tx.commit().await.map_err(|e| map_err(e, "commit"))?;
         Ok(CommitOutcome::Committed {
             seq,
@@ -424,10 +428,10 @@ impl Engine for PgEngine {
             return Ok(head);
         }
         let writes: Vec<&Mutation> = todo.iter().flat_map(|e| e.writes.iter()).collect();
-        write_set(&tx, &writes).await?;
         let seqs: Vec<i64> = todo.iter().map(|e| e.seq as i64).collect();
         let frames: Vec<Vec<u8>> = todo.iter().map(|e| e.encode()).collect();
-        append(&tx, &self.channel, &seqs, &frames).await?;
+        let head = *seqs.last().expect("non-empty");
+        write_and_append(&tx, &self.channel, &writes, &seqs, &frames, head).await?;
         tx.commit().await.map_err(|e| map_err(e, "commit"))?;
         Ok(todo.last().expect("non-empty").seq)
     }
@@ -512,22 +516,12 @@ impl Engine for PgEngine {
         let tx = c.transaction().await.map_err(|e| map_err(e, "begin"))?;
         self.lock_head_of_mirror(&tx).await?;
         let refs: Vec<&Mutation> = writes.iter().collect();
-        write_set(&tx, &refs).await?;
         tx.execute("DELETE FROM jfs_journal", &[])
             .await
             .map_err(|e| map_err(e, "clearing the journal"))?;
-        if frames.is_empty() {
-            tx.execute(
-                "UPDATE jfs_head SET seq = $1 WHERE id = 1",
-                &[&(head as i64)],
-            )
-            .await
-            .map_err(|e| map_err(e, "setting the head"))?;
-        } else {
-            let seqs: Vec<i64> = frames.iter().map(|(s, _)| *s as i64).collect();
-            let fr: Vec<Vec<u8>> = frames.iter().map(|(_, f)| f.clone()).collect();
-            append(&tx, &self.channel, &seqs, &fr).await?;
-        }
+        let seqs: Vec<i64> = frames.iter().map(|(s, _)| *s as i64).collect();
+        let fr: Vec<Vec<u8>> = frames.iter().map(|(_, f)| f.clone()).collect();
+        write_and_append(&tx, &self.channel, &refs, &seqs, &fr, head as i64).await?;
         tx.commit().await.map_err(|e| map_err(e, "commit"))?;
         Ok(())
     }

@@ -40,6 +40,9 @@ pub(crate) struct Forwarding {
     /// Whether the primary lets this mirror write: None until it said; Err(why) if not.
     pub(crate) allowed: Mutex<Option<std::result::Result<(), String>>>,
     last_error: Mutex<Option<String>>,
+    /// A change went unanswered: the link is torn down (and reset, so that what it had not
+    /// delivered never arrives later), and the next change finds a new one.
+    give_up: tokio::sync::Notify,
 }
 
 fn failed(kind: fs_core::ErrorKind, temporary: bool, message: String) -> ForwardReply {
@@ -105,11 +108,14 @@ impl Mirror {
                     true,
                     format!("the link to the primary at {} was lost while it committed this change: it may have been made, and then shows here once applied", self.cfg.primary),
                 ),
-                Err(_) => failed(
-                    fs_core::ErrorKind::Backend,
-                    true,
-                    format!("no answer from the primary at {} within {ANSWER_WAIT:?}: the change may have been made, and then shows here once applied", self.cfg.primary),
-                ),
+                Err(_) => {
+                    f.give_up.notify_one();
+                    failed(
+                        fs_core::ErrorKind::Backend,
+                        true,
+                        format!("no answer from the primary at {} within {ANSWER_WAIT:?}: the change may have been made, and then shows here once applied", self.cfg.primary),
+                    )
+                }
             }
         };
         f.pending
@@ -131,7 +137,7 @@ impl Mirror {
     async fn forward_link(self: &Arc<Self>, stop: &CancellationToken) -> Result<End> {
         let mut wire = tokio::select! {
             _ = stop.cancelled() => return Ok(End::Stopped),
-            w = self.connect() => w?,
+            w = dial_with(&self.cfg.primary, &self.tls, true) => w?,
         };
         let hello = ToPrimary::Hello {
             proto: proto::PROTO_VERSION,
@@ -174,9 +180,14 @@ impl Mirror {
         *self.fwd.tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         self.metrics.fwd_connected.set(1);
         let (mut sink, mut stream) = wire.split();
+        // A give-up from before this link is not about it.
+        let _ = tokio::time::timeout(Duration::ZERO, self.fwd.give_up.notified()).await;
         let end = loop {
             tokio::select! {
                 _ = stop.cancelled() => break Ok(End::Stopped),
+                _ = self.fwd.give_up.notified() => {
+                    break Err(anyhow!("a change went unanswered for {ANSWER_WAIT:?}: the forward link is reset"));
+                }
                 Some((id, req)) = rx.recv() => {
                     if let Err(e) = proto::send(&mut sink, &ToPrimary::Commit { id, req }).await {
                         break Err(e);

@@ -135,11 +135,28 @@ pub(crate) fn tls_for(cfg: &MirrorConfig) -> Result<TlsTo> {
 
 /// A connection to the primary at `primary` (TLS when `tls` is set), not yet greeted.
 pub(crate) async fn dial(primary: &str, tls: &TlsTo) -> Result<proto::Wire> {
+    dial_with(primary, tls, false).await
+}
+
+/// `dial`; with `abort_on_close`, closing the connection discards what it has not yet
+/// delivered and resets it (SO_LINGER 0), so nothing sent before a give-up arrives later.
+pub(crate) async fn dial_with(
+    primary: &str,
+    tls: &TlsTo,
+    abort_on_close: bool,
+) -> Result<proto::Wire> {
     let sock = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(primary))
         .await
         .map_err(|_| anyhow!("connecting to the primary at {primary}: timed out"))?
         .with_context(|| format!("connecting to the primary at {primary}"))?;
     let _ = sock.set_nodelay(true);
+    if abort_on_close {
+        // (Deprecated for a nonzero linger, which blocks the dropping thread; zero resets
+        // the connection at once.)
+        #[allow(deprecated)]
+        sock.set_linger(Some(Duration::ZERO))
+            .context("setting SO_LINGER on the forward link")?;
+    }
     let io: Box<dyn proto::Io> = match tls {
         Some((c, name)) => Box::new(
             tokio::time::timeout(CONNECT_TIMEOUT, c.connect(name.clone(), sock))
