@@ -90,8 +90,16 @@ async fn writes_through(p_engine: &'static str, m_engine: &'static str, loops: u
         std::fs::read(m.mp.join("out/ckpt")).unwrap() == big,
         "re-read at the mirror"
     );
-    // Its 3 blocks went to the mirror's store too: read back there without the origin.
-    assert_eq!(integration::mountproc::store_blocks(&pair.m_store).len(), 3);
+    // Its blocks went to the mirror's store too (however the writer cut its slices): read
+    // back there without the origin.
+    let in_mirror: u64 = integration::mountproc::store_blocks(&pair.m_store)
+        .iter()
+        .map(|(_, len)| len)
+        .sum();
+    assert!(
+        in_mirror >= big.len() as u64,
+        "{in_mirror} bytes in the mirror store"
+    );
     let fallback = integration::mountproc::metric(&m.stats(), "jfs_fallback_reads_total");
     assert_eq!(
         fallback, 0.0,

@@ -25,6 +25,8 @@ const RELINK: Backoff = Backoff {
     cap: Duration::from_secs(5),
     full_jitter: false,
 };
+/// How long an answer waits for this site to apply its change (the mount waits longer).
+const APPLIED_WAIT: Duration = Duration::from_secs(1);
 /// The pause after the primary refused this mirror's writes (it may be allowed later).
 const REFUSED_PAUSE: Duration = Duration::from_secs(30);
 
@@ -125,12 +127,42 @@ impl Mirror {
         self.metrics
             .fwd_sent_seconds
             .inc_by(t0.elapsed().as_secs_f64());
-        match &reply {
-            ForwardReply::Committed { .. } => self.metrics.fwd_sent.inc(),
-            ForwardReply::Conflict { .. } => self.metrics.fwd_sent_conflicts.inc(),
-            ForwardReply::Failed { .. } => self.metrics.fwd_sent_failed.inc(),
+        let applied_by = match &reply {
+            ForwardReply::Committed { seq, .. } => {
+                self.metrics.fwd_sent.inc();
+                Some(*seq)
+            }
+            ForwardReply::Conflict { head } => {
+                self.metrics.fwd_sent_conflicts.inc();
+                Some(*head)
+            }
+            ForwardReply::Failed { .. } => {
+                self.metrics.fwd_sent_failed.inc();
+                None
+            }
         };
+        // The answer goes back once this site has applied the change (briefly bounded: the
+        // mount waits on for the rest), so the mount sees it at its first look instead of
+        // polling for it (a RocksDB reader catches up when asked).
+        if let Some(seq) = applied_by {
+            self.wait_applied(seq, APPLIED_WAIT).await;
+        }
         reply
+    }
+
+    /// Wait until the live metadata holds entry `seq`, at most `limit`.
+    async fn wait_applied(&self, seq: u64, limit: Duration) {
+        let t0 = Instant::now();
+        loop {
+            let Ok(b) = self.engine.journal_bounds().await else {
+                return;
+            };
+            let left = limit.saturating_sub(t0.elapsed());
+            if b.last >= seq || left.is_zero() {
+                return;
+            }
+            let _ = self.engine.journal_wait(b.last, left).await;
+        }
     }
 
     /// One forward link: connect, greet with `Want::Forward`, then relay until it breaks.

@@ -87,6 +87,19 @@ impl Primary {
         id: u64,
         req: fs_core::CommitRequest,
     ) -> (u64, ForwardReply) {
+        let r = self.forwarded_commit_inner(mirror, id, req).await;
+        if matches!(r.1, ForwardReply::Committed { .. }) {
+            self.committed_here.notify_waiters();
+        }
+        r
+    }
+
+    async fn forwarded_commit_inner(
+        &self,
+        mirror: &str,
+        id: u64,
+        req: fs_core::CommitRequest,
+    ) -> (u64, ForwardReply) {
         let l = label(mirror);
         if let Err(why) = volume::forward::tree_only(&req) {
             self.metrics.fwd_refused.get_or_create(&l).inc();

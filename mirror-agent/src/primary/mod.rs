@@ -60,6 +60,8 @@ pub struct Primary {
     seen_slots: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Runs the background work (`maintenance`).
     workers: Arc<Supervisor>,
+    /// Woken when a mirror's change was committed here (`forward`): the streams look now.
+    committed_here: tokio::sync::Notify,
 }
 
 /// How long the workers may take to stop (each finishes the step it is in).
@@ -111,6 +113,7 @@ impl Primary {
             admin: Default::default(),
             seen_slots: Default::default(),
             workers: Arc::new(Supervisor::new(CancellationToken::new())),
+            committed_here: tokio::sync::Notify::new(),
         }))
     }
 

@@ -308,6 +308,9 @@ impl Primary {
             }
             tokio::select! {
                 r = self.engine.journal_wait(cursor - 1, Duration::from_millis(500)) => { r?; }
+                // A mirror's change committed here just now: ship it without waiting for
+                // the next poll of a RocksDB reader.
+                _ = self.committed_here.notified() => {}
                 r = &mut reader => break r.and(Err(anyhow!("the mirror closed the connection"))),
                 _ = stop.cancelled() => break Ok(()),
             }
