@@ -264,9 +264,21 @@ impl Engine for ForwardingEngine {
                 }
             }
             ForwardReply::Conflict { head } => {
-                // The retry must read a view at least as new as the primary's then.
-                self.applied(head).await?;
-                Ok(CommitOutcome::Conflict)
+                // The retry must read a view at least as new as the primary's then; a site
+                // that does not get there in time fails the change rather than retry it on
+                // the same old view.
+                if self.applied(head).await? {
+                    Ok(CommitOutcome::Conflict)
+                } else {
+                    let at = self.local.journal_bounds().await?.last;
+                    Err(Error::temporary(
+                        ErrorKind::Backend,
+                        format!(
+                            "the change read an older state than the primary's (entry {head}), and this mirror, at entry {at}, did not catch up within {:?}: the change was not made",
+                            self.apply_wait
+                        ),
+                    ))
+                }
             }
             ForwardReply::Failed {
                 kind,
