@@ -170,18 +170,22 @@ impl PgEngine {
     }
 }
 
-/// Apply puts and deletes (last write of a key wins) inside a transaction.
-/// Apply a write-set, append its journal frames, advance the head and notify the journal's
+/// Apply a write-set, append journal frames, advance the head and notify the journal's
 /// readers: one statement, so one round trip (the sub-statements of a `WITH` run once each,
-/// on one snapshot; the puts and deletes touch distinct keys, the last write of a key wins).
-async fn write_and_append(
-    tx: &deadpool_postgres::Transaction<'_>,
-    channel: &str,
-    writes: &[&Mutation],
-    seqs: &[i64],
-    frames: &[Vec<u8>],
-    head: i64,
-) -> Result<()> {
+/// on one snapshot; the puts and deletes touch distinct keys). Parameters: `split_writes`,
+/// the seqs, the frames, the head, the channel, the head as text.
+const WRITE_AND_APPEND: &str = "WITH put AS (INSERT INTO jfs_kv (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
+         ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v), \
+     del AS (DELETE FROM jfs_kv WHERE k = ANY($3::bytea[])), \
+     jrn AS (INSERT INTO jfs_journal (seq, frame) SELECT * FROM unnest($4::bigint[], $5::bytea[])), \
+     hd AS (UPDATE jfs_head SET seq = $6 WHERE id = 1) \
+     SELECT pg_notify($7, $8)";
+
+/// A write-set as the keys to put, their values and the keys to delete (the last write of a
+/// key wins).
+type Split<'a> = (Vec<&'a [u8]>, Vec<&'a [u8]>, Vec<&'a [u8]>);
+
+fn split_writes<'a>(writes: &[&'a Mutation]) -> Split<'a> {
     let mut last: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
     for m in writes {
         match m {
@@ -200,15 +204,21 @@ async fn write_and_append(
             None => dk.push(k),
         }
     }
+    (pk, pv, dk)
+}
+
+/// `WRITE_AND_APPEND` inside a transaction.
+async fn write_and_append(
+    tx: &deadpool_postgres::Transaction<'_>,
+    channel: &str,
+    writes: &[&Mutation],
+    seqs: &[i64],
+    frames: &[Vec<u8>],
+    head: i64,
+) -> Result<()> {
+    let (pk, pv, dk) = split_writes(writes);
     let st = tx
-        .prepare_cached(
-            "WITH put AS (INSERT INTO jfs_kv (k, v) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
-                 ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v), \
-             del AS (DELETE FROM jfs_kv WHERE k = ANY($3::bytea[])), \
-             jrn AS (INSERT INTO jfs_journal (seq, frame) SELECT * FROM unnest($4::bigint[], $5::bytea[])), \
-             hd AS (UPDATE jfs_head SET seq = $6 WHERE id = 1) \
-             SELECT pg_notify($7, $8)",
-        )
+        .prepare_cached(WRITE_AND_APPEND)
         .await
         .map_err(|e| map_err(e, "prepare"))?;
     tx.query(
@@ -227,6 +237,36 @@ async fn write_and_append(
     .await
     .map_err(|e| map_err(e, "writing keys and the journal"))?;
     Ok(())
+}
+
+/// A pooled connection inside a transaction this code opened: if it is dropped before the
+/// transaction ended (the caller's future cancelled half-way), the connection is closed
+/// rather than returned to the pool, so the server rolls back and frees the head row.
+struct InTx {
+    conn: Option<deadpool_postgres::Object>,
+    open: bool,
+}
+
+impl InTx {
+    /// End the transaction without keeping anything.
+    async fn rollback(&mut self) -> Result<()> {
+        let c = self.conn.as_ref().expect("held");
+        c.batch_execute("ROLLBACK")
+            .await
+            .map_err(|e| map_err(e, "rollback"))?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl Drop for InTx {
+    fn drop(&mut self) {
+        if self.open {
+            if let Some(c) = self.conn.take() {
+                drop(deadpool_postgres::Object::take(c));
+            }
+        }
+    }
 }
 
 /// A pool of up to `max_size` plain connections to `cfg`, recycled without a check query:
@@ -296,41 +336,70 @@ impl Engine for PgEngine {
         Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
+    /// Two round trips: `BEGIN`, the head row locked and the read-set read, pipelined (the
+    /// server runs them in order, so the reads see every commit before the lock); then the
+    /// write statement and `COMMIT`, pipelined.
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await.map_err(|e| map_err(e, "begin"))?;
-        let row = tx
-            .query_one(HEAD_AND_MARKER, &[&fs_core::site::MARKER])
+        let c = self.client().await?;
+        let lock = c
+            .prepare_cached(HEAD_AND_MARKER)
             .await
-            .map_err(|e| map_err(e, "locking head"))?;
+            .map_err(|e| map_err(e, "prepare"))?;
+        let read = c
+            .prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)")
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        let write = c
+            .prepare_cached(WRITE_AND_APPEND)
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        let mut want: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
+        let ckeys = req.counter_keys();
+        want.extend(ckeys.iter().map(|k| k.as_slice()));
+        let mut g = InTx {
+            conn: Some(c),
+            open: true,
+        };
+        let c = g.conn.as_ref().expect("held");
+        let (begun, locked, rows) = tokio::join!(
+            c.batch_execute("BEGIN"),
+            c.query_one(&lock, &[&fs_core::site::MARKER]),
+            async {
+                if want.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    c.query(&read, &[&want]).await
+                }
+            }
+        );
+        let first = (|| {
+            begun.map_err(|e| map_err(e, "begin"))?;
+            let row = locked.map_err(|e| map_err(e, "locking head"))?;
+            let rows = rows.map_err(|e| map_err(e, "validating reads"))?;
+            Ok::<_, Error>((row, rows))
+        })();
+        let (row, rows) = match first {
+            Ok(x) => x,
+            Err(e) => {
+                if c.batch_execute("ROLLBACK").await.is_ok() {
+                    g.open = false;
+                }
+                return Err(e);
+            }
+        };
         let head: i64 = row.get(0);
         if let Some(marker) = row.get::<_, Option<Vec<u8>>>(1) {
-            let _ = tx.rollback().await;
+            let _ = g.rollback().await;
             return Err(fs_core::site::refusal_from_record(
                 &self.display,
                 Some(&marker),
             ));
         }
-        let mut want: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
-        let ckeys = req.counter_keys();
-        want.extend(ckeys.iter().map(|k| k.as_slice()));
-        let cur: HashMap<Vec<u8>, Vec<u8>> = if want.is_empty() {
-            HashMap::new()
-        } else {
-            let st = tx
-                .prepare_cached("SELECT k, v FROM jfs_kv WHERE k = ANY($1)")
-                .await
-                .map_err(|e| map_err(e, "prepare"))?;
-            tx.query(&st, &[&want])
-                .await
-                .map_err(|e| map_err(e, "validating reads"))?
-                .into_iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect()
-        };
+        let cur: HashMap<Vec<u8>, Vec<u8>> =
+            rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
         for (k, v) in &req.reads {
             if cur.get(k) != v.as_ref() {
-                tx.rollback().await.map_err(|e| map_err(e, "rollback"))?;
+                g.rollback().await?;
                 return Ok(CommitOutcome::Conflict);
             }
         }
@@ -339,17 +408,29 @@ impl Engine for PgEngine {
             .map(|k| (k.clone(), cur.get(k).cloned()))
             .collect();
         let seq = head as u64 + 1;
-        let entry = req.materialize(seq, fs_core::types::now_ns(), &counters)?;
-        write_and_append(
-            &tx,
-            &self.channel,
-            &entry.writes.iter().collect::<Vec<_>>(),
-            &[seq as i64],
-            &[entry.encode()],
-            seq as i64,
-        )
-        .await?;
-        tx.commit().await.map_err(|e| map_err(e, "commit"))?;
+        let entry = match req.materialize(seq, fs_core::types::now_ns(), &counters) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = g.rollback().await;
+                return Err(e);
+            }
+        };
+        let refs: Vec<&Mutation> = entry.writes.iter().collect();
+        let (pk, pv, dk) = split_writes(&refs);
+        let seqs: &[i64] = &[seq as i64];
+        let frames: &[Vec<u8>] = &[entry.encode()];
+        let h = seq as i64;
+        let ht = h.to_string();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+            [&pk, &pv, &dk, &seqs, &frames, &h, &self.channel, &ht];
+        let c = g.conn.as_ref().expect("held");
+        // A failed write leaves the transaction aborted, and the `COMMIT` after it then
+        // rolls back: nothing of it is kept either way.
+        let (written, committed) =
+            tokio::join!(c.query(&write, &params), c.batch_execute("COMMIT"));
+        g.open = false;
+        written.map_err(|e| map_err(e, "writing keys and the journal"))?;
+        committed.map_err(|e| map_err(e, "commit"))?;
         Ok(CommitOutcome::Committed {
             seq,
             time_ns: entry.time_ns,
