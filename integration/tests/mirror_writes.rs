@@ -572,3 +572,84 @@ async fn with_the_link_cut_changes_fail_in_bounded_time_and_resume_after() {
     drop(pair);
     p.mount.stop();
 }
+
+/// The mirror whose mount writes through is promoted (the planned site migration of
+/// runbooks/site-migration.md, steps run as written): before, its changes go to the old
+/// primary; while the old primary is fenced and the agent is stopped, a change fails with
+/// EIO and is not made; once the site is the primary, the same mount (never restarted)
+/// commits at its own metadata, and every file written before and after reads back there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writing_mirror_mount_keeps_writing_when_its_site_is_promoted() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("postgres", "file", |_| {}).await;
+    let old_meta = vol.meta_url.clone();
+    let mut pair = Pair::start(dir.path(), &old_meta, "redis", None, ALLOW_WRITES, "").await;
+    writes_known(&pair).await;
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    std::fs::write(m.mp.join("before"), data(21, 700_000)).unwrap();
+    let (ino, _) = vol.fs.resolve("/before").await.unwrap();
+    assert!(
+        read_all(&vol.fs, ino).await == data(21, 700_000),
+        "not at the old primary"
+    );
+    let new_listen = format!("127.0.0.1:{}", free_port());
+    let (m_admin, m_cfg) = (
+        pair.mirror.admin.clone(),
+        pair.mirror.cfg.display().to_string(),
+    );
+    let env = [
+        ("OLD_META", old_meta.as_str()),
+        ("NEW_META", pair.m_meta.as_str()),
+        ("NEW_PRIMARY", new_listen.as_str()),
+        ("MIRROR_ADMIN", m_admin.as_str()),
+        ("MIRROR_CONFIG", m_cfg.as_str()),
+        ("OLD_SITE", "old-site"),
+    ];
+    integration::runbook::run_ok("site-migration", "fence", &env);
+    integration::runbook::run_ok("site-migration", "wait", &env);
+    assert_eq!(
+        pair.mirror.term(),
+        0,
+        "the mirror agent did not stop cleanly"
+    );
+    // Between the fence and the promotion: refused, nothing made.
+    let e = std::fs::write(m.mp.join("between"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    let out = integration::runbook::run_ok("site-migration", "promote", &env);
+    assert!(out.contains("primary at epoch 1"), "{out}");
+    // The same mount writes on, now at its own site's metadata.
+    let t0 = Instant::now();
+    loop {
+        match std::fs::write(m.mp.join("after"), data(22, 500_000)) {
+            Ok(()) => break,
+            Err(e) => assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the mount did not write after its site's promotion: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(std::fs::read(m.mp.join("after")).unwrap() == data(22, 500_000));
+    m.stop();
+    let newp = volume::open(&pair.m_meta, &volume::Options::default())
+        .await
+        .unwrap();
+    for (name, b) in [
+        ("/before", data(21, 700_000)),
+        ("/after", data(22, 500_000)),
+    ] {
+        let (ino, _) = newp.resolve(name).await.unwrap();
+        assert!(
+            read_all(&newp, ino).await == b,
+            "{name} at the promoted site"
+        );
+    }
+    assert!(
+        newp.resolve("/between").await.is_err(),
+        "a refused change was made"
+    );
+    assert!(
+        vol.fs.resolve("/after").await.is_err(),
+        "a change after the move reached the fenced old primary"
+    );
+}
