@@ -245,6 +245,33 @@ pub fn human(v: &Value) -> String {
     if let Some(r) = v["refused"].as_str() {
         line(format!("REFUSED by the primary: {r}"));
     }
+    // The site's mounts' writes (absent from an older agent's status: nothing printed).
+    let w = &v["writes"];
+    if w.is_object() {
+        let state = match (w["allowed"].as_bool(), w["refused"].as_str()) {
+            (Some(true), _) => format!(
+                "allowed, link {}",
+                if w["connected"].as_bool().unwrap_or(false) {
+                    "up"
+                } else {
+                    "down"
+                }
+            ),
+            (Some(false), Some(r)) => format!("not allowed ({r}); mounts here are read-only"),
+            (Some(false), None) => "not allowed; mounts here are read-only".into(),
+            _ => "not known yet (the primary has not answered)".into(),
+        };
+        let mean = match (w["seconds"].as_f64(), w["committed"].as_u64()) {
+            (Some(s), Some(n)) if n > 0 => format!(", {:.1} ms each", s * 1e3 / n as f64),
+            _ => String::new(),
+        };
+        line(format!(
+            "writes: {state}; {} committed at the primary{mean}, {} conflicts, {} failed",
+            num(&w["committed"]),
+            num(&w["conflicts"]),
+            num(&w["failed"])
+        ));
+    }
     line(format!(
         "blocks: {} pending ({}), {} failing, {} copied ({}), {} skipped, {} deleted",
         num(&b["pending"]),
@@ -373,6 +400,22 @@ mod tests {
         });
         let h = super::human(&v);
         assert!(h.contains("lag: 1 entries, 5.40 s"), "{h}");
+        assert!(
+            !h.contains("writes:"),
+            "an older agent's status has none: {h}"
+        );
+        let mut w = v.clone();
+        w["writes"] = serde_json::json!({"allowed": true, "connected": true, "committed": 4,
+            "conflicts": 1, "failed": 2, "seconds": 0.02, "refused": null});
+        let hw = super::human(&w);
+        assert!(
+            hw.contains("writes: allowed, link up; 4 committed at the primary, 5.0 ms each, 1 conflicts, 2 failed"),
+            "{hw}"
+        );
+        w["writes"] = serde_json::json!({"allowed": false, "refused": "may not write", "committed": 0,
+            "conflicts": 0, "failed": 0, "seconds": 0.0, "connected": false});
+        assert!(super::human(&w)
+            .contains("writes: not allowed (may not write); mounts here are read-only"));
         assert!(h.contains("(stale: last heard 35.5 s ago)"), "{h}");
         assert!(
             h.contains("REFUSED by the primary: authentication failed"),

@@ -64,6 +64,7 @@ impl Mirror {
                     target.install_head(s0).await?;
                     self.state
                         .record(&Changes::default(), Some(s0), fs_core::now_ns())?;
+                    tracing::info!(keys = n, s0, s_end, "snapshot installed; catching up");
                     if s_end > s0 {
                         self.state.set_bootstrap(Some(&Bootstrap::CatchingUp {
                             s0,
@@ -73,7 +74,6 @@ impl Mirror {
                     } else {
                         self.complete_bootstrap().await?;
                     }
-                    tracing::info!(keys = n, s0, s_end, "snapshot installed; catching up");
                     break;
                 }
                 other => bail!(

@@ -19,10 +19,10 @@ use volume::forward::{self as fwd, ForwardReply, ForwardRequest};
 
 /// How long a change waits for the primary's answer (below the mount's own bound).
 const ANSWER_WAIT: Duration = Duration::from_secs(8);
-/// The pause before reconnecting the forward link.
+/// The pause before reconnecting the forward link (short: writes at the site wait on it).
 const RELINK: Backoff = Backoff {
     base: Duration::from_millis(200),
-    cap: Duration::from_secs(5),
+    cap: Duration::from_secs(1),
     full_jitter: false,
 };
 /// How long an answer waits for this site to apply its change (the mount waits longer).
