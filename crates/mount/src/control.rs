@@ -223,16 +223,7 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
                     message: why,
                     temporary: false,
                 },
-                Ok(()) => match engine.commit(&req).await {
-                    Ok(fs_core::CommitOutcome::Committed { seq, time_ns }) => {
-                        ForwardReply::Committed { seq, time_ns }
-                    }
-                    Ok(fs_core::CommitOutcome::Conflict) => match engine.journal_bounds().await {
-                        Ok(b) => ForwardReply::Conflict { head: b.last },
-                        Err(e) => ForwardReply::failed(&e),
-                    },
-                    Err(e) => ForwardReply::failed(&e),
-                },
+                Ok(()) => volume::forward::commit_here(&**engine, &req).await,
             };
             send(&mut w, &serde_json::json!({"done": true, "reply": reply})).await
         }

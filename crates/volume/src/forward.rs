@@ -68,6 +68,19 @@ impl ForwardReply {
     }
 }
 
+/// Commit a forwarded change with `engine` and say how it went (a conflict with the head
+/// then, so the mirror knows what to catch up to).
+pub async fn commit_here(engine: &dyn Engine, req: &CommitRequest) -> ForwardReply {
+    match engine.commit(req).await {
+        Ok(CommitOutcome::Committed { seq, time_ns }) => ForwardReply::Committed { seq, time_ns },
+        Ok(CommitOutcome::Conflict) => match engine.journal_bounds().await {
+            Ok(b) => ForwardReply::Conflict { head: b.last },
+            Err(e) => ForwardReply::failed(&e),
+        },
+        Err(e) => ForwardReply::failed(&e),
+    }
+}
+
 /// Write one frame: a little-endian u32 length, then the postcard body.
 pub async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
     w: &mut W,

@@ -268,24 +268,28 @@ pub async fn check_site(engine: &dyn Engine, access: Access, allow_incomplete: b
     Ok(())
 }
 
-/// The mirror marker of META_URL's metadata, if it is a mirror's (opened read-only).
-pub async fn mirror_marker(
-    meta_url: &str,
-    password_file: Option<PathBuf>,
-) -> Result<Option<fs_core::site::MirrorMarker>> {
-    let engine = open_engine(meta_url, Access::Read, password_file, false).await?;
-    fs_core::site::marker(&*engine).await
-}
-
-/// At a mirror site, whether its mounts may write and how: the agent's forward socket when
+/// At a mirror site, its marker and whether its mounts may write and how: the agent's forward socket when
 /// the primary lets this mirror write and the agent says so now (its progress record is
 /// fresh and the socket exists), else why not.
+/// None when META_URL's metadata is not a mirror's; one open of the engine for both.
 pub async fn mirror_writes(
     meta_url: &str,
     password_file: Option<PathBuf>,
-) -> Result<std::result::Result<PathBuf, String>> {
+) -> Result<
+    Option<(
+        fs_core::site::MirrorMarker,
+        std::result::Result<PathBuf, String>,
+    )>,
+> {
     let engine = open_engine(meta_url, Access::Read, password_file, false).await?;
-    let Some(p) = fs_core::site::progress(&*engine).await? else {
+    let Some(marker) = fs_core::site::marker(&*engine).await? else {
+        return Ok(None);
+    };
+    Ok(Some((marker, forward_socket(&*engine).await?)))
+}
+
+async fn forward_socket(engine: &dyn Engine) -> Result<std::result::Result<PathBuf, String>> {
+    let Some(p) = fs_core::site::progress(engine).await? else {
         return Ok(Err("no mirror agent has run at this site yet".into()));
     };
     let age = Duration::from_nanos(fs_core::now_ns().saturating_sub(p.at_ns).max(0) as u64);

@@ -74,6 +74,12 @@ impl Mirror {
     pub(super) async fn publish_progress(&self) -> Result<()> {
         let m = &self.metrics;
         let lag = m.lag_seconds.get();
+        let writes = self
+            .fwd
+            .allowed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let p = fs_core::site::Progress {
             version: fs_core::site::MARKER_VERSION,
             applied_seq: m.applied_seq.get().max(0) as u64,
@@ -83,23 +89,10 @@ impl Mirror {
             within_window: m.within_window.get() == 1,
             at_ns: fs_core::now_ns(),
             resyncing: m.resync_staged.get() == 1,
-            forward_socket: None,
-            writes_refused: None,
+            forward_socket: matches!(writes, Some(Ok(())))
+                .then(|| self.forward_socket().to_string_lossy().into_owned()),
+            writes_refused: writes.and_then(|w| w.err()),
         };
-        let mut p = p;
-        match self
-            .fwd
-            .allowed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            Some(Ok(())) => {
-                p.forward_socket = Some(self.forward_socket().to_string_lossy().into_owned())
-            }
-            Some(Err(why)) => p.writes_refused = Some(why),
-            None => {}
-        }
         fs_core::site::set_progress(&*self.engine, &p).await?;
         Ok(())
     }

@@ -114,52 +114,29 @@ impl Primary {
             );
         }
         let t0 = Instant::now();
-        let r = match self.engine.commit(&req).await {
-            // A RocksDB volume has one writing process, and this agent only follows it: the
-            // change goes through that process (a read-write mount on this host).
-            Err(e) if e.kind() == ErrorKind::ReadOnly && self.engine.kind() == "rocksdb" => {
-                let reply = self.commit_through_writer(req).await;
-                self.metrics
-                    .fwd_seconds
-                    .get_or_create(&l)
-                    .inc_by(t0.elapsed().as_secs_f64());
-                match &reply {
-                    ForwardReply::Committed { .. } => {
-                        self.metrics.fwd_committed.get_or_create(&l).inc()
-                    }
-                    ForwardReply::Conflict { .. } => {
-                        self.metrics.fwd_conflicts.get_or_create(&l).inc()
-                    }
-                    ForwardReply::Failed { message, .. } => {
-                        tracing::warn!(mirror, error = %message, "a change forwarded by a mirror failed");
-                        self.metrics.fwd_refused.get_or_create(&l).inc()
-                    }
-                };
-                return (id, reply);
+        let mut reply = volume::forward::commit_here(&*self.engine, &req).await;
+        // A RocksDB volume has one writing process, and this agent only follows it: the
+        // change goes through that process (a read-write mount on this host).
+        if matches!(
+            reply,
+            ForwardReply::Failed {
+                kind: ErrorKind::ReadOnly,
+                ..
             }
-            r => r,
-        };
+        ) && self.engine.kind() == "rocksdb"
+        {
+            reply = self.commit_through_writer(req).await;
+        }
         self.metrics
             .fwd_seconds
             .get_or_create(&l)
             .inc_by(t0.elapsed().as_secs_f64());
-        let reply = match r {
-            Ok(fs_core::engine::CommitOutcome::Committed { seq, time_ns }) => {
-                self.metrics.fwd_committed.get_or_create(&l).inc();
-                ForwardReply::Committed { seq, time_ns }
-            }
-            Ok(fs_core::engine::CommitOutcome::Conflict) => {
-                self.metrics.fwd_conflicts.get_or_create(&l).inc();
-                let head = match self.engine.journal_bounds().await {
-                    Ok(b) => b.last,
-                    Err(e) => return (id, ForwardReply::failed(&e)),
-                };
-                ForwardReply::Conflict { head }
-            }
-            Err(e) => {
-                self.metrics.fwd_refused.get_or_create(&l).inc();
-                tracing::warn!(mirror, error = %e, "a change forwarded by a mirror failed");
-                ForwardReply::failed(&e)
+        match &reply {
+            ForwardReply::Committed { .. } => self.metrics.fwd_committed.get_or_create(&l).inc(),
+            ForwardReply::Conflict { .. } => self.metrics.fwd_conflicts.get_or_create(&l).inc(),
+            ForwardReply::Failed { message, .. } => {
+                tracing::warn!(mirror, error = %message, "a change forwarded by a mirror failed");
+                self.metrics.fwd_refused.get_or_create(&l).inc()
             }
         };
         (id, reply)

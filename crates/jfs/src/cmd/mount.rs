@@ -48,8 +48,10 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
     let mut m = m;
     let mut forward = None;
     if !m.read_only {
-        if let Some(mk) = volume::mirror_marker(&m.meta_url, g.meta_password_file.clone()).await? {
-            match volume::mirror_writes(&m.meta_url, g.meta_password_file.clone()).await? {
+        if let Some((mk, writes)) =
+            volume::mirror_writes(&m.meta_url, g.meta_password_file.clone()).await?
+        {
+            match writes {
                 Ok(sock) => {
                     cli_common::eprintln!(
                         "jfs: {} is mirror {:?}'s metadata: changes are committed at the primary at {} (through this site's agent)",
