@@ -653,3 +653,211 @@ async fn a_writing_mirror_mount_keeps_writing_when_its_site_is_promoted() {
         "a change after the move reached the fenced old primary"
     );
 }
+
+/// Another mirror is promoted (runbooks/site-migration.md, steps as written, including 4b for
+/// a third site) while a checkpoint writer runs at a mirror mount that writes through: every
+/// checkpoint it saw acknowledged is at the new primary and at its own site; once its agent
+/// follows the new primary, the same mount (never restarted) writes there, blocks at the
+/// new primary's store, and nothing reaches the fenced old primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writing_mirror_mount_writes_to_the_new_primary_after_another_mirror_is_promoted() {
+    use integration::written::{check_files, Written};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let vol = volume_with("postgres", "file", |_| {}).await;
+    let old_meta = vol.meta_url.clone();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let env = [
+        ("MIRROR_TOKEN", TOKEN),
+        ("JFS_RUN_DIR", &*d.join("run").display().to_string()),
+    ];
+    let mut old_primary = Agent::start_with(
+        d,
+        "primary",
+        &primary_toml(
+            &old_meta,
+            &d.join("pstate"),
+            &format!("127.0.0.1:{}", free_port()),
+            &listen,
+            &["m1", "m2"],
+            ALLOW_WRITES,
+        ),
+        &env,
+        &[],
+    );
+    // m1 writes through its mount; m2 is the site that becomes the primary.
+    let mut sites = Vec::new();
+    for (name, engine) in [("m1", "rocksdb"), ("m2", "redis")] {
+        let (m_meta, d1) = integration::meta_url(engine);
+        let (m_store, d2) = integration::store_url("file");
+        let a = Agent::start_with(
+            d,
+            name,
+            &mirror_toml(
+                &m_meta,
+                &d.join(format!("{name}-state")),
+                &format!("127.0.0.1:{}", free_port()),
+                name,
+                &listen,
+                &m_store,
+                "",
+            ),
+            &env,
+            &[],
+        );
+        sites.push((a, m_meta, m_store, d1, d2));
+    }
+    let (mut m2_agent, m2_meta, m2_store, _k1, _k2) = sites.pop().unwrap();
+    let (mut m1_agent, m1_meta, _, _k3, _k4) = sites.pop().unwrap();
+    status_until(&m1_agent, Duration::from_secs(60), |st| {
+        st["bootstrap"].is_null() && st["writes"]["allowed"] == true
+    })
+    .await;
+    let mm = Mount::start(&m1_meta, d, "mm", &["--cache-size", "0"]);
+    std::fs::create_dir(mm.mp.join("w")).unwrap();
+    let log = d.join("ckpt-writer.log");
+    let stop = d.join("ckpt-writer.stop");
+    let mut writer = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt-writer"))
+        .arg(mm.mp.join("w"))
+        .arg(&log)
+        .arg(&stop)
+        .spawn()
+        .expect("starting ckpt-writer");
+    let oks = |log: &std::path::Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("ok "))
+            .count()
+    };
+    let t0 = Instant::now();
+    while oks(&log) < 5 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the writer at m1 finished no checkpoint: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Promote m2 (the planned move), then start its primary agent serving the old site and m1.
+    let new_listen = format!("127.0.0.1:{}", free_port());
+    let (m2_admin, m2_cfg, m1_cfg) = (
+        m2_agent.admin.clone(),
+        m2_agent.cfg.display().to_string(),
+        m1_agent.cfg.display().to_string(),
+    );
+    let rb = [
+        ("OLD_META", old_meta.as_str()),
+        ("NEW_META", m2_meta.as_str()),
+        ("NEW_PRIMARY", new_listen.as_str()),
+        ("MIRROR_ADMIN", m2_admin.as_str()),
+        ("MIRROR_CONFIG", m2_cfg.as_str()),
+        ("OLD_SITE", "old-site"),
+        ("OTHER_MIRROR_CONFIG", m1_cfg.as_str()),
+        ("MIRROR_TOKEN", TOKEN),
+        ("ADMIN_TOKEN", ADMIN_TOKEN),
+    ];
+    integration::runbook::run_ok("site-migration", "fence", &rb);
+    integration::runbook::run_ok("site-migration", "wait", &rb);
+    assert_eq!(m2_agent.term(), 0, "m2's agent did not stop cleanly");
+    let out = integration::runbook::run_ok("site-migration", "promote", &rb);
+    assert!(out.contains("primary at epoch 1"), "{out}");
+    let _new_primary = Agent::start_with(
+        d,
+        "new-primary",
+        &primary_toml(
+            &m2_meta,
+            &d.join("new-primary-state"),
+            &format!("127.0.0.1:{}", free_port()),
+            &new_listen,
+            &["old-site", "m1"],
+            ALLOW_WRITES,
+        ),
+        &env,
+        &[],
+    );
+    // Step 4b at m1: repoint, restart, caught up. The mount is not touched.
+    integration::runbook::run_ok("site-migration", "repoint", &rb);
+    assert_eq!(m1_agent.term(), 0, "m1's agent did not stop cleanly");
+    m1_agent.restart();
+    integration::runbook::run_checked("site-migration", "repointed", &rb);
+    status_until(&m1_agent, Duration::from_secs(30), |st| {
+        st["writes"]["allowed"] == true && st["writes"]["connected"] == true
+    })
+    .await;
+    let oks_at_repoint = oks(&log);
+    let t0 = Instant::now();
+    while oks(&log) < oks_at_repoint + 5 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the mount at m1 wrote nothing after its agent followed the new primary: {}",
+            tail(&std::fs::read_to_string(&log).unwrap_or_default(), 10)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::fs::write(&stop, b"").unwrap();
+    assert!(writer.wait().unwrap().success(), "ckpt-writer failed");
+    std::fs::write(mm.mp.join("after"), data(31, 900_000)).unwrap();
+    // What the writer saw acknowledged: the last of each name.
+    let mut files: Vec<Written> = Vec::new();
+    let mut errors = Vec::new();
+    for l in std::fs::read_to_string(&log).unwrap().lines() {
+        let f: Vec<&str> = l.splitn(3, ' ').collect();
+        match f.as_slice() {
+            ["ok", name, rest] => {
+                let v: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap()).collect();
+                let path = format!("w/{name}");
+                files.retain(|w| w.path != path);
+                files.push(Written {
+                    path,
+                    crc: v[0] as u32,
+                    len: v[1] as usize,
+                });
+            }
+            ["err", _, msg] => errors.push(msg.to_string()),
+            _ => panic!("ckpt-writer wrote {l:?}"),
+        }
+    }
+    // Between the fence and m1's agent following the new primary, changes failed (EIO) and
+    // were not made; nothing else failed.
+    assert!(
+        errors.iter().all(|e| e.contains("os error 5")),
+        "unexpected errors at m1: {errors:?}"
+    );
+    let newp = volume::open(&m2_meta, &volume::Options::default())
+        .await
+        .unwrap();
+    wait_converged(&m1_agent, &**newp.engine(), Duration::from_secs(60)).await;
+    // At the new primary (through a fresh mount of it, blocks from its own store) and at m1.
+    let pm = Mount::start(&m2_meta, d, "pm2", &["--cache-size", "0", "--read-only"]);
+    let n = check_files(&pm.mp, &files);
+    check_files(&mm.mp, &files);
+    for mp in [&pm.mp, &mm.mp] {
+        assert!(
+            std::fs::read(mp.join("after")).unwrap() == data(31, 900_000),
+            "/after differs under {}",
+            mp.display()
+        );
+    }
+    // Its blocks are in the new primary's store: a volume on m2's metadata reading only that store.
+    let only_m2 = fs_core::Fs::open(open_ro(&m2_meta).await, integration::open_store(&m2_store))
+        .await
+        .unwrap();
+    let (ino, _) = only_m2.resolve("/after").await.unwrap();
+    assert!(
+        read_all(&only_m2, ino).await == data(31, 900_000),
+        "/after's blocks are not in the new primary's store"
+    );
+    assert!(
+        vol.fs.resolve("/after").await.is_err(),
+        "a change after the move reached the fenced old primary"
+    );
+    pm.stop();
+    mm.stop();
+    old_primary.term();
+    eprintln!(
+        "another mirror promoted: {n} checkpoints at m1, all at the new primary; {} refused during the move, {} acknowledged after m1's agent followed",
+        errors.len(),
+        oks(&log) - oks_at_repoint
+    );
+}

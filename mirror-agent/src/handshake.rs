@@ -312,6 +312,11 @@ pub async fn connect(
             reason,
             resync: true,
         } => Ok(Welcome::Resync(reason)),
+        // Only on a forward connection: the permission, not the link (EROFS at the mounts).
+        ToMirror::WritesRefused { reason } => Err(anyhow::Error::new(fs_core::Error::new(
+            fs_core::ErrorKind::ReadOnly,
+            reason,
+        ))),
         ToMirror::Refused { reason, .. } => Err(refused(format!(
             "the primary refused this mirror: {reason}"
         ))),

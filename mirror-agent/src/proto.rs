@@ -12,7 +12,8 @@
 //! 4. primary -> `Welcome` then entries (or a snapshot first), or `Refused`.
 //!
 //! A second connection with `want = Forward` (a mirror the primary lets write) carries no
-//! journal: `Commit { id, req }` one way, `Forwarded { id, reply }` back, many in flight.
+//! journal: `Commit { id, req }` one way, `Forwarded { id, reply }` back, many in flight. A
+//! mirror the primary does not let write gets `WritesRefused` instead of `Welcome`.
 //!
 //! This module knows only the messages and their framing; `handshake` (which uses it) runs
 //! the exchange above.
@@ -119,6 +120,12 @@ pub enum ToMirror {
         id: u64,
         reply: volume::forward::ForwardReply,
     },
+    /// Instead of `Welcome` on a `Want::Forward` connection: this primary does not let the
+    /// mirror write (its config). Any other refusal there (a fenced or superseded primary, a
+    /// mirror behind a promotion) is a `Refused`: the link is down, not the permission.
+    WritesRefused {
+        reason: String,
+    },
 }
 
 pub fn mac(token: &str, role: &str, a: &[u8; 32], b: &[u8; 32]) -> Vec<u8> {
@@ -169,6 +176,7 @@ pub fn msg_name(m: &ToMirror) -> &'static str {
         ToMirror::SnapshotPairs { .. } => "snapshot-pairs",
         ToMirror::SnapshotEnd { .. } => "snapshot-end",
         ToMirror::Forwarded { .. } => "forwarded",
+        ToMirror::WritesRefused { .. } => "writes-refused",
     }
 }
 

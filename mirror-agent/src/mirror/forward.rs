@@ -29,6 +29,9 @@ const RELINK: Backoff = Backoff {
 const APPLIED_WAIT: Duration = Duration::from_secs(1);
 /// The pause after the primary refused this mirror's writes (it may be allowed later).
 const REFUSED_PAUSE: Duration = Duration::from_secs(30);
+/// The pause after the primary refused the link itself (fenced, superseded, or this mirror
+/// not yet past a promotion it must apply first: that may change within seconds).
+const LINK_REFUSED_PAUSE: Duration = Duration::from_secs(2);
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<ForwardReply>>>>;
 
@@ -81,7 +84,7 @@ impl Mirror {
                 fs_core::ErrorKind::Backend,
                 true,
                 format!(
-                    "the primary at {} is unreachable from this mirror: the change was not made ({})",
+                    "no link to the primary at {}: the change was not made ({})",
                     self.cfg.primary,
                     last.unwrap_or_else(|| "not connected yet".into())
                 ),
@@ -191,11 +194,17 @@ impl Mirror {
         {
             Ok(_) => {}
             Err(e) => {
-                return Ok(match handshake::failure(&e).map(fs_core::Error::status) {
-                    Some(fs_core::ErrorStatus::Permanent)
-                    | Some(fs_core::ErrorStatus::Persistent) => End::Refused(e),
-                    _ => End::Retry(e),
-                })
+                // Only the primary's "may not write" is about the permission (EROFS at the
+                // mounts); its other refusals (fenced, superseded, this mirror behind a
+                // promotion, a bad token) leave the link down (EIO), and it is tried again.
+                return Ok(
+                    match handshake::failure(&e).map(|f| (f.kind(), f.status())) {
+                        Some((fs_core::ErrorKind::ReadOnly, _)) => End::Refused(e),
+                        Some((_, fs_core::ErrorStatus::Permanent))
+                        | Some((_, fs_core::ErrorStatus::Persistent)) => End::Foreign(e),
+                        _ => End::Retry(e),
+                    },
+                );
             }
         }
         let was = self
@@ -352,7 +361,20 @@ impl Worker for ForwardWorker {
                 }
                 Ok(WorkerState::Throttled(REFUSED_PAUSE))
             }
-            End::Retry(e) | End::Foreign(e) => {
+            End::Foreign(e) => {
+                let why = handshake::describe(&e);
+                let was = m
+                    .fwd
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .replace(why.clone());
+                if was.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(primary = %m.cfg.primary, reason = %why, "the primary refuses this mirror's link: the site's changes fail (EIO) until it takes them");
+                }
+                Ok(WorkerState::Throttled(LINK_REFUSED_PAUSE))
+            }
+            End::Retry(e) => {
                 let msg = format!("{e:#}");
                 *m.fwd.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(msg.clone());
                 let pause = RELINK.delay(self.failures);

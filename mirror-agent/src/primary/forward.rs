@@ -35,14 +35,7 @@ impl Primary {
             self.metrics.fwd_refused.get_or_create(&l).inc();
             let r = format!("mirror {mirror:?} may not write: the primary agent's config does not allow it (set allow_writes = true in its [[primary.mirrors]] entry)");
             tracing::info!(mirror, "refused a mirror's writes: {r}");
-            proto::send(
-                sink,
-                &ToMirror::Refused {
-                    reason: r.clone(),
-                    resync: false,
-                },
-            )
-            .await?;
+            proto::send(sink, &ToMirror::WritesRefused { reason: r.clone() }).await?;
             bail!(r);
         }
         let head = self.engine.journal_bounds().await?.last;
@@ -115,17 +108,26 @@ impl Primary {
         }
         let t0 = Instant::now();
         let mut reply = volume::forward::commit_here(&*self.engine, &req).await;
-        // A RocksDB volume has one writing process, and this agent only follows it: the
-        // change goes through that process (a read-write mount on this host).
         if matches!(
             reply,
             ForwardReply::Failed {
                 kind: ErrorKind::ReadOnly,
                 ..
             }
-        ) && self.engine.kind() == "rocksdb"
-        {
-            reply = self.commit_through_writer(req).await;
+        ) {
+            if let Ok(Some(m)) = fs_core::site::marker(&*self.engine).await {
+                // Fenced: the link's trouble, not the mirror's permission (EIO, not EROFS,
+                // at its mounts), and never waited for.
+                reply = ForwardReply::Failed {
+                    kind: ErrorKind::Fenced,
+                    message: format!("this primary was fenced (the volume moved to the primary at {}): the change was not made; point this mirror's agent at the new primary", m.primary),
+                    temporary: true,
+                };
+            } else if self.engine.kind() == "rocksdb" {
+                // A RocksDB volume has one writing process, and this agent only follows it:
+                // the change goes through that process (a read-write mount on this host).
+                reply = self.commit_through_writer(req).await;
+            }
         }
         self.metrics
             .fwd_seconds
