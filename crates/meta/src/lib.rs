@@ -17,7 +17,7 @@
 //!
 //! | engine | commit section | journal | waiting readers |
 //! |---|---|---|---|
-//! | RocksDB | process mutex; the mirror marker's file checked; one `WriteBatch` (default CF + `journal` CF + `meta` CF); WAL synced after the mutex is released, so concurrent commits share fsyncs | `journal` CF, big-endian seq | `watch` channel in process; secondaries catch up every 10 ms while the writer is active, 100 ms when idle |
+//! | RocksDB | process mutex; the mirror marker's file checked; one `WriteBatch` (default CF + `journal` CF + `meta` CF); WAL synced after the mutex is released, so concurrent commits share fsyncs | `journal` CF, big-endian seq | `watch` channel in process; secondaries are woken by inotify on the volume directory (each commit writes the WAL) and catch up then, polling every 100 ms as the fallback |
 //! | Redis | Lua script: `HEXISTS` of the marker in the aux hash, check the expected head and the read-set, apply, `XADD <seq>-0`, set head. The frame is built in Rust for the expected head; "head moved" means rebuild and resend, without re-running the transaction | stream `<prefix>_journal` | `XREAD BLOCK` on its own connection |
 //! | PostgreSQL | `SELECT … FOR UPDATE` on the head row (reading the marker in the same statement) orders commits; validate, upsert/delete, insert the journal row, update head, `pg_notify`, all in one transaction | table `jfs_journal(seq PK)` | `LISTEN`, plus a 1 s re-check in case the listener connection dies |
 //!

@@ -9,7 +9,9 @@
 //!   over the same link; and the accuracy of `bwlimit` on loopback;
 //! - `writes`: create + 16 KiB write + close at a mirror mount that writes through to the
 //!   primary, on loopback and through the delay proxy (5 ms and 50 ms each way), against the
-//!   same at a mount of the primary.
+//!   same at a mount of the primary; with `JUICEFS` (its binary) set, the same job with
+//!   JuiceFS CE, which has no mirror writes: a mount of the primary's volume (its Redis
+//!   reached through the same proxy, its blocks in a local directory as ours).
 //!
 //! Usage: `source <services env>; mirror-bench [apply|lag|blocks]...` (see integration/bench-mirror.sh).
 
@@ -17,7 +19,7 @@
 use fs_core::Engine as _;
 use fs_core::{SetAttr, ROOT_INO};
 use integration::mirror::*;
-use integration::{meta_url, open_engine, volume_with};
+use integration::{meta_url, volume_with};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -84,13 +86,18 @@ async fn apply() {
 
 /// Commit at `rate`/s for `secs` at the primary; the lag of each entry is the time from its
 /// commit to the moment the mirror's engine (Redis: readers are woken at once) holds it.
-async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64, f64, usize) {
+async fn lag_run(
+    engines: (&'static str, &'static str),
+    via_proxy: Option<Duration>,
+    rate: u32,
+    secs: u64,
+) -> (f64, f64, f64, usize) {
     let dir = tempfile::tempdir().unwrap();
-    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let vol = volume_with(engines.0, "file", |_| {}).await;
     let pair = Pair::start(
         dir.path(),
         &vol.meta_url,
-        "redis",
+        engines.1,
         via_proxy.map(|d| (d, 0)),
         "",
         "",
@@ -103,7 +110,7 @@ async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64
         .await
         .unwrap();
     wait_converged(m, &**vol.fs.engine(), Duration::from_secs(30)).await;
-    let mirror = open_engine(m_meta).await;
+    let mirror = open_ro(m_meta).await;
     let commits = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
         u64,
         Instant,
@@ -152,13 +159,26 @@ async fn lag_run(via_proxy: Option<Duration>, rate: u32, secs: u64) -> (f64, f64
 }
 
 async fn lag() {
-    println!("## metadata lag at 1,000 commits/s for 10 s (primary RocksDB -> mirror Redis)\n");
-    println!("| path | entries | p50 ms | p99 ms | max ms |");
-    println!("|---|---|---|---|---|");
-    let (a, b, c, n) = lag_run(None, 1000, 10).await;
-    println!("| loopback | {n} | {a:.1} | {b:.1} | {c:.1} |");
-    let (a, b, c, n) = lag_run(Some(Duration::from_millis(50)), 1000, 10).await;
-    println!("| delay proxy, 50 ms each way (RTT 100 ms) | {n} | {a:.1} | {b:.1} | {c:.1} |");
+    println!("## metadata lag at 1,000 commits/s for 10 s (commit at the primary to held by the mirror's engine)\n");
+    println!("| primary -> mirror | path | entries | p50 ms | p99 ms | max ms |");
+    println!("|---|---|---|---|---|---|");
+    let pairs = [
+        ("rocksdb", "redis"),
+        ("rocksdb", "rocksdb"),
+        ("redis", "postgres"),
+        ("postgres", "rocksdb"),
+    ];
+    for proxy in [None, Some(Duration::from_millis(50))] {
+        for engines in pairs {
+            let (a, b, c, n) = lag_run(engines, proxy, 1000, 10).await;
+            println!(
+                "| {} -> {} | {} | {n} | {a:.1} | {b:.1} | {c:.1} |",
+                engines.0,
+                engines.1,
+                proxy.map_or("loopback", |_| "delay proxy, 50 ms each way")
+            );
+        }
+    }
     println!();
 }
 
@@ -417,6 +437,84 @@ async fn writes() {
         pm.stop();
         drop(pair);
         drop((d1, d2));
+    }
+    println!();
+    if let Ok(juicefs) = std::env::var("JUICEFS") {
+        juicefs_writes(&juicefs).await;
+    }
+}
+
+/// The same job with JuiceFS CE: no mirror writes, so a job far from the primary mounts the
+/// primary's volume itself, its metadata (Redis) across the link (the harness's delay proxy
+/// here), blocks in a local directory like the origin store above.
+async fn juicefs_writes(juicefs: &str) {
+    println!("## the same job with JuiceFS CE 1.4 (a mount of the primary's Redis volume over the link)\n");
+    println!("| link to the metadata | files | near, ms/file | over the link, ms/file | extra | extra in round trips |");
+    println!("|---|---|---|---|---|---|");
+    let redis = std::env::var("JFS_TEST_REDIS").expect("JFS_TEST_REDIS (the services' env)");
+    let base = redis.trim_end_matches("/0").to_string();
+    let hostport = base.trim_start_matches("redis://").to_string();
+    // JuiceFS reads the Redis password from META_PASSWORD.
+    let pass = std::env::var("JFS_META_PASSWORD").unwrap_or_default();
+    for (db, delay, n) in [(5u32, 5u64, 200usize), (6, 50, 40)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (host, port) = hostport.rsplit_once(':').expect("host:port");
+        let o = Command::new("redis-cli")
+            .args(["-h", host, "-p", port, "-n", &db.to_string(), "flushdb"])
+            .env("REDISCLI_AUTH", &pass)
+            .output()
+            .expect("redis-cli");
+        assert!(o.status.success(), "flushdb: {o:?}");
+        let url = format!("{base}/{db}");
+        let mp = dir.path().join("mp");
+        std::fs::create_dir_all(&mp).unwrap();
+        let run = |args: &[String]| {
+            let o = Command::new(juicefs)
+                .args(args)
+                .env("META_PASSWORD", &pass)
+                .output()
+                .expect("running juicefs");
+            assert!(
+                o.status.success(),
+                "juicefs {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        };
+        let d = dir.path().display();
+        run(&[
+            "format".into(),
+            "--storage=file".into(),
+            format!("--bucket={d}/blocks/"),
+            url.clone(),
+            "bench".into(),
+        ]);
+        let mount = |meta: String| {
+            run(&[
+                "mount".into(),
+                "-d".into(),
+                format!("--log={d}/juicefs.log"),
+                format!("--cache-dir={d}/cache"),
+                meta,
+                mp.display().to_string(),
+            ])
+        };
+        let umount = || run(&["umount".into(), mp.display().to_string()]);
+        mount(url.clone());
+        let near = files_at(&mp.join("near"), n);
+        umount();
+        let proxy = Proxy::start(hostport.clone(), Duration::from_millis(delay), 0).await;
+        mount(format!("redis://{}/{db}", proxy.addr));
+        let far = files_at(&mp.join("far"), n);
+        umount();
+        drop(proxy);
+        let extra = far.saturating_sub(near);
+        println!(
+            "| delay proxy, {delay} ms each way | {n} | {:.2} | {:.2} | {:.2} ms | {:.1} |",
+            near.as_secs_f64() * 1e3,
+            far.as_secs_f64() * 1e3,
+            extra.as_secs_f64() * 1e3,
+            extra.as_secs_f64() / Duration::from_millis(2 * delay).as_secs_f64()
+        );
     }
     println!();
 }
