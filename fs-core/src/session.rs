@@ -3,6 +3,10 @@
 //! unmount removes it. A session is *dead* when its heartbeat is older than the timeout, or at
 //! once when it ran on this host and its process is gone (same pid and start time).
 //!
+//! A writing mount at a mirror site registers its session in the mirror's metadata; the
+//! mirror agent relays it to the primary, which keeps it (`relayed_by`) while the mirror
+//! sends it, so its kept inodes are not reaped there.
+//!
 //! Sessions are what keeps the inodes a mount unlinked while open (`O<ino>` names the session):
 //! `gc` and every read-write mount at start free the kept inodes of dead sessions and drop
 //! their records. Barriers of later features (storage generations, promotions) wait for every
@@ -44,6 +48,11 @@ pub struct Session {
     /// repair list): shown by `jfs cutover status`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<Degraded>,
+    /// At the primary: the mirror whose agent relays this session of a writing mount at its
+    /// site (so that the inodes it keeps open after an unlink are not reaped here). Such a
+    /// session is no writing process of this site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relayed_by: Option<String>,
 }
 
 /// `version` holds the mounting binary's version; the record's format version is kept
@@ -92,11 +101,20 @@ impl Session {
             beat_ns: now,
             acks: BTreeMap::new(),
             degraded: None,
+            relayed_by: None,
         }
     }
 
     fn record(&self) -> String {
         format!("{PREFIX}{}", self.id)
+    }
+
+    /// Whether `id` has a session id's shape (16 lowercase hex digits).
+    pub fn valid_id(id: &str) -> bool {
+        id.len() == 16
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     }
 
     /// Whether this session is alive at `now_ns`, given the heartbeat timeout.
@@ -113,6 +131,12 @@ impl Session {
 pub async fn beat(engine: &dyn Engine, s: &mut Session) -> Result<()> {
     s.beat_ns = now_ns();
     let v = crate::record::encode(&*s);
+    engine.aux_put(&s.record(), Some(&v)).await
+}
+
+/// Write a session record as it is (the primary agent keeping a mirror's relayed sessions).
+pub async fn put(engine: &dyn Engine, s: &Session) -> Result<()> {
+    let v = crate::record::encode(s);
     engine.aux_put(&s.record(), Some(&v)).await
 }
 

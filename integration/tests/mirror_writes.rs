@@ -861,3 +861,99 @@ async fn a_writing_mirror_mount_writes_to_the_new_primary_after_another_mirror_i
         oks(&log) - oks_at_repoint
     );
 }
+
+/// A file unlinked at a mirror mount while open there (POSIX: it lives until closed) is kept
+/// at the primary: the mirror agent relays the session of its site's writing mount, so the
+/// primary's session reap and `jfs gc --delete` leave it; the open handle reads every byte;
+/// once closed it is freed, and once the mount is gone its relayed session goes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_file_unlinked_while_open_at_a_mirror_mount_outlives_the_primarys_reap() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, ALLOW_WRITES, "").await;
+    writes_known(&pair).await;
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let want = data(77, 3_000_000);
+    std::fs::write(m.mp.join("held"), &want).unwrap();
+    let mut f = std::fs::File::open(m.mp.join("held")).unwrap();
+    std::fs::remove_file(m.mp.join("held")).unwrap();
+    let (_ino, sid) = {
+        // The primary's view: the name is gone, the inode is kept for the mirror's session.
+        assert!(
+            vol.fs.resolve("/held").await.is_err(),
+            "the unlink did not reach the primary"
+        );
+        let kept = vol.fs.kept_inodes().await.unwrap();
+        assert_eq!(kept.len(), 1, "kept at the primary: {kept:?}");
+        kept[0].clone()
+    };
+    let relayed = |sid: String| {
+        let e = vol.fs.engine().clone();
+        async move {
+            fs_core::session::list(&*e)
+                .await
+                .unwrap()
+                .into_iter()
+                .any(|s| s.id == sid && s.relayed_by.as_deref() == Some("m1"))
+        }
+    };
+    let t0 = Instant::now();
+    while !relayed(sid.clone()).await {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the primary never got the mirror mount's session {sid}; at the mirror: {:?}; mirror agent:\n{}",
+            fs_core::session::list(&*open_ro(&pair.m_meta).await).await,
+            tail(&pair.mirror.log_text(), 20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let o = integration::run("jfs", &["status", &vol.meta_url], &[]);
+    let st = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        st.contains(&format!("{sid} live"))
+            && st.contains("(at mirror \"m1\", relayed by its agent)"),
+        "the primary's status does not show the relayed session:\n{st}"
+    );
+    let reaped = vol
+        .fs
+        .reap_sessions(fs_core::session::DEFAULT_TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(
+        reaped.inodes, 0,
+        "the primary reaped the mirror's open file"
+    );
+    let o = integration::run("jfs", &["gc", &vol.meta_url, "--delete"], &[]);
+    assert!(
+        o.status.success(),
+        "gc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(vol.fs.kept_inodes().await.unwrap().len(), 1);
+    let mut got = Vec::new();
+    f.read_to_end(&mut got).unwrap();
+    assert!(
+        got == want,
+        "the open handle read {} bytes that differ",
+        got.len()
+    );
+    drop(f);
+    let t0 = Instant::now();
+    while !vol.fs.kept_inodes().await.unwrap().is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the closed file is still kept at the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    m.stop();
+    let t0 = Instant::now();
+    while relayed(sid.clone()).await {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the unmounted mirror mount's session is still kept at the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -73,6 +73,12 @@ pub enum ToPrimary {
         id: u64,
         req: fs_core::CommitRequest,
     },
+    /// On a `Want::Forward` connection, every few seconds: the session records (JSON, as
+    /// stored) of the writing mounts at the mirror's site; the primary keeps them as its own
+    /// while they come, so what those mounts hold open after an unlink is not reaped.
+    Sessions {
+        records: Vec<Vec<u8>>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -11,7 +11,10 @@
 //!   primary, on loopback and through the delay proxy (5 ms and 50 ms each way), against the
 //!   same at a mount of the primary; with `JUICEFS` (its binary) set, the same job with
 //!   JuiceFS CE, which has no mirror writes: a mount of the primary's volume (its Redis
-//!   reached through the same proxy, its blocks in a local directory as ours).
+//!   reached through the same proxy, its blocks in a local directory as ours);
+//! - `writes-link`: a 1 GiB `cp` at a mirror mount whose origin store (WebDAV, `rclone serve
+//!   webdav`) is across a 100 Mbit/s `tc tbf` link between two network namespaces, against
+//!   curl uploading the same file over the same link.
 //!
 //! Usage: `source <services env>; mirror-bench [apply|lag|blocks]...` (see integration/bench-mirror.sh).
 
@@ -39,6 +42,9 @@ async fn main() {
     }
     if want("writes") {
         writes().await;
+    }
+    if want("writes-link") {
+        writes_link().await;
     }
 }
 
@@ -517,4 +523,202 @@ async fn juicefs_writes(juicefs: &str) {
         );
     }
     println!();
+}
+
+/// A process started in a namespace; killed (SIGTERM, then SIGKILL) when dropped.
+struct Proc(std::process::Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// 1 GiB written at a mirror mount (namespace b) whose origin store is a WebDAV server in the
+/// primary's namespace (a), across a veth link shaped to 100 Mbit/s each way; the mount's
+/// `cp` returns once every block is at the origin and the file is committed at the primary.
+async fn writes_link() {
+    println!("## 1 GiB written at a mirror mount, the origin store across a 100 Mbit/s link\n");
+    let net = NetPair::new(6);
+    let veth_b = net.veth_a().replacen("jva", "jvb", 1);
+    for (ns, dev) in [(&net.a, net.veth_a().to_string()), (&net.b, veth_b)] {
+        sh(&[
+            "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", &dev, "root", "tbf", "rate",
+            "100mbit", "burst", "256kb", "latency", "100ms",
+        ]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let webdav_dir = d.join("origin");
+    std::fs::create_dir_all(&webdav_dir).unwrap();
+    let _dav = Proc(
+        Command::new("ip")
+            .args(["netns", "exec", &net.a, "rclone", "serve", "webdav"])
+            .arg(&webdav_dir)
+            .args(["--addr", &format!("{}:8081", net.ip_a)])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("rclone serve webdav (apt: rclone)"),
+    );
+    let origin = format!("opendal+webdav://?endpoint=http://{}:8081", net.ip_a);
+    let meta = format!("rocksdb://{}/meta", d.display());
+    let jfs = integration::bin("jfs").display().to_string();
+    let t0 = Instant::now();
+    loop {
+        let o = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &net.a,
+                &jfs,
+                "format",
+                &meta,
+                "linkbench",
+                "--storage",
+                &origin,
+            ])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "format: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let run_dir = d.join("run");
+    // The primary's writing process (a RocksDB volume: forwarded changes go through it).
+    let mount_in = |ns: &str, meta: &str, name: &str| {
+        let mp = d.join(name);
+        std::fs::create_dir_all(&mp).unwrap();
+        let log = std::fs::File::create(d.join(format!("{name}.log"))).unwrap();
+        let mut p = Proc(
+            // Only the network namespace (`ip netns exec` would give the mount a mount
+            // namespace of its own, hiding it from the agent and from this process).
+            Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{ns}"))
+                .args([jfs.as_str(), "mount", meta])
+                .arg(&mp)
+                .args([
+                    "--cache-size",
+                    "0",
+                    "--free-space-ratio",
+                    "0.01",
+                    "--cache-dir",
+                ])
+                .arg(d.join(format!("{name}-cache")))
+                .env("JFS_RUN_DIR", &run_dir)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("jfs mount"),
+        );
+        let sock = mount::control::socket_path_in(&run_dir, &mp);
+        let t0 = Instant::now();
+        while !sock.exists() {
+            if let Ok(Some(st)) = p.0.try_wait() {
+                panic!(
+                    "jfs mount {name} exited ({st}): {}",
+                    std::fs::read_to_string(d.join(format!("{name}.log"))).unwrap_or_default()
+                );
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "mount {name} took over 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (p, mp)
+    };
+    let (_pm, _) = mount_in(&net.a, &meta, "pm");
+    let at = Placement::Netns {
+        net: &net,
+        port: 19_766,
+    };
+    let pair = Pair::start_at(d, &meta, "rocksdb", at, ALLOW_WRITES, "").await;
+    status_until(&pair.mirror, Duration::from_secs(60), |st| {
+        st["bootstrap"].is_null() && st["writes"]["allowed"] == true
+    })
+    .await;
+    let (mm, mmp) = mount_in(&net.b, &pair.m_meta, "mm");
+    let src = d.join("src.bin");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&src).unwrap();
+        for i in 0..256u64 {
+            f.write_all(&integration::data(900 + i, 4 << 20)).unwrap();
+        }
+    }
+    let t0 = Instant::now();
+    let o = Command::new("cp")
+        .arg(&src)
+        .arg(mmp.join("big"))
+        .output()
+        .unwrap();
+    let ours = t0.elapsed();
+    assert!(
+        o.status.success(),
+        "cp: {}\nmirror mount:\n{}\nprimary agent:\n{}\nmirror agent:\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        tail(
+            &std::fs::read_to_string(d.join("mm.log")).unwrap_or_default(),
+            15
+        ),
+        tail(&pair.primary.log_text(), 15),
+        tail(&pair.mirror.log_text(), 15)
+    );
+    let o = Command::new("cmp")
+        .arg(&src)
+        .arg(mmp.join("big"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "the file read back differs: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let t0 = Instant::now();
+    let o = Command::new("ip")
+        .args(["netns", "exec", &net.b, "curl", "-sS", "-T"])
+        .arg(&src)
+        .arg(format!("http://{}:8081/peer.bin", net.ip_a))
+        .output()
+        .unwrap();
+    let curl = t0.elapsed();
+    assert!(
+        o.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mbit = |t: Duration| (1u64 << 30) as f64 * 8.0 / t.as_secs_f64() / 1e6;
+    println!("| what | time | rate | of the link |\n|---|---|---|---|");
+    println!(
+        "| cp of 1 GiB at the mirror mount (blocks to the origin across the link, the file committed at the primary) | {:.1} s | {:.1} Mbit/s | {:.0}% |",
+        ours.as_secs_f64(),
+        mbit(ours),
+        mbit(ours)
+    );
+    println!(
+        "| curl -T of the same file to the same WebDAV server over the same link | {:.1} s | {:.1} Mbit/s | {:.0}% (ours / curl = {:.2}) |",
+        curl.as_secs_f64(),
+        mbit(curl),
+        mbit(curl),
+        curl.as_secs_f64() / ours.as_secs_f64()
+    );
+    println!();
+    drop(mm);
+    drop(pair);
 }

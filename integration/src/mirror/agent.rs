@@ -5,11 +5,16 @@ use super::*;
 
 /// A port for an agent to listen on, below the kernel's ephemeral range (32768 and up): a
 /// port from `bind(:0)` comes from that range, and an outgoing connection of a test running
-/// beside could take it before the agent binds it.
+/// beside could take it before the agent binds it. Never the same port twice in a process:
+/// a port is free until its agent binds it, so two calls in a row (an agent's admin and
+/// listen addresses) could otherwise both get it.
 pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
     for _ in 0..1000 {
         let p = 20_000 + rand::random::<u16>() % 12_000;
-        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+        if !given.contains(&p) && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            given.push(p);
             return p;
         }
     }

@@ -27,6 +27,9 @@ const RELINK: Backoff = Backoff {
 };
 /// How long an answer waits for this site to apply its change (the mount waits longer).
 const APPLIED_WAIT: Duration = Duration::from_secs(1);
+/// How often the sessions of the site's writing mounts are sent to the primary (well within
+/// the session timeout, and soon after a mount starts).
+const SESSIONS_EVERY: Duration = Duration::from_secs(3);
 /// The pause after the primary refused this mirror's writes (it may be allowed later).
 const REFUSED_PAUSE: Duration = Duration::from_secs(30);
 /// The pause after the primary refused the link itself (fenced, superseded, or this mirror
@@ -223,9 +226,23 @@ impl Mirror {
         let (mut sink, mut stream) = wire.split();
         // A give-up from before this link is not about it.
         let _ = tokio::time::timeout(Duration::ZERO, self.fwd.give_up.notified()).await;
+        let mut sessions = tokio::time::interval(SESSIONS_EVERY);
+        sessions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let end = loop {
             tokio::select! {
                 _ = stop.cancelled() => break Ok(End::Stopped),
+                _ = sessions.tick() => {
+                    let records = match self.writing_sessions().await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "listing this site's sessions failed; sent at the next tick");
+                            continue;
+                        }
+                    };
+                    if let Err(e) = proto::send(&mut sink, &ToPrimary::Sessions { records }).await {
+                        break Err(e);
+                    }
+                }
                 _ = self.fwd.give_up.notified() => {
                     break Err(anyhow!("a change went unanswered for {ANSWER_WAIT:?}: the forward link is reset"));
                 }
@@ -256,6 +273,20 @@ impl Mirror {
             .clear();
         self.metrics.fwd_connected.set(0);
         end.or_else(|e| Ok(End::Retry(e)))
+    }
+
+    /// The session records of this site's live writing mounts, as stored.
+    async fn writing_sessions(&self) -> Result<Vec<Vec<u8>>> {
+        let now = fs_core::now_ns();
+        let mut out = Vec::new();
+        for (name, v) in self.engine.aux_list(fs_core::session::PREFIX).await? {
+            let s: fs_core::session::Session =
+                fs_core::record::decode_as(&format!("session record {name}"), &v)?;
+            if !s.read_only && s.is_live(now, fs_core::session::DEFAULT_TIMEOUT) {
+                out.push(v);
+            }
+        }
+        Ok(out)
     }
 
     /// Serve the forward socket for the site's mounts until `stop`.

@@ -64,6 +64,11 @@ impl Primary {
                         Some(ToPrimary::Commit { id, req }) => {
                             inflight.push(self.forwarded_commit(mirror, id, req));
                         }
+                        Some(ToPrimary::Sessions { records }) => {
+                            if let Err(e) = self.keep_sessions(mirror, &records).await {
+                                tracing::warn!(mirror, error = %e, "keeping the sessions of a mirror's writing mounts failed; tried again at its next report");
+                            }
+                        }
                         Some(_) => bail!("mirror {mirror:?} sent something other than a change on its forward connection"),
                     }
                 }
@@ -72,6 +77,39 @@ impl Primary {
                 return Ok(());
             }
         }
+    }
+
+    /// Keep the sessions a mirror reports (its site's writing mounts) as records of this
+    /// metadata, marked `relayed_by` and with the heartbeat of now (this site's clock), and
+    /// drop the ones it relayed before and no longer reports. Records are checked: a session
+    /// id's shape, never one of this site's own sessions.
+    async fn keep_sessions(&self, mirror: &str, records: &[Vec<u8>]) -> Result<()> {
+        use fs_core::session::{self, Session};
+        let mine = session::list(&*self.engine).await?;
+        let mut reported = std::collections::HashSet::new();
+        for v in records.iter().take(10_000) {
+            let mut s: Session = fs_core::record::decode_as("a relayed session record", v)?;
+            if !Session::valid_id(&s.id)
+                || mine
+                    .iter()
+                    .any(|m| m.id == s.id && m.relayed_by.as_deref() != Some(mirror))
+            {
+                bail!(
+                    "mirror {mirror:?} relayed a session {:?} that is not one of its own",
+                    s.id
+                );
+            }
+            s.relayed_by = Some(mirror.to_string());
+            s.beat_ns = fs_core::now_ns();
+            session::put(&*self.engine, &s).await?;
+            reported.insert(s.id);
+        }
+        for s in mine {
+            if s.relayed_by.as_deref() == Some(mirror) && !reported.contains(&s.id) {
+                session::remove(&*self.engine, &s.id).await?;
+            }
+        }
+        Ok(())
     }
 
     async fn forwarded_commit(
@@ -162,6 +200,7 @@ impl Primary {
         let writer = sessions.into_iter().find_map(|s| {
             let mp = std::path::PathBuf::from(&s.mountpoint);
             (!s.read_only
+                && s.relayed_by.is_none()
                 && s.host == fs_core::retry::hostname()
                 && s.is_live(now, fs_core::session::DEFAULT_TIMEOUT)
                 && mount::mounts::find(&mp)
@@ -341,6 +380,82 @@ mod tests {
         assert_eq!(p.metrics.fwd_conflicts.get_or_create(&l).get(), 1);
         assert_eq!(p.metrics.fwd_refused.get_or_create(&l).get(), 3);
         assert_eq!(p.metrics.fwd_refused.get_or_create(&label("r")).get(), 1);
+        stop.cancel();
+    }
+    /// A mirror's sessions are kept while it reports them, marked as relayed by it, and
+    /// dropped when it stops; a report can never replace one of the primary's own sessions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_mirrors_sessions_are_kept_while_it_reports_them() {
+        use fs_core::session::{self, Session};
+        let d = tempfile::tempdir().unwrap();
+        let (p, listen, stop) = primary(d.path()).await;
+        let mut own = Session::new("/mnt/primary", false);
+        session::beat(&*p.engine, &mut own).await.unwrap();
+        let (mut wire, w) = link(&listen, "w").await;
+        assert!(w.is_ok());
+        let theirs = Session::new("/mnt/at-the-mirror", false);
+        let rec = |s: &Session| fs_core::record::encode(s);
+        let list = |e: Arc<dyn Engine>| async move { session::list(&*e).await.unwrap() };
+        let until = |want: &'static str, ok: Box<dyn Fn(&[Session]) -> bool + Send>| {
+            let e = p.engine.clone();
+            async move {
+                for _ in 0..100 {
+                    if ok(&list(e.clone()).await) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                panic!("{want}: {:?}", list(e).await);
+            }
+        };
+        proto::send(
+            &mut wire,
+            &ToPrimary::Sessions {
+                records: vec![rec(&theirs)],
+            },
+        )
+        .await
+        .unwrap();
+        let id = theirs.id.clone();
+        until(
+            "the relayed session was not kept",
+            Box::new(move |l| {
+                l.iter()
+                    .any(|s| s.id == id && s.relayed_by.as_deref() == Some("w"))
+            }),
+        )
+        .await;
+        // A report naming the primary's own session (and its own again) changes nothing of it.
+        let mut forged = own.clone();
+        forged.mountpoint = "/forged".into();
+        proto::send(
+            &mut wire,
+            &ToPrimary::Sessions {
+                records: vec![rec(&forged), rec(&theirs)],
+            },
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let l = list(p.engine.clone()).await;
+        let mine = l
+            .iter()
+            .find(|s| s.id == own.id)
+            .expect("the primary's own session");
+        assert_eq!(
+            (mine.mountpoint.as_str(), mine.relayed_by.as_deref()),
+            ("/mnt/primary", None)
+        );
+        // The mirror stops reporting it: dropped; the primary's own stays.
+        proto::send(&mut wire, &ToPrimary::Sessions { records: vec![] })
+            .await
+            .unwrap();
+        let (gone, kept) = (theirs.id.clone(), own.id.clone());
+        until(
+            "the session the mirror stopped reporting was kept",
+            Box::new(move |l| !l.iter().any(|s| s.id == gone) && l.iter().any(|s| s.id == kept)),
+        )
+        .await;
         stop.cancel();
     }
 }

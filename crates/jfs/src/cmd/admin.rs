@@ -401,13 +401,16 @@ pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
     for x in &s.sessions {
         let m = &x.session;
         println!(
-            "  {} {} {}:{} pid {} {} since {} last beat {}{}",
+            "  {} {} {}:{} pid {} {}{} since {} last beat {}{}",
             m.id,
             if x.live { "live" } else { "DEAD" },
             m.host,
             m.mountpoint,
             m.pid,
             if m.read_only { "ro" } else { "rw" },
+            m.relayed_by.as_ref().map_or(String::new(), |r| format!(
+                " (at mirror {r:?}, relayed by its agent)"
+            )),
             time_str(m.start_ns),
             time_str(m.beat_ns),
             if m.version.is_empty() {
