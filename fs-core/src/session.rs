@@ -53,6 +53,10 @@ pub struct Session {
     /// session is no writing process of this site.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relayed_by: Option<String>,
+    /// A mount at a mirror site that writes through its site's agent: it writes, but it is
+    /// never this metadata's writing process (nothing may be routed through it as if it were).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forwarded: bool,
 }
 
 /// `version` holds the mounting binary's version; the record's format version is kept
@@ -102,7 +106,17 @@ impl Session {
             acks: BTreeMap::new(),
             degraded: None,
             relayed_by: None,
+            forwarded: false,
         }
+    }
+
+    /// Whether this is a writing process of this metadata on this host, through which
+    /// other commands may commit (never a mount at a mirror site, nor a relayed one).
+    pub fn is_local_writer(&self) -> bool {
+        !self.read_only
+            && !self.forwarded
+            && self.relayed_by.is_none()
+            && self.host == crate::retry::hostname()
     }
 
     fn record(&self) -> String {
@@ -119,7 +133,10 @@ impl Session {
 
     /// Whether this session is alive at `now_ns`, given the heartbeat timeout.
     pub fn is_live(&self, now_ns: i64, timeout: Duration) -> bool {
-        if self.host == crate::retry::hostname() && self.pid_start != 0 {
+        // A relayed session's process is at the mirror's host, whatever its name: only its
+        // heartbeat (stamped by the primary agent at each report) says whether it lives.
+        if self.relayed_by.is_none() && self.host == crate::retry::hostname() && self.pid_start != 0
+        {
             return process_start(self.pid) == Some(self.pid_start)
                 && now_ns - self.beat_ns < timeout.as_nanos() as i64;
         }

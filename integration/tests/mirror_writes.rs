@@ -931,6 +931,15 @@ async fn a_file_unlinked_while_open_at_a_mirror_mount_outlives_the_primarys_reap
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(vol.fs.kept_inodes().await.unwrap().len(), 1);
+    // A gc aimed at the mirror's metadata (an operator's slip) is refused: it is never run
+    // through the writing mount there, whose changes would be committed at the primary.
+    let o = integration::run("jfs", &["gc", &pair.m_meta, "--delete"], &[]);
+    assert!(
+        !o.status.success(),
+        "gc at the mirror ran: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert_eq!(vol.fs.kept_inodes().await.unwrap().len(), 1);
     let mut got = Vec::new();
     f.read_to_end(&mut got).unwrap();
     assert!(

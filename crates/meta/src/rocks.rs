@@ -107,6 +107,8 @@ pub struct RocksEngine {
 struct DirWatch {
     tx: watch::Sender<u64>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// False once the thread ended on an error: waits poll again.
+    alive: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl DirWatch {
@@ -124,10 +126,18 @@ impl DirWatch {
             )?;
             let (tx, _) = watch::channel(0u64);
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let (tx2, stop2) = (tx.clone(), stop.clone());
+            let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let (tx2, stop2, alive2) = (tx.clone(), stop.clone(), alive.clone());
             std::thread::Builder::new()
                 .name("rocks-follow".into())
                 .spawn(move || {
+                    struct Ended(Arc<std::sync::atomic::AtomicBool>);
+                    impl Drop for Ended {
+                        fn drop(&mut self) {
+                            self.0.store(false, Ordering::Relaxed);
+                        }
+                    }
+                    let _ended = Ended(alive2);
                     use rustix::event::{poll, PollFd, PollFlags, Timespec};
                     let mut buf = [0u8; 4096];
                     let second = Timespec {
@@ -151,12 +161,12 @@ impl DirWatch {
                         tx2.send_modify(|n| *n = n.wrapping_add(1));
                     }
                 })?;
-            Ok(DirWatch { tx, stop })
+            Ok(DirWatch { tx, stop, alive })
         })();
         match started {
             Ok(w) => Some(w),
             Err(e) => {
-                tracing::debug!(dir = %dir.display(), error = %e, "no inotify on the volume's directory: a reader polls for the writer's commits");
+                tracing::info!(dir = %dir.display(), error = %e, "no inotify on the volume's directory: this reader polls for the writer's commits (every 10 ms while it writes)");
                 None
             }
         }
@@ -515,7 +525,12 @@ impl Engine for RocksEngine {
             // (`DirWatch`) and catches up then, and every 100 ms regardless. Without inotify
             // it polls: every 10 ms while the writer was active in the last 2 s (low lag
             // under load), every 100 ms once it is idle (~1% of a core instead of ~13%).
-            let mut woken = self.inner.wake.as_ref().map(|w| w.tx.subscribe());
+            let mut woken = self
+                .inner
+                .wake
+                .as_ref()
+                .filter(|w| w.alive.load(Ordering::Relaxed))
+                .map(|w| w.tx.subscribe());
             loop {
                 self.catch_up()?;
                 let now = std::time::Instant::now();

@@ -184,6 +184,14 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
             let _ = ctl.exit.send(now).await;
             Ok(())
         }
+        Request::Gc { .. } | Request::Cutover { .. } | Request::Commit { .. }
+            if fs_core::site::marker(&**ctl.vfs.fs.engine())
+                .await
+                .map_or(true, |m| m.is_some()) =>
+        {
+            let v = serde_json::json!({"error": format!("{} is a mount at a mirror site: gc, cutovers and other processes' changes run at the primary (its own changes go there through the site's agent)", ctl.mountpoint.display())});
+            send(&mut w, &v).await
+        }
         Request::Gc {
             delete,
             session_timeout_secs,

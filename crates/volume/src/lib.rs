@@ -482,9 +482,16 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
                     .clone()
                     .or(forwarding.as_ref().map(|(_, h)| h.clone()))
                     .or(origin_holder.clone()),
-                // A mount writing through a mirror's agent is a writer (its agent relays
-                // its session to the primary, where it keeps what it holds open).
-                fs_core::session::Session::new(&l, o.access == Access::Read && o.forward.is_none()),
+                // A mount writing through a mirror's agent is a writer, though not this
+                // metadata's (its agent relays its session to the primary, where it keeps
+                // what the mount holds open after an unlink).
+                fs_core::session::Session {
+                    forwarded: o.forward.is_some(),
+                    ..fs_core::session::Session::new(
+                        &l,
+                        o.access == Access::Read && o.forward.is_none(),
+                    )
+                },
             )
             .await
             .map_err(|e| e.context("registering this process's session in the metadata"))?,

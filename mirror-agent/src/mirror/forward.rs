@@ -32,9 +32,14 @@ const APPLIED_WAIT: Duration = Duration::from_secs(1);
 const SESSIONS_EVERY: Duration = Duration::from_secs(3);
 /// The pause after the primary refused this mirror's writes (it may be allowed later).
 const REFUSED_PAUSE: Duration = Duration::from_secs(30);
-/// The pause after the primary refused the link itself (fenced, superseded, or this mirror
-/// not yet past a promotion it must apply first: that may change within seconds).
-const LINK_REFUSED_PAUSE: Duration = Duration::from_secs(2);
+/// The pause after the primary refused the link itself (fenced, superseded, this mirror not
+/// yet past a promotion it must apply first, a bad token): 2 s, doubling to 30 s while it
+/// goes on (the first cases may change within seconds; each refusal is logged there).
+const LINK_REFUSED: Backoff = Backoff {
+    base: Duration::from_secs(2),
+    cap: Duration::from_secs(30),
+    full_jitter: false,
+};
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<ForwardReply>>>>;
 
@@ -282,7 +287,10 @@ impl Mirror {
         for (name, v) in self.engine.aux_list(fs_core::session::PREFIX).await? {
             let s: fs_core::session::Session =
                 fs_core::record::decode_as(&format!("session record {name}"), &v)?;
-            if !s.read_only && s.is_live(now, fs_core::session::DEFAULT_TIMEOUT) {
+            if s.forwarded
+                && s.relayed_by.is_none()
+                && s.is_live(now, fs_core::session::DEFAULT_TIMEOUT)
+            {
                 out.push(v);
             }
         }
@@ -403,7 +411,9 @@ impl Worker for ForwardWorker {
                 if was.as_deref() != Some(why.as_str()) {
                     tracing::warn!(primary = %m.cfg.primary, reason = %why, "the primary refuses this mirror's link: the site's changes fail (EIO) until it takes them");
                 }
-                Ok(WorkerState::Throttled(LINK_REFUSED_PAUSE))
+                let pause = LINK_REFUSED.delay(self.failures);
+                self.failures = self.failures.saturating_add(1);
+                Ok(WorkerState::Throttled(pause))
             }
             End::Retry(e) => {
                 let msg = format!("{e:#}");

@@ -88,19 +88,25 @@ impl Primary {
         let mine = session::list(&*self.engine).await?;
         let mut reported = std::collections::HashSet::new();
         for v in records.iter().take(10_000) {
-            let mut s: Session = fs_core::record::decode_as("a relayed session record", v)?;
+            let mut s: Session = match fs_core::record::decode_as("a relayed session record", v) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(mirror, error = %e, "skipped a session record a mirror relayed");
+                    continue;
+                }
+            };
             if !Session::valid_id(&s.id)
                 || mine
                     .iter()
                     .any(|m| m.id == s.id && m.relayed_by.as_deref() != Some(mirror))
             {
-                bail!(
-                    "mirror {mirror:?} relayed a session {:?} that is not one of its own",
-                    s.id
-                );
+                tracing::warn!(mirror, session = %s.id, "skipped a session a mirror relayed: not one of its own");
+                continue;
             }
             s.relayed_by = Some(mirror.to_string());
             s.beat_ns = fs_core::now_ns();
+            // Its process is at the mirror's host: never judged by a pid of this host.
+            s.pid_start = 0;
             session::put(&*self.engine, &s).await?;
             reported.insert(s.id);
         }
@@ -155,9 +161,10 @@ impl Primary {
         ) {
             if let Ok(Some(m)) = fs_core::site::marker(&*self.engine).await {
                 // Fenced: the link's trouble, not the mirror's permission (EIO, not EROFS,
-                // at its mounts), and never waited for.
+                // at its mounts), and never waited for. Not `ErrorKind::Fenced`: a writer
+                // reads that as a storage generation that changed under its write.
                 reply = ForwardReply::Failed {
-                    kind: ErrorKind::Fenced,
+                    kind: ErrorKind::Backend,
                     message: format!("this primary was fenced (the volume moved to the primary at {}): the change was not made; point this mirror's agent at the new primary", m.primary),
                     temporary: true,
                 };
@@ -199,9 +206,7 @@ impl Primary {
         };
         let writer = sessions.into_iter().find_map(|s| {
             let mp = std::path::PathBuf::from(&s.mountpoint);
-            (!s.read_only
-                && s.relayed_by.is_none()
-                && s.host == fs_core::retry::hostname()
+            (s.is_local_writer()
                 && s.is_live(now, fs_core::session::DEFAULT_TIMEOUT)
                 && mount::mounts::find(&mp)
                     .ok()

@@ -544,11 +544,7 @@ pub async fn live_mount(g: &Global, meta_url: &str) -> Result<Option<PathBuf>> {
     let engine = open_engine(g, meta_url, true).await?;
     let now = fs_core::now_ns();
     for s in fs_core::session::list(&*engine).await? {
-        if s.read_only
-            || s.relayed_by.is_some()
-            || s.host != fs_core::retry::hostname()
-            || !s.is_live(now, fs_core::session::DEFAULT_TIMEOUT)
-        {
+        if !s.is_local_writer() || !s.is_live(now, fs_core::session::DEFAULT_TIMEOUT) {
             continue;
         }
         let mp = PathBuf::from(&s.mountpoint);
