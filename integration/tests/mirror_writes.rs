@@ -332,25 +332,25 @@ async fn kill_9_of_a_writing_mirror_mount_loses_no_closed_file() {
     p.mount.stop();
 }
 
-/// Writers at the primary and at two mirrors at once, in shared directories (creates,
-/// overwrites, renames across directories, deletes of the same names), then convergence:
-/// the three metadata stores hold the same tree, every file is whole (one writer's complete
-/// bytes), and files only one writer touched hold exactly its last bytes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (meta, store, _keep) = primary_volume("postgres");
+/// A mirror site of the three-site tests: its agent, its metadata and store URLs.
+struct Site {
+    agent: Agent,
+    meta: String,
+    store: String,
+    _keep: Vec<tempfile::TempDir>,
+}
+
+/// A primary agent on `meta` that lets mirrors m1 (RocksDB metadata) and m2 (Redis) write,
+/// and their agents, on loopback under `d` (the mounts' run directory is `d/run`).
+fn three_sites(d: &std::path::Path, meta: &str) -> (Agent, Site, Site) {
     let listen = format!("127.0.0.1:{}", free_port());
-    let env = [
-        ("MIRROR_TOKEN", TOKEN),
-        ("JFS_RUN_DIR", &*d.join("run").display().to_string()),
-    ];
+    let run = d.join("run").display().to_string();
+    let env = [("MIRROR_TOKEN", TOKEN), ("JFS_RUN_DIR", run.as_str())];
     let primary = Agent::start_with(
         d,
         "primary",
         &primary_toml(
-            &meta,
+            meta,
             &d.join("pstate"),
             &format!("127.0.0.1:{}", free_port()),
             &listen,
@@ -360,11 +360,10 @@ async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state
         &env,
         &[],
     );
-    let mut mirrors = Vec::new();
-    for (name, engine) in [("m1", "rocksdb"), ("m2", "redis")] {
+    let site = |name: &str, engine: &str| {
         let (m_meta, d1) = integration::meta_url(engine);
         let (m_store, d2) = integration::store_url("file");
-        let a = Agent::start_with(
+        let agent = Agent::start_with(
             d,
             name,
             &mirror_toml(
@@ -379,14 +378,40 @@ async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state
             &env,
             &[],
         );
-        mirrors.push((a, m_meta, m_store, d1, d2));
-    }
+        Site {
+            agent,
+            meta: m_meta,
+            store: m_store,
+            _keep: d1.into_iter().chain(d2).collect(),
+        }
+    };
+    let m1 = site("m1", "rocksdb");
+    let m2 = site("m2", "redis");
+    (primary, m1, m2)
+}
+
+/// Writers at the primary and at two mirrors at once, in shared directories (creates,
+/// overwrites, renames across directories, deletes of the same names), then convergence:
+/// the three metadata stores hold the same tree, every file is whole (one writer's complete
+/// bytes), and files only one writer touched hold exactly its last bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (meta, store, _keep) = primary_volume("postgres");
+    let (primary, m1, m2) = three_sites(d, &meta);
+    let mirrors = [m1, m2];
     let pm = Mount::start(&meta, d, "pm", &["--cache-size", "0"]);
     std::fs::create_dir(pm.mp.join("s")).unwrap();
     std::fs::create_dir(pm.mp.join("t")).unwrap();
     let mut mounts = vec![("p".to_string(), pm.mp.clone())];
     let mut mms = Vec::new();
-    for (a, m_meta, ..) in &mirrors {
+    for Site {
+        agent: a,
+        meta: m_meta,
+        ..
+    } in &mirrors
+    {
         status_until(a, Duration::from_secs(60), |st| {
             st["bootstrap"].is_null() && st["writes"]["allowed"] == true
         })
@@ -465,7 +490,13 @@ async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state
     let pfs = fs_core::Fs::open(open_ro(&meta).await, integration::open_store(&store))
         .await
         .unwrap();
-    for (a, m_meta, m_store, ..) in &mirrors {
+    for Site {
+        agent: a,
+        meta: m_meta,
+        store: m_store,
+        ..
+    } in &mirrors
+    {
         wait_converged(a, &**pfs.engine(), Duration::from_secs(120)).await;
         assert_same(&pfs, m_meta, m_store).await;
     }
@@ -666,49 +697,14 @@ async fn a_writing_mirror_mount_writes_to_the_new_primary_after_another_mirror_i
     let d = dir.path();
     let vol = volume_with("postgres", "file", |_| {}).await;
     let old_meta = vol.meta_url.clone();
-    let listen = format!("127.0.0.1:{}", free_port());
+    // m1 writes through its mount; m2 is the site that becomes the primary.
+    let (mut old_primary, m1, m2) = three_sites(d, &old_meta);
+    let (mut m1_agent, m1_meta) = (m1.agent, m1.meta);
+    let (mut m2_agent, m2_meta, m2_store) = (m2.agent, m2.meta, m2.store);
     let env = [
         ("MIRROR_TOKEN", TOKEN),
         ("JFS_RUN_DIR", &*d.join("run").display().to_string()),
     ];
-    let mut old_primary = Agent::start_with(
-        d,
-        "primary",
-        &primary_toml(
-            &old_meta,
-            &d.join("pstate"),
-            &format!("127.0.0.1:{}", free_port()),
-            &listen,
-            &["m1", "m2"],
-            ALLOW_WRITES,
-        ),
-        &env,
-        &[],
-    );
-    // m1 writes through its mount; m2 is the site that becomes the primary.
-    let mut sites = Vec::new();
-    for (name, engine) in [("m1", "rocksdb"), ("m2", "redis")] {
-        let (m_meta, d1) = integration::meta_url(engine);
-        let (m_store, d2) = integration::store_url("file");
-        let a = Agent::start_with(
-            d,
-            name,
-            &mirror_toml(
-                &m_meta,
-                &d.join(format!("{name}-state")),
-                &format!("127.0.0.1:{}", free_port()),
-                name,
-                &listen,
-                &m_store,
-                "",
-            ),
-            &env,
-            &[],
-        );
-        sites.push((a, m_meta, m_store, d1, d2));
-    }
-    let (mut m2_agent, m2_meta, m2_store, _k1, _k2) = sites.pop().unwrap();
-    let (mut m1_agent, m1_meta, _, _k3, _k4) = sites.pop().unwrap();
     status_until(&m1_agent, Duration::from_secs(60), |st| {
         st["bootstrap"].is_null() && st["writes"]["allowed"] == true
     })
