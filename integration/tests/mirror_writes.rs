@@ -504,7 +504,9 @@ async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state
     let whole = |b: &[u8]| {
         let s = String::from_utf8_lossy(b);
         let unit = s.split_inclusive(':').take(2).collect::<String>();
-        !unit.is_empty() && b.len() % unit.len() == 0 && s == unit.repeat(b.len() / unit.len())
+        !unit.is_empty()
+            && b.len().is_multiple_of(unit.len())
+            && s == unit.repeat(b.len() / unit.len())
     };
     // (Read from the primary's metadata itself: a mount's kernel caches may hold a name
     // another site renamed away for up to their TTL.)
