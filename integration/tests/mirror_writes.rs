@@ -393,7 +393,8 @@ fn three_sites(d: &std::path::Path, meta: &str) -> (Agent, Site, Site) {
 /// Writers at the primary and at two mirrors at once, in shared directories (creates,
 /// overwrites, renames across directories, deletes of the same names), then convergence:
 /// the three metadata stores hold the same tree, every file is whole (one writer's complete
-/// bytes), and files only one writer touched hold exactly its last bytes.
+/// bytes), files only one writer touched hold exactly its last bytes, and `jfs fsck --deep`
+/// passes at all three sites.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -499,6 +500,16 @@ async fn concurrent_writers_at_the_primary_and_two_mirrors_converge_to_one_state
     {
         wait_converged(a, &**pfs.engine(), Duration::from_secs(120)).await;
         assert_same(&pfs, m_meta, m_store).await;
+    }
+    // fsck --deep passes at every site (each mirror's metadata with its own store).
+    for m in std::iter::once(meta.as_str()).chain(mirrors.iter().map(|s| s.meta.as_str())) {
+        let o = integration::run("jfs", &["fsck", m, "--deep"], &[]);
+        assert!(
+            o.status.success(),
+            "fsck --deep of {m}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     // Every file is one writer's whole bytes; a writer's own files hold its last bytes.
     let whole = |b: &[u8]| {
