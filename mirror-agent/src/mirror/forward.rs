@@ -58,6 +58,16 @@ pub(crate) struct Forwarding {
     give_up: tokio::sync::Notify,
 }
 
+impl Forwarding {
+    /// Whether the primary lets this mirror write, as last heard.
+    pub(crate) fn allowed_now(&self) -> Option<std::result::Result<(), String>> {
+        self.allowed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 fn failed(kind: fs_core::ErrorKind, temporary: bool, message: String) -> ForwardReply {
     ForwardReply::Failed {
         kind,
@@ -76,7 +86,7 @@ impl Mirror {
     pub(crate) async fn forward(&self, req: fs_core::CommitRequest) -> ForwardReply {
         let t0 = Instant::now();
         let f = &self.fwd;
-        if let Some(Err(why)) = f.allowed.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        if let Some(Err(why)) = f.allowed_now() {
             self.metrics.fwd_sent_failed.inc();
             return failed(fs_core::ErrorKind::ReadOnly, false, why);
         }

@@ -74,12 +74,7 @@ impl Mirror {
     pub(super) async fn publish_progress(&self) -> Result<()> {
         let m = &self.metrics;
         let lag = m.lag_seconds.get();
-        let writes = self
-            .fwd
-            .allowed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let writes = self.fwd.allowed_now();
         let p = fs_core::site::Progress {
             version: fs_core::site::MARKER_VERSION,
             applied_seq: m.applied_seq.get().max(0) as u64,
@@ -222,12 +217,7 @@ impl Mirror {
                     .clone()
             });
         let (bw, tps) = self.limits.current();
-        let writes = self
-            .fwd
-            .allowed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let writes = self.fwd.allowed_now();
         m.window_seconds.set(w.as_secs_f64());
         m.copy_limit.set(bw.unwrap_or(0) as i64);
         m.set_status(serde_json::json!({
