@@ -8,14 +8,20 @@
 #   ENGINE=postgres bash integration/bench-vs-juicefs.sh   # both on one PostgreSQL
 #   SIZE_MB=256 SMALL=2000 ROUNDS=3 ...
 #   PARTS=mount ...                                 # without the migration rows (bench-sync-vs-juicefs.sh)
+#   PARTS=small ...                                 # the small-file rows only
+#   JFS_BIN=/path/to/jfs ...                        # that build of jfs instead of building one
 # Each figure is the median of ROUNDS runs taken in turn (ours, then JuiceFS), page cache
 # dropped before each, so that a slow moment of the VM's disk does not land on one side only.
 # Redis and PostgreSQL come from integration/services.sh, on loopback, stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
-cargo build --release --locked -p jfs >/dev/null
-JFS=$CARGO_TARGET_DIR/release/jfs
+if [ -n "${JFS_BIN:-}" ]; then
+  JFS=$JFS_BIN # another build of jfs, for an A/B
+else
+  cargo build --release --locked -p jfs >/dev/null
+  JFS=$CARGO_TARGET_DIR/release/jfs
+fi
 VENV=${JUICEFS_VENV:-$HOME/.cache/juicefs-venv}
 if [ ! -x "$VENV/bin/juicefs" ]; then
   python3 -m venv "$VENV"
@@ -94,10 +100,11 @@ umount_both() { "$JFS" umount "$A" >/dev/null 2>&1; "$JUICEFS" umount "$B" >/dev
 
 "$JFS" format "$OURS" bench --storage "file://$D/blocks-ours" >/dev/null
 "$JUICEFS" format --storage file --bucket "$D/blocks-juicefs/" "$THEIRS" bench >/dev/null 2>&1
-for i in 1 2 3 4; do head -c $((SIZE_MB << 20)) /dev/urandom > "$D/local/f$i.bin"; done
+[ "${PARTS:-}" = small ] || for i in 1 2 3 4; do head -c $((SIZE_MB << 20)) /dev/urandom > "$D/local/f$i.bin"; done
 echo "peer benchmark, $ENGINE: jfs $("$JFS" --version | awk '{print $2}') vs $("$JUICEFS" version | awk '{print $1" "$3}'); $SIZE_MB MiB files, $SMALL files of 16 KiB, median of $ROUNDS; $(nproc) cores; $(date -u +%F)"
 
 # --- large files
+if [ "${PARTS:-}" != small ]; then
 mount_ours 10240; mount_theirs 10240
 in_turn "cp $D/local/f1.bin $A/a.bin" "cp $D/local/f1.bin $B/a.bin" "rm -f %s/a.bin"
 row "write ${SIZE_MB} MiB with cp" "$(mbps "$SIZE_MB" "$TA") MiB/s" "$(mbps "$SIZE_MB" "$TB") MiB/s" "$TB" "$TA"
@@ -133,6 +140,7 @@ mount_ours 10240; mount_theirs 10240
 in_turn "dd if=$A/a.bin of=/dev/null bs=1M status=none" "dd if=$B/a.bin of=/dev/null bs=1M status=none"
 row "warm read (local cache), dd bs=1M" "$(mbps "$SIZE_MB" "$TA") MiB/s" "$(mbps "$SIZE_MB" "$TB") MiB/s" "$TB" "$TA"
 umount_both
+fi
 
 # --- small files: create+write, open+read cold, stat, rm -rf
 PYS=integration/smallfiles.py
@@ -167,7 +175,7 @@ echo "|---|---|---|---|"
 printf '%s\n' "${ROWS[@]}"
 
 # The migration rows (jfs-sync vs juicefs sync), on the embedded engines only.
-if [ "${PARTS:-mount,sync}" != mount ] && [ "$ENGINE" = rocksdb ]; then
+if [[ ",${PARTS:-mount,sync}," == *,sync,* ]] && [ "$ENGINE" = rocksdb ]; then
   echo
   bash integration/bench-sync-vs-juicefs.sh
 fi

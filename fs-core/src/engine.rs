@@ -68,6 +68,20 @@ pub fn entries_after(head: u64, entries: &[Entry]) -> Result<Vec<&Entry>> {
 }
 
 pub type KvPair = (Vec<u8>, Vec<u8>);
+/// The values of a list of keys, in its order (`None`: absent).
+pub type Values = Vec<Option<Vec<u8>>>;
+
+/// The keys `Engine::get_many_via` follows from `value`: `prefix ++ value[..8] ++ s` for each
+/// suffix `s`; none when `value` is absent or shorter than 8 bytes.
+pub fn via_keys(value: Option<&[u8]>, prefix: &[u8], suffixes: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    match value {
+        Some(v) if v.len() >= 8 => suffixes
+            .iter()
+            .map(|s| [prefix, &v[..8], s].concat())
+            .collect(),
+        _ => Vec::new(),
+    }
+}
 
 #[async_trait]
 pub trait Engine: Send + Sync + 'static {
@@ -83,6 +97,27 @@ pub trait Engine: Send + Sync + 'static {
             out.push(self.get(k).await?);
         }
         Ok(out)
+    }
+    /// `get_many(keys)`, and the records that the value of `keys[0]` points to, read at the
+    /// same moment: `prefix ++ r ++ s` for each `s` in `suffixes`, where `r` is the first 8
+    /// bytes of that value (none when it is absent or shorter). A directory entry's value
+    /// starts with the inode it names, so a lookup reads the name and the inode in one round
+    /// trip to Redis or PostgreSQL instead of two. Returns the values of `keys`, then of the
+    /// followed keys (empty when there were none).
+    async fn get_many_via(
+        &self,
+        keys: &[Vec<u8>],
+        prefix: &[u8],
+        suffixes: &[Vec<u8>],
+    ) -> Result<(Values, Values)> {
+        let got = self.get_many(keys).await?;
+        let followed = via_keys(got.first().and_then(|v| v.as_deref()), prefix, suffixes);
+        let more = if followed.is_empty() {
+            Vec::new()
+        } else {
+            self.get_many(&followed).await?
+        };
+        Ok((got, more))
     }
     /// Up to `limit` pairs with `start <= key < end`, in key order. Fewer than `limit` only
     /// when no more keys lie in the range (callers page on that), even while other clients

@@ -52,15 +52,26 @@ pub fn audit(at_ns: i64, gen: u64) -> Vec<u8> {
 
 fn inode_key(ino: Ino, tag: u8, extra: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(10 + extra.len());
-    k.push(b'A');
+    k.extend_from_slice(INODE_PREFIX);
     k.extend_from_slice(&ino.to_be_bytes());
     k.push(tag);
     k.extend_from_slice(extra);
     k
 }
 
+/// The keys of inode `ino`'s records are `INODE_PREFIX ++ ino (8 bytes, big-endian) ++ tag ...`;
+/// its attributes' key ends with `ATTR_SUFFIX` (`Engine::get_many_via` builds them from a
+/// directory entry's value, which starts with the same 8 bytes).
+pub const ATTR_SUFFIX: &[u8] = b"I";
+/// What follows the inode number in the key of its first chunk record.
+pub fn first_chunk_suffix() -> Vec<u8> {
+    let mut s = vec![b'C'];
+    s.extend_from_slice(&0u32.to_be_bytes());
+    s
+}
+
 pub fn attr(ino: Ino) -> Vec<u8> {
-    inode_key(ino, b'I', &[])
+    inode_key(ino, ATTR_SUFFIX[0], &[])
 }
 pub fn dentry(parent: Ino, name: &[u8]) -> Vec<u8> {
     inode_key(parent, b'D', name)

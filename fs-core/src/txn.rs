@@ -70,6 +70,41 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
+    /// `prefetch(keys)`, and in the same engine call the records `keys[0]`'s value points to
+    /// (`Engine::get_many_via`): a directory entry and the inode it names, in one round trip.
+    /// Keys this transaction already read or wrote keep what it has.
+    pub async fn prefetch_via(
+        &mut self,
+        keys: &[Vec<u8>],
+        prefix: &[u8],
+        suffixes: &[Vec<u8>],
+    ) -> Result<()> {
+        let Some(first) = keys.first() else {
+            return Ok(());
+        };
+        if self.writes.contains_key(first) || self.reads.contains_key(first) {
+            // The pointer is known here: follow it from this transaction's view.
+            let v = self.get(first).await?;
+            let mut all = keys.to_vec();
+            all.extend(crate::engine::via_keys(v.as_deref(), prefix, suffixes));
+            return self.prefetch(&all).await;
+        }
+        let (got, more) = self.engine.get_many_via(keys, prefix, suffixes).await?;
+        let followed =
+            crate::engine::via_keys(got.first().and_then(|v| v.as_deref()), prefix, suffixes);
+        for (k, v) in keys
+            .iter()
+            .cloned()
+            .zip(got)
+            .chain(followed.into_iter().zip(more))
+        {
+            if !self.writes.contains_key(&k) {
+                self.reads.entry(k).or_insert(v);
+            }
+        }
+        Ok(())
+    }
+
     /// A range read, merged with this transaction's own buffered writes. Not validated at
     /// commit: callers guard it by reading the owning inode's attributes.
     pub async fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {

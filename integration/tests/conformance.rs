@@ -1097,6 +1097,112 @@ mod cases {
         assert!(n > 0, "the churn ran");
     }
 
+    /// `get_many_via` (a lookup in one round trip): the keys asked for, then the records
+    /// the first one's value points to, equal to what plain reads give; nothing followed
+    /// from an absent or short value.
+    pub async fn get_many_via_follows_an_entry_to_its_inode(v: &TestVol) {
+        let fs = &v.fs;
+        let e = fs.engine();
+        let (d, _) = fs.mkdir(ROOT_INO, b"d", 0o755, O).await.unwrap();
+        let (f, _) = fs.create(d, b"f", 0o640, O).await.unwrap();
+        fs.write(f, 0, b"some bytes").await.unwrap();
+        let (g, _) = fs.create(d, b"empty", 0o600, O).await.unwrap();
+        let follow = [
+            keys::ATTR_SUFFIX.to_vec(),
+            keys::first_chunk_suffix(),
+            b"Znothing".to_vec(),
+        ];
+        let asked = [
+            keys::dentry(d, b"f"),
+            keys::attr(d),
+            b"no such key".to_vec(),
+        ];
+        let (got, more) = e
+            .get_many_via(&asked, keys::INODE_PREFIX, &follow)
+            .await
+            .unwrap();
+        assert_eq!(got, e.get_many(&asked).await.unwrap());
+        assert!(got[0].is_some() && got[1].is_some() && got[2].is_none());
+        let want = vec![
+            e.get(&keys::attr(f)).await.unwrap(),
+            e.get(&keys::chunk(f, 0)).await.unwrap(),
+            None,
+        ];
+        assert!(want[0].is_some() && want[1].is_some());
+        assert_eq!(more, want);
+        // An empty file has no chunk record: followed, absent.
+        let (_, more) = e
+            .get_many_via(&[keys::dentry(d, b"empty")], keys::INODE_PREFIX, &follow)
+            .await
+            .unwrap();
+        assert_eq!(more, vec![e.get(&keys::attr(g)).await.unwrap(), None, None]);
+        // No entry, or a value too short to name an inode: nothing followed.
+        let (got, more) = e
+            .get_many_via(
+                &[keys::dentry(d, b"gone"), keys::attr(d)],
+                keys::INODE_PREFIX,
+                &follow,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (got[0].clone(), got[1].is_some(), more.len()),
+            (None, true, 0)
+        );
+        let counter = e.get(keys::NEXT_INODE).await.unwrap().unwrap();
+        assert!(counter.len() < 8, "{counter:?}");
+        let (got, more) = e
+            .get_many_via(&[keys::NEXT_INODE.to_vec()], keys::INODE_PREFIX, &follow)
+            .await
+            .unwrap();
+        assert_eq!((got, more.len()), (vec![Some(counter)], 0));
+        // Through the file system: a name moved over another names the mover's inode, with
+        // its attributes.
+        fs.rename(d, b"empty", d, b"f", false).await.unwrap();
+        let (ino, a) = fs.lookup(d, b"f").await.unwrap();
+        assert_eq!((ino, a.mode, a.length), (g, 0o600, 0));
+        assert_eq!(kind_of(fs.lookup(d, b"empty").await), ErrorKind::NotFound);
+        assert_eq!(kind_of(fs.lookup(g, b"x").await), ErrorKind::NotDir);
+        assert_eq!(kind_of(fs.lookup(f, b"x").await), ErrorKind::NotFound);
+    }
+
+    /// The volume's counters stay exact when two clients commit in turn and at once (the
+    /// Redis engine keeps the counters' values from its own last commit as a hint; the other
+    /// client's commits make that hint stale).
+    async fn churn(c: &Fs, d: fs_core::Ino, tag: &str) {
+        for i in 0..40u64 {
+            let name = format!("{tag}{i}");
+            let (f, _) = c.create(d, name.as_bytes(), 0o644, O).await.unwrap();
+            c.write(f, 0, &vec![7u8; 1000 + i as usize]).await.unwrap();
+            if i % 4 == 0 {
+                c.unlink(d, name.as_bytes()).await.unwrap();
+            }
+        }
+    }
+
+    pub async fn counters_stay_exact_with_two_writers(v: &TestVol) {
+        let fs = &v.fs;
+        let other = v.client().await;
+        let (d, _) = fs.mkdir(ROOT_INO, b"two", 0o755, O).await.unwrap();
+        let before = fs.statfs().await.unwrap();
+        // In turn (each sees the other's commits), then at once.
+        for (a, b) in [("a", "b"), ("c", "e")] {
+            churn(fs, d, a).await;
+            churn(&other, d, b).await;
+        }
+        tokio::join!(churn(fs, d, "x"), churn(&other, d, "y"));
+        // 6 runs of 40 files, one in four unlinked: 30 kept per run.
+        let kept_bytes: u64 = (0..40u64).filter(|i| i % 4 != 0).map(|i| 1000 + i).sum();
+        let after = fs.statfs().await.unwrap();
+        assert_eq!(after.used_inodes - before.used_inodes, 6 * 30);
+        assert_eq!(after.used_space - before.used_space, 6 * kept_bytes);
+        let seen = other.statfs().await.unwrap();
+        assert_eq!(
+            (seen.used_inodes, seen.used_space),
+            (after.used_inodes, after.used_space)
+        );
+    }
+
     pub async fn install_switch_makes_the_live_state_the_staged_one(v: &TestVol) {
         let fs = &v.fs;
         let (d, _) = fs.mkdir(ROOT_INO, b"d", 0o755, O).await.unwrap();
@@ -1234,6 +1340,8 @@ macro_rules! backend {
             case!(the_file_reader_matches_plain_reads);
             case!(install_switch_makes_the_live_state_the_staged_one);
             case!(scan_pages_are_full_while_keys_change);
+            case!(get_many_via_follows_an_entry_to_its_inode);
+            case!(counters_stay_exact_with_two_writers);
         }
     };
 }

@@ -854,3 +854,82 @@ fn a_failed_background_mount_prints_this_attempts_errors_only() {
         "the refusal came after mounting: {second}"
     );
 }
+
+/// The `jfs_fuse_ops_total` count of one operation.
+fn ops_of(stats: &std::collections::BTreeMap<String, f64>, op: &str) -> f64 {
+    let label = format!("op=\"{op}\"");
+    stats
+        .iter()
+        .filter(|(k, _)| k.starts_with("jfs_fuse_ops_total{") && k.contains(&label))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Listings carry each entry's attributes (readdirplus, one engine call per page), so `ls -l`
+/// and `rm -rf` of a directory the mount has never seen need no lookup per name; and a
+/// set-group-ID directory gives its group to what is created in it.
+#[test]
+fn listings_carry_attributes_and_rm_rf_needs_no_lookup_per_name() {
+    let v = new_vol("rocksdb");
+    let a = mount(&v, "a", &[]);
+    let dir = a.mp.join("many");
+    std::fs::create_dir(&dir).unwrap();
+    let mut want = Vec::new();
+    for i in 0..150u64 {
+        let name = format!("f{i:03}");
+        let len = i * 37 + 1;
+        std::fs::write(dir.join(&name), data(i, len as usize)).unwrap();
+        want.push((name, len));
+    }
+    // set-group-ID inheritance: the directory's group, and its bit on new directories.
+    let sg = a.mp.join("shared");
+    std::fs::create_dir(&sg).unwrap();
+    std::os::unix::fs::chown(&sg, None, Some(4321)).unwrap();
+    std::fs::set_permissions(&sg, std::fs::Permissions::from_mode(0o2775)).unwrap();
+    std::fs::write(sg.join("file"), b"x").unwrap();
+    std::fs::create_dir(sg.join("sub")).unwrap();
+    let f = std::fs::metadata(sg.join("file")).unwrap();
+    let s = std::fs::metadata(sg.join("sub")).unwrap();
+    assert_eq!((f.gid(), f.mode() & 0o2000), (4321, 0));
+    assert_eq!((s.gid(), s.mode() & 0o2000), (4321, 0o2000));
+    a.stop();
+
+    // A new mount: the kernel knows no name under it yet.
+    let b = mount(&v, "b", &[]);
+    let dir = b.mp.join("many");
+    let s0 = b.stats();
+    let mut seen: Vec<(String, u64)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            (e.file_name().to_string_lossy().into_owned(), m.len())
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, want);
+    let s1 = b.stats();
+    let (plus, lookups) = (
+        ops_of(&s1, "readdirplus") - ops_of(&s0, "readdirplus"),
+        ops_of(&s1, "lookup") - ops_of(&s0, "lookup"),
+    );
+    assert!(
+        plus >= 3.0,
+        "150 entries take 3 pages of readdirplus, saw {plus}"
+    );
+    assert!(
+        lookups < 10.0,
+        "a lookup per name after readdirplus: {lookups}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    let s2 = b.stats();
+    let lookups = ops_of(&s2, "lookup") - ops_of(&s1, "lookup");
+    assert!(lookups < 10.0, "rm -rf looked up {lookups} names");
+    assert_eq!(ops_of(&s2, "unlink") - ops_of(&s1, "unlink"), 150.0);
+    assert!(!dir.exists());
+    b.stop();
+    // Every file is gone from the metadata, and the listing counted no lookup twice or
+    // leaked one: fsck finds nothing wrong.
+    let o = jfs_in(&v, &["fsck", &v.meta]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -10,7 +10,7 @@
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use fs_core::engine::{CommitOutcome, Engine, JournalBounds, KvPair};
+use fs_core::engine::{via_keys, CommitOutcome, Engine, JournalBounds, KvPair, Values};
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::journal::{CommitRequest, Entry, Mutation};
 use futures::StreamExt;
@@ -320,6 +320,39 @@ impl Engine for PgEngine {
         let m: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
         // `get`, not `remove`: a key asked for twice is answered twice.
         Ok(keys.iter().map(|k| m.get(k).cloned()).collect())
+    }
+
+    /// One statement (one snapshot): the keys, and the keys their first's value points to.
+    async fn get_many_via(
+        &self,
+        keys: &[Vec<u8>],
+        prefix: &[u8],
+        suffixes: &[Vec<u8>],
+    ) -> Result<(Values, Values)> {
+        let Some(first) = keys.first() else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let c = self.client().await?;
+        let st = c
+            .prepare_cached(
+                "SELECT k, v FROM jfs_kv WHERE k = ANY($1) \
+                 UNION ALL \
+                 SELECT k, v FROM jfs_kv WHERE k = ANY(\
+                   SELECT $2::bytea || substring(d.v FROM 1 FOR 8) || s \
+                   FROM jfs_kv d, unnest($3::bytea[]) s \
+                   WHERE d.k = $4 AND length(d.v) >= 8)",
+            )
+            .await
+            .map_err(|e| map_err(e, "prepare"))?;
+        let rows = c
+            .query(&st, &[&keys, &prefix, &suffixes, first])
+            .await
+            .map_err(|e| map_err(e, "get"))?;
+        let m: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+        let got: Values = keys.iter().map(|k| m.get(k).cloned()).collect();
+        let followed = via_keys(got[0].as_deref(), prefix, suffixes);
+        let more = followed.iter().map(|k| m.get(k).cloned()).collect();
+        Ok((got, more))
     }
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {

@@ -11,7 +11,7 @@
 //! Readers wait with XREAD BLOCK on a connection of their own.
 
 use async_trait::async_trait;
-use fs_core::engine::{CommitOutcome, Engine, JournalBounds, KvPair};
+use fs_core::engine::{via_keys, CommitOutcome, Engine, JournalBounds, KvPair, Values};
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::journal::{CommitRequest, Entry, Mutation};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -80,6 +80,20 @@ redis.call('SET', KEYS[1], ARGV[2])
 return {0, tonumber(ARGV[2])}
 "#;
 
+/// `get_many_via`: KEYS = the keys asked for; ARGV = [prefix, suffix*]. The first key's
+/// value, when it has at least 8 bytes, names the records read after them (`via_keys`).
+/// Missing values are `false` (nil replies), so the reply has one entry per key read.
+const VIA_LUA: &str = r#"
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('GET', KEYS[i]) end
+local v = out[1]
+if v and #v >= 8 then
+  local p = ARGV[1] .. string.sub(v, 1, 8)
+  for j = 2, #ARGV do out[#KEYS + j - 1] = redis.call('GET', p .. ARGV[j]) end
+end
+return out
+"#;
+
 pub struct RedisEngine {
     client: redis::Client,
     conn: ConnectionManager,
@@ -89,6 +103,18 @@ pub struct RedisEngine {
     head_hint: AtomicU64,
     commit_script: Script,
     apply_script: Script,
+    via_script: Script,
+    /// The counters' values as of a head, kept from this engine's last commit: a commit that
+    /// adds to counters needs their values (the journal records the results), and reading
+    /// them took a round trip of its own. Only a hint: the commit script checks every value
+    /// used, like the transaction's reads, and a miss reads them again.
+    counters: std::sync::Mutex<CounterHint>,
+}
+
+#[derive(Default)]
+struct CounterHint {
+    head: u64,
+    values: HashMap<Vec<u8>, Option<Vec<u8>>>,
 }
 
 pub(crate) fn map_err(e: redis::RedisError, what: &str) -> Error {
@@ -183,9 +209,53 @@ impl RedisEngine {
             head_hint: AtomicU64::new(0),
             commit_script: Script::new(COMMIT_LUA),
             apply_script: Script::new(APPLY_LUA),
+            via_script: Script::new(VIA_LUA),
+            counters: Default::default(),
         };
         e.head_hint.store(e.head().await?, Ordering::SeqCst);
         Ok(e)
+    }
+
+    /// The values of `ckeys` as of `head`, when this engine's last commit left them all.
+    fn known_counters(
+        &self,
+        head: u64,
+        ckeys: &[Vec<u8>],
+    ) -> Option<HashMap<Vec<u8>, Option<Vec<u8>>>> {
+        if ckeys.is_empty() {
+            return Some(HashMap::new());
+        }
+        let hint = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        if hint.head != head {
+            return None;
+        }
+        ckeys
+            .iter()
+            .map(|k| hint.values.get(k).map(|v| (k.clone(), v.clone())))
+            .collect()
+    }
+
+    /// After a commit of `entry` on top of `head`: the counters it wrote hold their new
+    /// values, and those kept as of `head` still hold (no other commit came between).
+    fn note_counters(&self, head: u64, entry: &Entry, ckeys: &[Vec<u8>]) {
+        let mut hint = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        if hint.head != head {
+            hint.values.clear();
+        }
+        hint.head = entry.seq;
+        for m in &entry.writes {
+            if let Mutation::Put { key, value } = m {
+                if ckeys.contains(key) {
+                    hint.values.insert(key.clone(), Some(value.clone()));
+                }
+            }
+        }
+    }
+
+    fn forget_counters(&self) {
+        let mut hint = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        hint.values.clear();
+        hint.head = 0;
     }
 
     fn k(&self, key: &[u8]) -> Vec<u8> {
@@ -288,6 +358,43 @@ impl Engine for RedisEngine {
             .map_err(|e| map_err(e, "mget"))
     }
 
+    async fn get_many_via(
+        &self,
+        keys: &[Vec<u8>],
+        prefix: &[u8],
+        suffixes: &[Vec<u8>],
+    ) -> Result<(Values, Values)> {
+        if keys.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let mut c = self.conn.clone();
+        let mut inv = self.via_script.prepare_invoke();
+        for k in keys {
+            inv.key(self.k(k));
+        }
+        inv.arg(self.k(prefix));
+        for s in suffixes {
+            inv.arg(s.as_slice());
+        }
+        let mut got: Values = inv
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_err(e, "get (via)"))?;
+        let want = via_keys(got.first().and_then(|v| v.as_deref()), prefix, suffixes).len();
+        if got.len() != keys.len() + want {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "redis answered {} values where {} were asked for",
+                    got.len(),
+                    keys.len() + want
+                ),
+            ));
+        }
+        let more = got.split_off(keys.len());
+        Ok((got, more))
+    }
+
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
         // Names come from the index, values from a second call. A name deleted between the
         // two is skipped (its absence is validated by commit), and the page is topped up from
@@ -338,30 +445,47 @@ impl Engine for RedisEngine {
         let mut c = self.conn.clone();
         loop {
             let head = self.head_hint.load(Ordering::SeqCst);
-            let counters: HashMap<Vec<u8>, Option<Vec<u8>>> = if ckeys.is_empty() {
-                HashMap::new()
-            } else {
-                ckeys
-                    .iter()
-                    .cloned()
-                    .zip(self.get_many(&ckeys).await?)
-                    .collect()
-            };
+            let mut counters: HashMap<Vec<u8>, Option<Vec<u8>>> =
+                match self.known_counters(head, &ckeys) {
+                    Some(known) => known,
+                    None => ckeys
+                        .iter()
+                        .cloned()
+                        .zip(self.get_many(&ckeys).await?)
+                        .collect(),
+                };
+            // A counter the transaction read is taken as it read it (that value is checked).
+            for (k, v) in &req.reads {
+                if let Some(c) = counters.get_mut(k) {
+                    *c = v.clone();
+                }
+            }
             let seq = head + 1;
             let entry = req.materialize(seq, fs_core::types::now_ns(), &counters)?;
             let frame = entry.encode();
+            // The counters' values used are checked like the transaction's reads.
+            let checked: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = req
+                .reads
+                .iter()
+                .map(|(k, v)| (k, v))
+                .chain(
+                    counters
+                        .iter()
+                        .filter(|(k, _)| !req.reads.iter().any(|(r, _)| r == *k)),
+                )
+                .collect();
             let mut inv = self.commit_script.prepare_invoke();
             inv.key(self.head_key())
                 .key(self.journal_key())
                 .key(self.index_key())
                 .key(self.aux_key());
             inv.arg(head)
-                .arg(req.reads.len())
+                .arg(checked.len())
                 .arg(entry.writes.len())
                 .arg(frame)
                 .arg(seq)
                 .arg(fs_core::site::MARKER);
-            for (k, want) in &req.reads {
+            for (k, want) in checked {
                 inv.key(self.k(k));
                 match want {
                     None => inv.arg("0").arg(""),
@@ -375,9 +499,13 @@ impl Engine for RedisEngine {
                 .invoke_async(&mut c)
                 .await
                 .map_err(|e| map_err(e, "commit"))?;
+            if code != 0 {
+                self.forget_counters();
+            }
             match code {
                 0 => {
                     self.head_hint.fetch_max(seq, Ordering::SeqCst);
+                    self.note_counters(head, &entry, &ckeys);
                     return Ok(CommitOutcome::Committed {
                         seq,
                         time_ns: entry.time_ns,

@@ -278,6 +278,13 @@ impl Fs {
             len,
         };
         let (nrecs, _) = transact!(self, |tx| {
+            // The three records this reads, in one round trip.
+            tx.prefetch(&[
+                keys::STORAGE.to_vec(),
+                keys::attr(ino),
+                keys::chunk(ino, idx),
+            ])
+            .await?;
             check_generation(&mut tx, slice.placed.gen).await?;
             let mut attr = get_attr(&mut tx, ino).await?;
             if attr.kind != FileKind::File {

@@ -159,6 +159,26 @@ pub(crate) async fn prefetch_entry(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -
         .await
 }
 
+/// `prefetch_entry`, and the attributes of the inode the entry names (with its first chunk
+/// record when `first_chunk`), in the same round trip (`Txn::prefetch_via`).
+pub(crate) async fn prefetch_entry_and_inode(
+    tx: &mut Txn<'_>,
+    parent: Ino,
+    name: &[u8],
+    first_chunk: bool,
+) -> Result<()> {
+    let mut suffixes = vec![keys::ATTR_SUFFIX.to_vec()];
+    if first_chunk {
+        suffixes.push(keys::first_chunk_suffix());
+    }
+    tx.prefetch_via(
+        &[keys::dentry(parent, name), keys::attr(parent)],
+        keys::INODE_PREFIX,
+        &suffixes,
+    )
+    .await
+}
+
 pub(crate) async fn lookup_entry(
     tx: &mut Txn<'_>,
     parent: Ino,

@@ -6,7 +6,7 @@ mod convert;
 
 use crate::vfs::{VResult, Vfs};
 use convert::*;
-use fs_core::{FileKind, SetAttr};
+use fs_core::{FileKind, Ino, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -63,6 +63,10 @@ pub fn negotiate(config: &mut KernelConfig) {
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         negotiate(config);
+        // Listings carry the entries' attributes (one engine call per page), so that `ls -l`,
+        // `rm -rf` and `find` need no lookup per name; the kernel picks plain or plus.
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         if let Some(pt) = self.vfs.pt.as_ref().filter(|p| p.enabled()) {
             // Backing files on a plain local file system (stacking depth 0) need depth 1.
             if config
@@ -440,21 +444,34 @@ impl Filesystem for FuseFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let (v, o) = (self.vfs.clone(), Out::of(self));
+        let sent = self.vfs.clone();
         self.go(
             "readdirplus",
             async move {
                 let entries = v.dir_entries(fh.0)?;
+                // At most a page's worth of attributes (the reply buffer is a few KiB), the
+                // entries' attributes in one engine call.
+                let page: Vec<(usize, &(Vec<u8>, Ino, FileKind))> = entries
+                    .iter()
+                    .enumerate()
+                    .skip(offset as usize)
+                    .take(64)
+                    .collect();
+                let dots = |n: &[u8]| n == b"." || n == b"..";
+                let inos: Vec<Ino> = page
+                    .iter()
+                    .filter(|(_, (n, _, _))| !dots(n))
+                    .map(|(_, (_, i, _))| *i)
+                    .collect();
+                let mut attrs = v.entry_attrs(&inos).await?.into_iter();
                 let mut out = Vec::new();
-                // At most a page's worth of attributes (the reply buffer is a few KiB).
-                for (pos, (name, i, _)) in entries.iter().enumerate().skip(offset as usize).take(64)
-                {
-                    let (a, rdev) = if name == b"." || name == b".." {
+                for (pos, (name, i, _)) in page {
+                    let (a, rdev) = if dots(name) {
                         v.getattr(*i).await?
                     } else {
-                        match v.entry_attr(*i).await {
-                            Ok(x) => x,
-                            Err(libc::ENOENT) => continue, // removed since opendir
-                            Err(e) => return Err(e),
+                        match attrs.next().flatten() {
+                            Some(x) => x,
+                            None => continue, // removed since opendir
                         }
                     };
                     out.push((pos, name.clone(), *i, a, rdev));
@@ -478,6 +495,10 @@ impl Filesystem for FuseFs {
                             Generation(0),
                         ) {
                             break;
+                        }
+                        // The kernel counts "." and ".." entries as no lookup.
+                        if name != b"." && name != b".." {
+                            sent.entry_sent(i);
                         }
                     }
                     reply.ok()

@@ -37,11 +37,34 @@ impl Vfs {
             .ok_or(libc::EBADF)
     }
 
-    /// Attributes of a directory entry for readdirplus (counted as a lookup).
-    pub async fn entry_attr(&self, ino: Ino) -> VResult<(Attr, u32)> {
-        let r = self.getattr(ino).await?;
+    /// Attributes of directory entries for readdirplus, read in one engine call; `None` for
+    /// an entry removed since the directory was opened. Each entry handed to the kernel must
+    /// then be counted as a lookup (`entry_sent`).
+    pub async fn entry_attrs(&self, inos: &[Ino]) -> VResult<Vec<Option<(Attr, u32)>>> {
+        let attrs = self.fs.getattr_many(inos).await.map_err(err)?;
+        let mut out = Vec::with_capacity(inos.len());
+        for (ino, a) in inos.iter().zip(attrs) {
+            out.push(match a {
+                Some(a) => {
+                    let rdev = self.rdev_of(*ino, &a).await?;
+                    Some((self.attr_of(*ino, a).await, rdev))
+                }
+                // Gone, or deleted at the primary while open here (a pinned version): the
+                // one-by-one path knows which.
+                None => match self.getattr(*ino).await {
+                    Ok(x) => Some(x),
+                    Err(libc::ENOENT) | Err(libc::ESTALE) => None,
+                    Err(e) => return Err(e),
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    /// The kernel took a readdirplus entry for `ino`: it counts as a lookup (a `forget` for it
+    /// will come).
+    pub fn entry_sent(&self, ino: Ino) {
         self.counted_lookup(ino);
-        Ok(r)
     }
 
     pub fn releasedir(&self, fh: u64) {

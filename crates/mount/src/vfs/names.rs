@@ -4,21 +4,6 @@
 use super::*;
 
 impl Vfs {
-    /// The owner of a new node: the caller, with the group of a set-gid parent.
-    pub(super) async fn owner_for(
-        &self,
-        parent: Ino,
-        uid: u32,
-        gid: u32,
-    ) -> VResult<(Owner, bool)> {
-        let p = self.fs.getattr(parent).await.map_err(err)?;
-        if p.mode & libc::S_ISGID != 0 {
-            Ok((Owner { uid, gid: p.gid }, true))
-        } else {
-            Ok((Owner { uid, gid }, false))
-        }
-    }
-
     pub async fn mknod(
         &self,
         parent: Ino,
@@ -39,7 +24,7 @@ impl Vfs {
             libc::S_IFDIR => return Err(libc::EINVAL),
             _ => return Err(libc::EINVAL),
         };
-        let (owner, _) = self.owner_for(parent, uid, gid).await?;
+        let owner = Owner { uid, gid };
         let (ino, a) = self
             .fs
             .mknod(parent, name, kind, mode & 0o7777, rdev, owner)
@@ -59,8 +44,9 @@ impl Vfs {
     ) -> VResult<(Ino, Attr)> {
         self.rw()?;
         check_name(name)?;
-        let (owner, sgid) = self.owner_for(parent, uid, gid).await?;
-        let mode = (mode & 0o7777) | if sgid { libc::S_ISGID } else { 0 };
+        // A set-group-ID parent's group (and bit, for a directory) is given by `Fs`.
+        let owner = Owner { uid, gid };
+        let mode = mode & 0o7777;
         let (ino, a) = self
             .fs
             .mkdir(parent, name, mode, owner)
@@ -83,7 +69,7 @@ impl Vfs {
         if target.len() > 4095 {
             return Err(libc::ENAMETOOLONG);
         }
-        let (owner, _) = self.owner_for(parent, uid, gid).await?;
+        let owner = Owner { uid, gid };
         let (ino, a) = self
             .fs
             .symlink(parent, name, target, owner)

@@ -9,8 +9,8 @@ mod remove;
 
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
 use crate::fs::{
-    check_name, get_attr, get_dir, lookup_entry, lossy, new_attr, prefetch_entry, put_attr,
-    transact, Fs,
+    check_name, get_attr, get_dir, lookup_entry, lossy, new_attr, prefetch_entry,
+    prefetch_entry_and_inode, put_attr, transact, Fs,
 };
 use crate::journal::Op;
 use crate::keys;
@@ -18,7 +18,11 @@ use crate::path::VolPath;
 use crate::txn::Txn;
 use crate::types::{now_ns, Attr, FileKind, Ino, ROOT_INO};
 
-/// Who creates a node and with what permissions.
+/// The set-group-ID bit of a mode.
+const SETGID: u32 = 0o2000;
+
+/// Who creates a node. In a set-group-ID directory the new node takes the directory's group
+/// instead of `gid` (`create_node`).
 #[derive(Debug, Clone, Copy)]
 pub struct Owner {
     pub uid: u32,
@@ -42,11 +46,23 @@ impl Fs {
         get_attr(&mut tx, ino).await
     }
 
+    /// The attributes of each of `inos` in one engine call (a directory listing's entries);
+    /// `None` for an inode that is gone.
+    pub async fn getattr_many(&self, inos: &[Ino]) -> Result<Vec<Option<Attr>>> {
+        let keys: Vec<Vec<u8>> = inos.iter().map(|i| keys::attr(*i)).collect();
+        let values = self.engine.get_many(&keys).await?;
+        inos.iter()
+            .zip(values)
+            .map(|(i, v)| v.map(|v| super::decode_attr(*i, &v)).transpose())
+            .collect()
+    }
+
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
         let mut tx = Txn::new(&*self.engine);
-        // Only a directory holds names, so a hit needs no read of the parent: two reads (two
-        // round trips to Redis or PostgreSQL), not three. A miss reads the parent to say why:
-        // gone, not a directory, or no such name.
+        // The name, the inode it names and the parent in one round trip to Redis or
+        // PostgreSQL, read at one moment. Only a directory holds names, so a hit needs nothing
+        // of the parent; a miss reads it to say why: gone, not a directory, or no such name.
+        prefetch_entry_and_inode(&mut tx, parent, name, false).await?;
         let Some((ino, _)) = lookup_entry(&mut tx, parent, name).await? else {
             get_dir(&mut tx, parent).await?;
             return Err(not_found(format!("{:?} in inode {parent}", lossy(name))));
@@ -106,8 +122,20 @@ impl Fs {
                     format!("{:?} already exists", lossy(name)),
                 ));
             }
+            // A set-group-ID directory gives its group to what is created in it, and its
+            // set-group-ID bit to new directories (POSIX; the kernel leaves it to FUSE).
+            let (gid, mode) = if pattr.mode & SETGID != 0 {
+                let mode = if kind == FileKind::Dir {
+                    mode | SETGID
+                } else {
+                    mode
+                };
+                (pattr.gid, mode)
+            } else {
+                (owner.gid, mode)
+            };
             let now = now_ns();
-            let mut attr = new_attr(kind, mode, owner.uid, owner.gid, parent);
+            let mut attr = new_attr(kind, mode, owner.uid, gid, parent);
             attr.atime = now;
             attr.mtime = now;
             attr.ctime = now;

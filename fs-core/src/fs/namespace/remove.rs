@@ -5,7 +5,8 @@
 use super::touch_dir;
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
 use crate::fs::{
-    check_name, get_attr, get_dir, lookup_entry, lossy, prefetch_entry, put_attr, transact, Fs,
+    check_name, get_attr, get_dir, lookup_entry, lossy, prefetch_entry_and_inode, put_attr,
+    transact, Fs,
 };
 use crate::journal::Op;
 use crate::keys;
@@ -15,7 +16,9 @@ use crate::types::{now_ns, FileKind, Ino, ROOT_INO};
 impl Fs {
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
         transact!(self, |tx| {
-            prefetch_entry(&mut tx, parent, name).await?;
+            // The parent, the name, the inode and its first chunk in one call: a file of up
+            // to one chunk that goes needs nothing more to be freed (`free_file_chunks`).
+            prefetch_entry_and_inode(&mut tx, parent, name, true).await?;
             let mut pattr = get_dir(&mut tx, parent).await?;
             let (ino, kind) = lookup_entry(&mut tx, parent, name)
                 .await?
@@ -26,9 +29,6 @@ impl Fs {
                     format!("{:?} is a directory", lossy(name)),
                 ));
             }
-            // The inode and its first chunk in one call: a file of up to one chunk that
-            // goes needs nothing more to be freed (`free_file_chunks`).
-            tx.prefetch(&[keys::attr(ino), keys::chunk(ino, 0)]).await?;
             let attr = get_attr(&mut tx, ino).await?;
             let now = now_ns();
             tx.delete(keys::dentry(parent, name));
@@ -65,7 +65,7 @@ impl Fs {
 
     pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
         transact!(self, |tx| {
-            prefetch_entry(&mut tx, parent, name).await?;
+            prefetch_entry_and_inode(&mut tx, parent, name, false).await?;
             let mut pattr = get_dir(&mut tx, parent).await?;
             let (ino, kind) = lookup_entry(&mut tx, parent, name)
                 .await?
@@ -108,13 +108,17 @@ impl Fs {
             return self.lookup(parent, name).await.map(|_| ());
         }
         transact!(self, |tx| {
-            // Both parents and both names in one round trip.
-            tx.prefetch(&[
-                keys::attr(parent),
-                keys::dentry(parent, name),
-                keys::attr(new_parent),
-                keys::dentry(new_parent, new_name),
-            ])
+            // Both parents, both names and the inode that moves in one round trip.
+            tx.prefetch_via(
+                &[
+                    keys::dentry(parent, name),
+                    keys::attr(parent),
+                    keys::attr(new_parent),
+                    keys::dentry(new_parent, new_name),
+                ],
+                keys::INODE_PREFIX,
+                &[keys::ATTR_SUFFIX.to_vec()],
+            )
             .await?;
             let mut pattr = get_dir(&mut tx, parent).await?;
             let mut npattr = if new_parent == parent {
