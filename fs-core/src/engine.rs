@@ -71,16 +71,54 @@ pub type KvPair = (Vec<u8>, Vec<u8>);
 /// The values of a list of keys, in its order (`None`: absent).
 pub type Values = Vec<Option<Vec<u8>>>;
 
-/// The keys `Engine::get_many_via` follows from `value`: `prefix ++ value[..8] ++ s` for each
-/// suffix `s`; none when `value` is absent or shorter than 8 bytes.
-pub fn via_keys(value: Option<&[u8]>, prefix: &[u8], suffixes: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    match value {
-        Some(v) if v.len() >= 8 => suffixes
-            .iter()
-            .map(|s| [prefix, &v[..8], s].concat())
-            .collect(),
-        _ => Vec::new(),
+/// What `Engine::get_many_via` reads besides its keys: records of the inode that the first
+/// key's value names (a directory entry's value starts with the 8 bytes of its inode).
+#[derive(Clone, Copy, Debug)]
+pub struct Follow<'a> {
+    /// The inode's records' keys are `prefix ++ inode (8 bytes) ++ ...`.
+    pub prefix: &'a [u8],
+    /// Point reads: `prefix ++ inode ++ s` for each `s`.
+    pub suffixes: &'a [Vec<u8>],
+    /// A range read: at most `limit` pairs with keys in `[prefix ++ inode ++ from,
+    /// prefix ++ inode ++ to)`, in key order (`limit` 0: none).
+    pub range: (&'a [u8], &'a [u8], usize),
+}
+
+impl Follow<'_> {
+    /// The 8 bytes naming the inode, from the first key's value; none when it is absent or
+    /// shorter.
+    pub fn inode_of(value: Option<&[u8]>) -> Option<&[u8]> {
+        value.filter(|v| v.len() >= 8).map(|v| &v[..8])
     }
+    /// The followed point keys under `inode`.
+    pub fn keys(&self, inode: &[u8]) -> Vec<Vec<u8>> {
+        self.suffixes
+            .iter()
+            .map(|s| [self.prefix, inode, s].concat())
+            .collect()
+    }
+    /// The followed range under `inode`: start, end, limit.
+    pub fn range_of(&self, inode: &[u8]) -> (Vec<u8>, Vec<u8>, usize) {
+        let (from, to, limit) = self.range;
+        (
+            [self.prefix, inode, from].concat(),
+            [self.prefix, inode, to].concat(),
+            limit,
+        )
+    }
+}
+
+/// What `Engine::get_many_via` read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Followed {
+    /// The values of the keys asked for.
+    pub values: Values,
+    /// The values of the followed point keys (empty when nothing was followed).
+    pub followed: Values,
+    /// The followed range's pairs (empty when nothing was followed).
+    pub range: Vec<KvPair>,
+    /// No more keys lie in the range than `range` holds (fewer than the limit were found).
+    pub range_complete: bool,
 }
 
 #[async_trait]
@@ -98,26 +136,31 @@ pub trait Engine: Send + Sync + 'static {
         }
         Ok(out)
     }
-    /// `get_many(keys)`, and the records that the value of `keys[0]` points to, read at the
-    /// same moment: `prefix ++ r ++ s` for each `s` in `suffixes`, where `r` is the first 8
-    /// bytes of that value (none when it is absent or shorter). A directory entry's value
-    /// starts with the inode it names, so a lookup reads the name and the inode in one round
-    /// trip to Redis or PostgreSQL instead of two. Returns the values of `keys`, then of the
-    /// followed keys (empty when there were none).
-    async fn get_many_via(
-        &self,
-        keys: &[Vec<u8>],
-        prefix: &[u8],
-        suffixes: &[Vec<u8>],
-    ) -> Result<(Values, Values)> {
-        let got = self.get_many(keys).await?;
-        let followed = via_keys(got.first().and_then(|v| v.as_deref()), prefix, suffixes);
-        let more = if followed.is_empty() {
-            Vec::new()
-        } else {
-            self.get_many(&followed).await?
+    /// `get_many(keys)`, and the records of the inode that the value of `keys[0]` names
+    /// (`Follow`): in one round trip, at one moment, on Redis (a script) and PostgreSQL (one
+    /// statement); the default (RocksDB, local) reads them one call after another, which
+    /// transactions tolerate (point reads are checked at commit). A lookup reads the name,
+    /// the inode and the parent in one call instead of two; an unlink also the file's first
+    /// chunk and its extended attributes.
+    async fn get_many_via(&self, keys: &[Vec<u8>], follow: Follow<'_>) -> Result<Followed> {
+        let values = self.get_many(keys).await?;
+        let mut out = Followed {
+            values,
+            ..Default::default()
         };
-        Ok((got, more))
+        if let Some(ino) = Follow::inode_of(out.values.first().and_then(|v| v.as_deref())) {
+            let ino = ino.to_vec();
+            let ks = follow.keys(&ino);
+            if !ks.is_empty() {
+                out.followed = self.get_many(&ks).await?;
+            }
+            let (start, end, limit) = follow.range_of(&ino);
+            if limit > 0 {
+                out.range = self.scan(&start, &end, limit).await?;
+                out.range_complete = out.range.len() < limit;
+            }
+        }
+        Ok(out)
     }
     /// Up to `limit` pairs with `start <= key < end`, in key order. Fewer than `limit` only
     /// when no more keys lie in the range (callers page on that), even while other clients

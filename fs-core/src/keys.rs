@@ -63,6 +63,8 @@ fn inode_key(ino: Ino, tag: u8, extra: &[u8]) -> Vec<u8> {
 /// its attributes' key ends with `ATTR_SUFFIX` (`Engine::get_many_via` builds them from a
 /// directory entry's value, which starts with the same 8 bytes).
 pub const ATTR_SUFFIX: &[u8] = b"I";
+/// An inode's extended attributes' keys continue with this after the inode number.
+pub const XATTR_SUFFIX: &[u8] = b"X";
 /// What follows the inode number in the key of its first chunk record.
 pub fn first_chunk_suffix() -> Vec<u8> {
     let mut s = vec![b'C'];
@@ -89,10 +91,10 @@ pub fn symlink(ino: Ino) -> Vec<u8> {
     inode_key(ino, b'S', &[])
 }
 pub fn xattr(ino: Ino, name: &[u8]) -> Vec<u8> {
-    inode_key(ino, b'X', name)
+    inode_key(ino, XATTR_SUFFIX[0], name)
 }
 pub fn xattr_prefix(ino: Ino) -> Vec<u8> {
-    inode_key(ino, b'X', &[])
+    inode_key(ino, XATTR_SUFFIX[0], &[])
 }
 pub fn rdev(ino: Ino) -> Vec<u8> {
     inode_key(ino, b'R', &[])

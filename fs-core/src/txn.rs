@@ -4,7 +4,7 @@
 //! the invariant that every change to a directory's entries or a file's chunks also writes
 //! that inode's attributes, and every range read also reads them (see ARCHITECTURE.md).
 
-use crate::engine::{CommitOutcome, Engine, KvPair};
+use crate::engine::{CommitOutcome, Engine, Follow, KvPair};
 use crate::error::{Error, ErrorKind, Result};
 use crate::journal::{CommitRequest, Mutation, Op};
 use std::collections::BTreeMap;
@@ -21,6 +21,9 @@ pub struct Txn<'a> {
     /// Adds and stamps, in order, applied after puts/deletes by key.
     extra: Vec<Mutation>,
     op: Option<Op>,
+    /// Ranges read ahead by `prefetch_via`: (start, end) -> (pairs, whether they are all the
+    /// range held).
+    prescanned: BTreeMap<(Vec<u8>, Vec<u8>), (Vec<KvPair>, bool)>,
 }
 
 impl<'a> Txn<'a> {
@@ -31,6 +34,7 @@ impl<'a> Txn<'a> {
             writes: BTreeMap::new(),
             extra: Vec::new(),
             op: None,
+            prescanned: BTreeMap::new(),
         }
     }
 
@@ -70,37 +74,41 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    /// `prefetch(keys)`, and in the same engine call the records `keys[0]`'s value points to
-    /// (`Engine::get_many_via`): a directory entry and the inode it names, in one round trip.
-    /// Keys this transaction already read or wrote keep what it has.
-    pub async fn prefetch_via(
-        &mut self,
-        keys: &[Vec<u8>],
-        prefix: &[u8],
-        suffixes: &[Vec<u8>],
-    ) -> Result<()> {
+    /// `prefetch(keys)`, and in the same engine call the records of the inode `keys[0]`'s
+    /// value names (`Engine::get_many_via`): a directory entry and the inode it names in one
+    /// round trip. A followed range is kept for this transaction's `scan` of exactly that
+    /// range. Keys this transaction already read or wrote keep what it has.
+    pub async fn prefetch_via(&mut self, keys: &[Vec<u8>], follow: Follow<'_>) -> Result<()> {
         let Some(first) = keys.first() else {
             return Ok(());
         };
         if self.writes.contains_key(first) || self.reads.contains_key(first) {
-            // The pointer is known here: follow it from this transaction's view.
+            // The inode is known here: follow it from this transaction's view.
             let v = self.get(first).await?;
             let mut all = keys.to_vec();
-            all.extend(crate::engine::via_keys(v.as_deref(), prefix, suffixes));
+            if let Some(ino) = Follow::inode_of(v.as_deref()) {
+                all.extend(follow.keys(ino));
+            }
             return self.prefetch(&all).await;
         }
-        let (got, more) = self.engine.get_many_via(keys, prefix, suffixes).await?;
-        let followed =
-            crate::engine::via_keys(got.first().and_then(|v| v.as_deref()), prefix, suffixes);
+        let got = self.engine.get_many_via(keys, follow).await?;
+        let ino =
+            Follow::inode_of(got.values.first().and_then(|v| v.as_deref())).map(<[u8]>::to_vec);
+        let followed = ino.as_deref().map(|i| follow.keys(i)).unwrap_or_default();
         for (k, v) in keys
             .iter()
             .cloned()
-            .zip(got)
-            .chain(followed.into_iter().zip(more))
+            .zip(got.values)
+            .chain(followed.into_iter().zip(got.followed))
         {
             if !self.writes.contains_key(&k) {
                 self.reads.entry(k).or_insert(v);
             }
+        }
+        if let Some(i) = ino.filter(|_| follow.range.2 > 0) {
+            let (start, end, _) = follow.range_of(&i);
+            self.prescanned
+                .insert((start, end), (got.range, got.range_complete));
         }
         Ok(())
     }
@@ -108,7 +116,14 @@ impl<'a> Txn<'a> {
     /// A range read, merged with this transaction's own buffered writes. Not validated at
     /// commit: callers guard it by reading the owning inode's attributes.
     pub async fn scan(&mut self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
-        let found = self.engine.scan(start, end, limit).await?;
+        // A range `prefetch_via` read answers it when that read was complete or long enough.
+        let found = match self.prescanned.remove(&(start.to_vec(), end.to_vec())) {
+            Some((mut pairs, complete)) if complete || limit <= pairs.len() => {
+                pairs.truncate(limit);
+                pairs
+            }
+            _ => self.engine.scan(start, end, limit).await?,
+        };
         let complete = found.len() < limit;
         // Values seen are validated at commit like point reads (absent keys, i.e. phantoms,
         // are not: see the module comment).

@@ -1097,72 +1097,120 @@ mod cases {
         assert!(n > 0, "the churn ran");
     }
 
-    /// `get_many_via` (a lookup in one round trip): the keys asked for, then the records
-    /// the first one's value points to, equal to what plain reads give; nothing followed
-    /// from an absent or short value.
+    /// `get_many_via` (a lookup or an unlink in one round trip): the keys asked for, then the
+    /// records of the inode the first one's value names (point keys and a range), equal to
+    /// what plain reads give; nothing followed from an absent or short value. And an unlink
+    /// that read a file's extended attributes ahead still frees every one of them.
     pub async fn get_many_via_follows_an_entry_to_its_inode(v: &TestVol) {
+        use fs_core::engine::Follow;
         let fs = &v.fs;
         let e = fs.engine();
         let (d, _) = fs.mkdir(ROOT_INO, b"d", 0o755, O).await.unwrap();
         let (f, _) = fs.create(d, b"f", 0o640, O).await.unwrap();
         fs.write(f, 0, b"some bytes").await.unwrap();
+        for i in 0..3 {
+            fs.setxattr(f, format!("user.k{i}").as_bytes(), b"v")
+                .await
+                .unwrap();
+        }
         let (g, _) = fs.create(d, b"empty", 0o600, O).await.unwrap();
-        let follow = [
+        let suffixes = [
             keys::ATTR_SUFFIX.to_vec(),
             keys::first_chunk_suffix(),
             b"Znothing".to_vec(),
         ];
+        let xend = keys::prefix_end(keys::XATTR_SUFFIX);
+        let follow = |limit| Follow {
+            prefix: keys::INODE_PREFIX,
+            suffixes: &suffixes,
+            range: (keys::XATTR_SUFFIX, &xend, limit),
+        };
         let asked = [
             keys::dentry(d, b"f"),
             keys::attr(d),
             b"no such key".to_vec(),
         ];
-        let (got, more) = e
-            .get_many_via(&asked, keys::INODE_PREFIX, &follow)
-            .await
-            .unwrap();
-        assert_eq!(got, e.get_many(&asked).await.unwrap());
-        assert!(got[0].is_some() && got[1].is_some() && got[2].is_none());
+        let got = e.get_many_via(&asked, follow(16)).await.unwrap();
+        assert_eq!(got.values, e.get_many(&asked).await.unwrap());
+        assert!(got.values[0].is_some() && got.values[1].is_some() && got.values[2].is_none());
         let want = vec![
             e.get(&keys::attr(f)).await.unwrap(),
             e.get(&keys::chunk(f, 0)).await.unwrap(),
             None,
         ];
         assert!(want[0].is_some() && want[1].is_some());
-        assert_eq!(more, want);
-        // An empty file has no chunk record: followed, absent.
-        let (_, more) = e
-            .get_many_via(&[keys::dentry(d, b"empty")], keys::INODE_PREFIX, &follow)
-            .await
-            .unwrap();
-        assert_eq!(more, vec![e.get(&keys::attr(g)).await.unwrap(), None, None]);
-        // No entry, or a value too short to name an inode: nothing followed.
-        let (got, more) = e
-            .get_many_via(
-                &[keys::dentry(d, b"gone"), keys::attr(d)],
-                keys::INODE_PREFIX,
-                &follow,
-            )
+        assert_eq!(got.followed, want);
+        let xp = keys::xattr_prefix(f);
+        let xattrs = e.scan(&xp, &keys::prefix_end(&xp), 100).await.unwrap();
+        assert_eq!(xattrs.len(), 3);
+        assert_eq!(got.range, xattrs);
+        // A range limit is kept.
+        let got = e.get_many_via(&asked, follow(2)).await.unwrap();
+        assert_eq!(got.range, xattrs[..2].to_vec());
+        // An empty file has no chunk record and no extended attributes: followed, absent.
+        let got = e
+            .get_many_via(&[keys::dentry(d, b"empty")], follow(16))
             .await
             .unwrap();
         assert_eq!(
-            (got[0].clone(), got[1].is_some(), more.len()),
-            (None, true, 0)
+            got.followed,
+            vec![e.get(&keys::attr(g)).await.unwrap(), None, None]
         );
-        let counter = e.get(keys::NEXT_INODE).await.unwrap().unwrap();
-        assert!(counter.len() < 8, "{counter:?}");
-        let (got, more) = e
-            .get_many_via(&[keys::NEXT_INODE.to_vec()], keys::INODE_PREFIX, &follow)
+        assert!(got.range.is_empty());
+        // No entry, or a value too short to name an inode: nothing followed.
+        let got = e
+            .get_many_via(&[keys::dentry(d, b"gone"), keys::attr(d)], follow(16))
             .await
             .unwrap();
-        assert_eq!((got, more.len()), (vec![Some(counter)], 0));
-        // Through the file system: a name moved over another names the mover's inode, with
-        // its attributes.
+        assert_eq!(
+            (got.values[0].clone(), got.values[1].is_some()),
+            (None, true)
+        );
+        assert!(got.followed.is_empty() && got.range.is_empty());
+        let counter = e.get(keys::NEXT_INODE).await.unwrap().unwrap();
+        assert!(counter.len() < 8, "{counter:?}");
+        let got = e
+            .get_many_via(&[keys::NEXT_INODE.to_vec()], follow(16))
+            .await
+            .unwrap();
+        assert_eq!(got.values, vec![Some(counter)]);
+        assert!(got.followed.is_empty() && got.range.is_empty());
+        // Through the file system: an unlink frees every extended attribute, read ahead
+        // (fewer than it reads ahead) or not (more).
+        let (h, _) = fs.create(d, b"many-xattrs", 0o644, O).await.unwrap();
+        for i in 0..40 {
+            fs.setxattr(h, format!("user.x{i:02}").as_bytes(), b"v")
+                .await
+                .unwrap();
+        }
+        let (k, _) = fs.create(d, b"few-xattrs", 0o644, O).await.unwrap();
+        fs.setxattr(k, b"user.one", b"1").await.unwrap();
+        for (ino, name) in [(h, &b"many-xattrs"[..]), (k, b"few-xattrs")] {
+            fs.unlink(d, name).await.unwrap();
+            let p = keys::xattr_prefix(ino);
+            assert!(
+                e.scan(&p, &keys::prefix_end(&p), 100)
+                    .await
+                    .unwrap()
+                    .is_empty(),
+                "extended attributes of {:?} left behind",
+                String::from_utf8_lossy(name)
+            );
+            assert_eq!(e.get(&keys::attr(ino)).await.unwrap(), None);
+        }
+        // A name moved over another names the mover's inode, with its attributes.
         fs.rename(d, b"empty", d, b"f", false).await.unwrap();
         let (ino, a) = fs.lookup(d, b"f").await.unwrap();
         assert_eq!((ino, a.mode, a.length), (g, 0o600, 0));
         assert_eq!(kind_of(fs.lookup(d, b"empty").await), ErrorKind::NotFound);
         assert_eq!(kind_of(fs.lookup(g, b"x").await), ErrorKind::NotDir);
+        // The replaced file went with its extended attributes.
+        let p = keys::xattr_prefix(f);
+        assert!(e
+            .scan(&p, &keys::prefix_end(&p), 100)
+            .await
+            .unwrap()
+            .is_empty());
         assert_eq!(kind_of(fs.lookup(f, b"x").await), ErrorKind::NotFound);
     }
 

@@ -865,6 +865,17 @@ fn ops_of(stats: &std::collections::BTreeMap<String, f64>, op: &str) -> f64 {
         .sum()
 }
 
+/// How many inodes the mount holds kernel lookups on (its control socket's `stats`).
+fn known_inodes(m: &Mount) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(m.sock()).expect("control socket");
+    s.write_all(b"{\"op\":\"stats\"}\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(out.lines().next().expect("a reply")).unwrap();
+    v["known_inodes"].as_u64().expect("known_inodes")
+}
+
 /// Listings carry each entry's attributes (readdirplus, one engine call per page), so `ls -l`
 /// and `rm -rf` of a directory the mount has never seen need no lookup per name; and a
 /// set-group-ID directory gives its group to what is created in it.
@@ -921,15 +932,31 @@ fn listings_carry_attributes_and_rm_rf_needs_no_lookup_per_name() {
         lookups < 10.0,
         "a lookup per name after readdirplus: {lookups}"
     );
+    // Each name the kernel took counts one lookup, no more (a page holds fewer entries than
+    // the mount reads attributes for).
+    let known = known_inodes(&b);
+    assert!(
+        (150..160).contains(&known),
+        "the mount holds lookups on {known} inodes after listing 150 files"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
     let s2 = b.stats();
     let lookups = ops_of(&s2, "lookup") - ops_of(&s1, "lookup");
     assert!(lookups < 10.0, "rm -rf looked up {lookups} names");
     assert_eq!(ops_of(&s2, "unlink") - ops_of(&s1, "unlink"), 150.0);
     assert!(!dir.exists());
+    // The kernel forgets the unlinked inodes: every lookup counted is given back.
+    let t0 = Instant::now();
+    while known_inodes(&b) > 5 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the mount still holds lookups on {} inodes after rm -rf",
+            known_inodes(&b)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     b.stop();
-    // Every file is gone from the metadata, and the listing counted no lookup twice or
-    // leaked one: fsck finds nothing wrong.
+    // Every file is gone from the metadata: fsck finds nothing wrong.
     let o = jfs_in(&v, &["fsck", &v.meta]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

@@ -10,7 +10,7 @@
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use fs_core::engine::{via_keys, CommitOutcome, Engine, JournalBounds, KvPair, Values};
+use fs_core::engine::{CommitOutcome, Engine, Follow, Followed, JournalBounds, KvPair, Values};
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::journal::{CommitRequest, Entry, Mutation};
 use futures::StreamExt;
@@ -322,37 +322,72 @@ impl Engine for PgEngine {
         Ok(keys.iter().map(|k| m.get(k).cloned()).collect())
     }
 
-    /// One statement (one snapshot): the keys, and the keys their first's value points to.
-    async fn get_many_via(
-        &self,
-        keys: &[Vec<u8>],
-        prefix: &[u8],
-        suffixes: &[Vec<u8>],
-    ) -> Result<(Values, Values)> {
+    /// One statement (one snapshot): the keys, the followed keys and the followed range.
+    async fn get_many_via(&self, keys: &[Vec<u8>], follow: Follow<'_>) -> Result<Followed> {
         let Some(first) = keys.first() else {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Followed::default());
         };
         let c = self.client().await?;
         let st = c
             .prepare_cached(
-                "SELECT k, v FROM jfs_kv WHERE k = ANY($1) \
+                "WITH ino AS (\
+                   SELECT $2::bytea || substring(v FROM 1 FOR 8) AS p FROM jfs_kv \
+                   WHERE k = $4 AND length(v) >= 8) \
+                 SELECT 0, k, v FROM jfs_kv WHERE k = ANY($1) \
                  UNION ALL \
-                 SELECT k, v FROM jfs_kv WHERE k = ANY(\
-                   SELECT $2::bytea || substring(d.v FROM 1 FOR 8) || s \
-                   FROM jfs_kv d, unnest($3::bytea[]) s \
-                   WHERE d.k = $4 AND length(d.v) >= 8)",
+                 SELECT 1, k, v FROM jfs_kv WHERE k = ANY(\
+                   SELECT ino.p || s FROM ino, unnest($3::bytea[]) s) \
+                 UNION ALL \
+                 SELECT 2, r.k, r.v FROM ino, LATERAL (\
+                   SELECT k, v FROM jfs_kv \
+                   WHERE k >= ino.p || $5::bytea AND k < ino.p || $6::bytea \
+                   ORDER BY k LIMIT $7) r",
             )
             .await
             .map_err(|e| map_err(e, "prepare"))?;
+        let (from, to, limit) = follow.range;
+        let limit = limit.min(i64::MAX as usize) as i64;
         let rows = c
-            .query(&st, &[&keys, &prefix, &suffixes, first])
+            .query(
+                &st,
+                &[
+                    &keys,
+                    &follow.prefix,
+                    &follow.suffixes,
+                    first,
+                    &from,
+                    &to,
+                    &limit,
+                ],
+            )
             .await
             .map_err(|e| map_err(e, "get"))?;
-        let m: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
-        let got: Values = keys.iter().map(|k| m.get(k).cloned()).collect();
-        let followed = via_keys(got[0].as_deref(), prefix, suffixes);
-        let more = followed.iter().map(|k| m.get(k).cloned()).collect();
-        Ok((got, more))
+        let mut points: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut range = Vec::new();
+        for r in rows {
+            let tag: i32 = r.get(0);
+            if tag == 2 {
+                range.push((r.get(1), r.get(2)));
+            } else {
+                points.insert(r.get(1), r.get(2));
+            }
+        }
+        let range_complete = (range.len() as i64) < limit;
+        let values: Values = keys.iter().map(|k| points.get(k).cloned()).collect();
+        let followed = match Follow::inode_of(values[0].as_deref()) {
+            Some(ino) => follow
+                .keys(ino)
+                .iter()
+                .map(|k| points.get(k).cloned())
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Followed {
+            values,
+            followed,
+            range,
+            range_complete,
+        })
     }
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {

@@ -11,7 +11,7 @@
 //! Readers wait with XREAD BLOCK on a connection of their own.
 
 use async_trait::async_trait;
-use fs_core::engine::{via_keys, CommitOutcome, Engine, JournalBounds, KvPair, Values};
+use fs_core::engine::{CommitOutcome, Engine, Follow, Followed, JournalBounds, KvPair, Values};
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::journal::{CommitRequest, Entry, Mutation};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -80,18 +80,39 @@ redis.call('SET', KEYS[1], ARGV[2])
 return {0, tonumber(ARGV[2])}
 "#;
 
-/// `get_many_via`: KEYS = the keys asked for; ARGV = [prefix, suffix*]. The first key's
-/// value, when it has at least 8 bytes, names the records read after them (`via_keys`).
-/// Missing values are `false` (nil replies), so the reply has one entry per key read.
+/// `get_many_via`: KEYS = [the index, the keys asked for...]; ARGV = [this volume's key
+/// prefix, the inode records' prefix, range from, range to, range limit, suffix...]. When
+/// the first key's value has at least 8 bytes (the inode it names), the inode's records named
+/// by the suffixes and up to `limit` names of its range (from the index, as `scan` reads
+/// them) are read too. Replies {values of the keys then of the suffixes, range names, range
+/// values}; missing values are `false` (nil), so every list keeps its length.
 const VIA_LUA: &str = r#"
 local out = {}
-for i = 1, #KEYS do out[i] = redis.call('GET', KEYS[i]) end
+local n = 0
+for i = 2, #KEYS do
+  n = n + 1
+  out[n] = redis.call('GET', KEYS[i])
+end
+local names = {}
+local vals = {}
 local v = out[1]
 if v and #v >= 8 then
-  local p = ARGV[1] .. string.sub(v, 1, 8)
-  for j = 2, #ARGV do out[#KEYS + j - 1] = redis.call('GET', p .. ARGV[j]) end
+  local ino = string.sub(v, 1, 8)
+  local own = ARGV[1] .. ARGV[2] .. ino
+  for j = 6, #ARGV do
+    n = n + 1
+    out[n] = redis.call('GET', own .. ARGV[j])
+  end
+  local limit = tonumber(ARGV[5])
+  if limit > 0 then
+    local m = ARGV[2] .. ino
+    names = redis.call('ZRANGEBYLEX', KEYS[1], '[' .. m .. ARGV[3], '(' .. m .. ARGV[4], 'LIMIT', 0, limit)
+    for i, name in ipairs(names) do
+      vals[i] = redis.call('GET', ARGV[1] .. name)
+    end
+  end
 end
-return out
+return {out, names, vals}
 "#;
 
 pub struct RedisEngine {
@@ -244,10 +265,16 @@ impl RedisEngine {
         }
         hint.head = entry.seq;
         for m in &entry.writes {
-            if let Mutation::Put { key, value } = m {
-                if ckeys.contains(key) {
+            match m {
+                Mutation::Put { key, value }
+                    if ckeys.contains(key) || hint.values.contains_key(key) =>
+                {
                     hint.values.insert(key.clone(), Some(value.clone()));
                 }
+                Mutation::Delete { key } if hint.values.contains_key(key) => {
+                    hint.values.insert(key.clone(), None);
+                }
+                _ => {}
             }
         }
     }
@@ -358,41 +385,56 @@ impl Engine for RedisEngine {
             .map_err(|e| map_err(e, "mget"))
     }
 
-    async fn get_many_via(
-        &self,
-        keys: &[Vec<u8>],
-        prefix: &[u8],
-        suffixes: &[Vec<u8>],
-    ) -> Result<(Values, Values)> {
+    async fn get_many_via(&self, keys: &[Vec<u8>], follow: Follow<'_>) -> Result<Followed> {
         if keys.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Followed::default());
         }
         let mut c = self.conn.clone();
         let mut inv = self.via_script.prepare_invoke();
+        inv.key(self.index_key());
         for k in keys {
             inv.key(self.k(k));
         }
-        inv.arg(self.k(prefix));
-        for s in suffixes {
+        let (from, to, limit) = follow.range;
+        inv.arg(self.prefix.as_slice())
+            .arg(follow.prefix)
+            .arg(from)
+            .arg(to)
+            .arg(limit);
+        for s in follow.suffixes {
             inv.arg(s.as_slice());
         }
-        let mut got: Values = inv
+        let (mut values, names, vals): (Values, Vec<Vec<u8>>, Values) = inv
             .invoke_async(&mut c)
             .await
             .map_err(|e| map_err(e, "get (via)"))?;
-        let want = via_keys(got.first().and_then(|v| v.as_deref()), prefix, suffixes).len();
-        if got.len() != keys.len() + want {
+        let followed_n = Follow::inode_of(values.first().and_then(|v| v.as_deref()))
+            .map_or(0, |_| follow.suffixes.len());
+        if values.len() != keys.len() + followed_n || names.len() != vals.len() {
             return Err(Error::new(
                 ErrorKind::Backend,
                 format!(
                     "redis answered {} values where {} were asked for",
-                    got.len(),
-                    keys.len() + want
+                    values.len(),
+                    keys.len() + followed_n
                 ),
             ));
         }
-        let more = got.split_off(keys.len());
-        Ok((got, more))
+        let followed = values.split_off(keys.len());
+        // Complete by the names the index gave (a name without a value, which the atomic
+        // script cannot see unless the index is damaged, must not make it look complete).
+        let range_complete = names.len() < limit;
+        let range = names
+            .into_iter()
+            .zip(vals)
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect();
+        Ok(Followed {
+            values,
+            followed,
+            range,
+            range_complete,
+        })
     }
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {

@@ -16,7 +16,7 @@
 //! primary or not at all.
 
 use async_trait::async_trait;
-use fs_core::engine::{CommitOutcome, Engine, JournalBounds, KvPair, Values};
+use fs_core::engine::{CommitOutcome, Engine, Follow, Followed, JournalBounds, KvPair};
 use fs_core::{CommitRequest, Entry, Error, ErrorKind, Mutation, Result};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -246,13 +246,8 @@ impl Engine for ForwardingEngine {
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         self.local.get_many(keys).await
     }
-    async fn get_many_via(
-        &self,
-        keys: &[Vec<u8>],
-        prefix: &[u8],
-        suffixes: &[Vec<u8>],
-    ) -> Result<(Values, Values)> {
-        self.local.get_many_via(keys, prefix, suffixes).await
+    async fn get_many_via(&self, keys: &[Vec<u8>], follow: Follow<'_>) -> Result<Followed> {
+        self.local.get_many_via(keys, follow).await
     }
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
         self.local.scan(start, end, limit).await

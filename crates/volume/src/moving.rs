@@ -17,7 +17,7 @@
 //! to remount at the new primary, and it goes on serving reads of the old state.
 
 use async_trait::async_trait;
-use fs_core::engine::{CommitOutcome, JournalBounds, KvPair, Values};
+use fs_core::engine::{CommitOutcome, Follow, Followed, JournalBounds, KvPair};
 use fs_core::error::Result;
 use fs_core::{CommitRequest, Engine, Entry, Mutation};
 use std::path::PathBuf;
@@ -143,13 +143,8 @@ impl Engine for MovingEngine {
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         self.cur().get_many(keys).await
     }
-    async fn get_many_via(
-        &self,
-        keys: &[Vec<u8>],
-        prefix: &[u8],
-        suffixes: &[Vec<u8>],
-    ) -> Result<(Values, Values)> {
-        self.cur().get_many_via(keys, prefix, suffixes).await
+    async fn get_many_via(&self, keys: &[Vec<u8>], follow: Follow<'_>) -> Result<Followed> {
+        self.cur().get_many_via(keys, follow).await
     }
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
         self.cur().scan(start, end, limit).await

@@ -16,7 +16,7 @@ pub use layout::{Chunk, Piece, Plan};
 pub use prefetch::{FileReader, ReadAhead, ReadStats};
 pub use read::slice_checksums;
 
-use crate::engine::{CommitOutcome, Engine};
+use crate::engine::{CommitOutcome, Engine, Follow};
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
 use crate::journal::Op;
 use crate::keys;
@@ -83,6 +83,10 @@ pub struct Fs {
     pub(crate) keeper: Option<Arc<dyn Keeper>>,
     /// Where uploads go, by storage generation (see `storage`).
     pub(crate) placement: Arc<dyn StorageFollow>,
+    /// New nodes in a set-group-ID directory take its group (and new directories its bit),
+    /// as POSIX file systems do; a mount sets this. Tools that copy ownership from a source
+    /// (`jfs put`, `jfs-sync`) keep the group they give.
+    pub(crate) setgid_inherit: bool,
 }
 
 /// What a mount tells fs-core about its open files, so that unlinking the last name of an
@@ -159,25 +163,35 @@ pub(crate) async fn prefetch_entry(tx: &mut Txn<'_>, parent: Ino, name: &[u8]) -
         .await
 }
 
-/// `prefetch_entry`, and the attributes of the inode the entry names (with its first chunk
-/// record when `first_chunk`), in the same round trip (`Txn::prefetch_via`).
+/// `prefetch_entry`, and the attributes of the inode the entry names in the same round trip
+/// (`Txn::prefetch_via`); for an unlink also its first chunk record and its extended
+/// attributes (up to `XATTRS_AHEAD` of them), which freeing the file reads.
 pub(crate) async fn prefetch_entry_and_inode(
     tx: &mut Txn<'_>,
     parent: Ino,
     name: &[u8],
-    first_chunk: bool,
+    for_unlink: bool,
 ) -> Result<()> {
     let mut suffixes = vec![keys::ATTR_SUFFIX.to_vec()];
-    if first_chunk {
+    let xattr_end = keys::prefix_end(keys::XATTR_SUFFIX);
+    let mut range: (&[u8], &[u8], usize) = (&[], &[], 0);
+    if for_unlink {
         suffixes.push(keys::first_chunk_suffix());
+        range = (keys::XATTR_SUFFIX, &xattr_end, XATTRS_AHEAD);
     }
     tx.prefetch_via(
         &[keys::dentry(parent, name), keys::attr(parent)],
-        keys::INODE_PREFIX,
-        &suffixes,
+        Follow {
+            prefix: keys::INODE_PREFIX,
+            suffixes: &suffixes,
+            range,
+        },
     )
     .await
 }
+
+/// How many extended attributes of a file an unlink reads with its name.
+const XATTRS_AHEAD: usize = 16;
 
 pub(crate) async fn lookup_entry(
     tx: &mut Txn<'_>,
@@ -337,6 +351,7 @@ impl Fs {
             io_parallel: 8,
             keeper: None,
             placement,
+            setgid_inherit: false,
         }
     }
 
@@ -348,6 +363,11 @@ impl Fs {
     /// Keep inodes this process has open past their last unlink (a mount sets this).
     pub fn set_keeper(&mut self, keeper: Arc<dyn Keeper>) {
         self.keeper = Some(keeper);
+    }
+
+    /// Give new nodes in a set-group-ID directory its group (a mount sets this).
+    pub fn set_setgid_inherit(&mut self, on: bool) {
+        self.setgid_inherit = on;
     }
 
     pub fn settings(&self) -> &Settings {

@@ -81,6 +81,9 @@ pub struct FileReader {
     /// The quickest block fetch since the window was last sized, in nanoseconds (`u64::MAX`
     /// when none finished).
     min_fetch_ns: Arc<AtomicU64>,
+    /// The first chunk's records, read with the attributes; their checksums are read when a
+    /// read first needs that chunk.
+    chunk0: std::sync::Mutex<Option<Vec<crate::types::SliceRec>>>,
 }
 
 /// A read that continues within this distance of the last one counts as sequential (the
@@ -96,13 +99,28 @@ impl FileReader {
     /// A reader of `ino` as it is now (its length and chunk records are read lazily and kept
     /// until `invalidate`).
     pub async fn new(fs: Arc<Fs>, ino: Ino, cfg: ReadAhead) -> Result<FileReader> {
-        let attr = fs.getattr(ino).await?;
+        // The attributes and the first chunk's records in one round trip: most files are
+        // one chunk, and a first read starts there.
+        let mut got = fs
+            .engine
+            .get_many(&[crate::keys::attr(ino), crate::keys::chunk(ino, 0)])
+            .await?
+            .into_iter();
+        let attr = match got.next().flatten() {
+            Some(v) => super::decode_attr(ino, &v)?,
+            None => return Err(crate::error::not_found(format!("inode {ino}"))),
+        };
         if attr.kind != FileKind::File {
             return Err(Error::new(
                 ErrorKind::IsDir,
                 format!("inode {ino} is not a regular file"),
             ));
         }
+        let chunk0 = if attr.length > 0 {
+            Some(super::layout::decode_chunk(ino, 0, got.next().flatten())?)
+        } else {
+            None
+        };
         Ok(FileReader {
             fs,
             ino,
@@ -119,6 +137,7 @@ impl FileReader {
             }),
             stats: Default::default(),
             min_fetch_ns: Arc::new(AtomicU64::new(u64::MAX)),
+            chunk0: std::sync::Mutex::new(chunk0),
         })
     }
 
@@ -131,6 +150,7 @@ impl FileReader {
     pub async fn invalidate(&self) -> Result<()> {
         let length = self.fs.getattr(self.ino).await?.length;
         let mut st = self.st.lock().await;
+        self.chunk0.lock().unwrap_or_else(|p| p.into_inner()).take();
         st.chunks.clear();
         st.held.clear();
         st.length = length;
@@ -164,7 +184,15 @@ impl FileReader {
         let (a, b) = ((from / CHUNK_SIZE) as u32, ((to - 1) / CHUNK_SIZE) as u32);
         for i in a..=b {
             if let std::collections::hash_map::Entry::Vacant(e) = st.chunks.entry(i) {
-                e.insert(Arc::new(self.fs.load_chunk(self.ino, i).await?));
+                let read = match i {
+                    0 => self.chunk0.lock().unwrap_or_else(|p| p.into_inner()).take(),
+                    _ => None,
+                };
+                let chunk = match read {
+                    Some(recs) => self.fs.with_sums(recs).await?,
+                    None => self.fs.load_chunk(self.ino, i).await?,
+                };
+                e.insert(Arc::new(chunk));
             }
         }
         Ok(())

@@ -438,7 +438,7 @@ impl Filesystem for FuseFs {
     fn readdirplus(
         &self,
         _req: &Request,
-        _i: INodeNo,
+        dir: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
@@ -458,12 +458,12 @@ impl Filesystem for FuseFs {
                     .take(64)
                     .collect();
                 let dots = |n: &[u8]| n == b"." || n == b"..";
-                let inos: Vec<Ino> = page
+                let named: Vec<(&[u8], Ino)> = page
                     .iter()
                     .filter(|(_, (n, _, _))| !dots(n))
-                    .map(|(_, (_, i, _))| *i)
+                    .map(|(_, (n, i, _))| (n.as_slice(), *i))
                     .collect();
-                let mut attrs = v.entry_attrs(&inos).await?.into_iter();
+                let mut attrs = v.entry_attrs(dir.0, &named).await?.into_iter();
                 let mut out = Vec::new();
                 for (pos, (name, i, _)) in page {
                     let (a, rdev) = if dots(name) {
@@ -481,11 +481,13 @@ impl Filesystem for FuseFs {
             move |r| match r {
                 Ok(list) => {
                     for (pos, name, i, a, rdev) in list {
+                        // One TTL for the name and the attributes: the shorter of the two.
                         let ttl = if a.kind == FileKind::Dir {
                             o.ttl.dir_entry
                         } else {
                             o.ttl.entry
-                        };
+                        }
+                        .min(o.ttl.attr);
                         if reply.add(
                             INodeNo(i),
                             pos as u64 + 1,

@@ -37,21 +37,28 @@ impl Vfs {
             .ok_or(libc::EBADF)
     }
 
-    /// Attributes of directory entries for readdirplus, read in one engine call; `None` for
-    /// an entry removed since the directory was opened. Each entry handed to the kernel must
-    /// then be counted as a lookup (`entry_sent`).
-    pub async fn entry_attrs(&self, inos: &[Ino]) -> VResult<Vec<Option<(Attr, u32)>>> {
-        let attrs = self.fs.getattr_many(inos).await.map_err(err)?;
-        let mut out = Vec::with_capacity(inos.len());
-        for (ino, a) in inos.iter().zip(attrs) {
+    /// Attributes of directory `parent`'s entries for readdirplus, read in one engine call
+    /// with the entries themselves; `None` for an entry gone or renamed since the directory
+    /// was opened (the kernel caches what readdirplus names, so a stale name must not be
+    /// handed out). Each entry handed to the kernel must then be counted as a lookup
+    /// (`entry_sent`).
+    pub async fn entry_attrs(
+        &self,
+        parent: Ino,
+        entries: &[(&[u8], Ino)],
+    ) -> VResult<Vec<Option<(Attr, u32)>>> {
+        let now = self.fs.entries_now(parent, entries).await.map_err(err)?;
+        let mut out = Vec::with_capacity(entries.len());
+        for ((_, ino), a) in entries.iter().zip(now) {
             out.push(match a {
-                Some(a) => {
+                None => None,
+                Some(Some(a)) => {
                     let rdev = self.rdev_of(*ino, &a).await?;
                     Some((self.attr_of(*ino, a).await, rdev))
                 }
-                // Gone, or deleted at the primary while open here (a pinned version): the
-                // one-by-one path knows which.
-                None => match self.getattr(*ino).await {
+                // Named, but its attributes gone (deleted at the primary while open here:
+                // a pinned version): the one-by-one path knows which.
+                Some(None) => match self.getattr(*ino).await {
                     Ok(x) => Some(x),
                     Err(libc::ENOENT) | Err(libc::ESTALE) => None,
                     Err(e) => return Err(e),

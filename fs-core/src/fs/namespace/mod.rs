@@ -21,8 +21,8 @@ use crate::types::{now_ns, Attr, FileKind, Ino, ROOT_INO};
 /// The set-group-ID bit of a mode.
 const SETGID: u32 = 0o2000;
 
-/// Who creates a node. In a set-group-ID directory the new node takes the directory's group
-/// instead of `gid` (`create_node`).
+/// Who creates a node. In a set-group-ID directory a mount's new node takes the directory's
+/// group instead of `gid` (`Fs::set_setgid_inherit`).
 #[derive(Debug, Clone, Copy)]
 pub struct Owner {
     pub uid: u32,
@@ -46,14 +46,30 @@ impl Fs {
         get_attr(&mut tx, ino).await
     }
 
-    /// The attributes of each of `inos` in one engine call (a directory listing's entries);
-    /// `None` for an inode that is gone.
-    pub async fn getattr_many(&self, inos: &[Ino]) -> Result<Vec<Option<Attr>>> {
-        let keys: Vec<Vec<u8>> = inos.iter().map(|i| keys::attr(*i)).collect();
-        let values = self.engine.get_many(&keys).await?;
-        inos.iter()
-            .zip(values)
-            .map(|(i, v)| v.map(|v| super::decode_attr(*i, &v)).transpose())
+    /// For entries `(name, ino)` of directory `parent` (a listing's page, possibly read a
+    /// while ago): whether the name still names that inode, and the inode's attributes, all
+    /// in one engine call. `Some(None)`: the name still names it but its attributes are gone
+    /// (a mirror applying a deletion); `None`: the name is gone or names another inode now.
+    pub async fn entries_now(
+        &self,
+        parent: Ino,
+        entries: &[(&[u8], Ino)],
+    ) -> Result<Vec<Option<Option<Attr>>>> {
+        let mut keys: Vec<Vec<u8>> = entries.iter().map(|(_, i)| keys::attr(*i)).collect();
+        keys.extend(entries.iter().map(|(n, _)| keys::dentry(parent, n)));
+        let mut values = self.engine.get_many(&keys).await?;
+        let names = values.split_off(entries.len());
+        entries
+            .iter()
+            .zip(values.into_iter().zip(names))
+            .map(|((_, ino), (attr, name))| {
+                if name.as_deref().and_then(keys::decode_dentry).map(|d| d.0) != Some(*ino) {
+                    return Ok(None);
+                }
+                Ok(Some(
+                    attr.map(|v| super::decode_attr(*ino, &v)).transpose()?,
+                ))
+            })
             .collect()
     }
 
@@ -124,7 +140,7 @@ impl Fs {
             }
             // A set-group-ID directory gives its group to what is created in it, and its
             // set-group-ID bit to new directories (POSIX; the kernel leaves it to FUSE).
-            let (gid, mode) = if pattr.mode & SETGID != 0 {
+            let (gid, mode) = if self.setgid_inherit && pattr.mode & SETGID != 0 {
                 let mode = if kind == FileKind::Dir {
                     mode | SETGID
                 } else {

@@ -3,6 +3,7 @@
 //! each directory whose entries it changes.
 
 use super::touch_dir;
+use crate::engine::Follow;
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
 use crate::fs::{
     check_name, get_attr, get_dir, lookup_entry, lossy, prefetch_entry_and_inode, put_attr,
@@ -116,8 +117,11 @@ impl Fs {
                     keys::attr(new_parent),
                     keys::dentry(new_parent, new_name),
                 ],
-                keys::INODE_PREFIX,
-                &[keys::ATTR_SUFFIX.to_vec()],
+                Follow {
+                    prefix: keys::INODE_PREFIX,
+                    suffixes: &[keys::ATTR_SUFFIX.to_vec()],
+                    range: (&[], &[], 0),
+                },
             )
             .await?;
             let mut pattr = get_dir(&mut tx, parent).await?;
