@@ -153,6 +153,19 @@ impl<'a> Txn<'a> {
         Ok(out)
     }
 
+    /// The keys this transaction writes, with their new values (`None`: deleted).
+    pub(crate) fn written(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.writes.iter().map(|(k, p)| {
+            (
+                k.as_slice(),
+                match p {
+                    Pending::Put(v) => Some(v.as_slice()),
+                    Pending::Delete => None,
+                },
+            )
+        })
+    }
+
     pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
         self.writes.insert(key, Pending::Put(value));
     }

@@ -960,3 +960,55 @@ fn listings_carry_attributes_and_rm_rf_needs_no_lookup_per_name() {
     let o = jfs_in(&v, &["fsck", &v.meta]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// A mount answers the kernel's question for a directory it just changed from its own commit
+/// (the kernel drops its cached attributes of that directory and asks again before the next
+/// change in it): its own changes show at once, another mount's within the attribute-cache
+/// time, as through the kernel's cache.
+#[test]
+fn a_directory_changed_here_shows_its_new_attributes_at_once_and_others_changes_in_time() {
+    let v = new_vol("redis");
+    let a = mount(&v, "a", &["--attr-cache", "1s"]);
+    let b = mount(&v, "b", &["--attr-cache", "1s"]);
+    let d = a.mp.join("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..5 {
+        std::fs::write(d.join(format!("f{i}")), b"x").unwrap();
+    }
+    let before = std::fs::metadata(&d).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::remove_file(d.join("f0")).unwrap();
+    let after = std::fs::metadata(&d).unwrap();
+    assert!(after.mtime_nsec() != before.mtime_nsec() || after.mtime() != before.mtime());
+    // Its own mode change, at once.
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o750)).unwrap();
+    assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o7777, 0o750);
+    std::fs::write(d.join("g"), b"y").unwrap();
+    assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o7777, 0o750);
+    // Another mount's change, within the attribute-cache time (and some slack).
+    std::fs::set_permissions(b.mp.join("d"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let mode = std::fs::metadata(&d).unwrap().mode() & 0o7777;
+        if mode == 0o700 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "a's view of d still has mode {mode:o} 3 s after b changed it"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // And a name b adds is seen by a listing at a.
+    std::fs::write(b.mp.join("d").join("from-b"), b"z").unwrap();
+    let t0 = Instant::now();
+    while !d.join("from-b").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "from-b not seen at a"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.stop();
+    b.stop();
+}

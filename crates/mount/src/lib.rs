@@ -193,6 +193,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
     let open = vfs::OpenFiles::new(sid.clone());
     fs.set_keeper(open.clone());
     fs.set_setgid_inherit(true);
+    fs.set_dir_attr_cache(o.attr_cache);
     let fs = Arc::new(fs);
     // The mount's background loops, under one supervisor stopped with the mount.
     let workers = background::Supervisor::new(background::CancellationToken::new());

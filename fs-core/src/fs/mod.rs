@@ -24,6 +24,7 @@ use crate::storage::{self, StorageFollow};
 use crate::store::BlockStore;
 use crate::txn::Txn;
 use crate::types::{now_ns, Attr, FileKind, Ino, Settings, MAX_NAME_LEN, ROOT_INO};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::Mutex;
 
@@ -46,9 +47,11 @@ macro_rules! transact {
                     if $tx.is_read_only() {
                         break Ok((v, 0u64));
                     }
+                    let written = $fs.dirs_written_by(&$tx);
                     match $tx.commit().await {
                         Ok($crate::engine::CommitOutcome::Committed { seq, .. }) => {
-                            break Ok((v, seq))
+                            $fs.note_commit(written, seq);
+                            break Ok((v, seq));
                         }
                         Ok($crate::engine::CommitOutcome::Conflict) => {
                             attempt += 1;
@@ -87,6 +90,10 @@ pub struct Fs {
     /// as POSIX file systems do; a mount sets this. Tools that copy ownership from a source
     /// (`jfs put`, `jfs-sync`) keep the group they give.
     pub(crate) setgid_inherit: bool,
+    /// Directories' attributes as this process's own commits left them, kept for
+    /// `dir_attr_ttl` (zero: off): see `recent_dir_attr`.
+    dir_attr_ttl: std::time::Duration,
+    dirs_written: std::sync::Mutex<HashMap<Ino, (u64, std::time::Instant, Attr)>>,
 }
 
 /// What a mount tells fs-core about its open files, so that unlinking the last name of an
@@ -352,6 +359,8 @@ impl Fs {
             keeper: None,
             placement,
             setgid_inherit: false,
+            dir_attr_ttl: std::time::Duration::ZERO,
+            dirs_written: Default::default(),
         }
     }
 
@@ -363,6 +372,72 @@ impl Fs {
     /// Keep inodes this process has open past their last unlink (a mount sets this).
     pub fn set_keeper(&mut self, keeper: Arc<dyn Keeper>) {
         self.keeper = Some(keeper);
+    }
+
+    /// Answer `recent_dir_attr` for `ttl` after this process's own commit of a directory's
+    /// attributes (a mount sets its attribute-cache time).
+    pub fn set_dir_attr_cache(&mut self, ttl: std::time::Duration) {
+        self.dir_attr_ttl = ttl;
+    }
+
+    /// A directory's attributes as this process's last commit of them left them, if that was
+    /// less than the attribute-cache time ago. The kernel drops its cached attributes of a
+    /// directory whose entries this mount changed, and asks again before the next change in
+    /// it (a permission check); the answer is what the kernel would have kept for as long,
+    /// and newer. Changes by other clients show after the same time as through the kernel's
+    /// cache.
+    pub fn recent_dir_attr(&self, ino: Ino) -> Option<Attr> {
+        if self.dir_attr_ttl.is_zero() {
+            return None;
+        }
+        let m = self.dirs_written.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&ino)
+            .filter(|(_, at, _)| at.elapsed() < self.dir_attr_ttl)
+            .map(|(_, _, a)| a.clone())
+    }
+
+    /// The inodes whose attributes `tx` writes or deletes, with the new attributes of those
+    /// that are directories (nothing when `recent_dir_attr` is off).
+    pub(crate) fn dirs_written_by(&self, tx: &Txn<'_>) -> Vec<(Ino, Option<Attr>)> {
+        if self.dir_attr_ttl.is_zero() {
+            return Vec::new();
+        }
+        tx.written()
+            .filter_map(|(k, v)| match keys::parse(k) {
+                keys::Key::Attr(ino) => Some((
+                    ino,
+                    v.and_then(|v| decode_attr(ino, v).ok())
+                        .filter(|a| a.kind == FileKind::Dir),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// After a commit at `seq` of what `dirs_written_by` found: remember the directories'
+    /// attributes, forget the other inodes'.
+    pub(crate) fn note_commit(&self, written: Vec<(Ino, Option<Attr>)>, seq: u64) {
+        if written.is_empty() {
+            return;
+        }
+        let mut m = self.dirs_written.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() > 4096 {
+            m.clear();
+        }
+        let now = std::time::Instant::now();
+        for (ino, a) in written {
+            match a {
+                // Concurrent commits may finish out of order: the later entry wins.
+                Some(a) => {
+                    if m.get(&ino).is_none_or(|(s, _, _)| *s < seq) {
+                        m.insert(ino, (seq, now, a));
+                    }
+                }
+                None => {
+                    m.remove(&ino);
+                }
+            }
+        }
     }
 
     /// Give new nodes in a set-group-ID directory its group (a mount sets this).

@@ -360,6 +360,10 @@ impl Vfs {
     }
 
     pub async fn getattr(&self, ino: Ino) -> VResult<(Attr, u32)> {
+        // A directory this mount just changed: the attributes its own commit left.
+        if let Some(a) = self.fs.recent_dir_attr(ino) {
+            return Ok((a, 0));
+        }
         let a = match self.fs.getattr(ino).await {
             Ok(a) => a,
             Err(e) if e.kind() == ErrorKind::NotFound && self.cfg.pin_versions => {
