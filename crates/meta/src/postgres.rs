@@ -94,7 +94,13 @@ impl PgEngine {
     ) -> Result<Self> {
         let mut cfg = cfg;
         cfg.connect_timeout(Duration::from_secs(5));
-        cfg.options(format!("-c search_path={schema}"));
+        // Generic plans: every statement here reads or writes by primary key, so one plan
+        // per prepared statement serves every call. Left to choose, the server plans each
+        // of the first calls of a connection's statements anew and may go on doing so (a
+        // lookup statement planned for 0.2-0.5 ms to run for 0.1 ms).
+        cfg.options(format!(
+            "-c search_path={schema} -c plan_cache_mode=force_generic_plan"
+        ));
         // Fail fast with a clear message (and prove the credentials) before building the pool.
         let (client, mut connection) =
             tokio::time::timeout(Duration::from_secs(10), cfg.connect(NoTls))
@@ -335,8 +341,8 @@ impl Engine for PgEngine {
                    WHERE k = $4 AND length(v) >= 8) \
                  SELECT 0, k, v FROM jfs_kv WHERE k = ANY($1) \
                  UNION ALL \
-                 SELECT 1, k, v FROM jfs_kv WHERE k = ANY(\
-                   SELECT ino.p || s FROM ino, unnest($3::bytea[]) s) \
+                 SELECT 1, f.k, f.v FROM ino, unnest($3::bytea[]) s, LATERAL (\
+                   SELECT k, v FROM jfs_kv WHERE k = ino.p || s) f \
                  UNION ALL \
                  SELECT 2, r.k, r.v FROM ino, LATERAL (\
                    SELECT k, v FROM jfs_kv \
