@@ -125,7 +125,8 @@ fn remove_stale_temp(dir: &std::path::Path) {
 }
 
 /// Write a block of a `file://` store: a temporary file in `<root>/.jfs-tmp`, synced, then
-/// renamed into place (a crash never leaves half a block under a block's name). Done here
+/// renamed into place (a crash never leaves half a block under a block's name), and the
+/// directory synced (the name is durable before the caller commits metadata naming it). Done here
 /// rather than by OpenDAL's fs writer, which reports every error it does not know as
 /// temporary: a read-only or full disk was retried for seconds per block (a cutover's dual
 /// write waited its grace on each). Errors are classified by `Error::from_io`.
@@ -142,15 +143,42 @@ fn put_local(root: &std::path::Path, path: &std::path::Path, data: &[u8]) -> std
     ));
     let written = (|| {
         write_synced(&tmp, data)?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::rename(&tmp, path)
+        let dir = path.parent().unwrap_or(root);
+        create_dirs_synced(dir)?;
+        std::fs::rename(&tmp, path)?;
+        // The new name is durable only once its directory is: without this a power cut
+        // after the metadata commit (on another machine: Redis, PostgreSQL) could leave the
+        // block under its temporary name, and the committed slice without it.
+        sync_dir(dir)
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// `create_dir_all(dir)`, with each directory it creates made durable in its parent.
+fn create_dirs_synced(dir: &std::path::Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(d) = cur.filter(|d| !d.is_dir()) {
+        missing.push(d);
+        cur = d.parent();
+    }
+    std::fs::create_dir_all(dir)?;
+    for d in missing.iter().rev() {
+        if let Some(parent) = d.parent() {
+            sync_dir(parent)?;
+        }
+    }
+    Ok(())
 }
 
 /// Blocks up to this size (the default block size) are read into buffers from a pool.
