@@ -280,9 +280,7 @@ impl RedisEngine {
     }
 
     fn forget_counters(&self) {
-        let mut hint = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        hint.values.clear();
-        hint.head = 0;
+        *self.counters.lock().unwrap_or_else(|p| p.into_inner()) = CounterHint::default();
     }
 
     fn k(&self, key: &[u8]) -> Vec<u8> {

@@ -180,10 +180,11 @@ pub(crate) async fn prefetch_entry_and_inode(
     for_unlink: bool,
 ) -> Result<()> {
     let mut suffixes = vec![keys::ATTR_SUFFIX.to_vec()];
-    let xattr_end = keys::prefix_end(keys::XATTR_SUFFIX);
+    let xattr_end;
     let mut range: (&[u8], &[u8], usize) = (&[], &[], 0);
     if for_unlink {
         suffixes.push(keys::first_chunk_suffix());
+        xattr_end = keys::prefix_end(keys::XATTR_SUFFIX);
         range = (keys::XATTR_SUFFIX, &xattr_end, XATTRS_AHEAD);
     }
     tx.prefetch_via(

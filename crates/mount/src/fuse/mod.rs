@@ -60,6 +60,11 @@ pub fn negotiate(config: &mut KernelConfig) {
     let _ = config.set_max_write(1 << 20);
 }
 
+/// "." or "..": listed, but never looked up.
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         negotiate(config);
@@ -457,16 +462,15 @@ impl Filesystem for FuseFs {
                     .skip(offset as usize)
                     .take(64)
                     .collect();
-                let dots = |n: &[u8]| n == b"." || n == b"..";
                 let named: Vec<(&[u8], Ino)> = page
                     .iter()
-                    .filter(|(_, (n, _, _))| !dots(n))
+                    .filter(|(_, (n, _, _))| !is_dot(n))
                     .map(|(_, (n, i, _))| (n.as_slice(), *i))
                     .collect();
                 let mut attrs = v.entry_attrs(dir.0, &named).await?.into_iter();
                 let mut out = Vec::new();
                 for (pos, (name, i, _)) in page {
-                    let (a, rdev) = if dots(name) {
+                    let (a, rdev) = if is_dot(name) {
                         v.getattr(*i).await?
                     } else {
                         match attrs.next().flatten() {
@@ -499,7 +503,7 @@ impl Filesystem for FuseFs {
                             break;
                         }
                         // The kernel counts "." and ".." entries as no lookup.
-                        if name != b"." && name != b".." {
+                        if !is_dot(&name) {
                             sent.entry_sent(i);
                         }
                     }
