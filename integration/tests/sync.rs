@@ -809,6 +809,11 @@ fn from_journal_copies_exactly_what_changed() {
         "/data/d3/sub0/f00003.dat",
         "/data/d3/sub0/renamed.dat",
     ]);
+    // Files changed in place (their names come from the volume, not from the window): two
+    // in one directory, one in the directory moved next.
+    jfs(&["truncate", &meta, "/data/d5/sub2/f00005.dat", "10"]);
+    jfs(&["truncate", &meta, "/data/d5/sub2/f00026.dat", "20"]);
+    jfs(&["truncate", &meta, "/data/d4/sub1/f00004.dat", "30"]);
     jfs(&["mv", &meta, "/data/d4", "/data/d4-moved"]);
     let (v, err) = run(&[], 0);
     let d4 = (0..200).filter(|i| i % 7 == 4).count(); // files under d4
@@ -822,7 +827,11 @@ fn from_journal_copies_exactly_what_changed() {
         2 + d4 as u64,
         "new + renamed file + the moved directory: {v}"
     );
-    assert_eq!(n(&v, "updated"), 1, "{v}");
+    assert_eq!(
+        n(&v, "updated"),
+        3,
+        "the overwritten and the two truncated: {v}"
+    );
     assert_eq!(
         n(&v, "deleted"),
         2 + d4 as u64,

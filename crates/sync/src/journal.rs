@@ -7,7 +7,7 @@ use crate::run::Options;
 use crate::state::State;
 use anyhow::{bail, Result};
 use fs_core::{Entry, FileKind, Ino, Op, ROOT_INO};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use tokio::sync::mpsc;
 
 /// Decide how this run goes. Returns the journal head to record once the run succeeds.
@@ -83,7 +83,10 @@ struct Paths<'a> {
     vol: &'a VolumeEndpoint,
     /// Names seen in the journal window: the way to name directories deleted since.
     seen: HashMap<Ino, (Ino, String)>,
+    /// Directory paths found so far (None: gone, or being found: a loop ends there).
     cache: HashMap<Ino, Option<String>>,
+    /// The directories listed so far, each at most once a run: its entries' names by inode.
+    names: HashMap<Ino, HashMap<Ino, String>>,
 }
 
 impl Paths<'_> {
@@ -94,16 +97,11 @@ impl Paths<'_> {
         if let Some(p) = self.cache.get(&ino) {
             return p.clone();
         }
-        let p = match self.vol.fs().path_of(ino).await {
-            Ok(p) => Some(p.trim_start_matches('/').to_string()),
-            Err(_) => match self.seen.get(&ino).cloned() {
-                Some((parent, name)) => Box::pin(self.dir(parent)).await.map(|pp| {
-                    if pp.is_empty() {
-                        name
-                    } else {
-                        format!("{pp}/{name}")
-                    }
-                }),
+        self.cache.insert(ino, None);
+        let p = match Box::pin(self.current(ino)).await {
+            Some(p) => Some(p),
+            None => match self.seen.get(&ino).cloned() {
+                Some((parent, name)) => self.child(parent, &name).await,
                 None => None,
             },
         };
@@ -112,13 +110,29 @@ impl Paths<'_> {
     }
 
     async fn child(&mut self, parent: Ino, name: &str) -> Option<String> {
-        self.dir(parent).await.map(|p| {
+        Box::pin(self.dir(parent)).await.map(|p| {
             if p.is_empty() {
                 name.to_string()
             } else {
                 format!("{p}/{name}")
             }
         })
+    }
+
+    /// Where inode `ino` is now: its parent (from its attributes) and its name there; None
+    /// when it is gone. A directory is listed once however many of its entries are asked.
+    async fn current(&mut self, ino: Ino) -> Option<String> {
+        let parent = self.vol.fs().getattr(ino).await.ok()?.parent;
+        if !self.names.contains_key(&parent) {
+            let listed = self.vol.fs().readdir_all(parent).await.ok()?;
+            let by_ino = listed
+                .into_iter()
+                .map(|e| (e.ino, String::from_utf8_lossy(&e.name).into_owned()))
+                .collect();
+            self.names.insert(parent, by_ino);
+        }
+        let name = self.names.get(&parent)?.get(&ino)?.clone();
+        self.child(parent, &name).await
     }
 }
 
@@ -157,15 +171,29 @@ async fn changed_keys(
     entries: &[Entry],
 ) -> Result<Vec<String>> {
     let mut seen = HashMap::new();
+    // Inodes created in the window, with their kind: every name such an inode has was given
+    // in the window (its create, links and renames below add those paths), so a write to it
+    // needs no lookup of its path, nor a rename of it one of its kind.
+    let mut created: HashMap<Ino, FileKind> = HashMap::new();
     for e in entries {
         match &e.op {
             Op::Mknod {
-                parent, name, ino, ..
+                parent,
+                name,
+                ino,
+                kind,
+                ..
+            } => {
+                created.insert(*ino, *kind);
+                seen.insert(*ino, (*parent, name.clone()));
             }
-            | Op::Symlink {
+            Op::Symlink {
                 parent, name, ino, ..
+            } => {
+                created.insert(*ino, FileKind::Symlink);
+                seen.insert(*ino, (*parent, name.clone()));
             }
-            | Op::Unlink {
+            Op::Unlink {
                 parent, name, ino, ..
             }
             | Op::Rmdir { parent, name, ino } => {
@@ -186,9 +214,11 @@ async fn changed_keys(
         vol,
         seen,
         cache: HashMap::new(),
+        names: HashMap::new(),
     };
     let mut volume_paths: BTreeSet<String> = BTreeSet::new();
     let mut renamed_dirs: Vec<(String, String)> = Vec::new();
+    let mut looked_up: HashSet<Ino> = HashSet::new();
     for e in entries {
         match &e.op {
             Op::Mknod { parent, name, .. }
@@ -211,20 +241,27 @@ async fn changed_keys(
                     paths.child(*parent, name).await,
                     paths.child(*new_parent, new_name).await,
                 );
-                let is_dir = vol
-                    .fs()
-                    .getattr(*ino)
-                    .await
-                    .map(|a| a.kind == FileKind::Dir)
-                    .unwrap_or(false);
+                let is_dir = match created.get(ino) {
+                    Some(k) => *k == FileKind::Dir,
+                    None => vol
+                        .fs()
+                        .getattr(*ino)
+                        .await
+                        .map(|a| a.kind == FileKind::Dir)
+                        .unwrap_or(false),
+                };
                 match (old, new) {
                     (Some(o), Some(n)) if is_dir => renamed_dirs.push((o, n)),
                     (o, n) => volume_paths.extend(o.into_iter().chain(n)),
                 }
             }
             Op::SetAttr { ino, .. } | Op::Write { ino, .. } => {
-                if let Ok(p) = vol.fs().path_of(*ino).await {
-                    volume_paths.insert(p.trim_start_matches('/').to_string());
+                // Once per inode, and not at all for one created in the window.
+                if created.contains_key(ino) || !looked_up.insert(*ino) {
+                    continue;
+                }
+                if let Some(p) = paths.current(*ino).await {
+                    volume_paths.insert(p);
                 }
             }
             _ => {}
