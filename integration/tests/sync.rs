@@ -847,6 +847,29 @@ fn from_journal_copies_exactly_what_changed() {
     // Nothing changed: nothing to do.
     let (v, _) = run(&[], 0);
     assert_eq!(n(&v, "listed"), 0);
+    // Directories in one window: one made, renamed and removed (the destination never had
+    // it); one made, filled and renamed; one that existed, renamed, then removed (the
+    // destination's copy of it goes).
+    jfs(&["mkdir", &meta, "/data/t1"]);
+    jfs(&["mv", &meta, "/data/t1", "/data/t2"]);
+    jfs(&["rm", &meta, "/data/t2"]);
+    jfs(&["mkdir", &meta, "/data/n1"]);
+    jfs(&["put", &meta, s(&t.path().join("new")), "/data/n1/q"]);
+    jfs(&["mv", &meta, "/data/n1", "/data/n2"]);
+    jfs(&["mv", &meta, "/data/d6", "/data/d6x"]);
+    jfs(&["rm", "-r", &meta, "/data/d6x"]);
+    let (v, err) = run(&[], 0);
+    let d6 = (0..200).filter(|i| i % 7 == 6).count() as u64;
+    assert_eq!(n(&v, "copied"), 1, "n2/q: {v} {err}");
+    assert!(n(&v, "deleted") >= d6, "d6's files: {v}");
+    std::fs::remove_dir_all(&out).unwrap();
+    jfs(&["get", &meta, "/data", s(&out)]);
+    assert_eq!(
+        bytes_only(&tree(&out)),
+        bytes_only(&tree(&dst)),
+        "same as the volume after the directory changes"
+    );
+    assert!(!dst.join("d6").exists() && !dst.join("t2").exists());
     // Trim the journal past the recorded point: a full listing, said loudly.
     jfs(&["mkdir", &meta, "/data/late"]);
     let engine_trim = Command::new(bin("jfs"))

@@ -697,7 +697,10 @@ impl Engine for RocksEngine {
             batch.delete_cf(inner.cf(CF_META), HEAD);
             inner.write(batch)?;
             inner.head.store(0, Ordering::SeqCst);
-            inner.sync_wal()
+            inner.sync_wal()?;
+            // Commits only raise the head waiters see: a reset lowers it here.
+            inner.tx.send_replace(0);
+            Ok(())
         })
         .await
         .map_err(|e| Error::new(ErrorKind::Backend, format!("install task failed: {e}")))?

@@ -87,7 +87,12 @@ struct Paths<'a> {
     cache: HashMap<Ino, Option<String>>,
     /// The directories listed so far, each at most once a run: its entries' names by inode.
     names: HashMap<Ino, HashMap<Ino, String>>,
+    /// Names held in `names`.
+    held: usize,
 }
+
+/// At most this many names of listed directories are kept while the keys are found.
+const NAMES_HELD: usize = 1 << 20;
 
 impl Paths<'_> {
     async fn dir(&mut self, ino: Ino) -> Option<String> {
@@ -125,6 +130,13 @@ impl Paths<'_> {
         let parent = self.vol.fs().getattr(ino).await.ok()?.parent;
         if !self.names.contains_key(&parent) {
             let listed = self.vol.fs().readdir_all(parent).await.ok()?;
+            // Listings kept for the run stay under a bound (a window touching many large
+            // directories lists some again rather than holding them all).
+            self.held += listed.len();
+            if self.held > NAMES_HELD {
+                self.names.clear();
+                self.held = listed.len();
+            }
             let by_ino = listed
                 .into_iter()
                 .map(|e| (e.ino, String::from_utf8_lossy(&e.name).into_owned()))
@@ -160,7 +172,14 @@ async fn keys_under(ep: &dyn Endpoint, prefix: &str, out: &mut BTreeSet<String>)
         Ok(())
     };
     let (l, c) = tokio::join!(lister, collect);
-    l?;
+    if let Err(e) = l {
+        // A directory this side never had (made and renamed in the window; renamed, then
+        // removed): nothing under it. Any other listing error stops the run.
+        if matches!(ep.stat(prefix).await, Ok(None)) {
+            return Ok(());
+        }
+        return Err(e);
+    }
     c
 }
 
@@ -175,6 +194,9 @@ async fn changed_keys(
     // in the window (its create, links and renames below add those paths), so a write to it
     // needs no lookup of its path, nor a rename of it one of its kind.
     let mut created: HashMap<Ino, FileKind> = HashMap::new();
+    // Directories removed in the window: a rename of one is a directory's rename, though it
+    // is gone now (the destination still has what was under its old name).
+    let mut removed_dirs: HashSet<Ino> = HashSet::new();
     for e in entries {
         match &e.op {
             Op::Mknod {
@@ -195,8 +217,11 @@ async fn changed_keys(
             }
             Op::Unlink {
                 parent, name, ino, ..
+            } => {
+                seen.insert(*ino, (*parent, name.clone()));
             }
-            | Op::Rmdir { parent, name, ino } => {
+            Op::Rmdir { parent, name, ino } => {
+                removed_dirs.insert(*ino);
                 seen.insert(*ino, (*parent, name.clone()));
             }
             Op::Rename {
@@ -215,6 +240,7 @@ async fn changed_keys(
         seen,
         cache: HashMap::new(),
         names: HashMap::new(),
+        held: 0,
     };
     let mut volume_paths: BTreeSet<String> = BTreeSet::new();
     let mut renamed_dirs: Vec<(String, String)> = Vec::new();
@@ -243,6 +269,7 @@ async fn changed_keys(
                 );
                 let is_dir = match created.get(ino) {
                     Some(k) => *k == FileKind::Dir,
+                    None if removed_dirs.contains(ino) => true,
                     None => vol
                         .fs()
                         .getattr(*ino)
