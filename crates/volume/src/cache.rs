@@ -61,14 +61,25 @@ pub struct CacheUsage {
     pub capacity: u64,
 }
 
-fn encode(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + data.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&[VERSION, 0, 0, 0]);
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
-    out.extend_from_slice(data);
-    out
+/// The header a cache file starts with: magic, version, the block's length and CRC32C.
+fn header(len: usize, crc: u32) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..4].copy_from_slice(MAGIC);
+    h[4] = VERSION;
+    h[8..12].copy_from_slice(&(len as u32).to_le_bytes());
+    h[12..16].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Write the header, then the block, from where they are (no copy of the block joined to
+/// its header).
+fn write_file(f: &mut std::fs::File, head: &[u8], data: &[u8]) -> std::io::Result<()> {
+    let mut done = f.write_vectored(&[std::io::IoSlice::new(head), std::io::IoSlice::new(data)])?;
+    if done < head.len() {
+        f.write_all(&head[done..])?;
+        done = head.len();
+    }
+    f.write_all(&data[done - head.len()..])
 }
 
 /// The data of a cache file, if it is whole and is the block `want_len` long, with the
@@ -291,6 +302,17 @@ impl DiskCache {
     /// Store a block (not synced: see `sync`). Returns false when the block was not cached
     /// (too big for the cache, or the disk is at its floor).
     pub async fn insert(self: &Arc<Self>, key: &str, data: Bytes) -> Result<bool> {
+        self.insert_checked(key, data, None).await
+    }
+
+    /// `insert` of a block already checked against its CRC32C `crc` (a fetch verified
+    /// against the slice's checksum): the cache file records it without computing it again.
+    pub async fn insert_checked(
+        self: &Arc<Self>,
+        key: &str,
+        data: Bytes,
+        crc: Option<u32>,
+    ) -> Result<bool> {
         let Some((path, len)) = self.rel_path(key) else {
             return Ok(false);
         };
@@ -305,7 +327,7 @@ impl DiskCache {
         }
         let me = self.clone();
         let key = key.to_string();
-        tokio::task::spawn_blocking(move || me.insert_blocking(&key, &path, &data))
+        tokio::task::spawn_blocking(move || me.insert_blocking(&key, &path, &data, crc))
             .await
             .map_err(|e| Error::new(ErrorKind::Backend, format!("cache writer: {e}")))?
     }
@@ -324,7 +346,13 @@ impl DiskCache {
         .map_err(|e| io_err("syncing", &self.root, e))
     }
 
-    fn insert_blocking(&self, key: &str, path: &Path, data: &[u8]) -> Result<bool> {
+    fn insert_blocking(
+        &self,
+        key: &str,
+        path: &Path,
+        data: &[u8],
+        crc: Option<u32>,
+    ) -> Result<bool> {
         let size = (HEADER + data.len()) as u64;
         if size > self.capacity || !self.make_room(size) {
             self.metrics.cache_skipped.inc();
@@ -339,8 +367,9 @@ impl DiskCache {
                 rand::random::<u32>()
             ));
             let res = (|| {
+                let crc = crc.unwrap_or_else(|| crc32c::crc32c(data));
                 let mut f = std::fs::File::create(&tmp)?;
-                f.write_all(&encode(data))?;
+                write_file(&mut f, &header(data.len(), crc), data)?;
                 std::fs::rename(&tmp, path)
             })();
             if res.is_err() {
@@ -504,6 +533,28 @@ pub(crate) mod tests {
             assert!(c.lookup(&key(2, 1000), Some(good)).await.is_some());
             assert!(c.lookup(&key(2, 1000), Some(good ^ 1)).await.is_none());
             assert!(!p(2).exists());
+        });
+    }
+
+    /// A block inserted with the checksum its fetch verified is stored byte for byte as one
+    /// whose checksum the cache computes, and reads back under that checksum.
+    #[test]
+    fn a_block_inserted_with_its_checksum_is_the_same_file() {
+        let d = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let c = open(d.path(), 1 << 24);
+            let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+            let crc = crc32c::crc32c(&data);
+            let (a, b) = (key(1, data.len() as u32), key(2, data.len() as u32));
+            assert!(c.insert(&a, Bytes::from(data.clone())).await.unwrap());
+            assert!(c
+                .insert_checked(&b, Bytes::from(data.clone()), Some(crc))
+                .await
+                .unwrap());
+            let file = |k: &str| std::fs::read(c.rel_path(k).unwrap().0).unwrap();
+            assert_eq!(file(&a), file(&b));
+            assert_eq!(file(&b).len(), HEADER + data.len());
+            assert_eq!(c.lookup(&b, Some(crc)).await.unwrap(), data);
         });
     }
 

@@ -68,7 +68,8 @@ impl CachedStore {
                     Ok(permit) => {
                         let b = b.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = c.insert(&k, b).await {
+                            let crc = want.and_then(|w| w.crc);
+                            if let Err(e) = c.insert_checked(&k, b, crc).await {
                                 tracing::warn!(error = %e, "caching a block failed; reads go to the store");
                             }
                             drop(permit);
@@ -101,7 +102,7 @@ impl CachedStore {
             return Ok(false);
         }
         let b = self.inner.get_block_to_keep(key, want).await?;
-        if !c.insert(key, b).await? {
+        if !c.insert_checked(key, b, want.crc).await? {
             return Err(Error::new(
                 ErrorKind::Backend,
                 format!(
