@@ -71,17 +71,6 @@ fn header(len: usize, crc: u32) -> [u8; HEADER] {
     h
 }
 
-/// Write the header, then the block, from where they are (no copy of the block joined to
-/// its header).
-fn write_file(f: &mut std::fs::File, head: &[u8], data: &[u8]) -> std::io::Result<()> {
-    let mut done = f.write_vectored(&[std::io::IoSlice::new(head), std::io::IoSlice::new(data)])?;
-    if done < head.len() {
-        f.write_all(&head[done..])?;
-        done = head.len();
-    }
-    f.write_all(&data[done - head.len()..])
-}
-
 /// The data of a cache file, if it is whole and is the block `want_len` long, with the
 /// CRC32C it was stored with (checked here against the data).
 fn decode(file: Vec<u8>, want_len: u32) -> Option<(Bytes, u32)> {
@@ -369,7 +358,9 @@ impl DiskCache {
             let res = (|| {
                 let crc = crc.unwrap_or_else(|| crc32c::crc32c(data));
                 let mut f = std::fs::File::create(&tmp)?;
-                write_file(&mut f, &header(data.len(), crc), data)?;
+                // The header, then the block from where it is (no copy joining the two).
+                f.write_all(&header(data.len(), crc))?;
+                f.write_all(data)?;
                 std::fs::rename(&tmp, path)
             })();
             if res.is_err() {
