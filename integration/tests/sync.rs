@@ -870,6 +870,53 @@ fn from_journal_copies_exactly_what_changed() {
         "same as the volume after the directory changes"
     );
     assert!(!dst.join("d6").exists() && !dst.join("t2").exists());
+    // Hard links made in one window, the files changed in place in the next: every name of
+    // the inode is re-copied, whether it shares the recorded parent or not.
+    jfs(&["ln", &meta, "/data/d0/sub0/f00000.dat", "/data/d1/far"]);
+    jfs(&[
+        "ln",
+        &meta,
+        "/data/d0/sub1/f00007.dat",
+        "/data/d0/sub1/twin",
+    ]);
+    let (v, err) = run(&[], 0);
+    assert_eq!(n(&v, "copied"), 2, "the two new names: {v} {err}");
+    // Both names in one directory: found there, no listing.
+    jfs(&["truncate", &meta, "/data/d0/sub1/twin", "6"]);
+    let (v, err) = run(&[], 0);
+    assert_eq!(n(&v, "updated"), 2, "both names: {v} {err}");
+    assert_eq!(n(&v, "listed"), 2, "{v} {err}");
+    // A name in another directory is found only by listing: a full listing, said loudly.
+    jfs(&["truncate", &meta, "/data/d1/far", "5"]);
+    let (v, err) = run(&[], 0);
+    assert_eq!(n(&v, "updated"), 2, "both names: {v} {err}");
+    assert!(
+        err.contains("hard links") && err.contains("FULL LISTING"),
+        "{err}"
+    );
+    // Linked and changed in one window: the new name's directory is looked in too.
+    jfs(&["ln", &meta, "/data/d0/sub2/f00014.dat", "/data/d2/near"]);
+    jfs(&["truncate", &meta, "/data/d2/near", "7"]);
+    let (v, err) = run(&[], 0);
+    assert!(!err.contains("FULL LISTING"), "{err}");
+    assert_eq!(
+        n(&v, "copied") + n(&v, "updated"),
+        2,
+        "both names: {v} {err}"
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+    jfs(&["get", &meta, "/data", s(&out)]);
+    assert_eq!(
+        bytes_only(&tree(&out)),
+        bytes_only(&tree(&dst)),
+        "same as the volume after changes to hard-linked files"
+    );
+    assert_eq!(
+        std::fs::metadata(dst.join("d0/sub0/f00000.dat"))
+            .unwrap()
+            .len(),
+        5
+    );
     // Trim the journal past the recorded point: a full listing, said loudly.
     jfs(&["mkdir", &meta, "/data/late"]);
     let engine_trim = Command::new(bin("jfs"))

@@ -70,7 +70,15 @@ pub async fn changes(
             next = seq + 1;
         }
     }
-    let keys = changed_keys(vol, src, dst, &entries).await?;
+    let keys = match changed_keys(vol, src, dst, &entries).await? {
+        Changed::Keys(keys) => keys,
+        Changed::Unnamed { ino, nlink, found } => {
+            cli_common::eprintln!(
+                "jfs-sync: WARNING: --from-journal: inode {ino} changed in place and has {nlink} names (hard links), {found} of them found where the journal points: the others are found only by listing: falling back to a FULL LISTING this run"
+            );
+            return Ok((None, head));
+        }
+    };
     cli_common::eprintln!(
         "jfs-sync: --from-journal: entries {}..={head} touch {} keys",
         since + 1,
@@ -85,8 +93,9 @@ struct Paths<'a> {
     seen: HashMap<Ino, (Ino, String)>,
     /// Directory paths found so far (None: gone, or being found: a loop ends there).
     cache: HashMap<Ino, Option<String>>,
-    /// The directories listed so far, each at most once a run: its entries' names by inode.
-    names: HashMap<Ino, HashMap<Ino, String>>,
+    /// The directories listed so far, each at most once a run: its entries' names by inode
+    /// (more than one where hard links share the directory).
+    names: HashMap<Ino, HashMap<Ino, Vec<String>>>,
     /// Names held in `names`.
     held: usize,
 }
@@ -128,6 +137,12 @@ impl Paths<'_> {
     /// when it is gone. A directory is listed once however many of its entries are asked.
     async fn current(&mut self, ino: Ino) -> Option<String> {
         let parent = self.vol.fs().getattr(ino).await.ok()?.parent;
+        let name = self.names_in(parent, ino).await?.first()?.clone();
+        self.child(parent, &name).await
+    }
+
+    /// The names inode `ino` has in directory `parent` now (listed once a run).
+    async fn names_in(&mut self, parent: Ino, ino: Ino) -> Option<&Vec<String>> {
         if !self.names.contains_key(&parent) {
             let listed = self.vol.fs().readdir_all(parent).await.ok()?;
             // Listings kept for the run stay under a bound (a window touching many large
@@ -137,15 +152,58 @@ impl Paths<'_> {
                 self.names.clear();
                 self.held = listed.len();
             }
-            let by_ino = listed
-                .into_iter()
-                .map(|e| (e.ino, String::from_utf8_lossy(&e.name).into_owned()))
-                .collect();
+            let mut by_ino: HashMap<Ino, Vec<String>> = HashMap::new();
+            for e in listed {
+                let name = String::from_utf8_lossy(&e.name).into_owned();
+                by_ino.entry(e.ino).or_default().push(name);
+            }
             self.names.insert(parent, by_ino);
         }
-        let name = self.names.get(&parent)?.get(&ino)?.clone();
-        self.child(parent, &name).await
+        self.names.get(&parent)?.get(&ino)
     }
+
+    /// Every path of file `ino` now, looked for in its recorded parent and in `also` (the
+    /// directories the window linked or renamed it into). Err((nlink, found)) when it has
+    /// more names than were found there: hard links elsewhere, found only by listing.
+    async fn all_paths(
+        &mut self,
+        ino: Ino,
+        also: &[Ino],
+    ) -> std::result::Result<Vec<String>, (u32, usize)> {
+        let Ok(attr) = self.vol.fs().getattr(ino).await else {
+            return Ok(Vec::new()); // gone: its removal named its paths
+        };
+        let mut dirs = vec![attr.parent];
+        for d in also {
+            if !dirs.contains(d) {
+                dirs.push(*d);
+            }
+        }
+        let mut out = Vec::new();
+        for d in dirs {
+            let names = self.names_in(d, ino).await.cloned().unwrap_or_default();
+            for name in names {
+                if let Some(p) = self.child(d, &name).await {
+                    out.push(p);
+                }
+            }
+        }
+        if attr.kind != FileKind::Dir && (attr.nlink as usize) > out.len() {
+            return Err((attr.nlink, out.len()));
+        }
+        Ok(out)
+    }
+}
+
+/// What the journal window asks to look at.
+enum Changed {
+    Keys(Vec<String>),
+    /// A file changed in place has names the window and its directory do not show.
+    Unnamed {
+        ino: Ino,
+        nlink: u32,
+        found: usize,
+    },
 }
 
 /// Keys under `prefix` (a directory key ending in '/') on one side.
@@ -188,8 +246,10 @@ async fn changed_keys(
     src: &dyn Endpoint,
     dst: &dyn Endpoint,
     entries: &[Entry],
-) -> Result<Vec<String>> {
+) -> Result<Changed> {
     let mut seen = HashMap::new();
+    // Directories the window linked or renamed each inode into (where its other names are).
+    let mut linked_into: HashMap<Ino, Vec<Ino>> = HashMap::new();
     // Inodes created in the window, with their kind: every name such an inode has was given
     // in the window (its create, links and renames below add those paths), so a write to it
     // needs no lookup of its path, nor a rename of it one of its kind.
@@ -230,7 +290,11 @@ async fn changed_keys(
                 ino,
                 ..
             } => {
+                linked_into.entry(*ino).or_default().push(*new_parent);
                 seen.insert(*ino, (*new_parent, new_name.clone()));
+            }
+            Op::Link { ino, parent, .. } => {
+                linked_into.entry(*ino).or_default().push(*parent);
             }
             _ => {}
         }
@@ -287,8 +351,16 @@ async fn changed_keys(
                 if created.contains_key(ino) || !looked_up.insert(*ino) {
                     continue;
                 }
-                if let Some(p) = paths.current(*ino).await {
-                    volume_paths.insert(p);
+                let also = linked_into.get(ino).map(Vec::as_slice).unwrap_or(&[]);
+                match paths.all_paths(*ino, also).await {
+                    Ok(ps) => volume_paths.extend(ps),
+                    Err((nlink, found)) => {
+                        return Ok(Changed::Unnamed {
+                            ino: *ino,
+                            nlink,
+                            found,
+                        })
+                    }
                 }
             }
             _ => {}
@@ -309,5 +381,5 @@ async fn changed_keys(
             keys_under(dst, &format!("{k}/"), &mut keys).await?;
         }
     }
-    Ok(keys.into_iter().collect())
+    Ok(Changed::Keys(keys.into_iter().collect()))
 }
