@@ -103,6 +103,66 @@ impl Drop for Inner {
                 }
             }
         }
+        self.merge_small_tables();
+    }
+}
+
+/// A table smaller than this is one a short-lived writer's close left (its flush).
+const SMALL_TABLE: usize = 1 << 20;
+/// A close that finds this many small tables in a column family merges them.
+const SMALL_TABLES_BOUND: usize = 32;
+/// ... unless the tables their key range overlaps hold more than this (a merge that would
+/// rewrite a large part of the column family is left to RocksDB's own compactions).
+const MERGE_AT_CLOSE_MAX: usize = 64 << 20;
+
+impl Inner {
+    /// Each short-lived writer (a `jfs put`, every `jfs-sync` pass into a volume) flushes a
+    /// small table per column family at close. Where keys only grow (the journal) such
+    /// tables overlap nothing below them, so RocksDB moves them down whole instead of
+    /// merging them, and their number grows by one a close without bound. Past a bound, a
+    /// close merges the small tables of a column family into one sorted run.
+    fn merge_small_tables(&self) {
+        let Ok(files) = self.db.live_files() else {
+            return;
+        };
+        for name in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META] {
+            let Some(cf) = self.db.cf_handle(name) else {
+                continue;
+            };
+            let mine: Vec<&rocksdb::LiveFile> = files
+                .iter()
+                .filter(|f| f.column_family_name == name)
+                .collect();
+            let small: Vec<&&rocksdb::LiveFile> =
+                mine.iter().filter(|f| f.size < SMALL_TABLE).collect();
+            if small.len() < SMALL_TABLES_BOUND {
+                continue;
+            }
+            let (Some(start), Some(end)) = (
+                small.iter().filter_map(|f| f.start_key.clone()).min(),
+                small.iter().filter_map(|f| f.end_key.clone()).max(),
+            ) else {
+                continue;
+            };
+            let overlapped: usize = mine
+                .iter()
+                .filter(|f| match (&f.start_key, &f.end_key) {
+                    (Some(s), Some(e)) => *s <= end && *e >= start,
+                    _ => true,
+                })
+                .map(|f| f.size)
+                .sum();
+            if overlapped > MERGE_AT_CLOSE_MAX {
+                tracing::debug!(path = %self.path.display(), cf = name, small = small.len(), overlapped, "small tables left to RocksDB's compactions");
+                continue;
+            }
+            let t = std::time::Instant::now();
+            let mut o = rocksdb::CompactOptions::default();
+            o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            self.db
+                .compact_range_cf_opt(&cf, Some(&start), Some(&end), &o);
+            tracing::debug!(path = %self.path.display(), cf = name, small = small.len(), bytes = overlapped, ms = t.elapsed().as_millis() as u64, "small tables merged at close");
+        }
     }
 }
 
@@ -797,6 +857,37 @@ mod tests {
         assert!(!stale.exists(), "a dead process's secondary dir was left");
         assert!(mine.exists(), "a live process's secondary dir was removed");
         std::fs::remove_dir_all(&mine).unwrap();
+    }
+
+    /// Short-lived writers, one after another (a `jfs put` or `jfs-sync` pass each), each
+    /// adding keys past all earlier ones (as the journal does): the tables their closes
+    /// leave are merged instead of growing in number by one a close, and every key written
+    /// is read back after the last reopen.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn short_lived_writers_do_not_pile_up_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v");
+        drop(RocksEngine::open(&p, RocksMode::ReadWrite, true, false).unwrap());
+        std::fs::create_dir_all(p.join("jfs-aux")).unwrap();
+        std::fs::write(p.join("jfs-aux").join(fs_core::site::MARKER), b"{}").unwrap();
+        let writers = 3 * SMALL_TABLES_BOUND as u32;
+        for i in 0..writers {
+            let w = RocksEngine::open(&p, RocksMode::ReadWrite, true, false).unwrap();
+            w.install_put(&[(format!("k{i:04}").into_bytes(), vec![i as u8; 1000])])
+                .await
+                .unwrap();
+            drop(w);
+        }
+        let w = RocksEngine::open(&p, RocksMode::ReadWrite, true, false).unwrap();
+        let tables = w.inner.db.live_files().unwrap().len();
+        assert!(
+            tables <= SMALL_TABLES_BOUND + 3,
+            "{tables} tables after {writers} writers"
+        );
+        for i in 0..writers {
+            let v = w.get(format!("k{i:04}").as_bytes()).await.unwrap();
+            assert_eq!(v, Some(vec![i as u8; 1000]), "k{i:04}");
+        }
     }
 }
 
