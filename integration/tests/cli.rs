@@ -183,6 +183,49 @@ fn put_get_tree_with_a_100_mib_file_and_1000_small_files() {
         report.contains("BROKEN /data/big.bin") && report.contains(&victim),
         "{report}"
     );
+    // Three small files lose their block too: each is named by its own path (the paths of
+    // many broken files are found with one listing of their directory).
+    let small: Vec<String> = objects
+        .iter()
+        .filter(|(_, l)| *l < 4 << 20)
+        .take(3)
+        .map(|(k, _)| k.clone())
+        .collect();
+    let kept: Vec<Vec<u8>> = small
+        .iter()
+        .map(|k| std::fs::read(store.join(k)).unwrap())
+        .collect();
+    for k in &small {
+        std::fs::remove_file(store.join(k)).unwrap();
+    }
+    let o = jfs(&["fsck", &meta]);
+    assert_eq!(o.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&o.stdout);
+    let named: Vec<&str> = report
+        .lines()
+        .filter(|l| l.contains("BROKEN") && !l.contains("big.bin"))
+        .collect();
+    assert_eq!(named.len(), 3, "{report}");
+    let mut paths = std::collections::HashSet::new();
+    for k in &small {
+        assert!(report.contains(k.as_str()), "{k}: {report}");
+    }
+    for line in &named {
+        let path = line
+            .split_whitespace()
+            .find(|w| w.starts_with("/data/d"))
+            .unwrap_or_else(|| panic!("no path in {line}"));
+        let path = path.trim_end_matches(':');
+        let rel = path.trim_start_matches("/data/");
+        assert!(
+            src.join(rel).is_file(),
+            "{path} is not a file of the tree: {report}"
+        );
+        assert!(paths.insert(path), "{path} twice: {report}");
+    }
+    for (k, b) in small.iter().zip(kept) {
+        std::fs::write(store.join(k), b).unwrap();
+    }
     // ls, cat and the other namespace commands
     assert!(ok(&["ls", &meta, "/data"]).lines().any(|l| l == "big.bin"));
     assert_eq!(

@@ -138,11 +138,13 @@ impl Fs {
             }
         }
         bad.sort();
+        let inos: Vec<Ino> = bad.iter().map(|b| b.0).collect();
+        let paths = self.paths_of(&inos).await;
         for (ino, key, problem) in bad {
-            let path = self
-                .path_of(ino)
-                .await
-                .unwrap_or_else(|_| format!("<inode {ino}>"));
+            let path = paths
+                .get(&ino)
+                .cloned()
+                .unwrap_or_else(|| format!("<inode {ino}>"));
             report.broken.push(BrokenBlock {
                 ino,
                 path,

@@ -6,6 +6,7 @@ use crate::journal::Op;
 use crate::keys;
 use crate::txn::Txn;
 use crate::types::{now_ns, Attr, DirEntry, FileKind, Ino, SetAttr, StatFs, ROOT_INO};
+use std::collections::{HashMap, HashSet};
 
 impl Fs {
     pub async fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
@@ -212,5 +213,52 @@ impl Fs {
         }
         parts.reverse();
         Ok(format!("/{}", parts.join("/")))
+    }
+
+    /// `path_of` for many inodes at once: each parent directory is listed once however many
+    /// of the inodes it holds (fsck's report of a lost store names every file of a large
+    /// directory). An inode whose path cannot be read is named `<inode N>`.
+    pub async fn paths_of(&self, inos: &[Ino]) -> HashMap<Ino, String> {
+        let mut by_parent: HashMap<Ino, HashSet<Ino>> = HashMap::new();
+        let mut out = HashMap::new();
+        let mut seen = HashSet::new();
+        for &ino in inos {
+            if !seen.insert(ino) {
+                continue;
+            }
+            match self.getattr(ino).await {
+                Ok(a) if ino != ROOT_INO => {
+                    by_parent.entry(a.parent).or_default().insert(ino);
+                }
+                Ok(_) => {
+                    out.insert(ino, "/".to_string());
+                }
+                Err(_) => {
+                    out.insert(ino, format!("<inode {ino}>"));
+                }
+            }
+        }
+        for (parent, wanted) in by_parent {
+            let dir = self
+                .path_of(parent)
+                .await
+                .unwrap_or_else(|_| format!("<inode {parent}>"));
+            let mut names: HashMap<Ino, String> = HashMap::new();
+            if let Ok(listed) = self.readdir_all(parent).await {
+                for e in listed {
+                    if wanted.contains(&e.ino) {
+                        names.entry(e.ino).or_insert_with(|| lossy(&e.name));
+                    }
+                }
+            }
+            for ino in wanted {
+                let name = names
+                    .remove(&ino)
+                    .unwrap_or_else(|| format!("<inode {ino}>"));
+                let sep = if dir.ends_with('/') { "" } else { "/" };
+                out.insert(ino, format!("{dir}{sep}{name}"));
+            }
+        }
+        out
     }
 }
