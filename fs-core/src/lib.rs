@@ -84,6 +84,7 @@ pub use error::{Error, ErrorKind, ErrorStatus, Result};
 pub use fs::namespace::Owner;
 pub use fs::{
     BlockBuf, BlockPool, Budget, FileReader, FileWriter, Fs, Keeper, NewSlice, ReadAhead,
+    MIN_WINDOW_BLOCKS,
 };
 pub use journal::{CommitRequest, Entry, Mutation, Op};
 pub use path::VolPath;

@@ -129,9 +129,27 @@ fn drop_caches() -> Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping the page cache (run as root)")
 }
 
-/// Read `p` whole with 1 MiB reads, page cache dropped first: MiB/s.
-fn read_rate(p: &Path) -> Result<f64> {
+/// CPU seconds the whole machine has been busy so far (user, nice, system, irq and softirq
+/// of every core, from /proc/stat; idle, I/O wait and time stolen by the host not counted).
+fn machine_busy_s() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|t| t.parse().unwrap_or(0))
+        .collect();
+    let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|i| ticks.get(*i)).sum();
+    Ok(busy as f64 / rustix::param::clock_ticks_per_second() as f64)
+}
+
+/// Read `p` whole with 1 MiB reads, page cache dropped first: MiB/s, and the machine's busy
+/// CPU seconds per GiB read.
+fn read_rate(p: &Path) -> Result<(f64, f64)> {
     drop_caches()?;
+    let cpu0 = machine_busy_s()?;
     let mut f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
     let mut buf = vec![0u8; PIECE];
     let t = Instant::now();
@@ -144,7 +162,9 @@ fn read_rate(p: &Path) -> Result<f64> {
         total += n as u64;
     }
     let s = t.elapsed().as_secs_f64();
-    Ok(total as f64 / (1 << 20) as f64 / s)
+    let gib = total as f64 / (1u64 << 30) as f64;
+    let cpu = (machine_busy_s()? - cpu0) / gib;
+    Ok((total as f64 / (1 << 20) as f64 / s, cpu))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -182,19 +202,30 @@ fn main() -> Result<()> {
     let bg = session.spawn()?;
     mount::raise_kernel_readahead(&a.mountpoint, mount::KERNEL_READAHEAD_KB);
     let file = a.mountpoint.join(NAME);
-    let result = (|| -> Result<(f64, f64)> {
-        let (mut local, mut fuse) = (Vec::new(), Vec::new());
+    let result = (|| -> Result<[f64; 4]> {
+        let (mut local, mut fuse, mut local_cpu, mut fuse_cpu) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.rounds {
-            local.push(read_rate(&a.local)?);
-            fuse.push(read_rate(&file)?);
+            let (rate, cpu) = read_rate(&a.local)?;
+            local.push(rate);
+            local_cpu.push(cpu);
+            let (rate, cpu) = read_rate(&file)?;
+            fuse.push(rate);
+            fuse_cpu.push(cpu);
         }
-        Ok((median(local), median(fuse)))
+        Ok([
+            median(local),
+            median(fuse),
+            median(local_cpu),
+            median(fuse_cpu),
+        ])
     })();
     // AutoUnmount leaves the unmount to fusermount3's watcher; detach now so the request
     // loops end (as `jfs mount` does on SIGTERM).
     mount::mounts::lazy_unmount(&a.mountpoint)?;
     bg.join()?;
-    let (local, fuse) = result?;
+    let [local, fuse, local_cpu, fuse_cpu] = result?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     println!(
         "{}",
         serde_json::json!({
@@ -204,6 +235,12 @@ fn main() -> Result<()> {
             "local_mib_s": (local * 10.0).round() / 10.0,
             "fuse_null_mib_s": (fuse * 10.0).round() / 10.0,
             "ceiling_ratio": (fuse / local * 100.0).round() / 100.0,
+            // The machine's busy CPU per GiB of each read: a file system that reads its bytes
+            // from local files and serves them through FUSE spends at least the sum, so with
+            // every core busy it cannot pass `cores / (local + fuse)` GiB/s.
+            "local_cpu_s_per_gib": (local_cpu * 1000.0).round() / 1000.0,
+            "fuse_null_cpu_s_per_gib": (fuse_cpu * 1000.0).round() / 1000.0,
+            "cpu_bound_mib_s_local_plus_fuse": (cores / (local_cpu + fuse_cpu) * 1024.0).round(),
         })
     );
     Ok(())

@@ -13,7 +13,7 @@ pub use blockbuf::{BlockBuf, BlockPool};
 pub use budget::Budget;
 pub use data::{FileWriter, NewSlice};
 pub use layout::{Chunk, Piece, Plan};
-pub use prefetch::{FileReader, ReadAhead, ReadStats};
+pub use prefetch::{FileReader, ReadAhead, ReadStats, MIN_WINDOW_BLOCKS};
 pub use read::slice_checksums;
 
 use crate::engine::{CommitOutcome, Engine, Follow};
