@@ -967,6 +967,44 @@ mod cases {
         let st3 = r3.stats();
         assert!(st3.fetched <= st.fetched, "{st3:?} against in-order {st:?}");
         drop(r3);
+        // The blocks the file is made of: one read of it all fetches each once.
+        let whole = reader(fs_core::Budget::new(1 << 30)).await.unwrap();
+        assert!(whole.read(0, want.len()).await.unwrap() == want);
+        let blocks = whole.stats().fetched;
+        drop(whole);
+        assert_eq!(st.fetched, blocks, "in order: each block fetched once");
+        // Farther out of order, as the kernel's 16 MiB read-ahead sends them: in each 16 MiB
+        // the first 1 MiB piece comes last, after pieces of blocks 12 MiB further on. Each
+        // block is still fetched once (keeping blocks only 8 MiB behind fetched 1.4x).
+        let far = reader(budget.clone()).await.unwrap();
+        let mut got = vec![0u8; want.len()];
+        for span in (0..pieces).step_by(16) {
+            let last = (span + 16).min(pieces);
+            for i in (span + 1..last).chain([span]) {
+                let b = far.read(i << 20, 1 << 20).await.unwrap();
+                got[(i << 20) as usize..(i << 20) as usize + b.len()].copy_from_slice(&b);
+            }
+        }
+        assert!(
+            got == want,
+            "far out-of-order reads through the reader differ"
+        );
+        assert_eq!(far.stats().fetched, blocks, "{:?}", far.stats());
+        drop(far);
+        // Past the memory budget (none left for even one block) a sequential reader still
+        // keeps the block it is in: each fetched once, not once per piece.
+        let poor = reader(fs_core::Budget::new(1 << 20)).await.unwrap();
+        let mut got = Vec::with_capacity(want.len());
+        loop {
+            let b = poor.read(got.len() as u64, 1 << 20).await.unwrap();
+            if b.is_empty() {
+                break;
+            }
+            got.extend_from_slice(&b);
+        }
+        assert!(got == want, "reads past the budget differ");
+        assert_eq!(poor.stats().fetched, blocks, "{:?}", poor.stats());
+        drop(poor);
         // Random reads (no read-ahead) give the same bytes.
         let r2 = reader(fs_core::Budget::new(8 << 20)).await.unwrap();
         for i in 0..40u64 {
