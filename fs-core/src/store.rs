@@ -48,15 +48,20 @@ impl BlockCheck {
 
     /// `Corrupt` naming the block and what is wrong, unless `data` is the block.
     pub fn verify(&self, key: &str, data: &[u8]) -> Result<()> {
-        if data.len() != self.len as usize {
+        self.verify_summed(key, data.len(), || crc32c::crc32c(data))
+    }
+
+    /// `verify` of a block of `len` bytes whose CRC32C `crc` gives (called only when the
+    /// check has one): for a reader that summed the bytes as they arrived.
+    pub fn verify_summed(&self, key: &str, len: usize, crc: impl FnOnce() -> u32) -> Result<()> {
+        if len != self.len as usize {
             return Err(corrupt(format!(
-                "block {key} has {} bytes, its key says {}",
-                data.len(),
+                "block {key} has {len} bytes, its key says {}",
                 self.len
             )));
         }
         if let Some(want) = self.crc {
-            let got = crc32c::crc32c(data);
+            let got = crc();
             if got != want {
                 return Err(corrupt(format!(
                     "block {key} fails its checksum (CRC32C {got:08x}, its slice recorded {want:08x}): damaged at rest or in transit"
