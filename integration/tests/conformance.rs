@@ -1005,6 +1005,23 @@ mod cases {
         assert!(got == want, "reads past the budget differ");
         assert_eq!(poor.stats().fetched, blocks, "{:?}", poor.stats());
         drop(poor);
+        // Many readers past the budget, each stopped inside its first block and left open:
+        // what they hold past it stays within the reserve for the whole process.
+        let spent = fs_core::Budget::new(1 << 20);
+        let mut open = Vec::new();
+        for _ in 0..40 {
+            let r = reader(spent.clone()).await.unwrap();
+            assert!(r.read(0, 4096).await.unwrap()[..] == want[..4096]);
+            assert!(spent.spare_used() <= fs_core::fs::SPARE);
+            open.push(r);
+        }
+        assert!(spent.spare_used() > 0, "the reserve was used");
+        drop(open);
+        assert_eq!(
+            spent.spare_used(),
+            0,
+            "every block on the reserve was given back"
+        );
         // Random reads (no read-ahead) give the same bytes.
         let r2 = reader(fs_core::Budget::new(8 << 20)).await.unwrap();
         for i in 0..40u64 {

@@ -225,7 +225,15 @@ fn main() -> Result<()> {
     mount::mounts::lazy_unmount(&a.mountpoint)?;
     bg.join()?;
     let [local, fuse, local_cpu, fuse_cpu] = result?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    // The cores /proc/stat counts (what the busy figures are summed over).
+    let cores = std::fs::read_to_string("/proc/stat")
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+                .count()
+        })
+        .unwrap_or(1)
+        .max(1) as f64;
     println!(
         "{}",
         serde_json::json!({

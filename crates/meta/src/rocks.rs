@@ -96,14 +96,19 @@ impl Drop for Inner {
         }
         let mut o = rocksdb::FlushOptions::default();
         o.set_wait(true);
+        let mut flushed = true;
         for name in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META] {
             if let Some(cf) = self.db.cf_handle(name) {
                 if let Err(e) = self.db.flush_cf_opt(&cf, &o) {
+                    flushed = false;
                     tracing::warn!(path = %self.path.display(), cf = name, error = %e, "flushing at close failed; the next open replays the log");
                 }
             }
         }
-        self.merge_small_tables();
+        // Nothing more is written after a failed flush, nor onto the room kept free.
+        if flushed && check_room(&self.path, MERGE_AT_CLOSE_MAX).is_ok() {
+            self.merge_small_tables();
+        }
     }
 }
 
@@ -111,16 +116,53 @@ impl Drop for Inner {
 const SMALL_TABLE: usize = 1 << 20;
 /// A close that finds this many small tables in a column family merges them.
 const SMALL_TABLES_BOUND: usize = 32;
-/// ... unless the tables their key range overlaps hold more than this (a merge that would
-/// rewrite a large part of the column family is left to RocksDB's own compactions).
-const MERGE_AT_CLOSE_MAX: usize = 64 << 20;
+/// The most a close writes merging them (a run of small tables is at most this much).
+const MERGE_AT_CLOSE_MAX: u64 = 64 << 20;
+
+/// A table's key range.
+type KeyRange = (Vec<u8>, Vec<u8>);
+
+/// The runs of small tables worth merging: the key ranges, each spanning at least two
+/// small tables and overlapping no large one (merging those would rewrite the large one),
+/// each at most `MERGE_AT_CLOSE_MAX` bytes. A small table that overlaps a large one (a
+/// range deletion of a journal trim spans old tables) is left out; the others still merge.
+fn small_runs(mut small: Vec<(KeyRange, u64)>, large: &[KeyRange]) -> Vec<KeyRange> {
+    let overlaps = |s: &[u8], e: &[u8]| large.iter().any(|(ls, le)| s <= &le[..] && &ls[..] <= e);
+    small.sort();
+    let mut runs = Vec::new();
+    let mut cur: Option<(KeyRange, usize, u64)> = None;
+    for ((s, e), size) in small {
+        if overlaps(&s, &e) {
+            runs.extend(cur.take());
+            continue;
+        }
+        cur = match cur.take() {
+            Some(((rs, re), n, bytes))
+                if !overlaps(&rs, &e) && bytes + size <= MERGE_AT_CLOSE_MAX =>
+            {
+                let re = re.max(e);
+                Some(((rs, re), n + 1, bytes + size))
+            }
+            done => {
+                runs.extend(done);
+                Some(((s, e), 1, size))
+            }
+        };
+    }
+    runs.extend(cur);
+    runs.into_iter()
+        .filter(|(_, n, _)| *n >= 2)
+        .map(|(r, _, _)| r)
+        .collect()
+}
 
 impl Inner {
     /// Each short-lived writer (a `jfs put`, every `jfs-sync` pass into a volume) flushes a
     /// small table per column family at close. Where keys only grow (the journal) such
     /// tables overlap nothing below them, so RocksDB moves them down whole instead of
     /// merging them, and their number grows by one a close without bound. Past a bound, a
-    /// close merges the small tables of a column family into one sorted run.
+    /// close merges each run of small tables into one. (RocksDB's manual compaction returns
+    /// no error: a failed merge leaves the tables as they were, and the next close tries.)
     fn merge_small_tables(&self) {
         let Ok(files) = self.db.live_files() else {
             return;
@@ -129,39 +171,31 @@ impl Inner {
             let Some(cf) = self.db.cf_handle(name) else {
                 continue;
             };
-            let mine: Vec<&rocksdb::LiveFile> = files
-                .iter()
-                .filter(|f| f.column_family_name == name)
-                .collect();
-            let small: Vec<&&rocksdb::LiveFile> =
-                mine.iter().filter(|f| f.size < SMALL_TABLE).collect();
+            let (mut small, mut large) = (Vec::new(), Vec::new());
+            for f in files.iter().filter(|f| f.column_family_name == name) {
+                let range = (f.start_key.clone(), f.end_key.clone());
+                match range {
+                    (Some(s), Some(e)) if f.size < SMALL_TABLE => {
+                        small.push(((s, e), f.size as u64))
+                    }
+                    (Some(s), Some(e)) => large.push((s, e)),
+                    // A table without its range: nothing is merged in this family.
+                    _ => large.push((Vec::new(), vec![0xff; 64])),
+                }
+            }
             if small.len() < SMALL_TABLES_BOUND {
                 continue;
             }
-            let (Some(start), Some(end)) = (
-                small.iter().filter_map(|f| f.start_key.clone()).min(),
-                small.iter().filter_map(|f| f.end_key.clone()).max(),
-            ) else {
-                continue;
-            };
-            let overlapped: usize = mine
-                .iter()
-                .filter(|f| match (&f.start_key, &f.end_key) {
-                    (Some(s), Some(e)) => *s <= end && *e >= start,
-                    _ => true,
-                })
-                .map(|f| f.size)
-                .sum();
-            if overlapped > MERGE_AT_CLOSE_MAX {
-                tracing::debug!(path = %self.path.display(), cf = name, small = small.len(), overlapped, "small tables left to RocksDB's compactions");
-                continue;
-            }
+            let count = small.len();
             let t = std::time::Instant::now();
+            let runs = small_runs(small, &large);
             let mut o = rocksdb::CompactOptions::default();
             o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
-            self.db
-                .compact_range_cf_opt(&cf, Some(&start), Some(&end), &o);
-            tracing::debug!(path = %self.path.display(), cf = name, small = small.len(), bytes = overlapped, ms = t.elapsed().as_millis() as u64, "small tables merged at close");
+            for (start, end) in &runs {
+                self.db
+                    .compact_range_cf_opt(&cf, Some(start), Some(end), &o);
+            }
+            tracing::debug!(path = %self.path.display(), cf = name, small = count, runs = runs.len(), ms = t.elapsed().as_millis() as u64, "small tables merged at close");
         }
     }
 }
@@ -857,6 +891,40 @@ mod tests {
         assert!(!stale.exists(), "a dead process's secondary dir was left");
         assert!(mine.exists(), "a live process's secondary dir was removed");
         std::fs::remove_dir_all(&mine).unwrap();
+    }
+
+    /// Runs of small tables: split where a large table lies between them, a small table
+    /// overlapping a large one left out, single tables not merged, runs bounded in bytes.
+    #[test]
+    fn small_tables_merge_in_runs_around_large_ones() {
+        let k = |i: u32| i.to_be_bytes().to_vec();
+        let t = |a: u32, b: u32| ((k(a), k(b)), 1000u64);
+        let large = vec![(k(100), k(200))];
+        let small = vec![
+            t(10, 11),
+            t(12, 13),
+            t(14, 15),
+            t(150, 160), // inside the large table
+            t(5, 300),   // a range deletion spanning it
+            t(210, 211),
+            t(212, 213),
+            t(400, 401), // no large table between: joins 210..213
+        ];
+        let runs = small_runs(small, &large);
+        assert_eq!(runs, vec![(k(10), k(15)), (k(210), k(401))], "{runs:?}");
+        // A lone small table is no run; bytes bound a run.
+        assert!(small_runs(vec![t(1, 2)], &[]).is_empty());
+        let big = (MERGE_AT_CLOSE_MAX / 2) + 1;
+        let three = vec![
+            ((k(1), k(2)), big),
+            ((k(3), k(4)), big),
+            ((k(5), k(6)), big),
+        ];
+        assert_eq!(
+            small_runs(three, &[]),
+            vec![],
+            "each run would pass the bound with two"
+        );
     }
 
     /// Short-lived writers, one after another (a `jfs put` or `jfs-sync` pass each), each

@@ -10,7 +10,7 @@ mod prefetch;
 mod read;
 
 pub use blockbuf::{BlockBuf, BlockPool};
-pub use budget::Budget;
+pub use budget::{Budget, SPARE};
 pub use data::{FileWriter, NewSlice};
 pub use layout::{Chunk, Piece, Plan};
 pub use prefetch::{FileReader, ReadAhead, ReadStats, MIN_WINDOW_BLOCKS};

@@ -8,7 +8,8 @@
 //! while the reader keeps consuming it, as far as the store's latency asks for and at most
 //! `max_window` (`next_window`). Random access reads no further
 //! than it needs. Memory for blocks held is taken from a `Budget` shared by every reader and
-//! writer of a process, so read-ahead never grows past it (it reads less ahead instead).
+//! writer of a process, so read-ahead never grows past it (it reads less ahead instead); once
+//! it is spent, the block a read is in is held on the budget's small reserve, or not at all.
 
 use super::layout::{Chunk, Piece};
 use super::{Budget, Fs};
@@ -44,6 +45,8 @@ struct Held {
     /// The block's length, and how many of its bytes reads have taken: once all, it goes.
     size: u64,
     served: u64,
+    /// Held on the budget's reserve (`Budget::try_take_spare`), not the budget.
+    spare: bool,
     _permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -96,7 +99,7 @@ const NEAR: u64 = 2 << 20;
 /// the kernel's own read-ahead (16 MiB), whose reads of one stream arrive out of order.
 /// With 8 MiB, a cold 1 GiB read fetched 1.4 GiB from the store.
 const BEHIND: u64 = 32 << 20;
-/// Blocks a reader holds beyond the memory budget: the ones its latest reads are in.
+/// Blocks a reader holds on the budget's reserve: the ones its latest reads are in.
 const UNBUDGETED: usize = 2;
 /// A sequential read's window grows to at least this many blocks, whatever the store's
 /// latency (see `next_window`). Measured on a cold 1 GiB read from a local-directory store
@@ -315,40 +318,46 @@ impl FileReader {
                     None => {
                         let f = self.fetch_of(key, want);
                         self.stats.lock().unwrap_or_else(|p| p.into_inner()).fetched += 1;
-                        // Keep it while later reads may need the rest of it, past the budget
-                        // too: its memory is taken by this read anyway, and without it each
-                        // later piece of the block would fetch it whole again (it goes once
-                        // read whole or passed, as any other).
-                        let permit = self
-                            .cfg
-                            .budget
-                            .as_ref()
-                            .and_then(|b| b.try_take(want.len as u64));
-                        if permit.is_none() {
-                            // Past the budget a reader holds at most UNBUDGETED blocks (random
-                            // reads of a large file would otherwise keep many).
-                            let mut over: Vec<(u64, String)> = st
-                                .held
-                                .iter()
-                                .filter(|(_, h)| h._permit.is_none())
-                                .map(|(k, h)| (h.end, k.clone()))
-                                .collect();
-                            over.sort();
-                            let extra = (over.len() + 1).saturating_sub(UNBUDGETED);
-                            for (_, k) in over.into_iter().take(extra) {
-                                st.held.remove(&k);
+                        // Keep it while later reads may need the rest of it; once the budget
+                        // is spent, on its reserve (a few blocks for the whole process, at
+                        // most UNBUDGETED a reader): without it each later piece of the
+                        // block would fetch it whole again.
+                        let budget = self.cfg.budget.as_ref();
+                        let mut spare = false;
+                        let permit = budget.and_then(|b| b.try_take(want.len as u64));
+                        let permit = match (permit, budget) {
+                            (Some(p), _) => Some(p),
+                            (None, Some(b)) => {
+                                // The reader's oldest blocks on the reserve go first.
+                                let mut mine: Vec<(u64, String)> = st
+                                    .held
+                                    .iter()
+                                    .filter(|(_, h)| h.spare)
+                                    .map(|(k, h)| (h.end, k.clone()))
+                                    .collect();
+                                mine.sort();
+                                let extra = (mine.len() + 1).saturating_sub(UNBUDGETED);
+                                for (_, k) in mine.into_iter().take(extra) {
+                                    st.held.remove(&k);
+                                }
+                                spare = true;
+                                b.try_take_spare(want.len as u64)
                             }
+                            (None, None) => None,
+                        };
+                        if permit.is_some() || budget.is_none() {
+                            st.held.insert(
+                                key.clone(),
+                                Held {
+                                    fetch: f.clone(),
+                                    end: piece_end,
+                                    size: want.len as u64,
+                                    served: *len as u64,
+                                    spare,
+                                    _permit: permit,
+                                },
+                            );
                         }
-                        st.held.insert(
-                            key.clone(),
-                            Held {
-                                fetch: f.clone(),
-                                end: piece_end,
-                                size: want.len as u64,
-                                served: *len as u64,
-                                _permit: permit,
-                            },
-                        );
                         f
                     }
                 };
@@ -399,6 +408,7 @@ impl FileReader {
                                 end: piece_end,
                                 size: check.len as u64,
                                 served: 0,
+                                spare: false,
                                 _permit: Some(permit),
                             },
                         );
