@@ -71,9 +71,27 @@ fn header(len: usize, crc: u32) -> [u8; HEADER] {
     h
 }
 
+/// Read a cache file whole, 256 KiB at a time, summing the block past its header piece by
+/// piece while it is still in the CPU's cache: the file, and the CRC32C of its block.
+fn read_summed(path: &Path) -> std::io::Result<(Vec<u8>, u32)> {
+    use std::io::Read;
+    const PIECE: u64 = 256 << 10;
+    let mut f = std::fs::File::open(path)?;
+    let mut file = Vec::with_capacity(f.metadata()?.len() as usize);
+    let mut crc = 0;
+    loop {
+        let start = file.len();
+        if (&mut f).take(PIECE).read_to_end(&mut file)? == 0 {
+            break;
+        }
+        crc = crc32c::crc32c_append(crc, &file[start.max(HEADER).min(file.len())..]);
+    }
+    Ok((file, crc))
+}
+
 /// The data of a cache file, if it is whole and is the block `want_len` long, with the
-/// CRC32C it was stored with (checked here against the data).
-fn decode(file: Vec<u8>, want_len: u32) -> Option<(Bytes, u32)> {
+/// CRC32C it was stored with (checked here against `summed`, the data's, from `read_summed`).
+fn decode(file: Vec<u8>, want_len: u32, summed: u32) -> Option<(Bytes, u32)> {
     if file.len() < HEADER || &file[..4] != MAGIC || file[4] != VERSION {
         return None;
     }
@@ -84,7 +102,7 @@ fn decode(file: Vec<u8>, want_len: u32) -> Option<(Bytes, u32)> {
     }
     // The block is the file past its header: a view of the buffer read, not a copy.
     let data = Bytes::from(file).slice(HEADER..);
-    (crc32c::crc32c(&data) == crc).then_some((data, crc))
+    (summed == crc).then_some((data, crc))
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -257,26 +275,28 @@ impl DiskCache {
             return None;
         }
         let p = path.clone();
-        let read = tokio::task::spawn_blocking(move || std::fs::read(&p)).await;
+        let read = tokio::task::spawn_blocking(move || read_summed(&p)).await;
         match read {
-            Ok(Ok(file)) => match decode(file, len).filter(|(_, c)| crc.is_none_or(|w| w == *c)) {
-                Some((b, _)) => {
-                    // Promote: recently read blocks are evicted last.
-                    self.index
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .lru
-                        .get(key);
-                    Some(b)
+            Ok(Ok((file, summed))) => {
+                match decode(file, len, summed).filter(|(_, c)| crc.is_none_or(|w| w == *c)) {
+                    Some((b, _)) => {
+                        // Promote: recently read blocks are evicted last.
+                        self.index
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .lru
+                            .get(key);
+                        Some(b)
+                    }
+                    None => {
+                        tracing::warn!(key, path = %path.display(), "cache file is damaged (torn, corrupted, or not the block its slice's checksum names): removed, the block is fetched from the store");
+                        self.metrics.cache_damaged.inc();
+                        let _ = std::fs::remove_file(&path);
+                        self.forget(key);
+                        None
+                    }
                 }
-                None => {
-                    tracing::warn!(key, path = %path.display(), "cache file is damaged (torn, corrupted, or not the block its slice's checksum names): removed, the block is fetched from the store");
-                    self.metrics.cache_damaged.inc();
-                    let _ = std::fs::remove_file(&path);
-                    self.forget(key);
-                    None
-                }
-            },
+            }
             Ok(Err(e)) => {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(key, error = %e, "reading the cache failed; fetching from the store");
@@ -443,6 +463,29 @@ impl DiskCache {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A cache file read piece by piece: its bytes, and the CRC32C of everything past the
+    /// header, for files shorter than a header, of one piece, and of several.
+    #[test]
+    fn a_file_read_in_pieces_is_summed_past_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [
+            0,
+            10,
+            HEADER,
+            HEADER + 1,
+            (256 << 10) - 3,
+            (600 << 10) + HEADER,
+        ] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            let p = dir.path().join(format!("f{len}"));
+            std::fs::write(&p, &data).unwrap();
+            let (file, crc) = read_summed(&p).unwrap();
+            assert!(file == data, "{len} bytes");
+            let want = crc32c::crc32c(data.get(HEADER..).unwrap_or_default());
+            assert_eq!(crc, want, "{len} bytes");
+        }
+    }
 
     fn key(id: u64, len: u32) -> String {
         fs_core::keys::block_key("vol", id, 0, len)
