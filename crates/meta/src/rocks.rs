@@ -172,18 +172,18 @@ impl Inner {
                 continue;
             };
             let (mut small, mut large) = (Vec::new(), Vec::new());
+            let mut ranged = true;
             for f in files.iter().filter(|f| f.column_family_name == name) {
-                let range = (f.start_key.clone(), f.end_key.clone());
-                match range {
+                match (f.start_key.clone(), f.end_key.clone()) {
                     (Some(s), Some(e)) if f.size < SMALL_TABLE => {
                         small.push(((s, e), f.size as u64))
                     }
                     (Some(s), Some(e)) => large.push((s, e)),
-                    // A table without its range: nothing is merged in this family.
-                    _ => large.push((Vec::new(), vec![0xff; 64])),
+                    _ => ranged = false,
                 }
             }
-            if small.len() < SMALL_TABLES_BOUND {
+            // A table without its range: nothing is merged in this family.
+            if !ranged || small.len() < SMALL_TABLES_BOUND {
                 continue;
             }
             let count = small.len();

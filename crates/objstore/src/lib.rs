@@ -191,12 +191,41 @@ const READ_BUF: usize = 4 << 20;
 /// measured on this project's disks, `O_DIRECT` reads halved the CPU of a cold read but cut
 /// its speed by a third (the kernel's read-ahead keeps more of the disk busy).
 fn read_local(path: &std::path::Path, bufs: &Arc<fs_core::BlockPool>) -> std::io::Result<Bytes> {
+    read_local_with(path, bufs, |_| {})
+}
+
+/// How much of a block is read at a time: a piece is summed (`read_local_summed`) while
+/// still in the CPU's cache.
+const SUM_PIECE: usize = 256 << 10;
+
+/// `read_local` of a block, with the CRC32C of its bytes, each piece summed as soon as it
+/// is read (a whole 4 MiB block summed afterwards is read back from memory, not cache).
+fn read_local_summed(
+    path: &std::path::Path,
+    bufs: &Arc<fs_core::BlockPool>,
+) -> std::io::Result<(Bytes, u32)> {
+    let mut crc = 0;
+    let b = read_local_with(path, bufs, |piece| crc = crc32c::crc32c_append(crc, piece))?;
+    Ok((b, crc))
+}
+
+/// Read a local store's file whole, handing each piece read to `on_piece` in order.
+fn read_local_with(
+    path: &std::path::Path,
+    bufs: &Arc<fs_core::BlockPool>,
+    mut on_piece: impl FnMut(&[u8]),
+) -> std::io::Result<Bytes> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
     let len = f.metadata()?.len();
     if len <= READ_BUF as u64 && len > 0 {
         let mut b = bufs.take();
-        b.fill(|room| f.read(room))?;
+        b.fill(|room| {
+            let n = room.len().min(SUM_PIECE);
+            let got = f.read(&mut room[..n])?;
+            on_piece(&room[..got]);
+            Ok(got)
+        })?;
         if b.len() as u64 != len {
             return Err(std::io::Error::other(format!(
                 "{} changed while it was read ({len} bytes, then {})",
@@ -208,43 +237,8 @@ fn read_local(path: &std::path::Path, bufs: &Arc<fs_core::BlockPool>) -> std::io
     }
     let mut v = Vec::with_capacity(len as usize);
     f.read_to_end(&mut v)?;
+    on_piece(&v);
     Ok(Bytes::from(v))
-}
-
-/// How much of a block `read_local_summed` reads at a time: it is summed while still in
-/// the CPU's cache.
-const SUM_PIECE: usize = 256 << 10;
-
-/// `read_local` of a block, with the CRC32C of its bytes, each piece summed as soon as it
-/// is read (a whole 4 MiB block summed afterwards is read back from memory, not cache).
-fn read_local_summed(
-    path: &std::path::Path,
-    bufs: &Arc<fs_core::BlockPool>,
-) -> std::io::Result<(Bytes, u32)> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let len = f.metadata()?.len();
-    if len > READ_BUF as u64 || len == 0 {
-        let b = read_local(path, bufs)?;
-        let crc = crc32c::crc32c(&b);
-        return Ok((b, crc));
-    }
-    let mut b = bufs.take();
-    let mut crc = 0;
-    b.fill(|room| {
-        let n = room.len().min(SUM_PIECE);
-        let got = f.read(&mut room[..n])?;
-        crc = crc32c::crc32c_append(crc, &room[..got]);
-        Ok(got)
-    })?;
-    if b.len() as u64 != len {
-        return Err(std::io::Error::other(format!(
-            "{} changed while it was read ({len} bytes, then {})",
-            path.display(),
-            b.len()
-        )));
-    }
-    Ok((b.freeze(), crc))
 }
 
 /// The alignment `O_DIRECT` asks of memory, lengths and offsets (the page size: enough for
