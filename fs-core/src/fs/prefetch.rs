@@ -108,6 +108,26 @@ const UNBUDGETED: usize = 2;
 /// reads in flight than the quickest fetch suggests.
 pub const MIN_WINDOW_BLOCKS: u64 = 16;
 
+/// Room on the budget's reserve for a block of `len` bytes, the reader's oldest blocks held
+/// there let go first so that it holds at most `UNBUDGETED`.
+fn take_spare(
+    held: &mut BTreeMap<String, Held>,
+    budget: &Budget,
+    len: u64,
+) -> Option<OwnedSemaphorePermit> {
+    let mut mine: Vec<(u64, String)> = held
+        .iter()
+        .filter(|(_, h)| h.spare)
+        .map(|(k, h)| (h.end, k.clone()))
+        .collect();
+    mine.sort();
+    let extra = (mine.len() + 1).saturating_sub(UNBUDGETED);
+    for (_, k) in mine.into_iter().take(extra) {
+        held.remove(&k);
+    }
+    budget.try_take_spare(len)
+}
+
 impl FileReader {
     /// A reader of `ino` as it is now (its length and chunk records are read lazily and kept
     /// until `invalidate`).
@@ -324,27 +344,12 @@ impl FileReader {
                         // block would fetch it whole again.
                         let budget = self.cfg.budget.as_ref();
                         let mut spare = false;
-                        let permit = budget.and_then(|b| b.try_take(want.len as u64));
-                        let permit = match (permit, budget) {
-                            (Some(p), _) => Some(p),
-                            (None, Some(b)) => {
-                                // The reader's oldest blocks on the reserve go first.
-                                let mut mine: Vec<(u64, String)> = st
-                                    .held
-                                    .iter()
-                                    .filter(|(_, h)| h.spare)
-                                    .map(|(k, h)| (h.end, k.clone()))
-                                    .collect();
-                                mine.sort();
-                                let extra = (mine.len() + 1).saturating_sub(UNBUDGETED);
-                                for (_, k) in mine.into_iter().take(extra) {
-                                    st.held.remove(&k);
-                                }
+                        let permit = budget.and_then(|b| {
+                            b.try_take(want.len as u64).or_else(|| {
                                 spare = true;
-                                b.try_take_spare(want.len as u64)
-                            }
-                            (None, None) => None,
-                        };
+                                take_spare(&mut st.held, b, want.len as u64)
+                            })
+                        });
                         if permit.is_some() || budget.is_none() {
                             st.held.insert(
                                 key.clone(),
