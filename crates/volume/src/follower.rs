@@ -8,7 +8,10 @@
 //!   the supervisor's backoff, counted in its status).
 //!
 //! `close` stops the worker, then removes the record; dropping a `Follower` removes the record
-//! in a task of its own (`end_sessions` waits for those). A process that dies leaves the
+//! in a task of its own. `end_sessions`, a command's last step, waits for those and removes
+//! the records of followers still alive (one kept by a task that has not ended yet: the
+//! worker itself holds the volume for the length of a pass). Once a removal has begun the
+//! worker beats no more, so a record removed stays removed. A process that dies leaves the
 //! record for `gc`, once it is found dead.
 
 use crate::placement::{StorageHolder, FOLLOW_EVERY};
@@ -29,9 +32,13 @@ pub struct Follower {
     workers: Supervisor,
     engine: Arc<dyn Engine>,
     id: String,
+    ended: Ended,
     /// The record is removed already (`close`).
     closed: bool,
 }
+
+/// Set once the session record is being removed; a beat holds it while it writes.
+type Ended = Arc<tokio::sync::Mutex<bool>>;
 
 /// The worker: one pass of following per call.
 struct SessionWorker {
@@ -41,6 +48,7 @@ struct SessionWorker {
     holder: Option<Weak<StorageHolder>>,
     gens: Option<watch::Receiver<u64>>,
     poll: tokio::time::Interval,
+    ended: Ended,
     session: Session,
     last_beat: Instant,
     moves_seen: u64,
@@ -59,6 +67,7 @@ impl Follower {
         }
         fs_core::session::beat(&*engine, &mut session).await?;
         let id = session.id.clone();
+        let ended: Ended = Default::default();
         let mut poll =
             tokio::time::interval_at(tokio::time::Instant::now() + FOLLOW_EVERY, FOLLOW_EVERY);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -70,13 +79,20 @@ impl Follower {
             gens: holder.as_ref().map(|h| h.watch()),
             holder: holder.map(|h| Arc::downgrade(&h)),
             poll,
+            ended: ended.clone(),
             session,
             last_beat: Instant::now(),
+        });
+        live().push(LiveSession {
+            engine: engine.clone(),
+            id: id.clone(),
+            ended: ended.clone(),
         });
         Ok(Follower {
             workers,
             engine,
             id,
+            ended,
             closed: false,
         })
     }
@@ -89,7 +105,8 @@ impl Follower {
     pub async fn close(mut self) {
         self.workers.shutdown(CLOSE_DRAIN).await;
         self.closed = true;
-        remove_session(&*self.engine, &self.id).await;
+        unlist(&self.id);
+        remove_session(&*self.engine, &self.id, &self.ended).await;
     }
 }
 
@@ -123,6 +140,10 @@ impl Worker for SessionWorker {
             beat |= self.follow_storage(h).await;
         }
         if beat {
+            let ended = self.ended.lock().await;
+            if *ended {
+                return Ok(WorkerState::Done);
+            }
             fs_core::session::beat(&*self.engine, &mut self.session)
                 .await
                 .map_err(|e| anyhow::Error::from(e).context("session heartbeat failed"))?;
@@ -192,7 +213,9 @@ impl SessionWorker {
     }
 }
 
-async fn remove_session(engine: &dyn Engine, id: &str) {
+/// Remove the record of session `id`, after any beat in flight, and stop its beats.
+async fn remove_session(engine: &dyn Engine, id: &str, ended: &Ended) {
+    *ended.lock().await = true;
     if let Err(e) = fs_core::session::remove(engine, id).await {
         tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
     }
@@ -205,13 +228,41 @@ fn removals() -> std::sync::MutexGuard<'static, Vec<tokio::task::JoinHandle<()>>
     REMOVALS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Wait (at most `limit`) for the session records of dropped writers to be removed: a
-/// command's last step before its runtime ends, so that a `jfs put` or a `jfs-sync` into a
-/// volume leaves no dead session behind. A metadata service that does not answer in time
-/// leaves the rest to `gc`.
+/// A follower not closed or dropped yet.
+struct LiveSession {
+    engine: Arc<dyn Engine>,
+    id: String,
+    ended: Ended,
+}
+
+/// This process's followers not closed or dropped yet.
+fn live() -> std::sync::MutexGuard<'static, Vec<LiveSession>> {
+    static LIVE: std::sync::Mutex<Vec<LiveSession>> = std::sync::Mutex::new(Vec::new());
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unlist(id: &str) {
+    live().retain(|l| l.id != id);
+}
+
+/// Remove (within `limit`) the session records of this process's writers: those dropped
+/// (their removals still running) and those still alive. A command's last step before its
+/// runtime ends, so that a `jfs put` or a `jfs-sync` into a volume leaves no dead session
+/// behind, whichever task held its volume last. A metadata service that does not answer in
+/// time leaves the rest to `gc`.
 pub async fn end_sessions(limit: Duration) {
     let pending = std::mem::take(&mut *removals());
-    let _ = tokio::time::timeout(limit, futures::future::join_all(pending)).await;
+    let alive = std::mem::take(&mut *live());
+    let ends = futures::future::join_all(
+        alive
+            .iter()
+            .map(|l| remove_session(&*l.engine, &l.id, &l.ended)),
+    );
+    let _ = tokio::time::timeout(
+        limit,
+        futures::future::join(futures::future::join_all(pending), ends),
+    )
+    .await;
 }
 
 impl Drop for Follower {
@@ -220,10 +271,15 @@ impl Drop for Follower {
         if self.closed {
             return;
         }
+        unlist(&self.id);
         // Outside a runtime (a test's last drop) the record stays for gc.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (engine, id) = (self.engine.clone(), std::mem::take(&mut self.id));
-            let removal = rt.spawn(async move { remove_session(&*engine, &id).await });
+            let (engine, id, ended) = (
+                self.engine.clone(),
+                std::mem::take(&mut self.id),
+                self.ended.clone(),
+            );
+            let removal = rt.spawn(async move { remove_session(&*engine, &id, &ended).await });
             let mut r = removals();
             r.retain(|t| !t.is_finished());
             r.push(removal);
