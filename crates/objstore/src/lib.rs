@@ -181,8 +181,15 @@ fn create_dirs_synced(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Blocks up to this size (the default block size) are read into buffers from a pool.
+/// Blocks up to this size (the default block size) and over half of it are read into
+/// buffers from a pool. Smaller ones get buffers of their own size: a pooled buffer is held
+/// whole while any slice of it is, and a file of many small blocks would hold 4 MiB each.
 const READ_BUF: usize = 4 << 20;
+
+/// Whether a block of `len` bytes is read into a pooled buffer.
+fn pooled(len: usize) -> bool {
+    len > READ_BUF / 2 && len <= READ_BUF
+}
 
 /// Read a local store's file whole. A block of up to 4 MiB is read into a page-aligned
 /// buffer from `bufs`: no fresh pages to fault in and clear for each block (the buffer goes
@@ -218,7 +225,7 @@ fn read_local_with(
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
     let len = f.metadata()?.len();
-    if len <= READ_BUF as u64 && len > 0 {
+    if pooled(len as usize) {
         let mut b = bufs.take();
         b.fill(|room| {
             let n = room.len().min(SUM_PIECE);
@@ -508,11 +515,10 @@ pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
 }
 
 impl OpendalStore {
-    /// The outcome of a blocking read of a local store's file, as the store's error.
     /// Read object `key`, expected `len` bytes long, as it streams in: each piece is summed
-    /// (CRC32C) while it is still in the CPU's cache, and copied into a pooled buffer (a
-    /// block of up to 4 MiB) instead of a fresh one. Returns the bytes kept (at most `len`),
-    /// how many arrived, and their CRC32C, for `BlockCheck::verify_summed`.
+    /// (CRC32C) while it is still in the CPU's cache, and copied into a pooled buffer (see
+    /// `pooled`) or one of its own. Returns the bytes kept (at most `len`), how many
+    /// arrived, and their CRC32C, for `BlockCheck::verify_summed`.
     async fn get_streamed(&self, key: &str, len: usize) -> Result<(Bytes, usize, u32)> {
         use futures::StreamExt;
         let what = format!("reading {key}");
@@ -524,9 +530,9 @@ impl OpendalStore {
             .into_stream(..)
             .await
             .map_err(|e| map_err(e, &what))?;
-        let mut pooled = (len <= READ_BUF).then(|| self.read_bufs.take());
+        let mut in_pool = pooled(len).then(|| self.read_bufs.take());
         let mut owned = Vec::new();
-        if pooled.is_none() {
+        if in_pool.is_none() {
             // Room for what the key says, within reason: a damaged length must not ask for
             // gigabytes before a byte has arrived.
             owned.reserve_exact(len.min(64 << 20));
@@ -537,7 +543,7 @@ impl OpendalStore {
                 crc = crc32c::crc32c_append(crc, &chunk);
                 got += chunk.len();
                 // Bytes past `len` are counted, not kept: the length check refuses the block.
-                match pooled.as_mut() {
+                match in_pool.as_mut() {
                     Some(b) => {
                         b.extend(&chunk);
                     }
@@ -548,13 +554,14 @@ impl OpendalStore {
                 }
             }
         }
-        let b = match pooled {
+        let b = match in_pool {
             Some(b) => b.freeze(),
             None => Bytes::from(owned),
         };
         Ok((b, got, crc))
     }
 
+    /// The outcome of a blocking read of a local store's file, as the store's error.
     fn local_read_result<T>(
         &self,
         key: &str,
@@ -725,8 +732,8 @@ impl BlockStore for OpendalStore {
 mod tests {
     use super::*;
 
-    /// Files of every size read back exactly: up to 4 MiB into pooled buffers (whole pages
-    /// and an unaligned tail), larger ones into a buffer of their own.
+    /// Files of every size read back exactly: over 2 MiB and up to 4 MiB into pooled
+    /// buffers (whole pages and an unaligned tail), others into a buffer of their own.
     #[test]
     fn local_files_read_back_exactly_pooled_or_not() {
         let bufs = fs_core::BlockPool::new(READ_BUF, 2);
@@ -791,13 +798,25 @@ mod tests {
     }
 
     /// A block from a store that is not a local directory, read as it streams in and summed
-    /// piece by piece (pooled up to 4 MiB, a buffer of its own above): the right bytes
-    /// pass; a changed byte, a short or a long object is `Corrupt`, naming the block; a
-    /// missing one is `NotFound`.
+    /// piece by piece (pooled over 2 MiB and up to 4 MiB, a buffer of its own otherwise):
+    /// the right bytes pass; a changed byte, a short or a long object is `Corrupt`, naming
+    /// the block; a missing one is `NotFound`. Objects are written in uneven pieces, so that
+    /// they stream back in several.
     #[tokio::test]
     async fn a_streamed_block_is_summed_and_checked() {
+        use futures::StreamExt;
         let store = OpendalStore::open("memory://", &Default::default()).unwrap();
-        for (i, len) in [100usize, (3 << 20) + 123, 4 << 20, (5 << 20) + 7]
+        let write = |key: String, bytes: Vec<u8>| {
+            let op = store.op.clone();
+            async move {
+                let mut w = op.writer(&key).await.unwrap();
+                for piece in bytes.chunks(100_003) {
+                    w.write(piece.to_vec()).await.unwrap();
+                }
+                w.close().await.unwrap();
+            }
+        };
+        for (i, len) in [100usize, 1 << 20, (3 << 20) + 123, 4 << 20, (5 << 20) + 7]
             .into_iter()
             .enumerate()
         {
@@ -806,32 +825,47 @@ mod tests {
             let good = BlockCheck::of_key(&key, Some(crc32c::crc32c(&data))).unwrap();
             let e = store.get_block(&key, good).await.unwrap_err();
             assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
-            store.put(&key, Bytes::from(data.clone())).await.unwrap();
+            write(key.clone(), data.clone()).await;
+            let mut pieces = 0;
+            let mut s = store
+                .op
+                .reader(&key)
+                .await
+                .unwrap()
+                .into_stream(..)
+                .await
+                .unwrap();
+            while let Some(b) = s.next().await {
+                pieces += Iterator::count(b.unwrap());
+            }
+            assert_eq!(
+                pieces,
+                len.div_ceil(100_003),
+                "{len} bytes stream back in pieces"
+            );
             for _ in 0..2 {
                 let got = store.get_block(&key, good).await.unwrap();
                 assert!(got[..] == data[..], "{len} bytes");
             }
             let mut bad = data.clone();
             bad[len / 2] ^= 1;
-            store.put(&key, Bytes::from(bad)).await.unwrap();
+            write(key.clone(), bad).await;
             let e = store.get_block(&key, good).await.unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
             assert!(
                 e.to_string().contains("fails its checksum") && e.to_string().contains(&key),
                 "{e}"
             );
-            store
-                .put(&key, Bytes::from(data[..len - 1].to_vec()))
-                .await
-                .unwrap();
+            write(key.clone(), data[..len - 1].to_vec()).await;
             let e = store.get_block(&key, good).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
             assert!(
                 e.to_string().contains(&format!("has {} bytes", len - 1)),
                 "{e}"
             );
             let mut long = data.clone();
             long.extend_from_slice(&[7; 4096]);
-            store.put(&key, Bytes::from(long)).await.unwrap();
+            write(key.clone(), long).await;
             let e = store.get_block(&key, good).await.unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
             assert!(
