@@ -65,9 +65,22 @@ impl Follower {
         if let Some(h) = &holder {
             session.acks.insert(storage::ACK.into(), h.gen());
         }
-        fs_core::session::beat(&*engine, &mut session).await?;
         let id = session.id.clone();
         let ended: Ended = Default::default();
+        // Listed before the record is written, so that an `end_sessions` meanwhile removes
+        // it (after this beat: a removal waits for the beat's lock).
+        live().push(LiveSession {
+            engine: engine.clone(),
+            id: id.clone(),
+            ended: ended.clone(),
+        });
+        {
+            let _beating = ended.lock().await;
+            if let Err(e) = fs_core::session::beat(&*engine, &mut session).await {
+                unlist(&id);
+                return Err(e);
+            }
+        }
         let mut poll =
             tokio::time::interval_at(tokio::time::Instant::now() + FOLLOW_EVERY, FOLLOW_EVERY);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -82,11 +95,6 @@ impl Follower {
             ended: ended.clone(),
             session,
             last_beat: Instant::now(),
-        });
-        live().push(LiveSession {
-            engine: engine.clone(),
-            id: id.clone(),
-            ended: ended.clone(),
         });
         Ok(Follower {
             workers,
@@ -249,7 +257,8 @@ fn unlist(id: &str) {
 /// (their removals still running) and those still alive. A command's last step before its
 /// runtime ends, so that a `jfs put` or a `jfs-sync` into a volume leaves no dead session
 /// behind, whichever task held its volume last. A metadata service that does not answer in
-/// time leaves the rest to `gc`.
+/// time leaves the rest to `gc`. It ends every session of the process: never call it from
+/// a process that goes on (a test beside others, a mount, an agent).
 pub async fn end_sessions(limit: Duration) {
     let pending = std::mem::take(&mut *removals());
     let alive = std::mem::take(&mut *live());
