@@ -295,3 +295,49 @@ impl Drop for Follower {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A follower still alive when the command ends (a task kept its volume) has its record
+    /// removed by `end_sessions`, and its worker beats no more. The only test here that calls
+    /// `end_sessions`, which ends every session of the process.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn end_sessions_removes_the_records_of_followers_still_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("rocksdb://{}", dir.path().join("meta").display());
+        let engine = crate::open_engine(&url, crate::Access::Write, None, true)
+            .await
+            .unwrap();
+        let kept = Follower::start(engine.clone(), None, None, Session::new("kept", false))
+            .await
+            .unwrap();
+        let dropped = Follower::start(engine.clone(), None, None, Session::new("dropped", false))
+            .await
+            .unwrap();
+        let ids = |v: Vec<Session>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();
+        let mut both = vec![
+            kept.session_id().to_string(),
+            dropped.session_id().to_string(),
+        ];
+        both.sort();
+        let mut listed = ids(fs_core::session::list(&*engine).await.unwrap());
+        listed.sort();
+        assert_eq!(listed, both);
+        drop(dropped);
+        end_sessions(Duration::from_secs(5)).await;
+        assert_eq!(
+            ids(fs_core::session::list(&*engine).await.unwrap()),
+            Vec::<String>::new()
+        );
+        assert!(
+            *kept.ended.lock().await,
+            "the kept follower's worker beats no more"
+        );
+        assert!(live().is_empty());
+        // Its close later removes nothing more and fails nothing.
+        kept.close().await;
+        assert!(fs_core::session::list(&*engine).await.unwrap().is_empty());
+    }
+}
