@@ -191,8 +191,8 @@ fn pooled(len: usize) -> bool {
     len > READ_BUF / 2 && len <= READ_BUF
 }
 
-/// Read a local store's file whole. A block of up to 4 MiB is read into a page-aligned
-/// buffer from `bufs`: no fresh pages to fault in and clear for each block (the buffer goes
+/// Read a local store's file whole. A block of 2-4 MiB (`pooled`) is read into a
+/// page-aligned buffer from `bufs`: no fresh pages to fault in and clear for each block (the buffer goes
 /// back to `bufs` when its last `Bytes` is dropped), and a whole-file copy made of it can be
 /// written with `O_DIRECT` (`write_at_end`). The read itself goes through the page cache:
 /// measured on this project's disks, `O_DIRECT` reads halved the CPU of a cold read but cut

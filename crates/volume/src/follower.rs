@@ -30,15 +30,29 @@ const CLOSE_DRAIN: Duration = Duration::from_secs(2);
 
 pub struct Follower {
     workers: Supervisor,
-    engine: Arc<dyn Engine>,
-    id: String,
-    ended: Ended,
+    record: Arc<Record>,
     /// The record is removed already (`close`).
     closed: bool,
 }
 
-/// Set once the session record is being removed; a beat holds it while it writes.
-type Ended = Arc<tokio::sync::Mutex<bool>>;
+/// A session record of this process, shared by its follower, its worker and the list of
+/// live records (`end_sessions`).
+struct Record {
+    engine: Arc<dyn Engine>,
+    id: String,
+    /// Set once the record is being removed; a beat holds it while it writes.
+    ended: tokio::sync::Mutex<bool>,
+}
+
+impl Record {
+    /// Remove the record, after any beat in flight, and stop its beats.
+    async fn remove(&self) {
+        *self.ended.lock().await = true;
+        if let Err(e) = fs_core::session::remove(&*self.engine, &self.id).await {
+            tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
+        }
+    }
+}
 
 /// The worker: one pass of following per call.
 struct SessionWorker {
@@ -48,7 +62,7 @@ struct SessionWorker {
     holder: Option<Weak<StorageHolder>>,
     gens: Option<watch::Receiver<u64>>,
     poll: tokio::time::Interval,
-    ended: Ended,
+    record: Arc<Record>,
     session: Session,
     last_beat: Instant,
     moves_seen: u64,
@@ -65,19 +79,18 @@ impl Follower {
         if let Some(h) = &holder {
             session.acks.insert(storage::ACK.into(), h.gen());
         }
-        let id = session.id.clone();
-        let ended: Ended = Default::default();
+        let record = Arc::new(Record {
+            engine: engine.clone(),
+            id: session.id.clone(),
+            ended: Default::default(),
+        });
         // Listed before the record is written, so that an `end_sessions` meanwhile removes
         // it (after this beat: a removal waits for the beat's lock).
-        live().push(LiveSession {
-            engine: engine.clone(),
-            id: id.clone(),
-            ended: ended.clone(),
-        });
+        live().push(record.clone());
         {
-            let _beating = ended.lock().await;
+            let _beating = record.ended.lock().await;
             if let Err(e) = fs_core::session::beat(&*engine, &mut session).await {
-                unlist(&id);
+                unlist(&record.id);
                 return Err(e);
             }
         }
@@ -92,29 +105,27 @@ impl Follower {
             gens: holder.as_ref().map(|h| h.watch()),
             holder: holder.map(|h| Arc::downgrade(&h)),
             poll,
-            ended: ended.clone(),
+            record: record.clone(),
             session,
             last_beat: Instant::now(),
         });
         Ok(Follower {
             workers,
-            engine,
-            id,
-            ended,
+            record,
             closed: false,
         })
     }
 
     pub fn session_id(&self) -> &str {
-        &self.id
+        &self.record.id
     }
 
     /// Stop following (a beat in flight finishes first) and remove the session record.
     pub async fn close(mut self) {
         self.workers.shutdown(CLOSE_DRAIN).await;
         self.closed = true;
-        unlist(&self.id);
-        remove_session(&*self.engine, &self.id, &self.ended).await;
+        unlist(&self.record.id);
+        self.record.remove().await;
     }
 }
 
@@ -148,7 +159,7 @@ impl Worker for SessionWorker {
             beat |= self.follow_storage(h).await;
         }
         if beat {
-            let ended = self.ended.lock().await;
+            let ended = self.record.ended.lock().await;
             if *ended {
                 return Ok(WorkerState::Done);
             }
@@ -221,14 +232,6 @@ impl SessionWorker {
     }
 }
 
-/// Remove the record of session `id`, after any beat in flight, and stop its beats.
-async fn remove_session(engine: &dyn Engine, id: &str, ended: &Ended) {
-    *ended.lock().await = true;
-    if let Err(e) = fs_core::session::remove(engine, id).await {
-        tracing::warn!(error = %e, "removing the session record failed; gc removes it once it times out");
-    }
-}
-
 /// Removals of the records of dropped followers, still running.
 fn removals() -> std::sync::MutexGuard<'static, Vec<tokio::task::JoinHandle<()>>> {
     static REMOVALS: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
@@ -236,16 +239,9 @@ fn removals() -> std::sync::MutexGuard<'static, Vec<tokio::task::JoinHandle<()>>
     REMOVALS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A follower not closed or dropped yet.
-struct LiveSession {
-    engine: Arc<dyn Engine>,
-    id: String,
-    ended: Ended,
-}
-
-/// This process's followers not closed or dropped yet.
-fn live() -> std::sync::MutexGuard<'static, Vec<LiveSession>> {
-    static LIVE: std::sync::Mutex<Vec<LiveSession>> = std::sync::Mutex::new(Vec::new());
+/// The records of this process's followers not closed or dropped yet.
+fn live() -> std::sync::MutexGuard<'static, Vec<Arc<Record>>> {
+    static LIVE: std::sync::Mutex<Vec<Arc<Record>>> = std::sync::Mutex::new(Vec::new());
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -262,11 +258,7 @@ fn unlist(id: &str) {
 pub async fn end_sessions(limit: Duration) {
     let pending = std::mem::take(&mut *removals());
     let alive = std::mem::take(&mut *live());
-    let ends = futures::future::join_all(
-        alive
-            .iter()
-            .map(|l| remove_session(&*l.engine, &l.id, &l.ended)),
-    );
+    let ends = futures::future::join_all(alive.iter().map(|r| r.remove()));
     let _ = tokio::time::timeout(
         limit,
         futures::future::join(futures::future::join_all(pending), ends),
@@ -280,15 +272,11 @@ impl Drop for Follower {
         if self.closed {
             return;
         }
-        unlist(&self.id);
+        unlist(&self.record.id);
         // Outside a runtime (a test's last drop) the record stays for gc.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (engine, id, ended) = (
-                self.engine.clone(),
-                std::mem::take(&mut self.id),
-                self.ended.clone(),
-            );
-            let removal = rt.spawn(async move { remove_session(&*engine, &id, &ended).await });
+            let record = self.record.clone();
+            let removal = rt.spawn(async move { record.remove().await });
             let mut r = removals();
             r.retain(|t| !t.is_finished());
             r.push(removal);
@@ -332,7 +320,7 @@ mod tests {
             Vec::<String>::new()
         );
         assert!(
-            *kept.ended.lock().await,
+            *kept.record.ended.lock().await,
             "the kept follower's worker beats no more"
         );
         assert!(live().is_empty());
