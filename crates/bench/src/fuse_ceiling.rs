@@ -4,7 +4,10 @@
 //! `jfs mount` (max_read 1 MiB, the same request loops, kernel read-ahead, background
 //! limits), then reads that file with 1 MiB `read`s against a local file of the same size,
 //! page cache dropped before each read, local and FUSE in turn. What `jfs mount` reads
-//! beyond this bound it cannot get by work of its own. Needs root (drop_caches, mounting).
+//! beyond this bound it cannot get by work of its own. It also `stat`s `--stats` distinct
+//! names, each LOOKUP answered at once: the least a metadata request costs through FUSE here
+//! (add one round trip to Redis or PostgreSQL for a stat through a mount on those). Needs root
+//! (drop_caches, mounting).
 //! Prints one JSON object; `integration/bench-mount.sh` records it in BENCHMARKS.md.
 
 use anyhow::{bail, Context, Result};
@@ -34,15 +37,22 @@ struct Args {
     /// loop's own thread.
     #[arg(long)]
     from_tasks: bool,
+    /// Also `stat` this many distinct names (every lookup answered at once, dentries dropped
+    /// first): the least a metadata request costs through FUSE here, before any engine call.
+    #[arg(long, default_value_t = 2000)]
+    stats: u64,
 }
 
 const FILE_INO: u64 = 2;
+/// The inode of the first name `stat`ed (`s0`); `sN` is `STAT_INO + N`.
+const STAT_INO: u64 = 16;
 const NAME: &str = "data";
 /// The reply buffer: one max_read's worth, served at every offset.
 const PIECE: usize = 1 << 20;
 
 struct Null {
     size: u64,
+    stats: u64,
     piece: Arc<Vec<u8>>,
     rt: Option<tokio::runtime::Handle>,
 }
@@ -81,10 +91,23 @@ impl Filesystem for Null {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent.0 == 1 && name == NAME {
-            reply.entry(&TTL, &attr(FILE_INO, self.size), Generation(0));
-        } else {
-            reply.error(Errno::ENOENT);
+        let stat_n = name
+            .to_str()
+            .and_then(|n| n.strip_prefix('s'))
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| *n < self.stats);
+        let answer = match (parent.0, stat_n) {
+            (1, _) if name == NAME => Some(attr(FILE_INO, self.size)),
+            (1, Some(n)) => Some(attr(STAT_INO + n, 16384)),
+            _ => None,
+        };
+        let reply_now = move || match answer {
+            Some(a) => reply.entry(&TTL, &a, Generation(0)),
+            None => reply.error(Errno::ENOENT),
+        };
+        match &self.rt {
+            None => reply_now(),
+            Some(rt) => drop(rt.spawn(async move { reply_now() })),
         }
     }
 
@@ -92,6 +115,7 @@ impl Filesystem for Null {
         match i.0 {
             1 => reply.attr(&TTL, &attr(1, 0)),
             FILE_INO => reply.attr(&TTL, &attr(FILE_INO, self.size)),
+            n if n >= STAT_INO && n - STAT_INO < self.stats => reply.attr(&TTL, &attr(n, 16384)),
             _ => reply.error(Errno::ENOENT),
         }
     }
@@ -167,6 +191,20 @@ fn read_rate(p: &Path) -> Result<(f64, f64)> {
     Ok((total as f64 / (1 << 20) as f64 / s, cpu))
 }
 
+/// `stat` names `s0`..`s{n-1}` under `dir`, dentries dropped first: microseconds per stat.
+fn stat_us(dir: &Path, n: u64) -> Result<f64> {
+    drop_caches()?;
+    let t = Instant::now();
+    for i in 0..n {
+        let p = dir.join(format!("s{i}"));
+        let m = std::fs::metadata(&p).with_context(|| format!("stat {}", p.display()))?;
+        if m.len() != 16384 {
+            bail!("{} has length {}, not 16384", p.display(), m.len());
+        }
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -184,6 +222,7 @@ fn main() -> Result<()> {
     let piece: Vec<u8> = (0..PIECE).map(|i| (i * 7 + 1) as u8).collect();
     let fs = Null {
         size,
+        stats: a.stats,
         piece: Arc::new(piece),
         rt: a.from_tasks.then(|| rt.handle().clone()),
     };
@@ -202,9 +241,9 @@ fn main() -> Result<()> {
     let bg = session.spawn()?;
     mount::raise_kernel_readahead(&a.mountpoint, mount::KERNEL_READAHEAD_KB);
     let file = a.mountpoint.join(NAME);
-    let result = (|| -> Result<[f64; 4]> {
-        let (mut local, mut fuse, mut local_cpu, mut fuse_cpu) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let result = (|| -> Result<[f64; 5]> {
+        let (mut local, mut fuse, mut local_cpu, mut fuse_cpu, mut stats) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.rounds {
             let (rate, cpu) = read_rate(&a.local)?;
             local.push(rate);
@@ -212,19 +251,23 @@ fn main() -> Result<()> {
             let (rate, cpu) = read_rate(&file)?;
             fuse.push(rate);
             fuse_cpu.push(cpu);
+            if a.stats > 0 {
+                stats.push(stat_us(&a.mountpoint, a.stats)?);
+            }
         }
         Ok([
             median(local),
             median(fuse),
             median(local_cpu),
             median(fuse_cpu),
+            if stats.is_empty() { 0.0 } else { median(stats) },
         ])
     })();
     // AutoUnmount leaves the unmount to fusermount3's watcher; detach now so the request
     // loops end (as `jfs mount` does on SIGTERM).
     mount::mounts::lazy_unmount(&a.mountpoint)?;
     bg.join()?;
-    let [local, fuse, local_cpu, fuse_cpu] = result?;
+    let [local, fuse, local_cpu, fuse_cpu, stat] = result?;
     // The cores /proc/stat counts (what the busy figures are summed over).
     let cores = std::fs::read_to_string("/proc/stat")
         .map(|s| {
@@ -249,6 +292,9 @@ fn main() -> Result<()> {
             "local_cpu_s_per_gib": (local_cpu * 1000.0).round() / 1000.0,
             "fuse_null_cpu_s_per_gib": (fuse_cpu * 1000.0).round() / 1000.0,
             "cpu_bound_mib_s_local_plus_fuse": (cores / (local_cpu + fuse_cpu) * 1024.0).round(),
+            // A `stat` of a name not in the dentry cache: one LOOKUP answered with no work.
+            "stats": a.stats,
+            "stat_us": (stat * 10.0).round() / 10.0,
         })
     );
     Ok(())
