@@ -15,6 +15,7 @@ use fuser::{
 };
 use fuser::{BackingId, InitFlags};
 use std::ffi::OsStr;
+use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -32,10 +33,18 @@ pub struct FuseFs {
     pub ttl: Ttls,
     /// Reported as st_blksize (cp and Python size their buffers by it).
     pub blksize: u32,
+    /// Poll each request once on the request loop's thread before handing it to the runtime:
+    /// one that waits on nothing (a RocksDB read, an answer from the mount's caches, a write
+    /// into the file's buffer) is answered without waking a runtime thread, about 20 us a
+    /// request on a VM (`jfs-fuse-ceiling`'s `stat_us`, with and without `--from-tasks`).
+    /// For in-process metadata only: a Redis or PostgreSQL call sent from this thread wakes
+    /// the connection's task on the runtime anyway, and measured slower (BENCHMARKS.md).
+    pub first_poll_here: bool,
 }
 
 impl FuseFs {
-    /// Run `f` on the runtime, time it under `op`, and hand its outcome to `done`.
+    /// Run `f` (here first if `first_poll_here`, then on the runtime if it waits), time it
+    /// under `op`, and hand its outcome to `done`.
     fn go<T, F, D>(&self, op: &'static str, f: F, done: D)
     where
         T: Send + 'static,
@@ -43,12 +52,34 @@ impl FuseFs {
         D: FnOnce(VResult<T>) + Send + 'static,
     {
         let m = self.vfs.metrics.clone();
-        self.rt.spawn(async move {
-            let t0 = Instant::now();
+        let t0 = Instant::now();
+        let task = Box::pin(async move {
             let r = f.await;
             m.observe(op, t0.elapsed().as_secs_f64(), r.is_ok());
             done(r);
         });
+        if !self.first_poll_here {
+            self.rt.spawn(task);
+            return;
+        }
+        poll_here_then_spawn(&self.rt, task);
+    }
+}
+
+/// Poll `task` once on this thread, in `rt`'s context; if it waits, hand it to `rt`, whose
+/// first poll of it registers the runtime's waker (every poll replaces the last one's). A
+/// panic ends `task` only, as it would in a task: a request's reply is dropped unsent, and
+/// fuser answers EIO for it.
+fn poll_here_then_spawn(
+    rt: &tokio::runtime::Handle,
+    mut task: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+) {
+    let _rt = rt.enter();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let polled =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.as_mut().poll(&mut cx)));
+    if matches!(polled, Ok(std::task::Poll::Pending)) {
+        rt.spawn(task);
     }
 }
 
@@ -719,5 +750,56 @@ fn open_reply(vfs: &Arc<Vfs>, reply: ReplyOpen, o: crate::vfs::Opened) {
             vfs.passthrough_refused(o.fh, &e);
             reply.opened(fh, FopenFlags::empty())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::poll_here_then_spawn;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_request_runs_here_until_it_waits_then_on_the_runtime() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let here = std::thread::current().id();
+        let (tx, rx) = mpsc::channel();
+
+        // Waits on nothing: done before the call returns, on this thread.
+        let t = tx.clone();
+        poll_here_then_spawn(
+            rt.handle(),
+            Box::pin(async move { t.send(("ready", std::thread::current().id())).unwrap() }),
+        );
+        assert_eq!(rx.try_recv().unwrap(), ("ready", here));
+
+        // Waits twice (a timer, then a blocking task): finished by the runtime's threads,
+        // woken through the runtime's waker, not the one of the first poll.
+        let t = tx.clone();
+        poll_here_then_spawn(
+            rt.handle(),
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let n = tokio::task::spawn_blocking(|| 7).await.unwrap();
+                assert_eq!(n, 7);
+                t.send(("waited", std::thread::current().id())).unwrap();
+            }),
+        );
+        let (what, on) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(what, "waited");
+        assert_ne!(on, here);
+
+        // A panic in its first poll ends that request only.
+        poll_here_then_spawn(rt.handle(), Box::pin(async { panic!("a bad request") }));
+        let t = tx.clone();
+        poll_here_then_spawn(
+            rt.handle(),
+            Box::pin(async move { t.send(("after", std::thread::current().id())).unwrap() }),
+        );
+        assert_eq!(rx.try_recv().unwrap(), ("after", here));
     }
 }
