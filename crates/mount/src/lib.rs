@@ -290,7 +290,6 @@ async fn serve(
             dir_entry: o.dir_entry_cache,
         },
         blksize: 1 << 20,
-        first_poll_here: fs.engine().kind() == "rocksdb",
     };
     let is_root = rustix::process::geteuid().is_root();
     let mut mopts = vec![

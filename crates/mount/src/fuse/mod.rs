@@ -1,6 +1,7 @@
-//! The fuser adapter: every request is answered from a tokio task (fuser replies are `Send`),
-//! so slow requests (a block fetch, a commit) never hold up others. Types are converted here;
-//! the logic is in `vfs.rs`.
+//! The fuser adapter: requests are answered from tokio tasks (fuser replies are `Send`), so
+//! slow requests (a block fetch, a commit) never hold up others. On a RocksDB volume the
+//! short kinds of request are polled once on the request loop's thread first (`first_poll`).
+//! Types are converted here; the logic is in `vfs.rs`.
 
 mod convert;
 
@@ -33,18 +34,45 @@ pub struct FuseFs {
     pub ttl: Ttls,
     /// Reported as st_blksize (cp and Python size their buffers by it).
     pub blksize: u32,
-    /// Poll each request once on the request loop's thread before handing it to the runtime:
-    /// one that waits on nothing (a RocksDB read, an answer from the mount's caches, a write
-    /// into the file's buffer) is answered without waking a runtime thread, about 20 us a
-    /// request on a VM (`jfs-fuse-ceiling`'s `stat_us`, with and without `--from-tasks`).
-    /// For in-process metadata only: a Redis or PostgreSQL call sent from this thread wakes
-    /// the connection's task on the runtime anyway, and measured slower (BENCHMARKS.md).
-    pub first_poll_here: bool,
+}
+
+/// Whether a request of kind `op` is polled once on the request loop's thread before it is
+/// handed to the runtime. One that then waits on nothing (a RocksDB read, an answer from the
+/// mount's caches, a write into the file's buffer) is answered without waking a runtime
+/// thread: about 20 us a request on a VM (`jfs-fuse-ceiling`'s `stat_us`, with and without
+/// `--from-tasks`). Only for metadata in this process (`engine_kind` "rocksdb": a Redis or
+/// PostgreSQL call sent from this thread wakes the connection's task on the runtime anyway,
+/// and measured slower), and only for kinds whose work before their first wait is bounded by
+/// the request: not listings, opens (a mirror's open reads every chunk record of its file),
+/// unlink, rmdir, rename, setattr and release (which may free a whole file's data), fsync,
+/// fallocate. A loop thread held by long work stops the kernel's other requests.
+fn first_poll(op: &str, engine_kind: &str) -> bool {
+    engine_kind == "rocksdb"
+        && matches!(
+            op,
+            "lookup"
+                | "getattr"
+                | "readlink"
+                | "access"
+                | "statfs"
+                | "getxattr"
+                | "listxattr"
+                | "setxattr"
+                | "removexattr"
+                | "read"
+                | "write"
+                | "flush"
+                | "create"
+                | "mknod"
+                | "mkdir"
+                | "symlink"
+                | "link"
+        )
 }
 
 impl FuseFs {
-    /// Run `f` (here first if `first_poll_here`, then on the runtime if it waits), time it
-    /// under `op`, and hand its outcome to `done`.
+    /// Run `f` (here first if `first_poll`, then on the runtime if it waits), time it under
+    /// `op` from the request's arrival, and hand its outcome to `done`.
     fn go<T, F, D>(&self, op: &'static str, f: F, done: D)
     where
         T: Send + 'static,
@@ -58,7 +86,8 @@ impl FuseFs {
             m.observe(op, t0.elapsed().as_secs_f64(), r.is_ok());
             done(r);
         });
-        if !self.first_poll_here {
+        // Asked at each request: a mount follows its volume when it moves to another engine.
+        if !first_poll(op, self.vfs.fs.engine().kind()) {
             self.rt.spawn(task);
             return;
         }
@@ -755,7 +784,7 @@ fn open_reply(vfs: &Arc<Vfs>, reply: ReplyOpen, o: crate::vfs::Opened) {
 
 #[cfg(test)]
 mod tests {
-    use super::poll_here_then_spawn;
+    use super::{first_poll, poll_here_then_spawn};
     use std::sync::mpsc;
     use std::time::Duration;
 
@@ -801,5 +830,30 @@ mod tests {
             Box::pin(async move { t.send(("after", std::thread::current().id())).unwrap() }),
         );
         assert_eq!(rx.try_recv().unwrap(), ("after", here));
+    }
+
+    #[test]
+    fn only_short_requests_on_rocksdb_are_polled_on_the_request_thread() {
+        for op in [
+            "lookup", "getattr", "read", "write", "flush", "create", "mkdir",
+        ] {
+            assert!(first_poll(op, "rocksdb"), "{op}");
+            assert!(!first_poll(op, "redis"), "{op}");
+            assert!(!first_poll(op, "postgres"), "{op}");
+        }
+        for op in [
+            "opendir",
+            "readdirplus",
+            "open",
+            "unlink",
+            "rmdir",
+            "rename",
+            "setattr",
+            "release",
+            "fsync",
+            "fallocate",
+        ] {
+            assert!(!first_poll(op, "rocksdb"), "{op}");
+        }
     }
 }
