@@ -20,6 +20,24 @@ const FILLS_IN_FLIGHT: usize = 32;
 
 type Flight = Shared<BoxFuture<'static, Result<Bytes>>>;
 
+/// Takes a fetch out of its singleflight map when dropped: at the fetch's end, where the
+/// fetch drops it, or while a panic in the fetch unwinds. A fetch left in the map after a
+/// panic would hand that same panic to every later reader of its block until the mount
+/// restarted (a `Shared` future that panicked panics again at every poll).
+pub(crate) struct Landing<V> {
+    pub(crate) flights: Arc<Mutex<HashMap<String, V>>>,
+    pub(crate) key: String,
+}
+
+impl<V> Drop for Landing<V> {
+    fn drop(&mut self) {
+        self.flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
+}
+
 /// The read side of the stack: the local cache first, then one fetch per block however many
 /// readers want it at once (singleflight), filling the cache in the background.
 pub struct CachedStore {
@@ -58,11 +76,15 @@ impl CachedStore {
         let metrics = self.metrics.clone();
         let k = key.to_string();
         let f = async move {
+            let landing = Landing {
+                flights,
+                key: k.clone(),
+            };
             let r = match want {
                 Some(w) => inner.get_block(&k, w).await,
                 None => inner.get(&k).await,
             };
-            flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+            drop(landing);
             if let (Ok(b), Some(c)) = (&r, cache) {
                 match fills.try_acquire_owned() {
                     Ok(permit) => {
@@ -169,5 +191,95 @@ impl StoreLayer for CachedStore {
             c.remove(key);
         }
         self.inner.delete(key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fallback::FallbackStore;
+    use fs_core::ObjectMeta;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A store whose first read panics (a bug below) and whose later reads answer `abc`; or,
+    /// `missing`, one that holds nothing (a mirror store before its copy).
+    #[derive(Default)]
+    struct PanicsOnce {
+        reads: AtomicU64,
+        missing: bool,
+    }
+
+    #[async_trait]
+    impl BlockStore for PanicsOnce {
+        fn display_url(&self) -> String {
+            "test://".into()
+        }
+        async fn put(&self, _key: &str, _data: Bytes) -> Result<()> {
+            Ok(())
+        }
+        async fn get(&self, key: &str) -> Result<Bytes> {
+            if self.missing {
+                return Err(Error::new(ErrorKind::NotFound, format!("{key}: not here")));
+            }
+            if self.reads.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("a bug in the store below");
+            }
+            Ok(Bytes::from_static(b"abc"))
+        }
+        async fn head(&self, _key: &str) -> Result<Option<ObjectMeta>> {
+            Ok(None)
+        }
+        async fn delete(&self, _key: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn list(
+            &self,
+            _prefix: &str,
+            _f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
+        ) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    const WANT: BlockCheck = BlockCheck { len: 3, crc: None };
+
+    /// The read that met the panic fails (its task panics, as before); the next read of the
+    /// same block fetches it again instead of meeting the same panic.
+    async fn read_after_a_panic<S: StoreLayer>(s: Arc<S>, below: &PanicsOnce) {
+        let (s2, key) = (s.clone(), fs_core::keys::block_key("vol", 1, 0, 3));
+        let k = key.clone();
+        let first = tokio::spawn(async move { StoreLayer::get_block(&*s2, &k, WANT).await });
+        assert!(first.await.unwrap_err().is_panic());
+        let b = StoreLayer::get_block(&*s, &key, WANT).await.unwrap();
+        assert_eq!(&b[..], b"abc");
+        assert_eq!(below.reads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_fetch_that_panicked_is_not_handed_to_later_readers() {
+        // With a local cache: without one, reads go straight below, one fetch each.
+        let d = tempfile::tempdir().unwrap();
+        let cache = crate::cache::tests::open(d.path(), 1 << 20);
+        let below = Arc::new(PanicsOnce::default());
+        let c = Arc::new(CachedStore::new(
+            below.clone(),
+            Some(cache),
+            Default::default(),
+        ));
+        read_after_a_panic(c.clone(), &below).await;
+        assert!(c.flights.lock().unwrap().is_empty());
+
+        let origin = Arc::new(PanicsOnce::default());
+        let mirror = Arc::new(PanicsOnce {
+            missing: true,
+            ..Default::default()
+        });
+        let f = Arc::new(FallbackStore::new(
+            mirror,
+            origin.clone(),
+            true,
+            Default::default(),
+        ));
+        read_after_a_panic(f, &origin).await;
     }
 }

@@ -122,6 +122,10 @@ impl FallbackStore {
         let timeout = self.timeout;
         let k = key.to_string();
         let f = async move {
+            let landing = crate::cached::Landing {
+                flights,
+                key: k.clone(),
+            };
             let r = match tokio::time::timeout(timeout, origin.get_block(&k, want)).await {
                 Ok(r) => r,
                 Err(_) => Err(Error::new(
@@ -132,7 +136,7 @@ impl FallbackStore {
                     ),
                 )),
             };
-            flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+            drop(landing);
             match &r {
                 Ok(b) => {
                     metrics.fallback_reads.inc();
