@@ -198,47 +198,40 @@ impl StoreLayer for CachedStore {
 mod tests {
     use super::*;
     use crate::fallback::FallbackStore;
-    use fs_core::ObjectMeta;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    /// A store whose first read panics (a bug below) and whose later reads answer `abc`; or,
-    /// `missing`, one that holds nothing (a mirror store before its copy).
-    #[derive(Default)]
+    /// Over a `memory://` store: the first block read panics (a bug below), later reads go
+    /// down.
     struct PanicsOnce {
+        below: Arc<dyn BlockStore>,
         reads: AtomicU64,
-        missing: bool,
     }
 
     #[async_trait]
-    impl BlockStore for PanicsOnce {
-        fn display_url(&self) -> String {
-            "test://".into()
+    impl StoreLayer for PanicsOnce {
+        fn below(&self) -> &dyn BlockStore {
+            &*self.below
         }
-        async fn put(&self, _key: &str, _data: Bytes) -> Result<()> {
-            Ok(())
-        }
-        async fn get(&self, key: &str) -> Result<Bytes> {
-            if self.missing {
-                return Err(Error::new(ErrorKind::NotFound, format!("{key}: not here")));
-            }
+        async fn get_block(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
             if self.reads.fetch_add(1, Ordering::SeqCst) == 0 {
                 panic!("a bug in the store below");
             }
-            Ok(Bytes::from_static(b"abc"))
+            self.below.get_block(key, want).await
         }
-        async fn head(&self, _key: &str) -> Result<Option<ObjectMeta>> {
-            Ok(None)
-        }
-        async fn delete(&self, _key: &str) -> Result<()> {
-            Ok(())
-        }
-        async fn list(
-            &self,
-            _prefix: &str,
-            _f: &mut (dyn FnMut(Vec<ObjectMeta>) -> Result<()> + Send),
-        ) -> Result<()> {
-            Ok(())
-        }
+    }
+
+    fn key() -> String {
+        fs_core::keys::block_key("vol", 1, 0, 3)
+    }
+
+    /// A store holding block `key()` (`abc`) whose first read panics.
+    async fn panics_once() -> Arc<PanicsOnce> {
+        let below = crate::open_store("memory://", None).unwrap();
+        below.put(&key(), Bytes::from_static(b"abc")).await.unwrap();
+        Arc::new(PanicsOnce {
+            below,
+            reads: AtomicU64::new(0),
+        })
     }
 
     const WANT: BlockCheck = BlockCheck { len: 3, crc: None };
@@ -246,11 +239,10 @@ mod tests {
     /// The read that met the panic fails (its task panics, as before); the next read of the
     /// same block fetches it again instead of meeting the same panic.
     async fn read_after_a_panic<S: StoreLayer>(s: Arc<S>, below: &PanicsOnce) {
-        let (s2, key) = (s.clone(), fs_core::keys::block_key("vol", 1, 0, 3));
-        let k = key.clone();
-        let first = tokio::spawn(async move { StoreLayer::get_block(&*s2, &k, WANT).await });
+        let s2 = s.clone();
+        let first = tokio::spawn(async move { StoreLayer::get_block(&*s2, &key(), WANT).await });
         assert!(first.await.unwrap_err().is_panic());
-        let b = StoreLayer::get_block(&*s, &key, WANT).await.unwrap();
+        let b = StoreLayer::get_block(&*s, &key(), WANT).await.unwrap();
         assert_eq!(&b[..], b"abc");
         assert_eq!(below.reads.load(Ordering::SeqCst), 2);
     }
@@ -260,7 +252,7 @@ mod tests {
         // With a local cache: without one, reads go straight below, one fetch each.
         let d = tempfile::tempdir().unwrap();
         let cache = crate::cache::tests::open(d.path(), 1 << 20);
-        let below = Arc::new(PanicsOnce::default());
+        let below = panics_once().await;
         let c = Arc::new(CachedStore::new(
             below.clone(),
             Some(cache),
@@ -269,11 +261,8 @@ mod tests {
         read_after_a_panic(c.clone(), &below).await;
         assert!(c.flights.lock().unwrap().is_empty());
 
-        let origin = Arc::new(PanicsOnce::default());
-        let mirror = Arc::new(PanicsOnce {
-            missing: true,
-            ..Default::default()
-        });
+        let origin = panics_once().await;
+        let mirror = crate::open_store("memory://", None).unwrap();
         let f = Arc::new(FallbackStore::new(
             mirror,
             origin.clone(),
