@@ -192,9 +192,10 @@ fn pooled(len: usize) -> bool {
 }
 
 /// Read a local store's file whole. A block of 2-4 MiB (`pooled`) is read into a
-/// page-aligned buffer from `bufs`: no fresh pages to fault in and clear for each block (the buffer goes
-/// back to `bufs` when its last `Bytes` is dropped), and a whole-file copy made of it can be
-/// written with `O_DIRECT` (`write_at_end`). The read itself goes through the page cache:
+/// page-aligned buffer from `bufs`: no fresh pages to fault in and clear for each block (the
+/// buffer goes back to `bufs` when its last `Bytes` is dropped), and a whole-file copy made
+/// of it can be written with `O_DIRECT` (`write_at_end`). The read itself goes through the
+/// page cache:
 /// measured on this project's disks, `O_DIRECT` reads halved the CPU of a cold read but cut
 /// its speed by a third (the kernel's read-ahead keeps more of the disk busy).
 fn read_local(path: &std::path::Path, bufs: &Arc<fs_core::BlockPool>) -> std::io::Result<Bytes> {

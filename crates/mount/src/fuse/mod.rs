@@ -87,11 +87,11 @@ impl FuseFs {
             done(r);
         });
         // Asked at each request: a mount follows its volume when it moves to another engine.
-        if !first_poll(op, self.vfs.fs.engine().kind()) {
+        if first_poll(op, self.vfs.fs.engine().kind()) {
+            poll_here_then_spawn(&self.rt, task);
+        } else {
             self.rt.spawn(task);
-            return;
         }
-        poll_here_then_spawn(&self.rt, task);
     }
 }
 
