@@ -1572,3 +1572,90 @@ async fn read_ahead_window_follows_the_store_latency() {
         "a window sized for a close store grows once the store is far: {windows:?}"
     );
 }
+
+/// A store whose first read of each block fails: with an error, or, for keys containing
+/// `panics`, with a panic (a bug below).
+struct FailsFirst {
+    below: std::sync::Arc<dyn fs_core::BlockStore>,
+    panics: String,
+    seen: std::sync::Mutex<std::collections::HashSet<String>>,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl fs_core::store::StoreLayer for FailsFirst {
+    fn below(&self) -> &dyn fs_core::BlockStore {
+        &*self.below
+    }
+    async fn get_block(
+        &self,
+        key: &str,
+        want: fs_core::store::BlockCheck,
+    ) -> fs_core::Result<bytes::Bytes> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.seen.lock().unwrap().insert(key.to_string()) {
+            if key.contains(self.panics.as_str()) {
+                panic!("a bug in the store below");
+            }
+            return Err(fs_core::Error::temporary(
+                ErrorKind::Backend,
+                format!("{key}: the store failed for a moment"),
+            ));
+        }
+        self.below.get_block(key, want).await
+    }
+}
+
+/// A block fetch that failed is not served again: a reader whose store fails (or panics) at
+/// the first read of every block reads the whole file with one failed read, the very first
+/// (the fetch it started itself). Blocks fetched ahead that failed, and the block a retried
+/// read is in, are fetched again by the read that needs them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_block_fetch_costs_one_read_not_every_read_of_the_block() {
+    use std::sync::Arc;
+    let v = integration::volume("rocksdb", "file").await;
+    let len = 5 * fs_core::DEFAULT_BLOCK_SIZE as usize + 1000;
+    let (f, _) = v.fs.create(ROOT_INO, b"model", 0o644, O).await.unwrap();
+    v.fs.write(f, 0, &data(23, len)).await.unwrap();
+    let want = read_all(&v.fs, f).await;
+    let id = v.fs.chunk_records(f, 0).await.unwrap()[0].id;
+    let store = Arc::new(FailsFirst {
+        below: integration::open_store(&v.store_url),
+        // The third block's first fetch panics.
+        panics: format!("/{id}_2_"),
+        seen: Default::default(),
+        reads: Default::default(),
+    });
+    let fs = Arc::new(
+        Fs::open(v.fs.engine().clone(), store.clone())
+            .await
+            .unwrap(),
+    );
+    let r = fs_core::FileReader::new(
+        fs,
+        f,
+        fs_core::ReadAhead {
+            max_window: 64 << 20,
+            budget: Some(fs_core::Budget::new(256 << 20)),
+        },
+    )
+    .await
+    .unwrap();
+    let (mut got, mut failed) = (Vec::with_capacity(len), Vec::new());
+    for _ in 0..200 {
+        match r.read(got.len() as u64, 256 << 10).await {
+            Ok(b) if b.is_empty() => break,
+            Ok(b) => got.extend_from_slice(&b),
+            Err(e) => failed.push((got.len(), e.to_string())),
+        }
+    }
+    assert!(
+        got == want,
+        "the bytes read differ ({} of {len} read)",
+        got.len()
+    );
+    assert_eq!(failed.len(), 1, "one read fails, the first: {failed:?}");
+    assert_eq!(failed[0].0, 0);
+    // Six blocks, each fetched twice (its failed first fetch, then once more), and not more.
+    assert_eq!(store.reads.load(std::sync::atomic::Ordering::SeqCst), 12);
+}

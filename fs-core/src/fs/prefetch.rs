@@ -10,6 +10,13 @@
 //! than it needs. Memory for blocks held is taken from a `Budget` shared by every reader and
 //! writer of a process, so read-ahead never grows past it (it reads less ahead instead); once
 //! it is spent, the block a read is in is held on the budget's small reserve, or not at all.
+//!
+//! A failed fetch is not kept: the read that started it gets its error; a read that found it
+//! held (fetched ahead, or by an earlier read) starts the block's fetch again in its place
+//! (`fetch_again`); a later read drops a failed fetch it finds and fetches the block anew. A store that failed for a moment costs
+//! one read at most, not every read of that block while the reader is inside it. A fetch
+//! that panicked is a failed fetch like any other (a `Shared` future that panicked would
+//! panic again in every clone).
 
 use super::layout::{Chunk, Piece};
 use super::{Budget, Fs};
@@ -237,7 +244,16 @@ impl FileReader {
         let min = self.min_fetch_ns.clone();
         async move {
             let t = Instant::now();
-            let r = fs.get_block(&key, want).await;
+            let r = std::panic::AssertUnwindSafe(fs.get_block(&key, want))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::error!(block = %key, "fetching a block panicked; the read fails with EIO, the next one fetches it again");
+                    Err(Error::new(
+                        ErrorKind::Backend,
+                        format!("fetching block {key} panicked"),
+                    ))
+                });
             if r.is_ok() {
                 min.fetch_min(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
@@ -245,6 +261,27 @@ impl FileReader {
         }
         .boxed()
         .shared()
+    }
+
+    /// The fetch of `key` again, for a read that found it held and failed: the held fetch is
+    /// replaced (so that the reads after this one find the new fetch, not the failure), unless
+    /// another read replaced it already.
+    async fn fetch_again(&self, key: &str, want: BlockCheck) -> Result<Bytes> {
+        let f = {
+            let mut st = self.st.lock().await;
+            match st.held.get_mut(key) {
+                Some(h) if !matches!(h.fetch.peek(), Some(Err(_))) => h.fetch.clone(),
+                held => {
+                    let f = self.fetch_of(key, want);
+                    self.stats.lock().unwrap_or_else(|p| p.into_inner()).fetched += 1;
+                    if let Some(h) = held {
+                        h.fetch = f.clone();
+                    }
+                    f
+                }
+            }
+        };
+        f.await
     }
 
     /// The read-ahead window after `window`, once the reader has consumed a window's worth
@@ -308,8 +345,10 @@ impl FileReader {
         // sends one stream's reads concurrently and they arrive out of order (a read of a
         // later block before the last pieces of this one), which would otherwise fetch this
         // block again.
-        st.held
-            .retain(|_, h| h.served < h.size && h.end + BEHIND > offset);
+        // A fetch that failed goes too: this read fetches that block again.
+        st.held.retain(|_, h| {
+            h.served < h.size && h.end + BEHIND > offset && !matches!(h.fetch.peek(), Some(Err(_)))
+        });
         self.ensure_chunks(&mut st, offset, end).await?;
         let plan = self.fs.plan_with(&st.chunks, st.length, offset, len);
         let mut waits = Vec::new();
@@ -333,7 +372,7 @@ impl FileReader {
                         if h.fetch.peek().is_some() || h.end > piece_end {
                             s.ahead_hits += 1;
                         }
-                        h.fetch.clone()
+                        (h.fetch.clone(), true)
                     }
                     None => {
                         let f = self.fetch_of(key, want);
@@ -363,10 +402,10 @@ impl FileReader {
                                 },
                             );
                         }
-                        f
+                        (f, false)
                     }
                 };
-                waits.push((f, *from, *len, *dst));
+                waits.push((f, key.as_str(), want, *from, *len, *dst));
             }
         }
         // Schedule read-ahead past this read, within the window and the budget.
@@ -426,11 +465,15 @@ impl FileReader {
             }
         }
         drop(st);
-        let got = futures::future::try_join_all(
-            waits
-                .into_iter()
-                .map(|(f, from, n, d)| async move { f.await.map(|b| (b, from, n, d)) }),
-        )
+        let got = futures::future::try_join_all(waits.into_iter().map(
+            |((f, joined), key, want, from, n, d)| async move {
+                let b = match f.await {
+                    Err(_) if joined => self.fetch_again(key, want).await,
+                    r => r,
+                }?;
+                Ok::<_, Error>((b, from, n, d))
+            },
+        ))
         .await?;
         if let [(b, from, n, 0)] = got.as_slice() {
             if *n == plan.len {
