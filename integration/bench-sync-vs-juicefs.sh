@@ -16,6 +16,12 @@
 # Page cache dropped before each timed run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SMALL=${SMALL:-20000}
+VOL=${VOL:-50000}
+SCALES=${SCALES:-5000 50000}
+for n in "$SMALL" "$VOL" $SCALES; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench-sync-vs-juicefs.sh: SMALL, VOL and SCALES are whole numbers of files, at least 1 (SMALL=$SMALL VOL=$VOL SCALES='$SCALES')" >&2; exit 2; }
+done
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
 cargo build --release --locked -p jfs -p sync-cli >/dev/null
 B=$CARGO_TARGET_DIR/release
@@ -26,9 +32,6 @@ if [ ! -x "$VENV/bin/juicefs" ]; then
 fi
 JUICEFS=$VENV/bin/juicefs
 command -v rclone >/dev/null || { echo "bench-sync-vs-juicefs.sh: rclone is missing: bash integration/install-deps.sh test" >&2; exit 1; }
-SMALL=${SMALL:-20000}
-VOL=${VOL:-50000}
-SCALES=${SCALES:-5000 50000}
 W=$(mktemp -d /tmp/jfs-bench-syncpeer.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 export XDG_CACHE_HOME=$W/xdg
