@@ -461,3 +461,88 @@ fn rm_refuses_dot_names_and_a_trailing_slash_on_a_link() {
     let l = ls(&v);
     assert!(l.contains("link") && !l.contains("sub"), "{l}");
 }
+
+/// A bind mount of `src` at `at`, undone when dropped (lazily if busy).
+struct Bind(PathBuf);
+
+impl Bind {
+    fn new(src: &Path, at: &Path) -> Bind {
+        let s = Command::new("mount")
+            .arg("--bind")
+            .arg(src)
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(
+            s.success(),
+            "mount --bind {} {}",
+            src.display(),
+            at.display()
+        );
+        Bind(at.to_path_buf())
+    }
+}
+
+impl Drop for Bind {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// Write commands that go through a mount never cross into another file system mounted
+/// below its mount point (here a bind mount of a host directory, as an operator might leave
+/// one): each is refused with a message that says so, the host directory is unchanged, and
+/// `rm -r` of a directory above it removes nothing at all.
+#[test]
+fn commands_through_a_mount_never_cross_into_a_mount_below_it() {
+    let v = new_vol();
+    let host = v.path("host");
+    std::fs::create_dir_all(host.join("sub")).unwrap();
+    std::fs::write(host.join("h1"), data(5, 3000)).unwrap();
+    std::fs::write(host.join("sub/h2"), b"host file").unwrap();
+    let before = tree(&host);
+    let src = v.path("src.txt");
+    std::fs::write(&src, b"from the host").unwrap();
+    let m = v.mount();
+    std::fs::create_dir_all(m.mp.join("d/bind")).unwrap();
+    std::fs::write(m.mp.join("d/kept"), b"volume file").unwrap();
+    let bind = Bind::new(&host, &m.mp.join("d/bind"));
+    let src = src.to_str().unwrap();
+    for args in [
+        vec!["rm", &v.meta, "/d/bind/h1"],
+        vec!["rm", "-r", &v.meta, "/d/bind/sub"],
+        vec!["rm", "-r", &v.meta, "/d/bind"],
+        vec!["rm", "-r", &v.meta, "/d"],
+        vec!["put", &v.meta, src, "/d/bind/planted"],
+        vec!["put", &v.meta, src, "/d/bind/"],
+        vec!["mkdir", "-p", &v.meta, "/d/bind/new/dir"],
+        vec!["mkdir", &v.meta, "/d/bind/new"],
+        vec!["mv", &v.meta, "/d/bind/h1", "/moved"],
+        vec!["mv", &v.meta, "/d/kept", "/d/bind/"],
+        vec!["truncate", &v.meta, "/d/bind/h1", "0"],
+        vec!["ln", "-s", &v.meta, "x", "/d/bind/lnk"],
+    ] {
+        let o = v.jfs(&args);
+        let t = text(&o);
+        assert!(!o.status.success(), "{args:?} succeeded: {t}");
+        assert!(
+            t.contains("another file system mounted inside the mount"),
+            "{args:?}: the message does not say why: {t}"
+        );
+        assert_eq!(tree(&host), before, "{args:?} changed the host directory");
+    }
+    assert_eq!(std::fs::read(m.mp.join("d/kept")).unwrap(), b"volume file");
+    drop(bind);
+    // Once unmounted, the same removal goes through and removes only the volume's files.
+    let o = v.jfs(&["rm", "-r", &v.meta, "/d"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!m.mp.join("d").exists());
+    assert_eq!(tree(&host), before);
+    m.stop();
+}

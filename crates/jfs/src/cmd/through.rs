@@ -5,9 +5,12 @@
 //! Two rules keep a volume path inside the volume. The path was resolved inside the volume
 //! first (`VolPath`: `..` never climbs above its root). And it is never joined onto the
 //! mount point's host path: it is walked from the mount's root directory one name at a time,
-//! no name ever a symlink (`open_dir_nofollow`), and every call is made relative to the
-//! directory handle so reached (cap-std), so nothing outside the mount can be touched
-//! whatever the volume holds. Errors have the words of the commands without a mount
+//! no name ever a symlink, and never into another file system mounted below the mount point
+//! (a bind mount, another volume: `Root::sub` compares each directory's device with the
+//! root's), and every call is made relative to the directory handle so reached (cap-std), so
+//! nothing outside the mount can be touched whatever the volume holds. The entry a command
+//! acts on is checked the same way (`Root::on_volume`), and `rm -r` walks its tree itself,
+//! with the same check at every directory. Errors have the words of the commands without a mount
 //! (`fsops::at`), and `put` reports like `transfer::put`: a file counts as done only once
 //! the mount has committed it (fsync), a failed one is named, and the summary line and exit
 //! code are the same.
@@ -32,29 +35,113 @@ fn fse(e: std::io::Error) -> fs_core::Error {
     fs_core::Error::from_io(&e, "through the mount")
 }
 
+/// An entry that is another file system mounted below the mount point (`Root::elsewhere`).
+#[derive(Debug)]
+struct Elsewhere(String);
+
+impl std::fmt::Display for Elsewhere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Elsewhere {}
+
+fn is_elsewhere(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<Elsewhere>())
+}
+
 /// The root directory of a live mount of the volume.
 pub struct Root {
     mp: PathBuf,
     root: Dir,
+    /// The mount's device: every directory and entry reached must be on it.
+    dev: u64,
 }
 
 impl Root {
     pub fn open(mp: &Path) -> Result<Root> {
         let root = Dir::open_ambient_dir(mp, cap_std::ambient_authority())
             .with_context(|| format!("opening the mount at {}", mp.display()))?;
+        let dev = cap_std::fs::MetadataExt::dev(&root.dir_metadata()?);
         Ok(Root {
             mp: mp.to_path_buf(),
             root,
+            dev,
         })
     }
 
-    /// The directory at `p`, walked from the root one name at a time, following no symlink.
+    /// The error for an entry that is not on the mount's file system.
+    fn elsewhere(&self, name: &str) -> std::io::Error {
+        std::io::Error::other(Elsewhere(format!(
+            "{name} is another file system mounted inside the mount at {} (a bind mount or another volume): jfs does not cross into it; unmount it first, or use that file system's own tools",
+            self.mp.display()
+        )))
+    }
+
+    /// Directory `name` in `d`, following no symlink and never into another file system.
+    fn sub(&self, d: &Dir, name: &str) -> std::io::Result<Dir> {
+        let s = d.open_dir_nofollow(name)?;
+        if cap_std::fs::MetadataExt::dev(&s.dir_metadata()?) != self.dev {
+            return Err(self.elsewhere(name));
+        }
+        Ok(s)
+    }
+
+    /// That entry `name` of `d` (not followed) is on the mount's file system, not a mount point
+    /// of another one.
+    fn on_volume(&self, d: &Dir, name: &str) -> std::io::Result<cap_std::fs::Metadata> {
+        let m = d.symlink_metadata(name)?;
+        if cap_std::fs::MetadataExt::dev(&m) != self.dev {
+            return Err(self.elsewhere(name));
+        }
+        Ok(m)
+    }
+
+    /// The directory at `p`, walked from the root one name at a time (`sub`).
     fn dir(&self, p: &VolPath) -> std::io::Result<Dir> {
         let mut d = self.root.try_clone()?;
         for name in p.parts() {
-            d = d.open_dir_nofollow(name)?;
+            d = self.sub(&d, name)?;
         }
         Ok(d)
+    }
+
+    /// Refuse `rm -r` of `p` when another file system is mounted anywhere below it (the
+    /// kernel's mount table), before anything is removed: `remove_tree` would stop at the
+    /// mount, but only after removing what it met first.
+    fn no_mount_below(&self, p: &VolPath) -> Result<()> {
+        let host = p.parts().iter().fold(self.mp.clone(), |h, n| h.join(n));
+        for m in mount::mounts::table()? {
+            if m.mountpoint != self.mp && m.mountpoint.starts_with(&host) {
+                bail!(
+                    "rm -r {p}: {} is another file system mounted inside the mount at {} ({}): jfs does not cross into it, and removes nothing while it is there; unmount it first",
+                    m.mountpoint.display(),
+                    self.mp.display(),
+                    m.fstype
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove directory `name` of `d` with everything under it, checking each directory as
+    /// `sub` does before going into it (so a mount met on the way stops the removal there).
+    fn remove_tree(&self, d: &Dir, name: &str) -> std::io::Result<()> {
+        let sub = self.sub(d, name)?;
+        for e in sub.entries()? {
+            let e = e?;
+            let n = e.file_name();
+            let n = n
+                .to_str()
+                .ok_or_else(|| std::io::Error::other(format!("{n:?}: a name that is not UTF-8")))?;
+            if self.on_volume(&sub, n)?.is_dir() {
+                self.remove_tree(&sub, n)?;
+            } else {
+                sub.remove_file_or_symlink(n)?;
+            }
+        }
+        d.remove_dir(name)
     }
 
     /// Whether `p` names an entry (of any kind; the last name is not followed).
@@ -86,13 +173,13 @@ impl Root {
         }
         let mut d = self.root.try_clone()?;
         for name in path.parts() {
-            d = match d.open_dir_nofollow(name) {
+            d = match self.sub(&d, name) {
                 Ok(sub) => sub,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     d.create_dir(name).map_err(|e| at(path, "mkdir", fse(e)))?;
-                    d.open_dir_nofollow(name)
-                        .map_err(|e| at(path, "mkdir", fse(e)))?
+                    self.sub(&d, name).map_err(|e| at(path, "mkdir", fse(e)))?
                 }
+                Err(e) if is_elsewhere(&e) => return Err(at(path, "mkdir", fse(e))),
                 Err(_) if d.symlink_metadata(name).is_ok() => {
                     bail!("mkdir -p {path}: {name} exists and is not a directory")
                 }
@@ -107,16 +194,16 @@ impl Root {
             bail!("rm {path}: refusing to remove the volume's root");
         }
         let (d, name) = self.parent(path, "rm")?;
-        let m = d
-            .symlink_metadata(name)
+        let m = self
+            .on_volume(&d, name)
             .map_err(|e| at(path, "rm", fse(e)))?;
         if dir_only && !m.is_dir() {
             bail!("{}", super::fsops::not_a_dir(path));
         }
         let r = if m.is_dir() {
             if recursive {
-                // cap-std removes the tree through handles below `d`, following no symlink.
-                d.remove_dir_all(name)
+                self.no_mount_below(path)?;
+                self.remove_tree(&d, name)
             } else {
                 d.remove_dir(name)
             }
@@ -130,9 +217,12 @@ impl Root {
 
     pub fn mv(&self, src: &VolPath, dst: &VolPath, no_clobber: bool) -> Result<Outcome> {
         let (sd, sname) = self.parent(src, "mv")?;
+        self.on_volume(&sd, sname)
+            .map_err(|e| at(src, "mv", fse(e)))?;
         // Like mv(1): into an existing directory keeps the name.
         let (dd, dname) = match self.dir(dst) {
             Ok(d) => (d, sname),
+            Err(e) if is_elsewhere(&e) => return Err(at(dst, "mv", fse(e))),
             Err(_) => self.parent(dst, "mv")?,
         };
         let r = if no_clobber {
@@ -170,6 +260,8 @@ impl Root {
         let (d, name) = self.parent(path, "truncate")?;
         let mut o = OpenOptions::new();
         o.write(true).follow(FollowSymlinks::No);
+        self.on_volume(&d, name)
+            .map_err(|e| at(path, "truncate", fse(e)))?;
         let f = d
             .open_with(name, &o)
             .map_err(|e| at(path, "truncate", fse(e)))?;
@@ -204,6 +296,7 @@ pub async fn put(
             let (d, n) = root.parent(&dest.path, "put")?;
             (d, n.to_string())
         }
+        Err(e) if is_elsewhere(&e) => return Err(at(&dest.path, "put", fse(e))),
         Err(_) if dest.dir_slash && root.exists(&dest.path) => {
             bail!("put: {}/ is not a directory", dest.path)
         }
@@ -273,9 +366,10 @@ fn plan(
                 return Err(e).with_context(|| root.ctx(format!("creating directory {name}")))
             }
         }
-        let d = parent
-            .open_dir_nofollow(name)
-            .with_context(|| format!("{name} exists in the volume and is not a directory"))?;
+        let d = root.sub(parent, name).map_err(|e| match is_elsewhere(&e) {
+            true => anyhow::Error::new(e),
+            false => anyhow::anyhow!("{name} exists in the volume and is not a directory"),
+        })?;
         parent
             .set_permissions(name, Permissions::from_mode(meta.mode() & 0o7777))
             .with_context(|| root.ctx(format!("setting the mode of {name}")))?;
