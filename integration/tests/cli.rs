@@ -906,3 +906,54 @@ fn one_shot_writers_leave_no_session_behind() {
         "jfs-sync into the volume"
     );
 }
+
+/// `jfs get` never writes through a symbolic link below LOCAL: a link where the volume has a
+/// directory (left by an earlier get of a volume link, then the volume's link replaced by a
+/// directory) is refused with a message naming it, and the directory it points to is
+/// unchanged. A volume name that only looks like a temporary one (`.x.jfs-tmp-final`) comes
+/// out like any other.
+#[test]
+fn get_never_writes_through_a_link_below_local() {
+    let (meta, _d1) = meta_url("rocksdb");
+    let d = tempfile::tempdir().unwrap();
+    format_local(&meta, d.path());
+    let victim = d.path().join("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::write(victim.join("keep"), b"outside LOCAL").unwrap();
+    let src = d.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), data(1, 100)).unwrap();
+    std::fs::write(src.join(".x.jfs-tmp-final"), b"a user's file").unwrap();
+    std::os::unix::fs::symlink(&victim, src.join("x")).unwrap();
+    ok(&["put", &meta, src.to_str().unwrap(), "/data"]);
+    let out = d.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    ok(&["get", &meta, "/data", out.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read_link(out.join("data/x")).unwrap(),
+        victim,
+        "the volume's link comes out as a link"
+    );
+    assert_eq!(
+        std::fs::read(out.join("data/.x.jfs-tmp-final")).unwrap(),
+        b"a user's file"
+    );
+    // In the volume, the link becomes a directory holding a file named like the victim's.
+    ok(&["rm", &meta, "/data/x"]);
+    ok(&["mkdir", &meta, "/data/x"]);
+    let planted = d.path().join("keep");
+    std::fs::write(&planted, b"planted").unwrap();
+    ok(&["put", &meta, planted.to_str().unwrap(), "/data/x/keep"]);
+    let o = jfs(&["get", &meta, "/data", out.to_str().unwrap()]);
+    let t = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "get through a link succeeded: {t}");
+    assert!(
+        t.contains("is a symbolic link") && t.contains("data/x"),
+        "the message does not name the link: {t}"
+    );
+    assert_eq!(
+        std::fs::read(victim.join("keep")).unwrap(),
+        b"outside LOCAL"
+    );
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1);
+}

@@ -51,6 +51,23 @@ pub fn tmp_name(name: &str) -> String {
     )
 }
 
+/// Whether `name` is a temporary name `tmp_name` makes (`.<prefix>.jfs-tmp-<pid>-<8 hex>`):
+/// a put or get that has not finished. Other names with `.jfs-tmp` in them are the user's.
+pub fn is_tmp_name(name: &str) -> bool {
+    let Some((head, hex)) = name.rsplit_once('-') else {
+        return false;
+    };
+    let Some((head, pid)) = head.rsplit_once('-') else {
+        return false;
+    };
+    name.starts_with('.')
+        && head.ends_with(".jfs-tmp")
+        && (1..=10).contains(&pid.len())
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && hex.len() == 8
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Remove temporary files a killed `jfs get` left beside `dest` (their process is gone; one
 /// from before pids were in the name counts as gone).
 fn remove_stale_temps(dest: &Path) {
@@ -346,12 +363,26 @@ fn plan_get<'a>(
     Box::pin(async move {
         match attr.kind {
             FileKind::Dir => {
-                std::fs::create_dir_all(&local)
-                    .with_context(|| format!("creating {}", local.display()))?;
+                // A directory under LOCAL is made or must be one: a symlink there is never
+                // followed (a link left by an earlier get, from the volume, could lead out
+                // of LOCAL). Only LOCAL itself, as given, may be a link.
+                match std::fs::symlink_metadata(&local) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(m) if m.file_type().is_symlink() => bail!(
+                        "get: {} is a symbolic link where the volume has a directory: jfs get does not write through links; remove it, or get into another directory",
+                        local.display()
+                    ),
+                    Ok(_) => bail!(
+                        "get: {} exists and is not a directory, where the volume has one; remove it, or get into another directory",
+                        local.display()
+                    ),
+                    Err(_) => std::fs::create_dir_all(&local)
+                        .with_context(|| format!("creating {}", local.display()))?,
+                }
                 for e in fs.readdir_all(ino).await? {
                     let name = String::from_utf8(e.name.clone())
                         .with_context(|| format!("a name in inode {ino} is not UTF-8"))?;
-                    if name.starts_with('.') && name.contains(".jfs-tmp-") {
+                    if is_tmp_name(&name) {
                         continue; // an unfinished put
                     }
                     let a = fs.getattr(e.ino).await?;
@@ -530,6 +561,17 @@ mod tests {
             }
         }
         assert!(tmp_name("model.bin").starts_with(".model.bin.jfs-tmp-"));
+        assert!(is_tmp_name(&tmp_name("model.bin")));
+        assert!(is_tmp_name(&tmp_name(&"x".repeat(255))));
+        for user in [
+            ".report.jfs-tmp-final",
+            ".a.jfs-tmp-12-xyz",
+            "a.jfs-tmp-12-0123abcd",
+            ".a.jfs-tmp--0123abcd",
+            ".a.jfs-tmp-12345678901-0123abcd",
+        ] {
+            assert!(!is_tmp_name(user), "{user}");
+        }
         // Two long names that share their first bytes have different prefixes.
         let (a, b) = ("x".repeat(250) + "a", "x".repeat(250) + "b");
         assert_ne!(tmp_prefix(&a), tmp_prefix(&b));
