@@ -27,6 +27,8 @@ pub fn fuse_ready() {
 /// and the dirs holding its metadata and blocks.
 pub struct Vol {
     pub meta: String,
+    /// The volume's `file://` store.
+    pub store: String,
     pub dir: tempfile::TempDir,
     _keep: Vec<tempfile::TempDir>,
 }
@@ -48,6 +50,7 @@ pub fn new_vol(engine: &str) -> Vol {
     );
     Vol {
         meta,
+        store,
         dir: tempfile::tempdir().unwrap(),
         _keep: d1.into_iter().chain(d2).collect(),
     }

@@ -1012,3 +1012,34 @@ fn a_directory_changed_here_shows_its_new_attributes_at_once_and_others_changes_
     a.stop();
     b.stop();
 }
+
+/// A block missing from the store (removed by hand, a lost disk) fails the read with EIO, not
+/// ENOENT (read(2) has none: a program would take the file for gone), and the mount's log
+/// names the block.
+#[test]
+fn a_missing_block_reads_as_eio_and_the_log_names_it() {
+    let v = new_vol("rocksdb");
+    let m = mount(&v, "mnt", &["--cache-size", "0"]);
+    std::fs::write(m.mp.join("f"), data(9, 300_000)).unwrap();
+    m.stop();
+    let blocks = integration::mountproc::store_blocks(&v.store);
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    std::fs::remove_file(&blocks[0].0).unwrap();
+    let name = blocks[0]
+        .0
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let m = mount(&v, "mnt", &["--cache-size", "0"]);
+    let e = std::fs::read(m.mp.join("f")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("read failed: EIO") && l.contains(&name)),
+        "the log does not name block {name}: {log}"
+    );
+    m.stop();
+}

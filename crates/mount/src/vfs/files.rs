@@ -263,7 +263,13 @@ impl Vfs {
             self.flush_ino(h.ino).await?;
         }
         let rd = self.reader(&h).await?;
-        let data = rd.read(offset, size as usize).await.map_err(err)?;
+        // read(2) has no ENOENT, and a program takes EPERM or EINVAL for its own mistake: a
+        // block the store does not have (deleted by hand, a lost disk), or any other failure
+        // of the file's data, is EIO, with a line that names what failed.
+        let data = rd.read(offset, size as usize).await.map_err(|e| {
+            tracing::error!(ino = h.ino, offset, error = %e, "read failed: EIO");
+            libc::EIO
+        })?;
         self.metrics.read_bytes.inc_by(data.len() as u64);
         h.read_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         let st = rd.stats();
