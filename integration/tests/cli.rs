@@ -957,3 +957,41 @@ fn get_never_writes_through_a_link_below_local() {
     );
     assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1);
 }
+
+/// `jfs format` refuses a RocksDB path that is a directory holding other files (RocksDB would
+/// mix its files in and rename a `LOG` of the user's), names some of them, and leaves the
+/// directory as it was; an empty directory is taken.
+#[test]
+fn format_refuses_a_rocksdb_directory_that_holds_other_files() {
+    let d = tempfile::tempdir().unwrap();
+    let user = d.path().join("user");
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::write(user.join("LOG"), b"the user's log").unwrap();
+    std::fs::write(user.join("notes.txt"), b"notes").unwrap();
+    let store = format!("file://{}/s", d.path().display());
+    let meta = format!("rocksdb://{}", user.display());
+    let o = jfs(&["format", &meta, "v", "--storage", &store]);
+    let t = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("holds other files") && t.contains("notes.txt"),
+        "{t}"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(&user)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["LOG", "notes.txt"]);
+    assert_eq!(std::fs::read(user.join("LOG")).unwrap(), b"the user's log");
+    assert!(!d.path().join("s").exists(), "the store was created");
+    let empty = d.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    ok(&[
+        "format",
+        &format!("rocksdb://{}", empty.display()),
+        "v",
+        "--storage",
+        &store,
+    ]);
+}

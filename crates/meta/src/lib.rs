@@ -63,7 +63,7 @@ pub use rocks::{base_options, check_room, RocksEngine, RocksMode, DISK_FLOOR};
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::Engine;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub const PASSWORD_ENV: &str = "JFS_META_PASSWORD";
@@ -179,6 +179,27 @@ pub fn check_url(url: &str, opts: &OpenOptions) -> Result<()> {
 /// The directory of a `rocksdb://` URL and its `sync` flag; the path must be absolute (a URL
 /// with two slashes, `rocksdb://tmp/x`, names the relative path `tmp/x`: refused, with the
 /// spelling that was meant).
+/// Up to 3 entries of `dir` that neither RocksDB (a creation cut short leaves these) nor
+/// this project put there.
+fn foreign_entries(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            !(matches!(n.as_str(), "LOCK" | "LOG" | "IDENTITY" | "jfs-aux")
+                || n.starts_with("LOG.old.")
+                || n.starts_with("MANIFEST-")
+                || n.starts_with("OPTIONS-")
+                || n.ends_with(".log")
+                || n.ends_with(".sst")
+                || n.ends_with(".dbtmp"))
+        })
+        .take(3)
+        .collect()
+}
+
 fn rocks_path(url: &str, create: bool) -> Result<(PathBuf, bool)> {
     let rest = &url["rocksdb://".len()..];
     let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
@@ -227,6 +248,19 @@ fn rocks_path(url: &str, create: bool) -> Result<(PathBuf, bool)> {
             url,
             format!("{} is not a directory", path.display()),
         ));
+    }
+    if create && !path.join("CURRENT").exists() {
+        let foreign = foreign_entries(&path);
+        if !foreign.is_empty() {
+            return Err(config_err(
+                url,
+                format!(
+                    "{} holds other files ({}) and no RocksDB volume: a volume's metadata goes into a new or empty directory (RocksDB would put its files among these, and rename some); choose another path",
+                    path.display(),
+                    foreign.join(", ")
+                ),
+            ));
+        }
     }
     Ok((path, sync))
 }
