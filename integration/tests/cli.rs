@@ -995,3 +995,46 @@ fn format_refuses_a_rocksdb_directory_that_holds_other_files() {
         &store,
     ]);
 }
+
+/// Operator slips with paths and files: an empty volume path (an unset shell variable) is
+/// refused instead of taken for the root (`mv /a ''` moved the file there); a dump into a
+/// directory is refused and leaves no temporary copy of the metadata; moving a directory
+/// below itself and a hard link to a directory say why.
+#[test]
+fn empty_paths_and_a_dump_into_a_directory_are_refused_cleanly() {
+    let (meta, _d1) = meta_url("rocksdb");
+    let d = tempfile::tempdir().unwrap();
+    format_local(&meta, d.path());
+    ok(&["mkdir", "-p", &meta, "/src/sub"]);
+    let f = d.path().join("a.txt");
+    std::fs::write(&f, b"a").unwrap();
+    ok(&["put", &meta, f.to_str().unwrap(), "/src/a.txt"]);
+    for (args, says) in [
+        (vec!["mv", &meta, "/src/a.txt", ""], "an empty volume path"),
+        (vec!["rm", "-r", &meta, ""], "an empty volume path"),
+        (vec!["ls", &meta, ""], "an empty volume path"),
+        (vec!["mv", &meta, "/src", "/src/sub/in"], "into itself"),
+        (
+            vec!["ln", &meta, "/src", "/srclink"],
+            "cannot name a directory",
+        ),
+    ] {
+        let o = jfs(&args);
+        let t = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}: {t}");
+        assert!(t.contains(says), "{args:?}: {t}");
+    }
+    assert_eq!(ok(&["cat", &meta, "/src/a.txt"]), "a");
+    let out = d.path().join("dumps");
+    std::fs::create_dir_all(&out).unwrap();
+    let o = jfs(&["dump", &meta, out.to_str().unwrap()]);
+    let t = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("is a directory"), "{t}");
+    let left: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("jfs-tmp"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

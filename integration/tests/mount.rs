@@ -1043,3 +1043,91 @@ fn a_missing_block_reads_as_eio_and_the_log_names_it() {
     );
     m.stop();
 }
+
+/// `jfs umount` clears a jfs mount left stale (its process, guard and fusermount3 watcher
+/// all killed: the kernel answers ENOTCONN), and refuses a stale mount of another FUSE file
+/// system (an rclone mount whose process died), which is not its to clear.
+#[test]
+fn umount_clears_a_stale_jfs_mount_and_no_other() {
+    let v = new_vol("rocksdb");
+    let mut m = mount(&v, "mnt", &[]);
+    let mp = m.mp.clone();
+    // The mount process and its children (the guard, fusermount3's watcher), all at once.
+    let pid = m.pid();
+    let mut pids = vec![pid.to_string()];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1));
+        if ppid == Some(pid.to_string().as_str()) {
+            pids.push(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    let s = Command::new("kill").arg("-9").args(&pids).status().unwrap();
+    assert!(s.success());
+    let mut child = m.child.take().unwrap();
+    let _ = child.wait();
+    let t0 = Instant::now();
+    while !matches!(std::fs::metadata(&mp), Err(e) if e.raw_os_error() == Some(107 /* ENOTCONN */))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the mount did not go stale"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = jfs_in(&v, &["umount", mp.to_str().unwrap()]);
+    let t = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("cleared a stale mount"), "{t}");
+    assert!(!is_mounted(&mp));
+
+    // Another FUSE file system's stale mount: refused, and left mounted.
+    let src = v.dir.path().join("rsrc");
+    let rmp = v.dir.path().join("rmnt");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&rmp).unwrap();
+    /// Lazily unmounts whatever is at its path when dropped (also when the test fails).
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let any_mount_at = |p: &Path| {
+        let t = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let want = p.to_string_lossy().replace(' ', "\\040");
+        t.lines()
+            .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    };
+    let mut rc = Command::new("rclone")
+        .arg("mount")
+        .arg(&src)
+        .arg(&rmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rclone (bash integration/install-deps.sh test installs it)");
+    let _unmount = Unmount(rmp.clone());
+    let t0 = Instant::now();
+    while !any_mount_at(&rmp) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "rclone did not mount"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    rc.kill().unwrap();
+    let _ = rc.wait();
+    let o = jfs_in(&v, &["umount", rmp.to_str().unwrap()]);
+    let t = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("not a jfs mount"), "{t}");
+    assert!(
+        any_mount_at(&rmp),
+        "jfs umount unmounted another file system's mount"
+    );
+}

@@ -260,7 +260,10 @@ pub enum Command {
     Put {
         meta_url: String,
         local: PathBuf,
-        /// Destination path in the volume; into it if it is an existing directory.
+        /// Destination path in the volume. A file goes into it if it is an existing
+        /// directory. A directory becomes it, merged into an existing one (so a second run
+        /// of the same put updates the same tree), and goes into it under its own name only
+        /// when written with a trailing `/`.
         volpath: String,
         /// Files copied at once.
         #[arg(long, default_value_t = 8)]

@@ -114,15 +114,30 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
     let d = maint::dump(engine).await.context("dumping metadata")?;
     match file {
         Some(f) => {
+            if f.is_dir() {
+                bail!(
+                    "dump: {} is a directory: give the name of the file to write",
+                    f.display()
+                );
+            }
             let tmp = f.with_extension("jfs-tmp");
-            let mut w = std::io::BufWriter::new(
-                std::fs::File::create(&tmp)
-                    .with_context(|| format!("creating {}", tmp.display()))?,
-            );
-            serde_json::to_writer_pretty(&mut w, &d)?;
-            w.write_all(b"\n")?;
-            w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            std::fs::rename(&tmp, f).with_context(|| format!("renaming into {}", f.display()))?;
+            let written = (|| -> Result<()> {
+                let mut w = std::io::BufWriter::new(
+                    std::fs::File::create(&tmp)
+                        .with_context(|| format!("creating {}", tmp.display()))?,
+                );
+                serde_json::to_writer_pretty(&mut w, &d)?;
+                w.write_all(b"\n")?;
+                w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+                std::fs::rename(&tmp, f)
+                    .with_context(|| format!("renaming into {}", f.display()))?;
+                Ok(())
+            })();
+            if let Err(e) = written {
+                // No half-written copy of the metadata is left behind.
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
             cli_common::eprintln!("dumped {} inodes to {}", d.inodes.len(), f.display());
         }
         None => {

@@ -212,7 +212,16 @@ pub fn at(path: &VolPath, op: &str, e: fs_core::Error) -> anyhow::Error {
         ErrorKind::NotFound => format!("{path}: no such file or directory"),
         ErrorKind::AlreadyExists => format!("{path} already exists"),
         ErrorKind::IsDir => format!("{path} is a directory"),
+        ErrorKind::NotDir if op == "truncate" => format!(
+            "{path}: a component is not a directory, or {path} is a symbolic link (not followed)"
+        ),
         ErrorKind::NotDir => format!("{path}: a component is not a directory"),
+        ErrorKind::InvalidArgument if op == "mv" => {
+            format!("{path}: a directory cannot be moved into itself or below itself")
+        }
+        ErrorKind::PermissionDenied if op == "ln" => {
+            format!("{path}: not permitted (a hard link cannot name a directory)")
+        }
         _ => return anyhow::Error::new(e).context(format!("{op} {path}")),
     };
     anyhow::anyhow!("{op}: {what}")

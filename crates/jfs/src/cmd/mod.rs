@@ -320,6 +320,10 @@ pub fn volume_options(
 /// A volume path from the command line, resolved inside the volume before anything else
 /// happens (`..` never climbs above the root: such a path is refused, naming it).
 pub fn vol_path(path: &str) -> Result<VolPath> {
+    if path.is_empty() {
+        // Taken as the root, an empty argument (an unset shell variable) moved a file there.
+        bail!("an empty volume path: name one (/ is the volume's root)");
+    }
     Ok(VolPath::parse(path)?)
 }
 

@@ -189,6 +189,20 @@ fn this_attempt(log: &Path, start: u64) -> String {
 
 pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
     if mounts::is_stale(mp) {
+        // Only a jfs mount's: a dead sshfs or another FUSE file system is not ours to clear.
+        let abs = std::path::absolute(mp).with_context(|| format!("{}", mp.display()))?;
+        match mounts::find(&abs)? {
+            Some(e) if e.is_jfs() => {}
+            Some(e) => bail!(
+                "{} is a stale {} mount, not a jfs mount: refusing to unmount it (`umount -l` does, if you mean to)",
+                abs.display(),
+                e.fstype
+            ),
+            None => bail!(
+                "{} is a stale mount that the mount table does not list under that path: give the mount point as `mount` shows it",
+                abs.display()
+            ),
+        }
         mounts::lazy_unmount(mp)?;
         cli_common::eprintln!("jfs: cleared a stale mount at {}", mp.display());
         return Ok(Outcome::Done);

@@ -258,8 +258,10 @@ impl Dest {
     }
 
     /// Whether `local` goes *into* the existing directory `self.path` (under its own name),
-    /// rather than becoming `self.path`: like cp, a file into a directory, and a directory
-    /// into one named with a trailing `/`.
+    /// rather than becoming `self.path`: a file into a directory (like cp), a directory only
+    /// into one named with a trailing `/`; without it, a directory is merged into an existing
+    /// one (like `rsync -r src/ dst`), so that running the same put again updates the same
+    /// tree instead of nesting a copy inside it.
     pub fn goes_into(&self, local: &Path, is_dir: bool) -> bool {
         is_dir
             && (self.dir_slash
