@@ -66,9 +66,15 @@ pub fn base_options() -> Options {
 /// next sync of that writer; stopping short of a full disk keeps the process up, so it
 /// recovers by itself once room is made.
 struct Inner {
-    db: DB,
+    /// The database. A secondary's is replaced by a fresh open when the writer has flushed
+    /// a log that this one read (`RocksEngine::catch_up`); readers hold the one they started
+    /// with.
+    db: std::sync::RwLock<Arc<DB>>,
     path: PathBuf,
     secondary: Option<tempfile::TempDir>,
+    /// A secondary's view of the writer's logs at its last catch-up (their numbers), and how
+    /// many times it was opened anew.
+    logs: Mutex<(std::collections::BTreeSet<u64>, u64)>,
     commit: Mutex<()>,
     /// Writes made to the WAL so far (counted after each returns), and how many of them a
     /// WAL sync is known to cover: concurrent committers share one sync (group commit).
@@ -97,9 +103,10 @@ impl Drop for Inner {
         let mut o = rocksdb::FlushOptions::default();
         o.set_wait(true);
         let mut flushed = true;
+        let db = self.db();
         for name in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META] {
-            if let Some(cf) = self.db.cf_handle(name) {
-                if let Err(e) = self.db.flush_cf_opt(&cf, &o) {
+            if let Some(cf) = db.cf_handle(name) {
+                if let Err(e) = db.flush_cf_opt(cf, &o) {
                     flushed = false;
                     tracing::warn!(path = %self.path.display(), cf = name, error = %e, "flushing at close failed; the next open replays the log");
                 }
@@ -164,11 +171,12 @@ impl Inner {
     /// close merges each run of small tables into one. (RocksDB's manual compaction returns
     /// no error: a failed merge leaves the tables as they were, and the next close tries.)
     fn merge_small_tables(&self) {
-        let Ok(files) = self.db.live_files() else {
+        let db = self.db();
+        let Ok(files) = db.live_files() else {
             return;
         };
         for name in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META] {
-            let Some(cf) = self.db.cf_handle(name) else {
+            let Some(cf) = db.cf_handle(name) else {
                 continue;
             };
             let (mut small, mut large) = (Vec::new(), Vec::new());
@@ -192,8 +200,7 @@ impl Inner {
             let mut o = rocksdb::CompactOptions::default();
             o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
             for (start, end) in &runs {
-                self.db
-                    .compact_range_cf_opt(&cf, Some(start), Some(end), &o);
+                db.compact_range_cf_opt(cf, Some(start), Some(end), &o);
             }
             tracing::debug!(path = %self.path.display(), cf = name, small = count, runs = runs.len(), ms = t.elapsed().as_millis() as u64, "small tables merged at close");
         }
@@ -318,10 +325,7 @@ impl RocksEngine {
                     .prefix(&format!("{SECONDARY_PREFIX}{}-", std::process::id()))
                     .tempdir()
                     .map_err(|e| Error::new(ErrorKind::Backend, format!("creating a secondary dir: {e}")))?;
-                let mut so = base_options();
-                so.set_max_open_files(-1);
-                let db = DB::open_cf_as_secondary(&so, path, dir.path(), [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META])
-                    .map_err(|e| err(e, &format!("opening {} read-only", path.display())))?;
+                let db = open_secondary(path, dir.path())?;
                 (db, Some(dir))
             }
             RocksMode::ReadWrite => match DB::open_cf_descriptors(&opts, path, cfs()) {
@@ -343,8 +347,9 @@ impl RocksEngine {
         let wake = secondary.as_ref().and_then(|_| DirWatch::start(path));
         Ok(RocksEngine {
             inner: Arc::new(Inner {
-                db,
+                db: std::sync::RwLock::new(Arc::new(db)),
                 path: path.to_path_buf(),
+                logs: Mutex::new((wal_numbers(path), 0)),
                 secondary,
                 commit: Mutex::new(()),
                 written: AtomicU64::new(0),
@@ -362,16 +367,37 @@ impl RocksEngine {
         self.inner.secondary.is_some()
     }
 
+    /// Catch a secondary up with the writer. RocksDB's secondary (7.8) keeps in its memtable
+    /// what it replayed from a log even once the writer has flushed that log into a table and
+    /// deleted it: a key written again after the replay (the head, an inode's attributes)
+    /// then reads its old value from the memtable, until the writer's next write, and for
+    /// good if it stays idle (a primary agent reported a head 168 entries behind, and
+    /// refused its mirrors as another history). A flush starts a new log, and deletes the
+    /// old one once every column family is flushed: so when the writer's logs are not those
+    /// of the last catch-up, this secondary is opened anew, which reads the tables the
+    /// flush made (one open per flush or writer session).
     fn catch_up(&self) -> Result<()> {
-        if self.inner.secondary.is_some() {
-            self.inner
-                .db
-                .try_catch_up_with_primary()
-                .map_err(|e| err(e, "catching up with the primary"))?;
-            self.inner
-                .head
-                .store(read_head(&self.inner.db)?, Ordering::SeqCst);
-        }
+        let Some(dir) = &self.inner.secondary else {
+            return Ok(());
+        };
+        let mut logs = self.inner.logs.lock().unwrap_or_else(|p| p.into_inner());
+        let db = self.inner.db();
+        db.try_catch_up_with_primary()
+            .map_err(|e| err(e, "catching up with the primary"))?;
+        let now = wal_numbers(&self.inner.path);
+        let db = if now != logs.0 {
+            logs.1 += 1;
+            let sub = dir.path().join(format!("{}", logs.1));
+            let fresh = Arc::new(open_secondary(&self.inner.path, &sub)?);
+            catch_up_steadily(&fresh)?;
+            *self.inner.db.write().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+            tracing::debug!(path = %self.inner.path.display(), generation = logs.1, "the writer flushed a log this reader had read: opened anew");
+            fresh
+        } else {
+            db
+        };
+        logs.0 = now;
+        self.inner.head.store(read_head(&db)?, Ordering::SeqCst);
         Ok(())
     }
 
@@ -390,6 +416,37 @@ impl RocksEngine {
 }
 
 const SECONDARY_PREFIX: &str = "jfs-rocks-secondary-";
+
+/// Open the volume at `path` as a secondary whose own files (its LOG) go in `dir`.
+fn open_secondary(path: &Path, dir: &Path) -> Result<DB> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::new(ErrorKind::Backend, format!("creating a secondary dir: {e}")))?;
+    let mut so = base_options();
+    so.set_max_open_files(-1);
+    DB::open_cf_as_secondary(
+        &so,
+        path,
+        dir,
+        [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, CF_JOURNAL, CF_META],
+    )
+    .map_err(|e| err(e, &format!("opening {} read-only", path.display())))
+}
+
+/// The numbers of the writer's log files (`NNNNNN.log`) in the volume's directory.
+fn wal_numbers(path: &Path) -> std::collections::BTreeSet<u64> {
+    let Ok(rd) = std::fs::read_dir(path) else {
+        return Default::default();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".log")?
+                .parse::<u64>()
+                .ok()
+        })
+        .collect()
+}
 
 /// A secondary instance keeps its own small directory (its LOG) in the temp dir, removed when
 /// the engine is dropped. A process killed with SIGKILL cannot remove it: the next secondary
@@ -447,9 +504,13 @@ fn read_head(db: &DB) -> Result<u64> {
     )
 }
 
+fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
+    db.cf_handle(name).expect("column family exists")
+}
+
 impl Inner {
-    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(name).expect("column family exists")
+    fn db(&self) -> Arc<DB> {
+        self.db.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn write(&self, batch: WriteBatch) -> Result<()> {
@@ -457,7 +518,7 @@ impl Inner {
             .map_err(|m| Error::new(ErrorKind::Backend, format!("rocksdb: {m}")))?;
         let mut wo = WriteOptions::default();
         wo.set_sync(false);
-        self.db
+        self.db()
             .write_opt(batch, &wo)
             .map_err(|e| err(e, "commit"))?;
         self.written.fetch_add(1, Ordering::SeqCst);
@@ -477,7 +538,7 @@ impl Inner {
             return Ok(());
         }
         let upto = self.written.load(Ordering::SeqCst);
-        self.db
+        self.db()
             .flush_wal(true)
             .map_err(|e| err(e, "syncing the WAL"))?;
         *synced = upto;
@@ -509,7 +570,8 @@ impl Inner {
             ));
         }
         let keys: Vec<&[u8]> = req.reads.iter().map(|(k, _)| k.as_slice()).collect();
-        for ((_, want), got) in req.reads.iter().zip(self.db.multi_get(keys)) {
+        let db = self.db();
+        for ((_, want), got) in req.reads.iter().zip(db.multi_get(keys)) {
             if got.map_err(|e| err(e, "validating reads"))?.as_deref() != want.as_deref() {
                 return Ok(CommitOutcome::Conflict);
             }
@@ -517,7 +579,7 @@ impl Inner {
         let ckeys = req.counter_keys();
         let mut counters = HashMap::new();
         for k in ckeys {
-            let v = self.db.get(&k).map_err(|e| err(e, "reading a counter"))?;
+            let v = db.get(&k).map_err(|e| err(e, "reading a counter"))?;
             counters.insert(k, v);
         }
         let seq = self.head.load(Ordering::SeqCst) + 1;
@@ -549,15 +611,18 @@ impl Inner {
                 _ => unreachable!("journal entries hold only puts and deletes"),
             }
         }
-        batch.put_cf(self.cf(CF_JOURNAL), entry.seq.to_be_bytes(), entry.encode());
-        batch.put_cf(self.cf(CF_META), HEAD, entry.seq.to_be_bytes());
+        batch.put_cf(
+            cf(&self.db(), CF_JOURNAL),
+            entry.seq.to_be_bytes(),
+            entry.encode(),
+        );
+        batch.put_cf(cf(&self.db(), CF_META), HEAD, entry.seq.to_be_bytes());
     }
 
     fn bounds(&self) -> Result<JournalBounds> {
         let last = self.head.load(Ordering::SeqCst);
-        let mut it = self
-            .db
-            .iterator_cf(self.cf(CF_JOURNAL), IteratorMode::Start);
+        let db = self.db();
+        let mut it = db.iterator_cf(cf(&db, CF_JOURNAL), IteratorMode::Start);
         let first = match it.next() {
             Some(Ok((k, _))) => u64::from_be_bytes(
                 k[..]
@@ -581,12 +646,12 @@ impl Engine for RocksEngine {
     }
 
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.inner.db.get(key).map_err(|e| err(e, "get"))
+        self.inner.db().get(key).map_err(|e| err(e, "get"))
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         self.inner
-            .db
+            .db()
             .multi_get(keys)
             .into_iter()
             .map(|r| r.map_err(|e| err(e, "get")))
@@ -595,10 +660,8 @@ impl Engine for RocksEngine {
 
     async fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>> {
         let mut out = Vec::new();
-        let it = self
-            .inner
-            .db
-            .iterator(IteratorMode::From(start, rocksdb::Direction::Forward));
+        let db = self.inner.db();
+        let it = db.iterator(IteratorMode::From(start, rocksdb::Direction::Forward));
         for item in it {
             let (k, v) = item.map_err(|e| err(e, "scan"))?;
             if &*k >= end || out.len() >= limit {
@@ -628,8 +691,9 @@ impl Engine for RocksEngine {
         let from = b.check_from(from)?;
         let mut out = Vec::new();
         let key = from.to_be_bytes();
-        let it = self.inner.db.iterator_cf(
-            self.inner.cf(CF_JOURNAL),
+        let db = self.inner.db();
+        let it = db.iterator_cf(
+            cf(&db, CF_JOURNAL),
             IteratorMode::From(&key, rocksdb::Direction::Forward),
         );
         for item in it.take(max) {
@@ -702,7 +766,7 @@ impl Engine for RocksEngine {
         }
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(
-            self.inner.cf(CF_JOURNAL),
+            cf(&self.inner.db(), CF_JOURNAL),
             b.first.to_be_bytes(),
             before.to_be_bytes(),
         );
@@ -784,11 +848,11 @@ impl Engine for RocksEngine {
             let mut batch = WriteBatch::default();
             batch.delete_range(&b""[..], &[0xffu8; 16][..]);
             batch.delete_range_cf(
-                inner.cf(CF_JOURNAL),
+                cf(&inner.db(), CF_JOURNAL),
                 0u64.to_be_bytes(),
                 u64::MAX.to_be_bytes(),
             );
-            batch.delete_cf(inner.cf(CF_META), HEAD);
+            batch.delete_cf(cf(&inner.db(), CF_META), HEAD);
             inner.write(batch)?;
             inner.head.store(0, Ordering::SeqCst);
             inner.sync_wal()?;
@@ -815,11 +879,11 @@ impl Engine for RocksEngine {
         self.inner.require_mirror()?;
         let _guard = self.inner.commit.lock().unwrap_or_else(|p| p.into_inner());
         let mut batch = WriteBatch::default();
-        batch.put_cf(self.inner.cf(CF_META), HEAD, head.to_be_bytes());
+        batch.put_cf(cf(&self.inner.db(), CF_META), HEAD, head.to_be_bytes());
         self.inner.write(batch)?;
         self.inner.head.store(head, Ordering::SeqCst);
         self.inner
-            .db
+            .db()
             .flush_wal(true)
             .map_err(|e| err(e, "syncing the WAL"))?;
         self.inner.tx.send_replace(head);
@@ -849,19 +913,19 @@ impl Engine for RocksEngine {
                 }
             }
             batch.delete_range_cf(
-                inner.cf(CF_JOURNAL),
+                cf(&inner.db(), CF_JOURNAL),
                 0u64.to_be_bytes(),
                 u64::MAX.to_be_bytes(),
             );
             for (seq, f) in &frames {
-                batch.put_cf(inner.cf(CF_JOURNAL), seq.to_be_bytes(), f);
+                batch.put_cf(cf(&inner.db(), CF_JOURNAL), seq.to_be_bytes(), f);
             }
-            batch.put_cf(inner.cf(CF_META), HEAD, head.to_be_bytes());
+            batch.put_cf(cf(&inner.db(), CF_META), HEAD, head.to_be_bytes());
             inner.write(batch)?;
             inner.head.store(head, Ordering::SeqCst);
             drop(guard);
             inner
-                .db
+                .db()
                 .flush_wal(true)
                 .map_err(|e| err(e, "syncing the WAL"))?;
             inner.tx.send_replace(head);
@@ -947,7 +1011,7 @@ mod tests {
             drop(w);
         }
         let w = RocksEngine::open(&p, RocksMode::ReadWrite, true, false).unwrap();
-        let tables = w.inner.db.live_files().unwrap().len();
+        let tables = w.inner.db().live_files().unwrap().len();
         assert!(
             tables <= SMALL_TABLES_BOUND + 3,
             "{tables} tables after {writers} writers"
@@ -1021,5 +1085,77 @@ mod install_tests {
             assert_eq!(r.journal_bounds().await.unwrap().last, i + 1, "write {i}");
             assert!(r.get(format!("k{i}").as_bytes()).await.unwrap().is_some());
         }
+    }
+}
+
+#[cfg(test)]
+mod secondary_tests {
+    use super::*;
+
+    fn writer(p: &Path, create: bool) -> RocksEngine {
+        RocksEngine::open(p, RocksMode::ReadWrite, create, false).unwrap()
+    }
+
+    async fn put(w: &RocksEngine, key: &str, value: &str) {
+        w.install_put(&[(key.as_bytes().to_vec(), value.as_bytes().to_vec())])
+            .await
+            .unwrap();
+    }
+
+    /// A secondary reads what the writer flushed, not an older value it had replayed from
+    /// the writer's log before the flush (RocksDB 7.8 kept that value in the secondary's
+    /// memtable for good once the writer went idle): the head and a key written again, after
+    /// a writer that closes (its flush at close), after one that flushes while it runs, and
+    /// after a flush of one column family only.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_secondary_reads_what_the_writer_flushed_not_its_older_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v");
+        {
+            let w = writer(&p, true);
+            std::fs::create_dir_all(p.join("jfs-aux")).unwrap();
+            std::fs::write(p.join("jfs-aux").join(fs_core::site::MARKER), b"{}").unwrap();
+            w.install_head(1).await.unwrap();
+        }
+        let r = RocksEngine::open(&p, RocksMode::ReadOnly, false, false).unwrap();
+        let mut head = 1;
+        // Writers that come and go (`jfs put`, each `jfs-sync` pass), read mid-session.
+        for round in 0..4u64 {
+            let w = writer(&p, false);
+            for i in 0..300u64 {
+                put(&w, "attr", &format!("{round}-{i}")).await;
+                head += 1;
+                w.install_head(head).await.unwrap();
+                if i == 150 {
+                    r.catch_up().unwrap();
+                }
+            }
+            drop(w);
+            r.catch_up().unwrap();
+            assert_eq!(r.inner.head.load(Ordering::SeqCst), head, "round {round}");
+            let got = r.get(b"attr").await.unwrap().unwrap();
+            assert_eq!(got, format!("{round}-299").into_bytes(), "round {round}");
+        }
+        // One writer that flushes while it runs, then stays idle; then a flush of the
+        // default column family alone (the log is kept for the others).
+        let w = writer(&p, false);
+        put(&w, "attr", "before").await;
+        head += 1;
+        w.install_head(head).await.unwrap();
+        r.catch_up().unwrap();
+        put(&w, "attr", "after").await;
+        head += 1;
+        w.install_head(head).await.unwrap();
+        w.inner.db().flush().unwrap();
+        w.inner.db().flush_cf(cf(&w.inner.db(), CF_META)).unwrap();
+        r.catch_up().unwrap();
+        assert_eq!(r.inner.head.load(Ordering::SeqCst), head);
+        assert_eq!(r.get(b"attr").await.unwrap().unwrap(), b"after");
+        put(&w, "attr", "default only").await;
+        r.catch_up().unwrap();
+        put(&w, "attr", "flushed alone").await;
+        w.inner.db().flush().unwrap();
+        r.catch_up().unwrap();
+        assert_eq!(r.get(b"attr").await.unwrap().unwrap(), b"flushed alone");
     }
 }
