@@ -39,7 +39,9 @@
 //!   so a resumed run does not copy them again and counts them as what they were. The window
 //!   also carries the outcome of every key decided on the spot, so each checkpoint saves the
 //!   cursor with the exact tally of the keys at or before it: a resumed run's summary counts
-//!   every key once.
+//!   every key once. Resolved is not settled: the source may change behind the cursor while
+//!   no run is going, so a resumed run lists that part again after the rest (`run::sync`),
+//!   and a resumed run over a list of keys (`--from-journal`) starts the list over.
 //! - A copy is recorded (done, counted, its source deleted with `--delete-src`) only once it
 //!   is durable. Stores and volumes are durable when the write returns; a local destination's
 //!   finished copies wait in a bounded list flushed by one `syncfs` (data and directory

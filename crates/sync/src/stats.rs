@@ -50,6 +50,10 @@ pub struct Summary {
     /// Of the above, what earlier attempts of this job did before it was interrupted.
     #[serde(default)]
     pub resumed: Option<Box<Summary>>,
+    /// A resumed run's second pass over the keys before its resume point (the source may
+    /// have changed there since): what it found and did, apart from the counts above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rechecked: Option<Box<Summary>>,
     pub seconds: f64,
 }
 
@@ -132,6 +136,7 @@ impl Stats {
             bytes: self.bytes.load(Relaxed),
             checked: self.checked.load(Relaxed),
             resumed: None,
+            rechecked: None,
             seconds: (seconds * 1000.0).round() / 1000.0,
         }
     }
@@ -236,6 +241,12 @@ impl Summary {
             s.push_str(&format!(
                 "; of these, earlier interrupted attempts: listed {}, copied {}, updated {}, skipped {}, deleted {}",
                 r.listed, r.copied, r.updated, r.skipped, r.deleted
+            ));
+        }
+        if let Some(r) = &self.rechecked {
+            s.push_str(&format!(
+                "; the part before the resume point checked again: listed {}, copied {}, updated {}, deleted {}, failed {}",
+                r.listed, r.copied, r.updated, r.deleted, r.failed
             ));
         }
         s

@@ -38,6 +38,7 @@ pub enum MaxDelete {
     Percent(f64),
 }
 
+#[derive(Clone)]
 pub struct Options {
     pub threads: usize,
     /// Subtrees listed at once (1: one sequential listing per side).
@@ -95,7 +96,8 @@ impl Report {
     pub fn exit_code(&self) -> i32 {
         if self.fatal.is_some() || self.interrupted {
             2
-        } else if self.summary.failed > 0 {
+        } else if self.summary.failed + self.summary.rechecked.as_ref().map_or(0, |r| r.failed) > 0
+        {
             1
         } else {
             0
@@ -105,6 +107,17 @@ impl Report {
 
 /// Run the sync. `stop` turns true on SIGINT/SIGTERM: no new work starts, work in flight
 /// finishes, the cursor is saved.
+///
+/// A run resumed from a cursor does not take the keys at or before it as settled: the source
+/// may have changed there since the interrupted attempt (a file written, renamed or removed).
+/// - With a list of keys (`--from-journal`, `--files-from`) the list is what must be
+///   settled, whatever an earlier attempt did: the run starts over on the whole list (each
+///   key already copied is one comparison), so a key the journal names anew is never
+///   skipped for sorting before an old cursor.
+/// - A listing run finishes what follows the cursor, then lists and compares the part before
+///   it again: what changed there is copied, what went is deleted with `--delete-dst`, the
+///   rest costs the listing. The summary counts every key once as before; this second pass's
+///   own counts are `rechecked`.
 pub async fn sync(
     src: Arc<dyn Endpoint>,
     dst: Arc<dyn Endpoint>,
@@ -113,7 +126,57 @@ pub async fn sync(
     stats: Arc<Stats>,
     stop: watch::Receiver<bool>,
 ) -> Result<Report> {
-    sync_range(src, dst, o, state, None, stats, stop).await
+    let cursor = match &state {
+        Some(st) => st.cursor()?,
+        None => None,
+    };
+    let Some(cursor) = cursor.filter(|c| !o.range.below(c)) else {
+        return sync_range(src, dst, o, state, None, stats, stop).await;
+    };
+    if o.keys.is_some() {
+        if let Some(st) = &state {
+            tracing::info!(cursor = %cursor, "an earlier attempt stopped: settling the whole list of keys again");
+            st.finish()?;
+        }
+        return sync_range(src, dst, o, state, None, stats, stop).await;
+    }
+    let mut before = o.clone();
+    let report = sync_range(
+        src.clone(),
+        dst.clone(),
+        o,
+        state,
+        None,
+        stats.clone(),
+        stop.clone(),
+    )
+    .await?;
+    if report.exit_code() != 0 {
+        return Ok(report);
+    }
+    // Keys up to the cursor: below the cursor followed by a byte above every other.
+    before.range.hi = Some(format!("{cursor}\u{0}"));
+    cli_common::eprintln!("jfs-sync: resumed run finished after {cursor:?}; checking what came before it again (the source may have changed there since the interrupted attempt)");
+    // Counted apart: the summary above already counts these keys once (the earlier attempts'
+    // tally); what this pass found changed is reported as `rechecked`.
+    let again = sync_range(
+        src,
+        dst,
+        before,
+        None,
+        None,
+        Arc::new(Stats::default()),
+        stop,
+    )
+    .await?;
+    let mut summary = report.summary;
+    summary.seconds += again.summary.seconds;
+    summary.rechecked = Some(Box::new(again.summary));
+    Ok(Report {
+        summary,
+        fatal: again.fatal,
+        interrupted: again.interrupted,
+    })
 }
 
 /// `sync` of one range whose resume point lives in `shared` (a shared job's unit) when given,
