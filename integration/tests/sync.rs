@@ -1866,3 +1866,40 @@ fn from_journal_resumed_after_an_interruption_loses_no_change() {
         "{v}"
     );
 }
+
+/// `--delete-dst` from a source that lists nothing (a mistyped, emptied or unmounted one)
+/// deletes nothing unless `--max-delete 100%` says so; a delete the destination refuses is a
+/// failure named by its key (exit 1), not an internal error.
+#[test]
+fn delete_dst_from_an_empty_source_and_a_refused_delete() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    make_tree(&dst, 20, 0);
+    std::fs::create_dir_all(&src).unwrap();
+    let job = Job::new();
+    let o = job.run(&[s(&src), s(&dst), "--delete-dst"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("the source listed nothing"), "{err}");
+    assert_eq!(tree(&dst).len(), 20, "nothing was deleted");
+    let v = job.sync(
+        &[s(&src), s(&dst), "--delete-dst", "--max-delete", "100%"],
+        0,
+    );
+    assert_eq!(n(&v, "deleted"), 20, "{v}");
+    assert!(tree(&dst).is_empty());
+
+    // A destination directory that refuses deletes (read-only).
+    make_tree(&dst, 10, 0);
+    std::fs::write(src.join("keep"), b"k").unwrap();
+    let ro = integration::mountproc::ReadOnlyBind::over(&dst.join("d1"));
+    let o = job.run(&[s(&src), s(&dst), "--delete-dst", "--max-delete", "100%"]);
+    drop(ro);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("internal error"), "{err}");
+    assert!(
+        err.lines().any(|l| l.contains("failed: deleting d1/")),
+        "{err}"
+    );
+}

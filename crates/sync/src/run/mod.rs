@@ -446,6 +446,8 @@ pub async fn sync_range(
     }
     // Deletions only after a complete, clean run.
     let failed = stats.failed.load(Ordering::Relaxed);
+    // Deletes that failed count as failures, but belong to no listed key.
+    let mut delete_failures = 0u64;
     if o.delete_dst && o.dry_run {
         let n = stats.deleted.load(Ordering::Relaxed);
         if let Some(why) = refused(o.max_delete, n, stats.dst_listed.load(Ordering::Relaxed)) {
@@ -468,7 +470,16 @@ pub async fn sync_range(
             .dst_listed
             .load(Ordering::Relaxed)
             .max(deletes.len() as u64);
-        if let Some(why) = refused(o.max_delete, deletes.len() as u64, listed_dst) {
+        let listed_src = stats.listed.load(Ordering::Relaxed) + base.listed;
+        if o.keys.is_none() && listed_src == 0 && !deletes.is_empty() && o.max_delete.is_none() {
+            fatal = Some(format!(
+                "the source listed nothing, so --delete-dst would delete all {} destination objects (a mistyped, emptied or unmounted source?); nothing was deleted. To empty the destination on purpose, give --max-delete 100%",
+                deletes.len()
+            ));
+            if let Some(st) = &state {
+                st.finish()?;
+            }
+        } else if let Some(why) = refused(o.max_delete, deletes.len() as u64, listed_dst) {
             fatal = Some(format!("refusing to delete: {why}; nothing was deleted"));
             // The copies are done; the next run starts from a fresh listing and counts again.
             if let Some(st) = &state {
@@ -490,6 +501,7 @@ pub async fn sync_range(
                     }
                     Err(e) => {
                         Stats::add(&stats.failed, 1);
+                        delete_failures += 1;
                         cli_common::eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
                     }
                 }
@@ -514,7 +526,9 @@ pub async fn sync_range(
             st.finish()?;
         }
     }
-    if !summary.adds_up() && !interrupted && fatal.is_none() {
+    let mut check = summary.clone();
+    check.failed -= delete_failures;
+    if !check.adds_up() && !interrupted && fatal.is_none() {
         bail!(
             "internal error: the summary does not add up: {}",
             summary.line()
