@@ -42,6 +42,35 @@ fn within(a: &str, b: &str) -> bool {
     b.is_empty() || a == b || a.strip_prefix(b).is_some_and(|r| r.starts_with('/'))
 }
 
+/// The (device, inode) of the nearest existing directory at or above `p`, and of each of its
+/// ancestors: what `p` is inside of, whatever path names it.
+fn inode_chain(p: &Path) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut cur = Some(p);
+    while let Some(c) = cur {
+        if let Ok(m) = std::fs::metadata(c) {
+            out.push((m.dev(), m.ino()));
+        }
+        cur = c.parent();
+    }
+    out
+}
+
+/// Local paths that overlap although neither path is a prefix of the other: the same
+/// directory reached through a bind mount (same device and inode under another path).
+fn by_inode(x: &Path, y: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let (cx, cy) = (inode_chain(x), inode_chain(y));
+    match (id(x), id(y)) {
+        (Some(a), Some(b)) if a == b => Some("is the same place as"),
+        (_, Some(b)) if cx.contains(&b) => Some("is inside"),
+        (Some(a), _) if cy.contains(&a) => Some("contains"),
+        _ => None,
+    }
+}
+
 /// How `a` and `b` overlap, if they do ("the same", "inside").
 fn relation(a: &Place, b: &Place) -> Option<&'static str> {
     let nested = |x: &str, y: &str| {
@@ -56,7 +85,9 @@ fn relation(a: &Place, b: &Place) -> Option<&'static str> {
         }
     };
     match (a, b) {
-        (Place::Local(x), Place::Local(y)) => nested(&x.to_string_lossy(), &y.to_string_lossy()),
+        (Place::Local(x), Place::Local(y)) => {
+            nested(&x.to_string_lossy(), &y.to_string_lossy()).or_else(|| by_inode(x, y))
+        }
         (
             Place::Object {
                 store: s1,

@@ -101,6 +101,44 @@ fn overlapping_src_and_dst_are_refused_and_nothing_moves() {
         "the tree changed (digest {:08x})",
         digest(&before)
     );
+    // The same directory through a bind mount, under a path that shares nothing with it.
+    {
+        let bound = root.join("bound");
+        std::fs::create_dir_all(&bound).unwrap();
+        let st = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(&ov)
+            .arg(&bound)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount --bind");
+        struct Unbind(std::path::PathBuf);
+        impl Drop for Unbind {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(&self.0).status();
+            }
+        }
+        let _unbind = Unbind(bound.clone());
+        for args in [
+            vec![
+                "--delete-dst".to_string(),
+                format!("{r}/bound/a"),
+                format!("{r}/ov"),
+            ],
+            vec![
+                "--delete-dst".to_string(),
+                format!("{r}/ov"),
+                format!("{r}/bound/a"),
+            ],
+            vec![format!("{r}/bound"), format!("{r}/ov")],
+        ] {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            let err = fails_clearly(&run("jfs-sync", &a, &env), "SRC and DST overlap");
+            assert!(err.contains("nothing was copied or deleted"), "{err}");
+        }
+    }
+    std::fs::remove_dir(root.join("bound")).unwrap();
+    assert_eq!(snapshot(root), before, "the tree changed (bind mount)");
     // Neighbours that only share a name prefix are not an overlap.
     let o = run(
         "jfs-sync",
