@@ -20,8 +20,11 @@ impl crate::record::Versioned for Owner {
 }
 
 /// The object that says whose a prefix is.
+/// The name of the record under a volume's prefix in its store.
+pub const RECORD: &str = "jfs_volume";
+
 pub fn key(volume: &str) -> String {
-    format!("{volume}/jfs_volume")
+    format!("{volume}/{RECORD}")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

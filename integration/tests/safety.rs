@@ -1906,3 +1906,58 @@ fn a_mistaken_fence_is_undone_by_the_detach_its_refusal_names() {
     assert_eq!(jfs(&["cat", &meta, "/a"]).stdout, data(5, 70_000));
     assert_eq!(jfs(&["cat", &meta, "/b"]).stdout, data(5, 70_000));
 }
+
+/// A volume's block store is not a directory to sync into: jfs-sync refuses a destination
+/// that is a store's root, a volume's prefix in it, or a directory inside that (and a source
+/// there with --delete-src), before anything is copied or deleted; the volume stays whole.
+#[test]
+fn a_volume_block_store_is_refused_as_a_plain_destination() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let meta = format!("rocksdb://{}/meta", root.display());
+    let store = root.join("blocks");
+    let o = run(
+        "jfs",
+        &[
+            "format",
+            &meta,
+            "vol1",
+            "--storage",
+            &format!("file://{}", store.display()),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let src = root.join("src");
+    make_tree(&src, 20);
+    let o = run("jfs", &["put", &meta, s(&src), "/data"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = snapshot(&store);
+    let cache = root.join("cache");
+    let env = [("XDG_CACHE_HOME", s(&cache))];
+    let st = s(&store);
+    let cases: Vec<Vec<String>> = vec![
+        vec!["--delete-dst".into(), s(&src).into(), st.into()],
+        vec![s(&src).into(), format!("{st}/vol1")],
+        vec![
+            "--delete-dst".into(),
+            s(&src).into(),
+            format!("{st}/vol1/chunks"),
+        ],
+        vec![s(&src).into(), format!("file://{st}/")],
+        vec![
+            "--delete-src".into(),
+            format!("{st}/vol1"),
+            s(&root.join("out")).into(),
+        ],
+    ];
+    for args in &cases {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let err = fails_clearly(&run("jfs-sync", &a, &env), "block store");
+        assert!(err.contains("nothing was copied or deleted"), "{err}");
+    }
+    assert_eq!(snapshot(&store), before, "the store changed");
+    assert!(!root.join("out").exists());
+    let o = run("jfs", &["fsck", &meta], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

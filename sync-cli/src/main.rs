@@ -282,6 +282,12 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     let (mut src_places, mut dst_places) =
         (place::of_spec(&src_spec, ep), place::of_spec(&dst_spec, ep));
     refuse_overlap(&src_places, &dst_places)?;
+    if !a.dry_run {
+        refuse_volume_store(&dst_spec, &dst_places, "DST")?;
+        if a.delete_src {
+            refuse_volume_store(&src_spec, &src_places, "SRC (with --delete-src)")?;
+        }
+    }
     let src = endpoint::open(&src_spec, ep, a.delete_src && !a.dry_run, false)
         .await
         .with_context(|| format!("source {src_spec}"))?;
@@ -588,6 +594,42 @@ async fn open_job(url: &str) -> Result<Arc<dyn sync::job::Board>> {
 fn refuse_overlap(src: &[(String, place::Place)], dst: &[(String, place::Place)]) -> Result<()> {
     if let Some(why) = place::find(src, dst) {
         bail!("SRC and DST overlap: {why}; nothing was copied or deleted (copying a tree into itself, or out of itself with deletes, loses data): choose a destination outside the source");
+    }
+    Ok(())
+}
+
+/// A volume's block store (found by its `<volume>/jfs_volume` record) is the volume's, not a
+/// directory to sync into or delete from: a plain sync there overwrites or deletes blocks
+/// that committed files name. Refused when `spec` is a local directory that is such a store,
+/// inside one, or holds one; `jfs://` endpoints reach their store through the volume.
+fn refuse_volume_store(spec: &str, places: &[(String, place::Place)], role: &str) -> Result<()> {
+    if spec.starts_with("jfs://") {
+        return Ok(());
+    }
+    for (_, p) in places {
+        let place::Place::Local(d) = p else {
+            continue;
+        };
+        let record = fs_core::owner::RECORD;
+        let mut found = d.ancestors().map(|a| a.join(record)).find(|r| r.is_file());
+        if found.is_none() {
+            // A store's root holds one directory per volume (few): a large directory is no
+            // store's root, and is not read through.
+            if let Ok(rd) = std::fs::read_dir(d) {
+                found = rd
+                    .flatten()
+                    .take(1000)
+                    .map(|e| e.path().join(record))
+                    .find(|r| r.is_file());
+            }
+        }
+        if let Some(r) = found {
+            bail!(
+                "{role} {} is, is inside, or holds a volume's block store ({} names the volume that owns it): a plain sync there would overwrite or delete blocks the volume's files are made of; nothing was copied or deleted. Copy a volume with jfs:// endpoints, or choose another directory",
+                d.display(),
+                r.display()
+            );
+        }
     }
     Ok(())
 }
