@@ -1903,3 +1903,64 @@ fn delete_dst_from_an_empty_source_and_a_refused_delete() {
         "{err}"
     );
 }
+
+/// `--from-journal` copies a file the journal says was rewritten even when the new content
+/// has the size and modification time of the old (a `jfs put` keeps the local file's mtime):
+/// before, the destination kept the old bytes for good.
+#[test]
+fn from_journal_copies_a_rewrite_of_the_same_size_and_time() {
+    let t = tempfile::tempdir().unwrap();
+    let meta = format!("rocksdb://{}/meta", t.path().display());
+    let jfs = |args: &[&str]| {
+        let o = Command::new(bin("jfs")).args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "jfs {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    jfs(&[
+        "format",
+        &meta,
+        "v",
+        "--storage",
+        &format!("file://{}/blocks", t.path().display()),
+    ]);
+    let src = t.path().join("src");
+    make_tree(&src, 10, 0);
+    jfs(&["put", &meta, s(&src), "/data"]);
+    let dst = t.path().join("dst");
+    let job = Job::new();
+    let run = || {
+        let mut c = job.cmd(&["jfs://VOL/data", s(&dst), "--from-journal", "--json"]);
+        c.env("VOL", &meta);
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        serde_json::from_str::<Value>(String::from_utf8_lossy(&o.stdout).lines().last().unwrap())
+            .unwrap()
+    };
+    run();
+    // Same length, other bytes, the same mtime as the original.
+    let key = "d3/sub0/f00003.dat";
+    let old = std::fs::read(src.join(key)).unwrap();
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0x5a).collect();
+    let f = t.path().join("new");
+    std::fs::write(&f, &new).unwrap();
+    let mtime = std::fs::metadata(src.join(key))
+        .unwrap()
+        .modified()
+        .unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    jfs(&["put", &meta, s(&f), &format!("/data/{key}")]);
+    let v = run();
+    assert_eq!(n(&v, "updated"), 1, "{v}");
+    assert_eq!(std::fs::read(dst.join(key)).unwrap(), new);
+    let v = run();
+    assert_eq!(n(&v, "copied") + n(&v, "updated"), 0, "{v}");
+}

@@ -24,19 +24,23 @@ pub async fn prepare(
         bail!("--from-journal cannot be combined with --dry-run (it needs the recorded position)")
     };
     let since = state.journal_seq()?;
-    let (keys, head) = changes(src, dst, since).await?;
+    let (keys, head, rewritten) = changes(src, dst, since).await?;
     opts.keys = keys;
+    opts.rewritten = (!rewritten.is_empty()).then(|| std::sync::Arc::new(rewritten));
     Ok(Some(head))
 }
 
 /// What changed since journal entry `since`: the keys the entries after it touch, up to the
 /// journal's head now, or None (list everything) when there is no earlier position or the
-/// journal no longer reaches back to it. Returns the head with them.
+/// journal no longer reaches back to it. Returns the head with them, and the keys whose
+/// content the window rewrote (written, truncated, created or renamed onto): those are
+/// copied whatever their size and time say (a file replaced by one of the same size and
+/// modification time compares equal).
 pub async fn changes(
     src: &dyn Endpoint,
     dst: &dyn Endpoint,
     since: Option<u64>,
-) -> Result<(Option<Vec<String>>, u64)> {
+) -> Result<(Option<Vec<String>>, u64, HashSet<String>)> {
     let Some(vol) = src.as_volume() else {
         bail!("--from-journal needs a volume source (jfs://NAME/path)")
     };
@@ -45,7 +49,7 @@ pub async fn changes(
     let head = bounds.last;
     let Some(since) = since else {
         cli_common::eprintln!("jfs-sync: --from-journal: no earlier run recorded: a full listing this time; the next run reads the journal after entry {head}");
-        return Ok((None, head));
+        return Ok((None, head, HashSet::new()));
     };
     if since + 1 < bounds.first {
         cli_common::eprintln!(
@@ -53,7 +57,7 @@ pub async fn changes(
             since + 1,
             bounds.first
         );
-        return Ok((None, head));
+        return Ok((None, head, HashSet::new()));
     }
     let mut entries = Vec::new();
     let mut next = since + 1;
@@ -70,13 +74,13 @@ pub async fn changes(
             next = seq + 1;
         }
     }
-    let keys = match changed_keys(vol, src, dst, &entries).await? {
-        Changed::Keys(keys) => keys,
+    let (keys, rewritten) = match changed_keys(vol, src, dst, &entries).await? {
+        Changed::Keys(keys, rewritten) => (keys, rewritten),
         Changed::Unnamed { ino, nlink, found } => {
             cli_common::eprintln!(
                 "jfs-sync: WARNING: --from-journal: inode {ino} changed in place and has {nlink} names (hard links), {found} of them found where the journal points: the others are found only by listing: falling back to a FULL LISTING this run"
             );
-            return Ok((None, head));
+            return Ok((None, head, HashSet::new()));
         }
     };
     cli_common::eprintln!(
@@ -84,7 +88,7 @@ pub async fn changes(
         since + 1,
         keys.len()
     );
-    Ok((Some(keys), head))
+    Ok((Some(keys), head, rewritten))
 }
 
 struct Paths<'a> {
@@ -197,13 +201,10 @@ impl Paths<'_> {
 
 /// What the journal window asks to look at.
 enum Changed {
-    Keys(Vec<String>),
+    /// The keys to look at, and those of them whose content was rewritten.
+    Keys(Vec<String>, HashSet<String>),
     /// A file changed in place has names the window and its directory do not show.
-    Unnamed {
-        ino: Ino,
-        nlink: u32,
-        found: usize,
-    },
+    Unnamed { ino: Ino, nlink: u32, found: usize },
 }
 
 /// Keys under `prefix` (a directory key ending in '/') on one side.
@@ -307,8 +308,13 @@ async fn changed_keys(
         held: 0,
     };
     let mut volume_paths: BTreeSet<String> = BTreeSet::new();
+    // Paths whose content the window rewrote.
+    let mut rewritten_paths: BTreeSet<String> = BTreeSet::new();
     let mut renamed_dirs: Vec<(String, String)> = Vec::new();
     let mut looked_up: HashSet<Ino> = HashSet::new();
+    // Inodes whose content the window wrote or truncated, and the paths found for them.
+    let mut rewritten_inos: HashSet<Ino> = HashSet::new();
+    let mut inode_paths: HashMap<Ino, Vec<String>> = HashMap::new();
     for e in entries {
         match &e.op {
             Op::Mknod { parent, name, .. }
@@ -316,6 +322,9 @@ async fn changed_keys(
             | Op::Link { parent, name, .. }
             | Op::Unlink { parent, name, .. } => {
                 if let Some(p) = paths.child(*parent, name).await {
+                    if matches!(e.op, Op::Mknod { .. }) {
+                        rewritten_paths.insert(p.clone());
+                    }
                     volume_paths.insert(p);
                 }
             }
@@ -343,17 +352,31 @@ async fn changed_keys(
                 };
                 match (old, new) {
                     (Some(o), Some(n)) if is_dir => renamed_dirs.push((o, n)),
-                    (o, n) => volume_paths.extend(o.into_iter().chain(n)),
+                    (o, n) => {
+                        // Another inode's content now under the new name.
+                        rewritten_paths.extend(n.clone());
+                        volume_paths.extend(o.into_iter().chain(n))
+                    }
                 }
             }
             Op::SetAttr { ino, .. } | Op::Write { ino, .. } => {
+                let content = match &e.op {
+                    Op::SetAttr { set, .. } => set.length.is_some(),
+                    _ => true,
+                };
+                if content {
+                    rewritten_inos.insert(*ino);
+                }
                 // Once per inode, and not at all for one created in the window.
                 if created.contains_key(ino) || !looked_up.insert(*ino) {
                     continue;
                 }
                 let also = linked_into.get(ino).map(Vec::as_slice).unwrap_or(&[]);
                 match paths.all_paths(*ino, also).await {
-                    Ok(ps) => volume_paths.extend(ps),
+                    Ok(ps) => {
+                        inode_paths.insert(*ino, ps.clone());
+                        volume_paths.extend(ps)
+                    }
                     Err((nlink, found)) => {
                         return Ok(Changed::Unnamed {
                             ino: *ino,
@@ -366,11 +389,17 @@ async fn changed_keys(
             _ => {}
         }
     }
-    let mut keys: BTreeSet<String> = volume_paths
-        .iter()
-        .filter_map(|p| vol.key_of(&format!("/{p}")))
-        .filter(|k| !k.is_empty() && !crate::endpoint::is_temp(k))
-        .collect();
+    for ino in &rewritten_inos {
+        if let Some(ps) = inode_paths.get(ino) {
+            rewritten_paths.extend(ps.iter().cloned());
+        }
+    }
+    let key_of = |p: &String| {
+        vol.key_of(&format!("/{p}"))
+            .filter(|k| !k.is_empty() && !crate::endpoint::is_temp(k))
+    };
+    let mut keys: BTreeSet<String> = volume_paths.iter().filter_map(key_of).collect();
+    let rewritten: HashSet<String> = rewritten_paths.iter().filter_map(key_of).collect();
     // A renamed directory: everything now under the new name, and (for deletion at the
     // destination) everything the destination still has under the old name.
     for (old, new) in renamed_dirs {
@@ -381,5 +410,5 @@ async fn changed_keys(
             keys_under(dst, &format!("{k}/"), &mut keys).await?;
         }
     }
-    Ok(Changed::Keys(keys.into_iter().collect()))
+    Ok(Changed::Keys(keys.into_iter().collect(), rewritten))
 }

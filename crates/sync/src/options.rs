@@ -187,6 +187,7 @@ impl Request {
             keys,
             limits,
             range: Default::default(),
+            rewritten: None,
         })
     }
 

@@ -76,7 +76,9 @@ pub async fn plan_round(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let since = board.round().await?.journal_seq;
-    let (keys, target) = crate::journal::changes(src, dst, since).await?;
+    // A shared round's plan holds the keys only: its workers compare rewritten files by
+    // size and time (left as it was; a single-host run copies them regardless).
+    let (keys, target, _rewritten) = crate::journal::changes(src, dst, since).await?;
     let plan = Plan { keys, target };
     let started = board
         .new_round(&NewRound {

@@ -520,6 +520,7 @@ pub(super) async fn run_unit(
         keys_from_user: false,
         limits: base.limits.clone(),
         range: u.range(),
+        rewritten: None,
     };
     let stopped = stop.clone();
     let r = run::sync_range(

@@ -65,6 +65,8 @@ pub struct Options {
     pub limits: Arc<Limits>,
     /// The part of the key space this run covers (a shared job's range; all by default).
     pub range: KeyRange,
+    /// Keys whose content `--from-journal` saw rewritten: copied whatever size and time say.
+    pub rewritten: Option<Arc<std::collections::HashSet<String>>>,
 }
 
 /// Where the resume point of a range held in a shared job is kept (instead of the local
@@ -354,7 +356,16 @@ pub async fn sync_range(
                 inline(Outcome::of(OutcomeKind::Skipped(Why::Symlink)));
                 continue;
             }
-            let action = o.compare.decide(Some(&s), de.as_ref());
+            let rewritten = o.rewritten.as_ref().is_some_and(|r| r.contains(&s.key))
+                && !o.compare.ignore_existing
+                && !o.compare.update
+                && s.kind == Kind::File
+                && de.as_ref().is_some_and(|d| d.kind == Kind::File);
+            let action = if rewritten {
+                Action::Update
+            } else {
+                o.compare.decide(Some(&s), de.as_ref())
+            };
             if let Action::Skip(why) = action {
                 stats.skip(why);
                 if o.delete_src && !o.dry_run && s.kind == Kind::File && de.is_some() {
