@@ -282,11 +282,22 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     let (mut src_places, mut dst_places) =
         (place::of_spec(&src_spec, ep), place::of_spec(&dst_spec, ep));
     refuse_overlap(&src_places, &dst_places)?;
-    if !a.dry_run {
-        refuse_volume_store(&dst_spec, &dst_places, "DST")?;
-        if a.delete_src {
-            refuse_volume_store(&src_spec, &src_places, "SRC (with --delete-src)")?;
+    // A volume's block store as a plain destination (or a source to delete from): before
+    // anything is opened or created, except from a volume, whose own store is refused as an
+    // overlap once it is open (the clearer message), and any other store right after.
+    let stores = |src_places: &[(String, place::Place)], dst_places: &[(String, place::Place)]| {
+        if a.dry_run {
+            return Ok(());
         }
+        refuse_volume_store(&dst_spec, dst_places, "DST")?;
+        if a.delete_src {
+            refuse_volume_store(&src_spec, src_places, "SRC (with --delete-src)")?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let from_volume = src_spec.starts_with("jfs://");
+    if !from_volume {
+        stores(&src_places, &dst_places)?;
     }
     let src = endpoint::open(&src_spec, ep, a.delete_src && !a.dry_run, false)
         .await
@@ -300,9 +311,13 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
                 .await
                 .with_context(|| format!("destination {dst_spec}"))?
         };
+    let (spec_src_places, spec_dst_places) = (src_places.clone(), dst_places.clone());
     src_places.extend(src.places());
     dst_places.extend(dst.places());
     refuse_overlap(&src_places, &dst_places)?;
+    if from_volume {
+        stores(&spec_src_places, &spec_dst_places)?;
+    }
     opts.fit(&*src, &*dst);
     let identity = req.identity();
     // What SRC and DST are, not how they were spelled: a volume by its uuid, a directory by

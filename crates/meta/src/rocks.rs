@@ -306,6 +306,9 @@ impl RocksEngine {
         // Bounds the log an open after a crash replays: past it, the column families whose
         // data the oldest log holds are flushed.
         opts.set_max_total_wal_size(WAL_BOUND);
+        // The writer's logs before a secondary opens: a change after this, even during the
+        // open, makes its first catch-up open it anew (see `catch_up`).
+        let logs = wal_numbers(path);
         let (db, secondary) = match mode {
             _ if !create && !path.join("CURRENT").exists() => {
                 return Err(Error::new(
@@ -349,7 +352,7 @@ impl RocksEngine {
             inner: Arc::new(Inner {
                 db: std::sync::RwLock::new(Arc::new(db)),
                 path: path.to_path_buf(),
-                logs: Mutex::new((wal_numbers(path), 0)),
+                logs: Mutex::new((logs, 0)),
                 secondary,
                 commit: Mutex::new(()),
                 written: AtomicU64::new(0),
