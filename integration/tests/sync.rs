@@ -571,26 +571,7 @@ fn sigterm_checkpoints_and_the_next_run_finishes() {
     make_tree(&src, 400, 0);
     let job = Job::new();
     let args = [s(&src), s(&dst), "--tps", "200", "--threads", "4"];
-    let child = job
-        .cmd(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(String::from_utf8_lossy(&o.stderr).contains("progress saved"));
+    interrupt(&job, &args, &[], 700);
     let left = tree(&dst);
     assert!(
         left.keys().all(|k| !k.contains("jfs-sync-tmp")),
@@ -1699,6 +1680,54 @@ fn job_status_help_lists_only_its_own_flags() {
     );
 }
 
+/// A run that found nothing to copy, update or delete.
+fn nothing_left(v: &Value) {
+    assert_eq!(
+        n(v, "copied") + n(v, "updated") + n(v, "deleted"),
+        0,
+        "a run after it has nothing left to do: {v}"
+    );
+}
+
+/// The keys whose bytes differ between two trees, or that one of them lacks.
+fn differing(a: &BTreeMap<String, Vec<u8>>, b: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
+    let mut out: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect();
+    out.dedup();
+    out
+}
+
+/// `jfs ARGS`, which must succeed.
+fn jfs_ok(args: &[&str]) {
+    let o = Command::new(bin("jfs")).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "jfs {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A RocksDB volume under `dir` (blocks in `dir/blocks`) holding `make_tree(files)` at
+/// /data, put from `dir/src`: its META_URL and that local tree.
+fn volume_with_tree(dir: &Path, files: usize) -> (String, std::path::PathBuf) {
+    let meta = format!("rocksdb://{}/meta", dir.display());
+    jfs_ok(&[
+        "format",
+        &meta,
+        "v",
+        "--storage",
+        &format!("file://{}/blocks", dir.display()),
+    ]);
+    let src = dir.join("src");
+    make_tree(&src, files, 0);
+    jfs_ok(&["put", &meta, s(&src), "/data"]);
+    (meta, src)
+}
+
 /// Start `args` and SIGTERM it once it has saved some progress (after `ms`); it must exit 2
 /// ("progress saved").
 fn interrupt(job: &Job, args: &[&str], env: &[(&str, &str)], ms: u64) {
@@ -1753,11 +1782,7 @@ fn a_resumed_run_settles_changes_made_before_its_resume_point() {
     std::fs::rename(src.join(&first[2]), src.join("d0/renamed.dat")).unwrap();
     let v = job.sync(&args, 0);
     let (want, got) = (bytes_only(&tree(&src)), bytes_only(&tree(&dst)));
-    let differ: Vec<&String> = want
-        .keys()
-        .chain(got.keys())
-        .filter(|k| want.get(*k) != got.get(*k))
-        .collect();
+    let differ = differing(&want, &got);
     assert!(
         differ.is_empty(),
         "the destination differs at {differ:?}: {v}"
@@ -1768,11 +1793,7 @@ fn a_resumed_run_settles_changes_made_before_its_resume_point() {
     assert!(n(r, "deleted") >= 1, "{v}");
     // And a run after it has nothing to do.
     let v = job.sync(&args, 0);
-    assert_eq!(
-        n(&v, "copied") + n(&v, "updated") + n(&v, "deleted"),
-        0,
-        "{v}"
-    );
+    nothing_left(&v);
 }
 
 /// `--from-journal` resumed after an interruption settles every key the journal names since
@@ -1783,25 +1804,7 @@ fn a_resumed_run_settles_changes_made_before_its_resume_point() {
 #[test]
 fn from_journal_resumed_after_an_interruption_loses_no_change() {
     let t = tempfile::tempdir().unwrap();
-    let meta = format!("rocksdb://{}/meta", t.path().display());
-    let jfs = |args: &[&str]| {
-        let o = Command::new(bin("jfs")).args(args).output().unwrap();
-        assert!(
-            o.status.success(),
-            "jfs {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
-    jfs(&[
-        "format",
-        &meta,
-        "v",
-        "--storage",
-        &format!("file://{}/blocks", t.path().display()),
-    ]);
-    let src = t.path().join("src");
-    make_tree(&src, 10, 0);
-    jfs(&["put", &meta, s(&src), "/data"]);
+    let (meta, _) = volume_with_tree(t.path(), 10);
     let dst = t.path().join("dst");
     let job = Job::new();
     let args = [
@@ -1828,43 +1831,35 @@ fn from_journal_resumed_after_an_interruption_loses_no_change() {
     run(0);
     let more = t.path().join("more");
     make_tree(&more, 400, 0);
-    jfs(&["put", &meta, s(&more), "/data/a-more"]);
+    jfs_ok(&["put", &meta, s(&more), "/data/a-more"]);
     interrupt(&job, &args, &env, 700);
     let out = t.path().join("out");
     // Keys early in order, changed between the attempts.
     std::fs::write(t.path().join("x"), b"rewritten between the attempts").unwrap();
-    jfs(&[
+    jfs_ok(&[
         "put",
         &meta,
         s(&t.path().join("x")),
         "/data/a-more/d0/sub0/f00000.dat",
     ]);
-    jfs(&[
+    jfs_ok(&[
         "mv",
         &meta,
         "/data/a-more/d1/sub1/f00001.dat",
         "/data/a-more/d1/moved.dat",
     ]);
-    jfs(&["rm", &meta, "/data/a-more/d2/sub2/f00002.dat"]);
+    jfs_ok(&["rm", &meta, "/data/a-more/d2/sub2/f00002.dat"]);
     run(0);
-    jfs(&["get", &meta, "/data", s(&out)]);
+    jfs_ok(&["get", &meta, "/data", s(&out)]);
     let (want, got) = (bytes_only(&tree(&out)), bytes_only(&tree(&dst)));
     assert!(want.len() > 400, "{}", want.len());
-    let differ: Vec<&String> = want
-        .keys()
-        .chain(got.keys())
-        .filter(|k| want.get(*k) != got.get(*k))
-        .collect();
+    let differ = differing(&want, &got);
     assert!(
         differ.is_empty(),
         "the destination differs from the volume at {differ:?}"
     );
     let v = run(0);
-    assert_eq!(
-        n(&v, "copied") + n(&v, "updated") + n(&v, "deleted"),
-        0,
-        "{v}"
-    );
+    nothing_left(&v);
 }
 
 /// `--delete-dst` from a source that lists nothing (a mistyped, emptied or unmounted one)
@@ -1910,25 +1905,7 @@ fn delete_dst_from_an_empty_source_and_a_refused_delete() {
 #[test]
 fn from_journal_copies_a_rewrite_of_the_same_size_and_time() {
     let t = tempfile::tempdir().unwrap();
-    let meta = format!("rocksdb://{}/meta", t.path().display());
-    let jfs = |args: &[&str]| {
-        let o = Command::new(bin("jfs")).args(args).output().unwrap();
-        assert!(
-            o.status.success(),
-            "jfs {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
-    jfs(&[
-        "format",
-        &meta,
-        "v",
-        "--storage",
-        &format!("file://{}/blocks", t.path().display()),
-    ]);
-    let src = t.path().join("src");
-    make_tree(&src, 10, 0);
-    jfs(&["put", &meta, s(&src), "/data"]);
+    let (meta, src) = volume_with_tree(t.path(), 10);
     let dst = t.path().join("dst");
     let job = Job::new();
     let run = || {
@@ -1957,7 +1934,7 @@ fn from_journal_copies_a_rewrite_of_the_same_size_and_time() {
         .unwrap()
         .set_modified(mtime)
         .unwrap();
-    jfs(&["put", &meta, s(&f), &format!("/data/{key}")]);
+    jfs_ok(&["put", &meta, s(&f), &format!("/data/{key}")]);
     let v = run();
     assert_eq!(n(&v, "updated"), 1, "{v}");
     assert_eq!(std::fs::read(dst.join(key)).unwrap(), new);
