@@ -311,12 +311,11 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
                 .await
                 .with_context(|| format!("destination {dst_spec}"))?
         };
-    let (spec_src_places, spec_dst_places) = (src_places.clone(), dst_places.clone());
     src_places.extend(src.places());
     dst_places.extend(dst.places());
     refuse_overlap(&src_places, &dst_places)?;
     if from_volume {
-        stores(&spec_src_places, &spec_dst_places)?;
+        stores(&src_places, &dst_places)?;
     }
     opts.fit(&*src, &*dst);
     let identity = req.identity();

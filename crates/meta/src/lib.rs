@@ -176,9 +176,6 @@ pub fn check_url(url: &str, opts: &OpenOptions) -> Result<()> {
     }
 }
 
-/// The directory of a `rocksdb://` URL and its `sync` flag; the path must be absolute (a URL
-/// with two slashes, `rocksdb://tmp/x`, names the relative path `tmp/x`: refused, with the
-/// spelling that was meant).
 /// Up to 3 entries of `dir` that neither RocksDB (a creation cut short leaves these) nor
 /// this project put there.
 fn foreign_entries(dir: &Path) -> Vec<String> {
@@ -200,6 +197,9 @@ fn foreign_entries(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The directory of a `rocksdb://` URL and its `sync` flag; the path must be absolute (a URL
+/// with two slashes, `rocksdb://tmp/x`, names the relative path `tmp/x`: refused, with the
+/// spelling that was meant).
 fn rocks_path(url: &str, create: bool) -> Result<(PathBuf, bool)> {
     let rest = &url["rocksdb://".len()..];
     let (path, q) = rest.split_once('?').unwrap_or((rest, ""));

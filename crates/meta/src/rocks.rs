@@ -328,7 +328,7 @@ impl RocksEngine {
                     .prefix(&format!("{SECONDARY_PREFIX}{}-", std::process::id()))
                     .tempdir()
                     .map_err(|e| Error::new(ErrorKind::Backend, format!("creating a secondary dir: {e}")))?;
-                let db = open_secondary(path, dir.path())?;
+                let db = open_secondary(path, &dir.path().join("0"))?;
                 (db, Some(dir))
             }
             RocksMode::ReadWrite => match DB::open_cf_descriptors(&opts, path, cfs()) {
@@ -390,10 +390,14 @@ impl RocksEngine {
         let now = wal_numbers(&self.inner.path);
         let db = if now != logs.0 {
             logs.1 += 1;
-            let sub = dir.path().join(format!("{}", logs.1));
+            let sub = dir.path().join(logs.1.to_string());
             let fresh = Arc::new(open_secondary(&self.inner.path, &sub)?);
             catch_up_steadily(&fresh)?;
             *self.inner.db.write().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+            // The last instance's own files (its LOG): one directory a generation, not one
+            // more for each flush the writer makes. Readers still holding it write on to
+            // files that are gone.
+            let _ = std::fs::remove_dir_all(dir.path().join((logs.1 - 1).to_string()));
             tracing::debug!(path = %self.inner.path.display(), generation = logs.1, "the writer flushed a log this reader had read: opened anew");
             fresh
         } else {
@@ -507,6 +511,20 @@ fn read_head(db: &DB) -> Result<u64> {
     )
 }
 
+/// The writes of `entry`, its journal frame and the head, added to `batch`.
+fn add_entry(db: &DB, batch: &mut WriteBatch, entry: &Entry) {
+    for m in &entry.writes {
+        match m {
+            fs_core::Mutation::Put { key, value } => batch.put(key, value),
+            fs_core::Mutation::Delete { key } => batch.delete(key),
+            // materialize() leaves only puts and deletes
+            _ => unreachable!("journal entries hold only puts and deletes"),
+        }
+    }
+    batch.put_cf(cf(db, CF_JOURNAL), entry.seq.to_be_bytes(), entry.encode());
+    batch.put_cf(cf(db, CF_META), HEAD, entry.seq.to_be_bytes());
+}
+
 fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
     db.cf_handle(name).expect("column family exists")
 }
@@ -589,7 +607,7 @@ impl Inner {
         let time_ns = fs_core::types::now_ns();
         let entry = req.materialize(seq, time_ns, &counters)?;
         let mut batch = WriteBatch::default();
-        self.add_entry(&mut batch, &entry);
+        add_entry(&db, &mut batch, &entry);
         self.write(batch)?;
         self.head.store(seq, Ordering::SeqCst);
         drop(guard);
@@ -603,23 +621,6 @@ impl Inner {
             newer
         });
         Ok(CommitOutcome::Committed { seq, time_ns })
-    }
-
-    fn add_entry(&self, batch: &mut WriteBatch, entry: &Entry) {
-        for m in &entry.writes {
-            match m {
-                fs_core::Mutation::Put { key, value } => batch.put(key, value),
-                fs_core::Mutation::Delete { key } => batch.delete(key),
-                // materialize() leaves only puts and deletes
-                _ => unreachable!("journal entries hold only puts and deletes"),
-            }
-        }
-        batch.put_cf(
-            cf(&self.db(), CF_JOURNAL),
-            entry.seq.to_be_bytes(),
-            entry.encode(),
-        );
-        batch.put_cf(cf(&self.db(), CF_META), HEAD, entry.seq.to_be_bytes());
     }
 
     fn bounds(&self) -> Result<JournalBounds> {
@@ -788,9 +789,10 @@ impl Engine for RocksEngine {
             let start = inner.head.load(Ordering::SeqCst);
             let todo = fs_core::engine::entries_after(start, &entries)?;
             let head = todo.last().map_or(start, |e| e.seq);
+            let db = inner.db();
             let mut batch = WriteBatch::default();
             for e in todo {
-                inner.add_entry(&mut batch, e);
+                add_entry(&db, &mut batch, e);
             }
             inner.write(batch)?;
             inner.head.store(head, Ordering::SeqCst);

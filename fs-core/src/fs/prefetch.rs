@@ -13,10 +13,10 @@
 //!
 //! A failed fetch is not kept: the read that started it gets its error; a read that found it
 //! held (fetched ahead, or by an earlier read) starts the block's fetch again in its place
-//! (`fetch_again`); a later read drops a failed fetch it finds and fetches the block anew. A store that failed for a moment costs
-//! one read at most, not every read of that block while the reader is inside it. A fetch
-//! that panicked is a failed fetch like any other (a `Shared` future that panicked would
-//! panic again in every clone).
+//! (`fetch_again`); a later read drops a failed fetch it finds and fetches the block anew.
+//! A store that failed for a moment costs one read at most, not every read of that block
+//! while the reader is inside it. A fetch that panicked is a failed fetch like any other (a
+//! `Shared` future that panicked would panic again in every clone).
 
 use super::layout::{Chunk, Piece};
 use super::{Budget, Fs};
@@ -55,6 +55,13 @@ struct Held {
     /// Held on the budget's reserve (`Budget::try_take_spare`), not the budget.
     spare: bool,
     _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Held {
+    /// Its fetch finished with an error.
+    fn failed(&self) -> bool {
+        matches!(self.fetch.peek(), Some(Err(_)))
+    }
 }
 
 struct State {
@@ -270,7 +277,7 @@ impl FileReader {
         let f = {
             let mut st = self.st.lock().await;
             match st.held.get_mut(key) {
-                Some(h) if !matches!(h.fetch.peek(), Some(Err(_))) => h.fetch.clone(),
+                Some(h) if !h.failed() => h.fetch.clone(),
                 held => {
                     let f = self.fetch_of(key, want);
                     self.stats.lock().unwrap_or_else(|p| p.into_inner()).fetched += 1;
@@ -346,9 +353,8 @@ impl FileReader {
         // later block before the last pieces of this one), which would otherwise fetch this
         // block again.
         // A fetch that failed goes too: this read fetches that block again.
-        st.held.retain(|_, h| {
-            h.served < h.size && h.end + BEHIND > offset && !matches!(h.fetch.peek(), Some(Err(_)))
-        });
+        st.held
+            .retain(|_, h| h.served < h.size && h.end + BEHIND > offset && !h.failed());
         self.ensure_chunks(&mut st, offset, end).await?;
         let plan = self.fs.plan_with(&st.chunks, st.length, offset, len);
         let mut waits = Vec::new();

@@ -135,7 +135,9 @@ impl Root {
             let n = n
                 .to_str()
                 .ok_or_else(|| std::io::Error::other(format!("{n:?}: a name that is not UTF-8")))?;
-            if self.on_volume(&sub, n)?.is_dir() {
+            // A directory is checked by `sub` as it is entered; anything else a mount cannot
+            // sit on without its removal failing (EBUSY).
+            if e.file_type()?.is_dir() {
                 self.remove_tree(&sub, n)?;
             } else {
                 sub.remove_file_or_symlink(n)?;
