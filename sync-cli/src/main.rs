@@ -37,6 +37,31 @@ fn main() {
         Some(Cmd::Job(JobCmd::Create { common, .. })) => init_logging(common),
         _ => init_logging(&cli.common),
     }
+    // A secret in SRC or DST would show in `ps`, every log and error line, a shared job's
+    // record, `job status` and the hint for more workers: refused before anything runs.
+    let specs: Vec<(&str, &str)> = match &cli.cmd {
+        Some(Cmd::Check(a)) => vec![("SRC", a.src.as_str()), ("DST", a.dst.as_str())],
+        Some(Cmd::Job(JobCmd::Create { sync: a, .. })) => {
+            vec![
+                ("SRC", a.src.as_deref().unwrap_or("")),
+                ("DST", a.dst.as_deref().unwrap_or("")),
+            ]
+        }
+        Some(Cmd::Job(_)) => Vec::new(),
+        None => vec![
+            ("SRC", cli.sync.src.as_deref().unwrap_or("")),
+            ("DST", cli.sync.dst.as_deref().unwrap_or("")),
+        ],
+    };
+    for (what, spec) in specs {
+        if let Err(why) = objstore::secrets::check(spec) {
+            cli_common::eprintln!(
+                "jfs-sync: error: {what} {}: {why}",
+                objstore::secrets::redact(spec)
+            );
+            std::process::exit(2);
+        }
+    }
     let rules = match filter_rules(&matches) {
         Ok(r) => r,
         Err(e) => {

@@ -30,6 +30,7 @@
 //! never swallowed (gc relies on it).
 
 pub mod limits;
+pub mod secrets;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -98,7 +99,10 @@ pub struct StoreOptions {
 }
 
 fn config_err(url: &str, what: impl std::fmt::Display) -> Error {
-    Error::new(ErrorKind::Config, format!("storage URL {url:?}: {what}"))
+    Error::new(
+        ErrorKind::Config,
+        format!("storage URL {:?}: {what}", secrets::redact(url)),
+    )
 }
 
 fn env(name: &str) -> Option<String> {
@@ -322,7 +326,7 @@ impl OpendalStore {
         };
         Ok(OpendalStore {
             op,
-            display: url.to_string(),
+            display: secrets::redact(url),
             local_root,
             read_bufs: fs_core::BlockPool::new(READ_BUF, 8),
         })
@@ -337,6 +341,7 @@ fn parse_url(url: &str) -> Result<(&str, &str, HashMap<String, String>)> {
             "expected file:///dir, s3://bucket/prefix or memory://",
         ));
     };
+    secrets::check(url).map_err(|why| config_err(url, why))?;
     let (path, q) = rest.split_once('?').unwrap_or((rest, ""));
     let params: HashMap<String, String> = url::form_urlencoded::parse(q.as_bytes())
         .into_owned()

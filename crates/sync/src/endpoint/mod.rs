@@ -238,9 +238,9 @@ pub async fn open(
                 create,
             )?));
         }
-        return Ok(Arc::new(
-            ObjectStore::open(spec, endpoint).with_context(|| format!("opening {spec}"))?,
-        ));
+        return Ok(Arc::new(ObjectStore::open(spec, endpoint).with_context(
+            || format!("opening {}", objstore::secrets::redact(spec)),
+        )?));
     }
     Ok(Arc::new(LocalDir::open_with(spec, create)?))
 }

@@ -82,7 +82,8 @@ impl ObjectStore {
         Ok(ObjectStore {
             op,
             native: native.flatten(),
-            spec: spec.to_string(),
+            // Only ever shown: never a secret (see objstore::secrets).
+            spec: objstore::secrets::redact(spec),
             bucket_url: format!("{scheme}://{bucket}?{query}"),
             prefix: if prefix.is_empty() {
                 String::new()

@@ -68,8 +68,9 @@ pub async fn status(board: &dyn Board, url: &str) -> Result<Status> {
     Ok(Status {
         job: meta::redact(url),
         state: c.state,
-        src: spec.src,
-        dst: spec.dst,
+        // Records written before inline secrets were refused may still hold one.
+        src: objstore::secrets::redact(&spec.src),
+        dst: objstore::secrets::redact(&spec.dst),
         bwlimit: c.bwlimit,
         tps: c.tps,
         units_done: done,
