@@ -207,12 +207,24 @@ impl Filesystem for FuseFs {
         reply: ReplyAttr,
     ) {
         let (v, o, i) = (self.vfs.clone(), Out::of(self), ino(i));
+        let (Some(atime), Some(mtime)) = (
+            atime.map(time_ns).map_or(Some(None), |t| t.map(Some)),
+            mtime.map(time_ns).map_or(Some(None), |t| t.map(Some)),
+        ) else {
+            // A time past 2262 or before 1677 would wrap: refused, as the kernel refuses a
+            // time its file system cannot hold.
+            tracing::warn!(
+                ino = i,
+                "setattr: a time outside 1677-2262 cannot be stored: EOVERFLOW"
+            );
+            return reply.error(Errno::from_i32(libc::EOVERFLOW));
+        };
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
             gid,
-            atime: atime.map(time_ns),
-            mtime: mtime.map(time_ns),
+            atime,
+            mtime,
             length: size,
         };
         self.go(

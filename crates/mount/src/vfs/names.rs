@@ -146,6 +146,12 @@ impl Vfs {
 
     pub async fn setattr(&self, ino: Ino, set: SetAttr) -> VResult<(Attr, u32)> {
         self.rw()?;
+        // Writes still buffered are committed before a time is set: their commit stamps
+        // the time of the write, and must not land after an explicit `futimens` (`cp -a`,
+        // `rsync -t` and `tar` set the mtime before they close).
+        if set.mtime.is_some() && set.length.is_none() {
+            self.flush_ino(ino).await?;
+        }
         if let Some(len) = set.length {
             self.flush_ino(ino).await?;
             if let Some(n) = self.open.get(ino) {
