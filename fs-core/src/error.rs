@@ -36,6 +36,9 @@ pub enum ErrorKind {
     ReadOnly,
     /// A writer of an older storage generation or primary epoch: its commit is refused.
     Fenced,
+    /// The disk or store that was written is full (ENOSPC, EDQUOT, a database's disk-full
+    /// error, the room a RocksDB directory keeps): applications get ENOSPC, not EIO.
+    NoSpace,
 }
 
 /// Whether retrying may help (OpenDAL's shape): a `Temporary` error may succeed when tried
@@ -119,6 +122,7 @@ impl Error {
             ErrorKind::PermissionDenied => 13, // EACCES
             ErrorKind::ReadOnly => 30,         // EROFS
             ErrorKind::Busy => 16,             // EBUSY
+            ErrorKind::NoSpace => 28,          // ENOSPC
             _ => 5,                            // EIO
         }
     }
@@ -163,6 +167,7 @@ impl Error {
             Some(1) | Some(13) => ErrorKind::PermissionDenied, // EPERM, EACCES
             Some(30) => ErrorKind::ReadOnly,          // EROFS
             Some(16) => ErrorKind::Busy,              // EBUSY
+            Some(28) | Some(122) => ErrorKind::NoSpace, // ENOSPC, EDQUOT
             _ => match e.kind() {
                 K::NotFound => ErrorKind::NotFound,
                 K::AlreadyExists => ErrorKind::AlreadyExists,
@@ -232,7 +237,8 @@ mod tests {
         check(30, ErrorKind::ReadOnly, false); // EROFS
         check(13, ErrorKind::PermissionDenied, false); // EACCES
         check(1, ErrorKind::PermissionDenied, false); // EPERM
-        check(28, ErrorKind::Backend, false); // ENOSPC
+        check(28, ErrorKind::NoSpace, false); // ENOSPC
+        check(122, ErrorKind::NoSpace, false); // EDQUOT
         check(2, ErrorKind::NotFound, false);
         check(40, ErrorKind::NotDir, false); // ELOOP: a symlink on the way
         check(4, ErrorKind::Backend, true); // EINTR

@@ -29,12 +29,13 @@ pub fn check_room(dir: &Path, need: u64) -> std::result::Result<(), String> {
 }
 
 pub(crate) fn io_err(e: std::io::Error, path: &Path) -> Error {
-    let kind = if e.raw_os_error() == Some(28) {
-        "disk full: "
-    } else {
-        ""
-    };
-    Error::new(ErrorKind::Backend, format!("{}: {kind}{e}", path.display()))
+    if matches!(e.raw_os_error(), Some(28) | Some(122)) {
+        return Error::new(
+            ErrorKind::NoSpace,
+            format!("{}: disk full: {e}", path.display()),
+        );
+    }
+    Error::new(ErrorKind::Backend, format!("{}: {e}", path.display()))
 }
 
 pub(crate) fn aux_write(dir: &Path, name: &str, value: Option<&[u8]>) -> Result<()> {

@@ -50,7 +50,7 @@ pub(crate) fn map_err(e: tokio_postgres::Error, what: &str) -> Error {
         }
         if *code == SqlState::DISK_FULL {
             return Error::new(
-                ErrorKind::Backend,
+                ErrorKind::NoSpace,
                 format!("postgres {what}: disk full: {e}"),
             );
         }

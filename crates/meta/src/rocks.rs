@@ -35,7 +35,7 @@ fn err(e: rocksdb::Error, what: &str) -> Error {
     let msg = e.into_string();
     if msg.contains("No space left") {
         return Error::new(
-            ErrorKind::Backend,
+            ErrorKind::NoSpace,
             format!("rocksdb {what}: disk full: {msg}"),
         );
     }
@@ -536,7 +536,7 @@ impl Inner {
 
     fn write(&self, batch: WriteBatch) -> Result<()> {
         check_room(&self.path, batch.size_in_bytes() as u64)
-            .map_err(|m| Error::new(ErrorKind::Backend, format!("rocksdb: {m}")))?;
+            .map_err(|m| Error::new(ErrorKind::NoSpace, format!("rocksdb: {m}")))?;
         let mut wo = WriteOptions::default();
         wo.set_sync(false);
         self.db()

@@ -9,7 +9,8 @@
 //! Memory: every buffered byte holds room in the process's `Budget` until its slice is
 //! committed; a writer that finds no room commits its own uploads first, then waits.
 //! Failure: the first upload or commit that fails poisons the buffer; later slices are not
-//! committed (they could overwrite in the wrong order), and `flush` returns the error (EIO).
+//! committed (they could overwrite in the wrong order), and `flush` returns the error (EIO, or
+//! ENOSPC for a full store).
 
 use fs_core::{BlockBuf, BlockPool, Budget, Fs, Ino, CHUNK_SIZE};
 use std::collections::VecDeque;
@@ -43,7 +44,7 @@ pub struct Writer {
     seal: usize,
     run: Option<Run>,
     pending: VecDeque<Pending>,
-    error: Option<String>,
+    error: Option<fs_core::Error>,
     /// The end of the furthest byte written and not yet committed (for getattr).
     end: u64,
     /// Slices committed since the last `take_committed`.
@@ -92,7 +93,7 @@ impl Writer {
 
     /// Buffer `data` at `offset`. Fails only if an earlier upload failed (the error stays
     /// until `flush` reports it).
-    pub async fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+    pub async fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), fs_core::Error> {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
@@ -112,7 +113,7 @@ impl Writer {
         Ok(())
     }
 
-    async fn write_in_chunk(&mut self, off: u64, data: &[u8]) -> Result<(), String> {
+    async fn write_in_chunk(&mut self, off: u64, data: &[u8]) -> Result<(), fs_core::Error> {
         let continues = matches!(&self.run, Some(r) if r.start + r.len as u64 == off);
         if !continues {
             if let Some(r) = &self.run {
@@ -231,8 +232,8 @@ impl Writer {
             match r {
                 Ok(()) => self.committed += 1,
                 Err(e) => {
-                    tracing::error!(ino = self.ino, error = %e, "a buffered write could not be stored; the next flush, fsync or close fails with EIO");
-                    self.error = Some(e.to_string());
+                    tracing::error!(ino = self.ino, error = %e, "a buffered write could not be stored; the next flush, fsync or close fails (ENOSPC for a full store, else EIO)");
+                    self.error = Some(e);
                 }
             }
         }
@@ -240,7 +241,7 @@ impl Writer {
 
     /// Commit everything buffered: the close-to-open point. Returns (and clears) the first
     /// error since the last flush.
-    pub async fn flush(&mut self) -> Result<(), String> {
+    pub async fn flush(&mut self) -> Result<(), fs_core::Error> {
         self.seal();
         self.commit_all().await;
         match self.error.take() {

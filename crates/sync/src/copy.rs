@@ -215,7 +215,8 @@ impl Copier<'_> {
 
 /// An error that retrying cannot fix: a hostile key or unsupported kind (a permanent
 /// `InvalidArgument`, `endpoint::permanent`), a destination that refuses writes (read-only
-/// file system, permission denied, EPERM) or a name it cannot hold, from the local file
+/// file system, permission denied, EPERM, a full disk: ENOSPC, EDQUOT) or a name it cannot
+/// hold, from the local file
 /// system or a volume. An `fs_core::Error` is read by its `status()` first: a temporary one
 /// is always retried.
 pub fn is_permanent(e: &anyhow::Error) -> Option<&'static str> {
@@ -225,6 +226,7 @@ pub fn is_permanent(e: &anyhow::Error) -> Option<&'static str> {
                 Some(30) => return Some("a read-only file system"),
                 Some(13) | Some(1) => return Some("permission denied"),
                 Some(36) => return Some("a name too long for the file system"),
+                Some(28) | Some(122) => return Some("no space left on the destination"),
                 _ => {}
             }
             match io.kind() {
@@ -242,6 +244,7 @@ pub fn is_permanent(e: &anyhow::Error) -> Option<&'static str> {
                 fs_core::ErrorKind::ReadOnly => return Some("a read-only volume"),
                 fs_core::ErrorKind::PermissionDenied => return Some("permission denied"),
                 fs_core::ErrorKind::NameTooLong => return Some("a name too long for the volume"),
+                fs_core::ErrorKind::NoSpace => return Some("no space left"),
                 _ => {}
             }
         }

@@ -4,7 +4,8 @@
 use super::*;
 
 impl Vfs {
-    /// Flush the write buffer of `ino` if this mount has one dirty. Errors are EIO.
+    /// Flush the write buffer of `ino` if this mount has one dirty. Errors are EIO (ENOSPC
+    /// for a full store or metadata disk).
     pub async fn flush_ino(&self, ino: Ino) -> VResult<()> {
         let Some(n) = self.open.get(ino) else {
             return Ok(());
@@ -20,9 +21,10 @@ impl Vfs {
         self.metrics.buffer_used.set(self.budget.used() as i64);
         r.map_err(|e| {
             self.metrics.write_errors.inc();
-            tracing::error!(ino, error = %e, "flush failed: EIO");
-            self.note_write_error(ino, &e);
-            libc::EIO
+            let no = write_errno(&e);
+            tracing::error!(ino, error = %e, "flush failed: {}", errno_name(no));
+            self.note_write_error(ino, &e.to_string());
+            no
         })
     }
 
@@ -314,9 +316,10 @@ impl Vfs {
                 Ok(data.len() as u32)
             }
             Err(e) => {
-                tracing::error!(ino = h.ino, error = %e, "write failed: EIO");
+                let no = write_errno(&e);
+                tracing::error!(ino = h.ino, error = %e, "write failed: {}", errno_name(no));
                 self.metrics.write_errors.inc();
-                Err(libc::EIO)
+                Err(no)
             }
         }
     }
@@ -420,5 +423,22 @@ impl Vfs {
         for ino in nodes {
             let _ = self.flush_ino(ino).await;
         }
+    }
+}
+
+/// What a failed write or commit tells the application: ENOSPC when the store or the
+/// metadata is full (it can make room and retry), else EIO.
+fn write_errno(e: &fs_core::Error) -> Errno {
+    match e.kind() {
+        fs_core::ErrorKind::NoSpace => libc::ENOSPC,
+        _ => libc::EIO,
+    }
+}
+
+fn errno_name(no: Errno) -> &'static str {
+    if no == libc::ENOSPC {
+        "ENOSPC"
+    } else {
+        "EIO"
     }
 }

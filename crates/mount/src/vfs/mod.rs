@@ -43,6 +43,10 @@ pub fn errno(e: &fs_core::Error) -> Errno {
         ErrorKind::PermissionDenied => libc::EPERM,
         ErrorKind::ReadOnly => libc::EROFS,
         ErrorKind::Busy => libc::EBUSY,
+        ErrorKind::NoSpace => {
+            tracing::warn!(error = %e, "no space left: ENOSPC");
+            libc::ENOSPC
+        }
         _ => {
             tracing::warn!(error = %e, "operation failed");
             libc::EIO
