@@ -327,6 +327,9 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     let src = endpoint::open(&src_spec, ep, a.delete_src && !a.dry_run, false)
         .await
         .with_context(|| format!("source {src_spec}"))?;
+    if a.delete_src && !a.dry_run {
+        refuse_object_volume_store(&src_spec, &*src, ep, "SRC (with --delete-src)").await?;
+    }
     let local_dst = dst_spec.strip_prefix("file://").unwrap_or(&dst_spec);
     let dst: Arc<dyn endpoint::Endpoint> =
         if a.dry_run && !dst_spec.contains("://") && !std::path::Path::new(local_dst).exists() {
@@ -341,6 +344,9 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     refuse_overlap(&src_places, &dst_places)?;
     if from_volume {
         stores(&src_places, &dst_places)?;
+    }
+    if !a.dry_run {
+        refuse_object_volume_store(&dst_spec, &*dst, ep, "DST").await?;
     }
     opts.fit(&*src, &*dst);
     let identity = req.identity();
@@ -668,6 +674,61 @@ fn refuse_volume_store(spec: &str, places: &[(String, place::Place)], role: &str
                 d.display(),
                 r.display()
             );
+        }
+    }
+    Ok(())
+}
+
+/// `refuse_volume_store` for an object store: the prefix is a volume's store (a `jfs_volume`
+/// record under one of its first-level prefixes, at most 1000 looked at), is one volume's
+/// part of it (a record right there), or lies inside one (an `s3://` prefix whose ancestor
+/// holds the record).
+async fn refuse_object_volume_store(
+    spec: &str,
+    opened: &dyn endpoint::Endpoint,
+    ep: Option<&str>,
+    role: &str,
+) -> Result<()> {
+    use endpoint::Endpoint as _;
+    let Some(store) = opened.as_object_store() else {
+        return Ok(());
+    };
+    let record = fs_core::owner::RECORD;
+    let refuse = |at: String| {
+        anyhow::anyhow!(
+            "{role} {} is, is inside, or holds a volume's block store ({at} names the volume that owns it): a plain sync there would overwrite or delete blocks the volume's files are made of; nothing was copied or deleted. Copy a volume with jfs:// endpoints, or choose another prefix",
+            objstore::secrets::redact(spec)
+        )
+    };
+    if store.stat(record).await?.is_some() {
+        return Err(refuse(record.to_string()));
+    }
+    for e in store.list_level("").await?.into_iter().take(1000) {
+        if e.kind == endpoint::Kind::Dir || e.key.ends_with('/') {
+            let k = format!("{}/{record}", e.key.trim_end_matches('/'));
+            if store.stat(&k).await?.is_some() {
+                return Err(refuse(k));
+            }
+        }
+    }
+    // Inside one: each ancestor prefix of an s3:// spec, opened on its own.
+    if let Some(rest) = spec.strip_prefix("s3://") {
+        let (path, query) = rest
+            .split_once('?')
+            .map_or((rest, None), |(p, q)| (p, Some(q)));
+        let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+        for n in (1..parts.len()).rev() {
+            let up = format!(
+                "s3://{}{}",
+                parts[..n].join("/"),
+                query.map(|q| format!("?{q}")).unwrap_or_default()
+            );
+            let above = endpoint::open(&up, ep, false, false).await?;
+            if let Some(o) = above.as_object_store() {
+                if o.stat(record).await?.is_some() {
+                    return Err(refuse(format!("{up}/{record}")));
+                }
+            }
         }
     }
     Ok(())
