@@ -943,6 +943,12 @@ async fn check_config_finds_what_run_would_refuse() {
             format!("{}\n", integration::mirror::TOKEN),
         )
         .unwrap();
+        // A token file is the agent's alone (check-config refuses one others may read).
+        std::fs::set_permissions(
+            d.join("us.token"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
         let cp = d.join(format!("example-{f}"));
         std::fs::write(&cp, text).unwrap();
         let o = run(
@@ -1137,7 +1143,10 @@ async fn status_and_refusals_say_what_an_operator_can_act_on() {
             "",
         ),
         &[
-            ("MIRROR_TOKEN", "a-wrong-token-1234567890"),
+            (
+                "MIRROR_TOKEN",
+                "e1d2c3b4a5968778695a4b3c2d1e0f1f2e3d4c5b6a79887766554433221100ff",
+            ),
             ("ADMIN_TOKEN", ADMIN_TOKEN),
         ],
     );
