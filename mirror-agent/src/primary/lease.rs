@@ -123,8 +123,10 @@ impl Primary {
             seen = Some(l);
             tokio::time::sleep(LEASE_EVERY).await;
         }
+        // Taken over (not through `beat`, which would stop this agent for the lease of the
+        // earlier one found gone just now).
         let admin = *self.admin.lock().unwrap_or_else(|p| p.into_inner());
-        self.beat(admin).await
+        self.write_lease(admin).await
     }
 
     /// Tell `slot drop` in other processes that this agent keeps the slots (so they go
@@ -143,6 +145,11 @@ impl Primary {
                 bail!(why);
             }
         }
+        self.write_lease(admin).await
+    }
+
+    /// Write this agent's lease.
+    async fn write_lease(&self, admin: Option<std::net::SocketAddr>) -> Result<()> {
         let rec = Lease {
             admin: admin.map(|a| a.to_string()),
             pid: std::process::id() as u64,
