@@ -1748,7 +1748,24 @@ async fn a_mirror_agent_runs_from_the_environment_alone() {
     let _ = child.kill();
     let _ = child.wait();
     // Registered under that name (the primary's mirrors from its environment too), it
-    // replicates.
+    // replicates, once the harness's own mirror m1 has stepped aside and its slot, which
+    // names that mirror's metadata, is dropped (another copy under the name is refused).
+    let (primary_cfg, primary_meta) = (pair.primary.cfg.clone(), vol.meta_url.clone());
+    drop(pair.mirror);
+    let o = run(
+        "mirror-agent",
+        &[
+            "slot",
+            "drop",
+            "m1",
+            "--meta",
+            &primary_meta,
+            "--config",
+            s(&primary_cfg),
+        ],
+        &[("ADMIN_TOKEN", integration::mirror::ADMIN_TOKEN)],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mut c2 = Command::new(integration::bin("mirror-agent"))
         .arg("run")
         .envs([
@@ -1767,7 +1784,6 @@ async fn a_mirror_agent_runs_from_the_environment_alone() {
         .spawn()
         .unwrap();
     let _guard2 = Killer(c2.id());
-    drop(pair.mirror); // the harness's own mirror m1 steps aside
     let t0 = Instant::now();
     while a.try_status().is_none_or(|st| st["name"] != "m1") {
         assert!(
