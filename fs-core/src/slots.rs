@@ -134,7 +134,9 @@ mod tests {
     fn a_slot_record_of_the_first_release_reads_and_a_newer_one_is_refused() {
         let old = r#"{"name":"eu","acked":7,"acked_ns":1,"state":"active","registered_ns":1}"#;
         let s = decode("slot.eu", old.as_bytes()).unwrap();
-        assert_eq!((s.version, s.acked, s.reason), (1, 7, None));
+        // Upgraded on reading: the current version, with no holder.
+        assert_eq!((s.version, s.acked, s.reason), (SLOT_VERSION, 7, None));
+        assert_eq!(s.holder, None);
         let newer = old.replace('{', r#"{"version":9,"#);
         let e = decode("slot.eu", newer.as_bytes()).unwrap_err().to_string();
         assert!(e.contains("version 9") && e.contains("slot.eu"), "{e}");
