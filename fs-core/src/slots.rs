@@ -7,6 +7,11 @@
 //! - garbage collection: a pending delete freed at seq `s` is purged only when every
 //!   registered slot (active or not) has `acked >= s`, so a mirror's fallback reads to the
 //!   origin never find a block gone. `mirror-agent slot drop` releases a dead mirror.
+//!
+//! A slot also records which copy of the mirror's metadata acknowledges into it (`holder`,
+//! from version 2): the first copy that connects under the name takes it, another copy under
+//! the same name is refused, so acknowledgements never come from two histories. `slot drop`
+//! forgets the holder with the slot (a mirror whose metadata was replaced on purpose).
 
 use crate::engine::Engine;
 use crate::error::Result;
@@ -15,7 +20,9 @@ use serde::{Deserialize, Serialize};
 pub const PREFIX: &str = "slot.";
 /// The slot record's version: readers refuse a newer one instead of misreading it (new
 /// fields come with serde defaults; a record of the first release has none and reads as 1).
-pub const SLOT_VERSION: u32 = 1;
+/// 2: `holder`, the metadata copy that acknowledges (a version-1 slot has none: the next
+/// copy to connect takes it).
+pub const SLOT_VERSION: u32 = 2;
 
 fn version_one() -> u32 {
     1
@@ -39,6 +46,19 @@ pub struct Slot {
     #[serde(default)]
     pub reason: Option<String>,
     pub registered_ns: i64,
+    /// The mirror metadata copy whose acknowledgements this slot holds (None: not taken yet).
+    #[serde(default)]
+    pub holder: Option<SlotHolder>,
+}
+
+/// The copy of a mirror's metadata that holds a slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotHolder {
+    /// The identity the mirror agent sends in its hello (random, kept in its metadata).
+    pub identity: String,
+    /// Where it connected from when it took the slot, and when.
+    pub peer: String,
+    pub since_ns: i64,
 }
 
 pub async fn list(engine: &dyn Engine) -> Result<Vec<Slot>> {
@@ -52,6 +72,10 @@ pub async fn list(engine: &dyn Engine) -> Result<Vec<Slot>> {
 impl crate::record::Versioned for Slot {
     const KIND: &'static str = "a replication slot record";
     const VERSION: u32 = SLOT_VERSION;
+    /// 1 -> 2 added `holder` (default: none, taken by the next copy that connects).
+    fn upgrade(_from: u32, value: serde_json::Value) -> Result<serde_json::Value> {
+        Ok(value)
+    }
 }
 
 /// A slot record, or an error naming it (damaged, or of a newer version).
@@ -102,6 +126,7 @@ mod tests {
             state,
             reason: None,
             registered_ns: 0,
+            holder: None,
         }
     }
 
@@ -109,10 +134,30 @@ mod tests {
     fn a_slot_record_of_the_first_release_reads_and_a_newer_one_is_refused() {
         let old = r#"{"name":"eu","acked":7,"acked_ns":1,"state":"active","registered_ns":1}"#;
         let s = decode("slot.eu", old.as_bytes()).unwrap();
-        assert_eq!((s.version, s.acked, s.reason), (1, 7, None));
+        // Upgraded on reading: the current version, with no holder.
+        assert_eq!((s.version, s.acked, s.reason), (SLOT_VERSION, 7, None));
+        assert_eq!(s.holder, None);
         let newer = old.replace('{', r#"{"version":9,"#);
         let e = decode("slot.eu", newer.as_bytes()).unwrap_err().to_string();
         assert!(e.contains("version 9") && e.contains("slot.eu"), "{e}");
+    }
+
+    /// Version 1 as the release before this one wrote it: no holder; read as version 2
+    /// with none, and written back as version 2 with the holder it takes.
+    #[test]
+    fn a_version_1_slot_reads_with_no_holder_and_keeps_one_once_taken() {
+        let v1 = r#"{"version":1,"name":"eu","acked":7,"acked_ns":1,"state":"active","reason":null,"registered_ns":1}"#;
+        let mut s = decode("slot.eu", v1.as_bytes()).unwrap();
+        assert_eq!((s.version, s.acked, s.holder.clone()), (2, 7, None));
+        s.holder = Some(SlotHolder {
+            identity: "0123abcd".into(),
+            peer: "10.0.0.2:40000".into(),
+            since_ns: 5,
+        });
+        let raw = crate::record::encode(&s);
+        let back = decode("slot.eu", &raw).unwrap();
+        assert_eq!(back, s);
+        assert!(String::from_utf8_lossy(&raw).contains(r#""version":2"#));
     }
 
     #[test]

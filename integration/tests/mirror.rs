@@ -526,7 +526,7 @@ async fn bad_credentials_are_refused_and_secrets_stay_hidden() {
     let s = setup("rocksdb", "rocksdb", "", "").await;
     workload(&s.vol.fs, 300, 3, None).await;
     wait_converged(&s.mirror, &**s.vol.fs.engine(), Duration::from_secs(60)).await;
-    let bad_token = "wrong-token-77f3e1c0b9a8";
+    let bad_token = "77f3e1c0b9a84d2e6f1a5c9b3d7e0f2a8c4b6d1e9f3a5c7b0d2e4f6a8c1b3d5e";
     let cases = [("m1", bad_token), ("m9", TOKEN)]; // wrong token; unregistered name
     for (i, (name, tok)) in cases.iter().enumerate() {
         let (meta, _d) = meta_url("rocksdb");
@@ -1569,9 +1569,20 @@ async fn every_refusal_of_run_is_a_refusal_of_check_config_connect() {
         mcfg.replace(&m_admin, &port()),
         "in use by another mirror-agent",
     );
-    // At a mirror, check-config --connect reaches the primary: a good config passes...
+    // A second copy of mirror m1's metadata (a second agent with the name): the primary
+    // refuses it, as it refuses that agent (issue 43, item 9).
+    let second = d.join("second.toml");
+    std::fs::write(&second, mirror(&fresh_redis, "m7s", "m1", &listen)).unwrap();
+    let o = agent_cmd(&["check-config", "--config", s(&second), "--connect"], &env);
+    assert!(
+        refusal(&o, &second).contains("held by another copy of its metadata"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // At a mirror, check-config --connect reaches the primary: a good config (this mirror's
+    // own metadata, as a restarted agent would use it) passes...
     let good = d.join("good.toml");
-    std::fs::write(&good, mirror(&fresh_redis, "m4s", "m1", &listen)).unwrap();
+    std::fs::write(&good, mirror(&m_meta, "m4s", "m1", &listen)).unwrap();
     let o = agent_cmd(&["check-config", "--config", s(&good), "--connect"], &env);
     assert!(
         o.status.success()
@@ -1583,7 +1594,13 @@ async fn every_refusal_of_run_is_a_refusal_of_check_config_connect() {
     // ...a wrong token or a primary that does not answer do not.
     let o = agent_cmd(
         &["check-config", "--config", s(&good), "--connect"],
-        &[("MIRROR_TOKEN", "0123456789abcdef-not-the-token"), env[1]],
+        &[
+            (
+                "MIRROR_TOKEN",
+                "3e8b1d6f0a4c9e2b7d5f1a8c3e6b0d4f9a2c7e5b1d8f3a6c0e4b9d2f7a5c1e8b",
+            ),
+            env[1],
+        ],
     );
     assert!(
         refusal(&o, &good).contains("authentication failed"),

@@ -943,6 +943,12 @@ async fn check_config_finds_what_run_would_refuse() {
             format!("{}\n", integration::mirror::TOKEN),
         )
         .unwrap();
+        // A token file is the agent's alone (check-config refuses one others may read).
+        std::fs::set_permissions(
+            d.join("us.token"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
         let cp = d.join(format!("example-{f}"));
         std::fs::write(&cp, text).unwrap();
         let o = run(
@@ -1137,7 +1143,10 @@ async fn status_and_refusals_say_what_an_operator_can_act_on() {
             "",
         ),
         &[
-            ("MIRROR_TOKEN", "a-wrong-token-1234567890"),
+            (
+                "MIRROR_TOKEN",
+                "e1d2c3b4a5968778695a4b3c2d1e0f1f2e3d4c5b6a79887766554433221100ff",
+            ),
             ("ADMIN_TOKEN", ADMIN_TOKEN),
         ],
     );
@@ -1739,7 +1748,24 @@ async fn a_mirror_agent_runs_from_the_environment_alone() {
     let _ = child.kill();
     let _ = child.wait();
     // Registered under that name (the primary's mirrors from its environment too), it
-    // replicates.
+    // replicates, once the harness's own mirror m1 has stepped aside and its slot, which
+    // names that mirror's metadata, is dropped (another copy under the name is refused).
+    let (primary_cfg, primary_meta) = (pair.primary.cfg.clone(), vol.meta_url.clone());
+    drop(pair.mirror);
+    let o = run(
+        "mirror-agent",
+        &[
+            "slot",
+            "drop",
+            "m1",
+            "--meta",
+            &primary_meta,
+            "--config",
+            s(&primary_cfg),
+        ],
+        &[("ADMIN_TOKEN", integration::mirror::ADMIN_TOKEN)],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mut c2 = Command::new(integration::bin("mirror-agent"))
         .arg("run")
         .envs([
@@ -1758,7 +1784,6 @@ async fn a_mirror_agent_runs_from_the_environment_alone() {
         .spawn()
         .unwrap();
     let _guard2 = Killer(c2.id());
-    drop(pair.mirror); // the harness's own mirror m1 steps aside
     let t0 = Instant::now();
     while a.try_status().is_none_or(|st| st["name"] != "m1") {
         assert!(

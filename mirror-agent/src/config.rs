@@ -61,30 +61,163 @@ pub struct Secret {
     pub token: Option<toml::Value>,
 }
 
+/// How a good token is made, for the messages that refuse one.
+pub const MAKE_TOKEN: &str = "openssl rand -hex 32 > FILE; chmod 600 FILE";
+
+/// The least estimated strength of a token, in bits (`token_bits`).
+pub const MIN_TOKEN_BITS: f64 = 112.0;
+
 impl Secret {
+    /// The token, refused when it is weak (`token_bits`), and from a file: when group or
+    /// others may read or change it, or its owner is neither this user nor root (as ssh
+    /// refuses a private key).
     pub fn load(&self, who: &str) -> Result<String> {
         if self.token.is_some() {
             bail!("{who}: a literal `token` is not accepted in the config (it would sit in a file anyone may read and in backups); use token_env = \"VAR\" or token_file = \"/path\"");
         }
-        let t = match (&self.token_env, &self.token_file) {
-            (Some(v), None) => std::env::var(v).map_err(|_| {
-                anyhow!("{who}: the environment variable {v} (token_env) is not set")
-            })?,
-            (None, Some(f)) => std::fs::read_to_string(f)
-                .with_context(|| format!("{who}: reading token_file {}", f.display()))?
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_string(),
+        let (t, from) = match (&self.token_env, &self.token_file) {
+            (Some(v), None) => (
+                std::env::var(v).map_err(|_| {
+                    anyhow!("{who}: the environment variable {v} (token_env) is not set")
+                })?,
+                format!("the token in {v} (token_env)"),
+            ),
+            (None, Some(f)) => {
+                check_token_file(who, f)?;
+                (
+                    std::fs::read_to_string(f)
+                        .with_context(|| format!("{who}: reading token_file {}", f.display()))?
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .to_string(),
+                    format!("the token in token_file {}", f.display()),
+                )
+            }
             (Some(_), Some(_)) => bail!("{who}: give token_env or token_file, not both"),
             (None, None) => bail!("{who}: no token: set token_env or token_file"),
         };
         let t = t.trim().to_string();
         if t.len() < 16 {
-            bail!("{who}: the token is shorter than 16 characters; use a long random one (e.g. `openssl rand -hex 32`)");
+            bail!("{who}: {from} is shorter than 16 characters; use a long random one (`{MAKE_TOKEN}`)");
+        }
+        let bits = token_bits(&t);
+        if bits < MIN_TOKEN_BITS {
+            bail!("{who}: {from} is weak: about {bits:.0} bits of entropy, at least {MIN_TOKEN_BITS:.0} are needed (repeated characters, runs like 1234 or abcd, words, and repeated parts count for little); make a random one: `{MAKE_TOKEN}`");
         }
         Ok(t)
     }
+}
+
+/// A token file must be the owner's alone: refused when group or others have any access, or
+/// when its owner is neither this user nor root.
+pub fn check_token_file(who: &str, f: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(f).with_context(|| format!("{who}: token_file {}", f.display()))?;
+    let mode = md.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "{who}: token_file {} has mode {mode:04o}: group or others may read it; make it the owner's alone: `chmod 600 {}`",
+            f.display(),
+            f.display()
+        );
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if md.uid() != me && md.uid() != 0 {
+        bail!(
+            "{who}: token_file {} belongs to uid {}, not to this user (uid {me}) or root: whoever owns it can change the token; `chown {me} {}`",
+            f.display(),
+            md.uid(),
+            f.display()
+        );
+    }
+    Ok(())
+}
+
+/// A cautious estimate of a token's entropy in bits: each character costs what its alphabet
+/// allows (hex 4 bits, base64 6, otherwise by the classes it uses), except where it continues
+/// a pattern of 4 or more (the same character, a run like 1234 or dcba, a part seen earlier,
+/// a common word), which costs a few bits for the whole pattern. Length alone never makes a
+/// token strong: 36 times `a` is about 12 bits.
+pub fn token_bits(t: &str) -> f64 {
+    const WORDS: &[&str] = &[
+        "password", "passwd", "secret", "token", "admin", "mirror", "primary", "changeme",
+        "letmein", "qwerty", "asdf", "zxcv", "test", "example", "default", "welcome", "master",
+        "root", "login", "dragon", "monkey", "iloveyou", "trustno", "hunter",
+    ];
+    let b = t.as_bytes();
+    let per_char = if b.iter().all(|c| c.is_ascii_hexdigit()) {
+        4.0
+    } else if b
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=' | b'-' | b'_'))
+    {
+        let classes = [
+            b.iter().any(u8::is_ascii_lowercase),
+            b.iter().any(u8::is_ascii_uppercase),
+            b.iter().any(u8::is_ascii_digit),
+        ];
+        let n: u32 = [26, 26, 10]
+            .iter()
+            .zip(classes)
+            .filter(|(_, c)| *c)
+            .map(|(n, _)| n)
+            .sum::<u32>()
+            + if b.iter().any(|c| !c.is_ascii_alphanumeric()) {
+                4
+            } else {
+                0
+            };
+        f64::from(n.max(2)).log2().min(6.0)
+    } else {
+        f64::from(95u32).log2()
+    };
+    let lower = t.to_ascii_lowercase();
+    let lb = lower.as_bytes();
+    // The longest pattern starting at `i`, in bytes (0: none of 4 or more).
+    let pattern_at = |i: usize| -> usize {
+        let mut best = 0;
+        for step in [0i16, 1, -1] {
+            let mut n = 1;
+            while i + n < lb.len() && i16::from(lb[i + n]) - i16::from(lb[i + n - 1]) == step {
+                n += 1;
+            }
+            best = best.max(n);
+        }
+        for w in WORDS {
+            if lb[i..].starts_with(w.as_bytes()) {
+                best = best.max(w.len());
+            }
+        }
+        // A part already seen.
+        for j in 0..i {
+            let mut n = 0;
+            while i + n < lb.len() && j + n < i && lb[j + n] == lb[i + n] {
+                n += 1;
+            }
+            best = best.max(n);
+        }
+        if best >= 4 {
+            best
+        } else {
+            0
+        }
+    };
+    let mut bits = 0.0;
+    let mut i = 0;
+    while i < lb.len() {
+        match pattern_at(i) {
+            0 => {
+                bits += per_char;
+                i += 1;
+            }
+            n => {
+                bits += 8.0;
+                i += n;
+            }
+        }
+    }
+    bits
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -513,6 +646,68 @@ pub fn check_name(n: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weak_tokens_are_told_from_random_ones() {
+        for weak in [
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "password1234567890password1234567890",
+            "password1234567890abcdefghijklmnopqrstuvwxyz",
+            "test-token-5f1c2a9e8b7d6c3f",
+            "0123456789abcdef0123456789abcdef0123456789abcdef",
+            "abcdabcdabcdabcdabcdabcdabcdabcdabcdabcd",
+            "Secret-Token-2024-Secret-Token-2024!",
+        ] {
+            assert!(
+                token_bits(weak) < MIN_TOKEN_BITS,
+                "{weak}: {}",
+                token_bits(weak)
+            );
+        }
+        for _ in 0..200 {
+            let hex: String = (0..32)
+                .map(|_| format!("{:02x}", rand::random::<u8>()))
+                .collect();
+            assert!(token_bits(&hex) >= 200.0, "{hex}: {}", token_bits(&hex));
+            let hex24: String = (0..24)
+                .map(|_| format!("{:02x}", rand::random::<u8>()))
+                .collect();
+            assert!(
+                token_bits(&hex24) >= MIN_TOKEN_BITS,
+                "{hex24}: {}",
+                token_bits(&hex24)
+            );
+        }
+        // `openssl rand -base64 32`
+        assert!(token_bits("q2vX0b8m1N9f+Yk3/Zr7LwTQe5uH4sJpAcVdGtE6oiM=") >= MIN_TOKEN_BITS);
+    }
+
+    #[test]
+    fn a_token_file_others_may_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("tok");
+        let good: String = (0..32)
+            .map(|_| format!("{:02x}", rand::random::<u8>()))
+            .collect();
+        std::fs::write(&f, format!("{good}\n")).unwrap();
+        let s = Secret {
+            token_file: Some(f.clone()),
+            ..Default::default()
+        };
+        for mode in [0o644, 0o640, 0o604, 0o660] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = s.load("[mirror]").unwrap_err().to_string();
+            assert!(
+                e.contains(&f.display().to_string())
+                    && e.contains(&format!("{mode:04o}"))
+                    && e.contains("chmod 600"),
+                "{e}"
+            );
+        }
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(s.load("[mirror]").unwrap(), good);
+    }
 
     #[test]
     fn a_typo_is_reported_at_its_line_with_the_keys_of_its_section() {

@@ -115,6 +115,8 @@ pub struct Hello {
     pub want: Want,
     pub prev_crc: Option<u32>,
     pub epoch: u64,
+    /// The identity of the mirror's metadata copy (empty: it has none yet).
+    pub identity: String,
 }
 
 /// Why a handshake failed, for the caller's counters and log level.
@@ -147,69 +149,131 @@ fn classify(e: anyhow::Error) -> Failure {
     }
 }
 
-/// The primary's half: read the hello, prove the token, check the mirror's proof. On
-/// success the wire accepts full-size messages.
+/// How long a refused handshake waits before its answer: an unknown name and a wrong proof
+/// alike, so neither the answer nor its time tells which names are registered.
+pub const REFUSAL_DELAY: Duration = Duration::from_millis(200);
+
+/// A name from a peer that has not authenticated, fit for a log line: at most 64 characters
+/// (a registered name is at most 64), quoted and escaped, with how much was cut.
+pub fn shown(name: &str) -> String {
+    const MAX: usize = 64;
+    let mut it = name.chars();
+    let head: String = it.by_ref().take(MAX).collect();
+    let rest = it.count();
+    if rest == 0 {
+        format!("{head:?}")
+    } else {
+        format!("{head:?}... ({rest} more characters)")
+    }
+}
+
+/// At most 512 characters of what an unauthenticated peer said.
+fn cut(s: &str) -> String {
+    let mut it = s.chars();
+    let head: String = it.by_ref().take(512).collect();
+    if it.next().is_some() {
+        format!("{head}...")
+    } else {
+        head
+    }
+}
+
+/// The primary's half: read the hello (any version: another one is refused naming both),
+/// send the challenge, check the mirror's proof, then prove the token. An unknown name and
+/// a wrong proof get the same refusal after the same delay. On success the wire accepts
+/// full-size messages.
 pub async fn accept(
     wire: &mut Wire,
     token_of: impl Fn(&str) -> Option<String>,
 ) -> Result<Hello, Failure> {
-    let hello = proto::recv::<ToPrimary, _>(wire)
-        .await
-        .map_err(classify)?
-        .ok_or_else(|| Failure::Garbage("closed before hello".into()))?;
+    use futures::StreamExt;
+    let frame = match wire.next().await {
+        None => return Err(Failure::Garbage("closed before hello".into())),
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return Err(Failure::Garbage(format!(
+                "not the mirror protocol: bad frame length: {e}"
+            )))
+        }
+        Some(Err(e)) => return Err(Failure::Io(anyhow!("receiving: {e}"))),
+        Some(Ok(f)) => f,
+    };
+    let refuse = |reason: String| ToMirror::Refused {
+        reason,
+        resync: false,
+    };
+    match proto::hello_version(&frame) {
+        None => {
+            return Err(Failure::Garbage(
+                "not the mirror protocol: expected a hello".into(),
+            ))
+        }
+        Some(pv) if pv != proto::PROTO_VERSION => {
+            let r = if pv < proto::PROTO_VERSION {
+                format!(
+                    "the mirror agent speaks protocol {pv}, this primary agent speaks {}: upgrade the mirror agent (this primary refuses older handshakes)",
+                    proto::PROTO_VERSION
+                )
+            } else {
+                format!(
+                    "the mirror agent speaks protocol {pv}, this primary agent speaks {}: upgrade the primary agent",
+                    proto::PROTO_VERSION
+                )
+            };
+            let _ = proto::send(wire, &refuse(r.clone())).await;
+            return Err(Failure::Garbage(r));
+        }
+        Some(_) => {}
+    }
+    let hello: ToPrimary = proto::decode(&frame).map_err(classify)?;
+    let digest = proto::hello_digest(&hello);
     let ToPrimary::Hello {
-        proto: pv,
         mirror,
         volume_uuid,
         nonce: nonce_m,
         want,
         prev_crc,
         epoch,
+        identity,
+        ..
     } = hello
     else {
         return Err(Failure::Garbage("expected a hello".into()));
     };
-    let refuse = |reason: String| ToMirror::Refused {
-        reason,
-        resync: false,
-    };
-    if pv != proto::PROTO_VERSION {
-        let r = format!(
-            "protocol version {pv} is not supported (this primary speaks {})",
-            proto::PROTO_VERSION
-        );
-        let _ = proto::send(wire, &refuse(r.clone())).await;
-        return Err(Failure::Garbage(r));
-    }
+    // The same challenge for every name: nothing in it depends on a token.
     let nonce_p = proto::nonce();
-    let Some(token) = token_of(&mirror) else {
-        // Same shape and delay as a bad proof: do not reveal which names exist.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let _ = proto::send(wire, &refuse("authentication failed".into())).await;
-        return Err(Failure::Auth(format!(
-            "not a registered mirror: {mirror:?}"
-        )));
-    };
-    let proof = proto::mac(&token, "primary", &nonce_m, &nonce_p);
-    proto::send(
-        wire,
-        &ToMirror::Challenge {
-            nonce: nonce_p,
-            proof,
-        },
-    )
-    .await
-    .map_err(Failure::Io)?;
+    proto::send(wire, &ToMirror::Challenge { nonce: nonce_p })
+        .await
+        .map_err(Failure::Io)?;
     let auth = proto::recv::<ToPrimary, _>(wire)
         .await
         .map_err(classify)?
         .ok_or_else(|| Failure::Garbage("closed before auth".into()))?;
-    let ok = matches!(&auth, ToPrimary::Auth { mac } if proto::verify(&token, "mirror", &nonce_p, &nonce_m, mac));
+    let ToPrimary::Auth { mac } = auth else {
+        return Err(Failure::Garbage("expected the mirror's proof".into()));
+    };
+    let token = token_of(&mirror);
+    // An unknown name is checked against a token nobody has, so that it costs the same.
+    let ok = {
+        let unknown = proto::nonce().map(|b| b'a' + b % 26);
+        let key = token
+            .as_deref()
+            .unwrap_or(std::str::from_utf8(&unknown).expect("ascii"));
+        let good = proto::verify(key, "mirror", &nonce_p, &nonce_m, &digest, &mac);
+        good && token.is_some()
+    };
     if !ok {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let _ = proto::send(wire, &refuse("authentication failed".into())).await;
-        return Err(Failure::Auth(format!("mirror {mirror:?}: wrong token")));
+        tokio::time::sleep(REFUSAL_DELAY).await;
+        let _ = proto::send(wire, &refuse(proto::AUTH_FAILED.into())).await;
+        return Err(Failure::Auth(match token {
+            None => format!("not a registered mirror: {}", shown(&mirror)),
+            Some(_) => format!("mirror {}: wrong token", shown(&mirror)),
+        }));
     }
+    let token = token.expect("checked");
+    let proof = proto::mac(&token, "primary", &nonce_m, &nonce_p, &digest);
+    proto::send(wire, &ToMirror::Proof { proof })
+        .await
+        .map_err(Failure::Io)?;
     wire.codec_mut().set_max_frame_length(proto::MAX_MESSAGE);
     Ok(Hello {
         mirror,
@@ -217,6 +281,7 @@ pub async fn accept(
         want,
         prev_crc,
         epoch,
+        identity,
     })
 }
 
@@ -257,9 +322,10 @@ fn not_primary(msg: String) -> anyhow::Error {
     anyhow::Error::new(fs_core::Error::temporary(fs_core::ErrorKind::Config, msg))
 }
 
-/// The mirror's half: hello, check the primary's proof, prove the token, read the welcome.
-/// Before the primary has proven the token, replies are held to the pre-auth size too, and
-/// anything that is not the protocol means the peer is not a primary agent.
+/// The mirror's half: hello, prove the token over the primary's challenge, check the
+/// primary's proof, read the welcome. Before the primary has proven the token, replies are
+/// held to the pre-auth size too, and anything that is not the protocol means the peer is
+/// not a primary agent.
 pub async fn connect(
     wire: &mut Wire,
     peer: &str,
@@ -271,6 +337,7 @@ pub async fn connect(
         bail!("internal: connect needs a hello");
     };
     let nonce_m = *nonce_m;
+    let digest = proto::hello_digest(&hello);
     proto::send(wire, &hello).await?;
     let not_primary = |e: anyhow::Error| {
         let foreign = e.chain().any(|c| {
@@ -285,23 +352,47 @@ pub async fn connect(
             e
         }
     };
-    let first = recv_within(wire, read_timeout).await.map_err(not_primary)?;
-    match first {
-        ToMirror::Challenge { nonce, proof } => {
-            // The answer is sent either way (an HMAC reveals nothing of the token), so the
-            // primary also sees and counts a mismatch.
-            let mac = proto::mac(token, "mirror", &nonce, &nonce_m);
+    // Before the primary has proven the token, what it says is cut short before it is shown.
+    let refusal = |reason: String| {
+        let reason = cut(&reason);
+        let hint = if reason == proto::AUTH_FAILED {
+            " (check [mirror] name, and that its token is the one the primary lists for that name)"
+        } else {
+            ""
+        };
+        refused(format!("the primary refused this mirror: {reason}{hint}"))
+    };
+    match recv_within(wire, read_timeout).await.map_err(not_primary)? {
+        ToMirror::Challenge { nonce } => {
+            let mac = proto::mac(token, "mirror", &nonce, &nonce_m, &digest);
             proto::send(wire, &ToPrimary::Auth { mac }).await?;
-            if !proto::verify(token, "primary", &nonce_m, &nonce, &proof) {
-                let _ = futures::SinkExt::<bytes::Bytes>::flush(wire).await;
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                return Err(refused(format!("authentication failed: the primary at {peer} did not prove it holds this mirror's token (the tokens differ, or this is not the primary)")));
+            match recv_within(wire, read_timeout).await.map_err(not_primary)? {
+                ToMirror::Proof { proof } => {
+                    if !proto::verify(token, "primary", &nonce_m, &nonce, &digest, &proof) {
+                        return Err(refused(format!("authentication failed: the primary at {peer} did not prove it holds this mirror's token (the tokens differ, or this is not the primary)")));
+                    }
+                }
+                ToMirror::Refused { reason, .. } => return Err(refusal(reason)),
+                other => bail!(
+                    "unexpected answer to the proof: {}",
+                    proto::msg_name(&other)
+                ),
             }
         }
+        // Another protocol version (said in words), or an older primary's refusal.
         ToMirror::Refused { reason, .. } => {
+            let reason = cut(&reason);
+            let hint = if reason.starts_with("protocol version") {
+                format!(
+                    " (this mirror agent speaks protocol {}: upgrade the primary agent)",
+                    proto::PROTO_VERSION
+                )
+            } else {
+                String::new()
+            };
             return Err(refused(format!(
-                "the primary refused this mirror: {reason} (check [mirror] name and its token)"
-            )))
+                "the primary refused this mirror: {reason}{hint}"
+            )));
         }
         other => bail!("unexpected first message {}", proto::msg_name(&other)),
     }

@@ -16,7 +16,9 @@
 //! - Before a peer has proven its token: messages of at most 64 KiB, at most 16 pending
 //!   handshakes per source address and 256 in all (the busiest address's oldest goes first),
 //!   10 s for the whole handshake. What an unauthenticated peer can make the primary hold is
-//!   bounded (tested with a flood).
+//!   bounded (tested with a flood), and so is what it can make it write: its refusals are
+//!   summed up in one log line a minute (`primary::refusals`; each at debug) and what it sent
+//!   is cut short before it is shown.
 //! - A mirror agent replays only into metadata marked as its mirror's (it marks empty metadata
 //!   first; the engines refuse replay elsewhere); a primary agent refuses a mirror's metadata.
 //! - Epochs at the handshake (protocol 2): the mirror's Hello carries the highest epoch it has
@@ -28,7 +30,15 @@
 //!   travel as their journal frames and are decoded (version + CRC) and checked for the next
 //!   sequence number before apply. A damaged or out-of-order message ends the connection; the
 //!   mirror reconnects from its applied seq. Nothing unauthenticated gets past the handshake:
-//!   mirror and primary each prove the per-mirror token with an HMAC over fresh nonces.
+//!   mirror and primary each prove the per-mirror token with an HMAC over fresh nonces and
+//!   the hello, the mirror first (protocol 3), so a peer without the token learns nothing to
+//!   test guesses against, and an unknown name is refused as a wrong token is (same bytes,
+//!   same delay). Tokens are checked for strength and their files for owner-only modes.
+//! - One primary agent per volume (its lease; a second one refuses to start, and of two
+//!   started at once the later stops), and one copy of a mirror's metadata per slot: the
+//!   hello carries the metadata's identity (`site::IDENTITY`), the slot records the first
+//!   copy that streams from it, and another copy under the name is refused at both agents
+//!   until `slot drop`.
 //! - The mirror's applied seq **is** its engine's head, set by `Engine::apply` in the same atomic
 //!   write as the entries (many per call). Acks are sent only after `apply` returns, so a slot
 //!   never runs ahead of durable state. Restart = continue from head + 1, after the primary has

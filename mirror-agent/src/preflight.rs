@@ -60,12 +60,14 @@ pub async fn reach(c: &Config, reach: Reach) -> Result<Vec<String>> {
                 built_here = queued > 0 || boot;
             }
             let mut mirror_uuid = None;
+            let mut identity = String::new();
             if !fresh_rocksdb(&c.meta) {
                 let e = volume::open_engine(&c.meta, volume::Access::Read, None, false)
                     .await
                     .map_err(|e| anyhow!("meta: {e}"))?;
                 crate::site::plan_claim(&*e, built_here, m).await?;
                 mirror_uuid = fs_core::Fs::load_settings(&*e).await.ok().map(|s| s.uuid);
+                identity = crate::site::identity(&*e).await?.unwrap_or_default();
             }
             for (what, url) in std::iter::once(("store", &m.store))
                 .chain(m.origin_store.as_ref().map(|o| ("origin_store", o)))
@@ -82,7 +84,7 @@ pub async fn reach(c: &Config, reach: Reach) -> Result<Vec<String>> {
                     .map_err(|e| anyhow!("[mirror] {what} {url}: {e}"))?;
             }
             if reach == Reach::Everything {
-                match probe_primary(m).await? {
+                match probe_primary(m, &identity).await? {
                     Some(served) if mirror_uuid.as_ref().is_some_and(|u| *u != served) => bail!(
                         "the primary at {} serves volume {served}, but this mirror's metadata holds volume {}: point [mirror] primary at this volume's primary, or `meta` at empty metadata",
                         m.primary,
@@ -117,7 +119,9 @@ const PROBE_VOLUME: &str = "check-config-probe";
 /// Greet the primary agent as this mirror, with its token, and leave: an error names what a
 /// running mirror would hit (nothing answers, not a primary agent, a wrong name or token).
 /// The volume the primary serves, when it says.
-async fn probe_primary(m: &crate::config::MirrorConfig) -> Result<Option<String>> {
+/// `identity`: that of the mirror's metadata (empty when it has none yet), so that the
+/// primary refuses it as it would refuse the agent if another copy holds the slot.
+async fn probe_primary(m: &crate::config::MirrorConfig, identity: &str) -> Result<Option<String>> {
     use crate::handshake::{self, Welcome};
     let tls = crate::mirror::tls_for(m)?;
     let token = m.secret().load("[mirror]")?;
@@ -132,6 +136,7 @@ async fn probe_primary(m: &crate::config::MirrorConfig) -> Result<Option<String>
         want: crate::proto::Want::Snapshot,
         prev_crc: None,
         epoch: 0,
+        identity: identity.to_string(),
     };
     match handshake::connect(
         &mut wire,

@@ -241,14 +241,7 @@ async fn check_new_primary(
         bail!("--new-primary {:?}: {port:?} is not a port", a.new_primary);
     }
     match probe_agent(a.new_primary, a.name).await {
-        Probe::Knows => Ok(true),
-        Probe::Unknown => {
-            notes.push(format!(
-                "the primary agent at {} does not list a mirror named {:?} yet: add it to its [[primary.mirrors]] before this site rejoins",
-                a.new_primary, a.name
-            ));
-            Ok(true)
-        }
+        Probe::Answers => Ok(true),
         Probe::Nothing(why) => match target {
             Some(Target::Mirror) => {
                 notes.push(format!(
@@ -266,16 +259,15 @@ async fn check_new_primary(
 }
 
 enum Probe {
-    /// A primary agent answered and lists the mirror name.
-    Knows,
-    /// A primary agent answered but refused the name.
-    Unknown,
+    /// A primary agent answered (whether it lists the name, only the token can tell: the
+    /// handshake reveals no names).
+    Answers,
     /// Nothing (or something else) answers.
     Nothing(String),
 }
 
-/// Greet `addr` as mirror `name` without a token: a primary agent that lists the name
-/// answers with its challenge, one that does not refuses; the connection is then dropped.
+/// Greet `addr` as mirror `name` without a token: a primary agent answers with its challenge
+/// (or, of another protocol version, a refusal); the connection is then dropped.
 async fn probe_agent(addr: &str, name: &str) -> Probe {
     use crate::proto::{self, ToMirror, ToPrimary};
     let mut wire = match crate::mirror::dial(addr, &None).await {
@@ -290,13 +282,13 @@ async fn probe_agent(addr: &str, name: &str) -> Probe {
         want: proto::Want::Snapshot,
         prev_crc: None,
         epoch: 0,
+        identity: String::new(),
     };
     if let Err(e) = proto::send(&mut wire, &hello).await {
         return Probe::Nothing(format!("{e:#}"));
     }
     match crate::handshake::recv_within(&mut wire, Duration::from_secs(5)).await {
-        Ok(ToMirror::Challenge { .. }) => Probe::Knows,
-        Ok(ToMirror::Refused { .. }) => Probe::Unknown,
+        Ok(ToMirror::Challenge { .. }) | Ok(ToMirror::Refused { .. }) => Probe::Answers,
         Ok(other) => Probe::Nothing(format!(
             "it answered {} instead of a challenge",
             proto::msg_name(&other)
@@ -429,6 +421,7 @@ pub async fn promote(cfg: &Config, a: &PromoteArgs<'_>) -> Result<String> {
     let (pending, _, _) = state.pending()?;
     let settings = fs_core::Fs::load_settings(&*e).await?;
     let epoch = site::epoch(&*e).await?;
+    let identity = crate::site::identity(&*e).await?.unwrap_or_default();
     let mut lost = String::new();
     match (a.old_meta, a.force) {
         (Some(old), false) => {
@@ -445,7 +438,7 @@ pub async fn promote(cfg: &Config, a: &PromoteArgs<'_>) -> Result<String> {
         (_, true) => {
             // A forced promotion beside a primary that still serves forks the volume:
             // two writable histories. Ask the old primary's agent first.
-            match probe_old_primary(m, &marker, applied, epoch).await {
+            match probe_old_primary(m, &marker, applied, epoch, &identity).await {
                 OldPrimary::Serving(why) => bail!(
                     "the old primary at {} answers and is not known to be fenced ({why}): promoting by force now would fork the volume, two primaries taking writes. Fence it (`mirror-agent fence --meta OLD_META --as NAME --new-primary ADDR`) and promote with --old-meta OLD_META (a planned move, nothing lost); if its metadata cannot be reached, stop that agent and its writers first",
                     marker.primary
@@ -634,6 +627,7 @@ async fn probe_old_primary(
     marker: &MirrorMarker,
     applied: u64,
     epoch: u64,
+    identity: &str,
 ) -> OldPrimary {
     use crate::handshake::{self, Welcome};
     let tls = match crate::mirror::tls_for(m) {
@@ -655,6 +649,7 @@ async fn probe_old_primary(
         want: crate::proto::Want::From(applied + 1),
         prev_crc: None,
         epoch,
+        identity: identity.to_string(),
     };
     let r = handshake::connect(
         &mut wire,

@@ -4,12 +4,22 @@
 //! connection and the mirror reconnects from its applied sequence number. Journal entries
 //! travel as the journal's own frames (version + CRC32C), checked again before apply.
 //!
-//! Handshake (mutual proof of the per-mirror token, which never crosses the wire):
-//! 1. mirror -> `Hello { mirror, nonce_m, want }`
-//! 2. primary -> `Challenge { nonce_p, proof = mac(token, "primary", nonce_m, nonce_p) }`
-//!    (or `Refused` for an unknown mirror name, after the same delay as a bad proof)
-//! 3. mirror checks the proof, -> `Auth { mac = mac(token, "mirror", nonce_p, nonce_m) }`
-//! 4. primary -> `Welcome` then entries (or a snapshot first), or `Refused`.
+//! Handshake (protocol 3; mutual proof of the per-mirror token, which never crosses the
+//! wire; the connecting side proves first, so a peer that knows no token learns nothing it
+//! could test guesses of the token against):
+//! 1. mirror -> `Hello { proto, mirror, nonce_m, want, .., identity }`; `proto` is the first
+//!    field of the first variant in every version, so a primary reads it from any peer and
+//!    answers another version with a `Refused` naming both (`Refused` keeps its place too);
+//! 2. primary -> `Challenge { nonce_p }`, whatever the name (nothing in it depends on the
+//!    token or on the name being registered);
+//! 3. mirror -> `Auth { mac = mac(token, "mirror", nonce_p, nonce_m, hello) }`;
+//! 4. primary: an unknown name or a wrong MAC -> the same `Refused` ("authentication
+//!    failed"), byte for byte, after the same delay; else -> `Proof { mac(token, "primary",
+//!    nonce_m, nonce_p, hello) }`, which the mirror checks before it takes anything else;
+//! 5. primary -> `Welcome` then entries (or a snapshot first), or `Refused`.
+//!
+//! `hello` in the MACs is the SHA-256 of the hello as sent, so its fields (name, wants,
+//! identity) cannot be changed on the way without the token.
 //!
 //! A second connection with `want = Forward` (a mirror the primary lets write) carries no
 //! journal: `Commit { id, req }` one way, `Forwarded { id, reply }` back, many in flight. A
@@ -27,8 +37,10 @@ use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
-/// 2: the hello and the welcome carry the primary epoch each side has seen.
-pub const PROTO_VERSION: u32 = 2;
+/// 2: the hello and the welcome carry the primary epoch each side has seen. 3: the mirror
+/// proves the token first (`Challenge` carries no proof; `Proof` follows a good `Auth`), and
+/// the hello carries the mirror's metadata identity.
+pub const PROTO_VERSION: u32 = 3;
 pub const MAX_MESSAGE: usize = 64 << 20;
 /// The largest message a peer may send before it has proven its token (a hello is a few
 /// dozen bytes): see `handshake`.
@@ -59,6 +71,11 @@ pub enum ToPrimary {
         prev_crc: Option<u32>,
         /// The primary epoch the mirror's metadata holds (`fs_core::site::Epoch`).
         epoch: u64,
+        /// The identity of the mirror's metadata copy (`crate::site::identity`; empty when it
+        /// has none yet): the primary's slot records the copy that acknowledges into it and
+        /// refuses another one under the same name. Last, so that an older primary still
+        /// reads `proto` and refuses the version.
+        identity: String,
     },
     Auth {
         mac: Vec<u8>,
@@ -83,10 +100,11 @@ pub enum ToPrimary {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToMirror {
+    /// The primary's nonce; the same for every name, registered or not.
     Challenge {
         nonce: [u8; 32],
-        proof: Vec<u8>,
     },
+    /// Keeps its place (variant 1) in every version: the answer to a hello of another one.
     Refused {
         reason: String,
         /// The mirror must bootstrap from a snapshot to continue.
@@ -132,25 +150,61 @@ pub enum ToMirror {
     WritesRefused {
         reason: String,
     },
+    /// After a good `Auth`: the primary's proof of the token.
+    Proof {
+        proof: Vec<u8>,
+    },
 }
 
-pub fn mac(token: &str, role: &str, a: &[u8; 32], b: &[u8; 32]) -> Vec<u8> {
+/// The answer to an unknown name and to a wrong MAC alike.
+pub const AUTH_FAILED: &str = "authentication failed";
+
+fn hmac(token: &str, role: &str, a: &[u8; 32], b: &[u8; 32], hello: &[u8; 32]) -> Hmac<Sha256> {
     let mut m = Hmac::<Sha256>::new_from_slice(token.as_bytes()).expect("any key length");
-    m.update(b"jfs-mirror-v1\0");
+    m.update(b"jfs-mirror-v3\0");
     m.update(role.as_bytes());
+    m.update(b"\0");
     m.update(a);
     m.update(b);
-    m.finalize().into_bytes().to_vec()
+    m.update(hello);
+    m
+}
+
+/// The proof of `token` by `role` over both nonces and the hello's digest (`hello_digest`).
+pub fn mac(token: &str, role: &str, a: &[u8; 32], b: &[u8; 32], hello: &[u8; 32]) -> Vec<u8> {
+    hmac(token, role, a, b, hello)
+        .finalize()
+        .into_bytes()
+        .to_vec()
 }
 
 /// Constant-time check of a MAC.
-pub fn verify(token: &str, role: &str, a: &[u8; 32], b: &[u8; 32], got: &[u8]) -> bool {
-    let mut m = Hmac::<Sha256>::new_from_slice(token.as_bytes()).expect("any key length");
-    m.update(b"jfs-mirror-v1\0");
-    m.update(role.as_bytes());
-    m.update(a);
-    m.update(b);
-    m.verify_slice(got).is_ok()
+pub fn verify(
+    token: &str,
+    role: &str,
+    a: &[u8; 32],
+    b: &[u8; 32],
+    hello: &[u8; 32],
+    got: &[u8],
+) -> bool {
+    hmac(token, role, a, b, hello).verify_slice(got).is_ok()
+}
+
+/// The SHA-256 of a hello's encoding (its postcard body, as sent), bound into both MACs.
+pub fn hello_digest(hello: &ToPrimary) -> [u8; 32] {
+    use sha2::Digest;
+    let body = postcard::to_allocvec(hello).expect("messages serialize");
+    Sha256::digest(&body).into()
+}
+
+/// The protocol version of a hello from a peer of any version (the first field of the first
+/// variant in all of them), without decoding the rest: None if the frame is not a hello.
+pub fn hello_version(frame: &[u8]) -> Option<u32> {
+    let body = frame.get(4..)?;
+    match postcard::take_from_bytes::<(u32, u32)>(body) {
+        Ok(((0, v), _)) => Some(v),
+        _ => None,
+    }
 }
 
 pub fn nonce() -> [u8; 32] {
@@ -183,6 +237,7 @@ pub fn msg_name(m: &ToMirror) -> &'static str {
         ToMirror::SnapshotEnd { .. } => "snapshot-end",
         ToMirror::Forwarded { .. } => "forwarded",
         ToMirror::WritesRefused { .. } => "writes-refused",
+        ToMirror::Proof { .. } => "proof",
     }
 }
 
@@ -285,12 +340,71 @@ mod tests {
     }
 
     #[test]
-    fn macs_bind_token_role_and_nonces() {
-        let (a, b) = ([1u8; 32], [2u8; 32]);
-        let m = mac("secret-token-0123456789", "mirror", &a, &b);
-        assert!(verify("secret-token-0123456789", "mirror", &a, &b, &m));
-        assert!(!verify("secret-token-0123456788", "mirror", &a, &b, &m));
-        assert!(!verify("secret-token-0123456789", "primary", &a, &b, &m));
-        assert!(!verify("secret-token-0123456789", "mirror", &b, &a, &m));
+    fn macs_bind_token_role_nonces_and_hello() {
+        let (a, b, h) = ([1u8; 32], [2u8; 32], [3u8; 32]);
+        let t = "secret-token-0123456789";
+        let m = mac(t, "mirror", &a, &b, &h);
+        assert!(verify(t, "mirror", &a, &b, &h, &m));
+        assert!(!verify("secret-token-0123456788", "mirror", &a, &b, &h, &m));
+        assert!(!verify(t, "primary", &a, &b, &h, &m));
+        assert!(!verify(t, "mirror", &b, &a, &h, &m));
+        assert!(!verify(t, "mirror", &a, &b, &[4u8; 32], &m));
+    }
+
+    /// A hello of protocol 2 (the release before) still shows its version, so the primary
+    /// can answer it with a refusal that release reads.
+    #[test]
+    fn the_version_of_an_older_hello_is_read_and_the_refusal_keeps_its_place() {
+        #[derive(Serialize)]
+        enum V2 {
+            Hello {
+                proto: u32,
+                mirror: String,
+                volume_uuid: Option<String>,
+                nonce: [u8; 32],
+                want: Want,
+                prev_crc: Option<u32>,
+                epoch: u64,
+            },
+        }
+        let old = encode(&V2::Hello {
+            proto: 2,
+            mirror: "eu".into(),
+            volume_uuid: None,
+            nonce: [7; 32],
+            want: Want::Snapshot,
+            prev_crc: None,
+            epoch: 0,
+        });
+        assert_eq!(hello_version(&old), Some(2));
+        let ours = encode(&ToPrimary::Hello {
+            proto: PROTO_VERSION,
+            mirror: "eu".into(),
+            volume_uuid: None,
+            nonce: [7; 32],
+            want: Want::Snapshot,
+            prev_crc: None,
+            epoch: 0,
+            identity: "x".into(),
+        });
+        assert_eq!(hello_version(&ours), Some(PROTO_VERSION));
+        assert_eq!(hello_version(&encode(&ToPrimary::Ack { seq: 1 })), None);
+        // The refusal as protocol 2 decodes it: variant 1, { reason, resync }.
+        #[derive(Deserialize, Debug, PartialEq)]
+        enum OldToMirror {
+            Challenge { nonce: [u8; 32], proof: Vec<u8> },
+            Refused { reason: String, resync: bool },
+        }
+        let r = encode(&ToMirror::Refused {
+            reason: "upgrade".into(),
+            resync: false,
+        });
+        assert_eq!(
+            decode::<OldToMirror>(&r).unwrap(),
+            OldToMirror::Refused {
+                reason: "upgrade".into(),
+                resync: false
+            }
+        );
     }
 }

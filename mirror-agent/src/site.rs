@@ -3,6 +3,11 @@
 //! snapshot, and refuses metadata holding a volume of its own (a primary's, or a detached
 //! mirror's), which a snapshot install would wipe. A primary agent refuses a mirror's
 //! metadata. `detach` turns a stopped mirror into a volume of its own.
+//!
+//! Each mirror metadata copy carries an identity (`metadata.identity`, random, made when the
+//! agent first claims it and kept for the life of the metadata store: a staged resync, a
+//! promotion, a fence and a rejoin keep it; only empty metadata gets a new one). The hello
+//! carries it and the primary's slot records it, so two agents with one name are told apart.
 
 use crate::config::MirrorConfig;
 use crate::state::State;
@@ -84,8 +89,58 @@ pub async fn plan_claim(
     }
 }
 
+/// The aux record holding the identity of this metadata copy.
+pub const IDENTITY: &str = "metadata.identity";
+
+/// What `metadata.identity` records.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Identity {
+    pub version: u32,
+    /// 128 random bits, hex.
+    pub id: String,
+    pub since_ns: i64,
+}
+
+impl fs_core::record::Versioned for Identity {
+    const KIND: &'static str = "the metadata identity record";
+    const VERSION: u32 = 1;
+}
+
+/// The identity of this metadata copy, if it has one yet.
+pub async fn identity(engine: &dyn Engine) -> Result<Option<String>> {
+    let Some((_, v)) = engine
+        .aux_list(IDENTITY)
+        .await?
+        .into_iter()
+        .find(|(n, _)| n == IDENTITY)
+    else {
+        return Ok(None);
+    };
+    let r: Identity = fs_core::record::decode(&v)?;
+    Ok(Some(r.id))
+}
+
+/// The identity of this metadata copy, made now if it has none.
+pub async fn ensure_identity(engine: &dyn Engine) -> Result<String> {
+    if let Some(id) = identity(engine).await? {
+        return Ok(id);
+    }
+    let bytes: [u8; 16] = rand::random();
+    let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let r = Identity {
+        version: 1,
+        id: id.clone(),
+        since_ns: fs_core::now_ns(),
+    };
+    engine
+        .aux_put(IDENTITY, Some(&fs_core::record::encode(&r)))
+        .await?;
+    Ok(id)
+}
+
 /// Make sure `engine` is this mirror's metadata (`plan_claim`), marking it when it is empty
-/// (or when this agent's own state shows it has been applying to it).
+/// (or when this agent's own state shows it has been applying to it), and that it has an
+/// identity.
 pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Result<()> {
     let built_here = state.queued_through()? > 0 || state.bootstrap()?.is_some();
     match plan_claim(engine, built_here, cfg).await? {
@@ -96,6 +151,7 @@ pub async fn claim(engine: &dyn Engine, state: &State, cfg: &MirrorConfig) -> Re
             tracing::info!(meta = %engine.display_url(), mirror = %cfg.name, "{what}");
         }
     }
+    ensure_identity(engine).await?;
     Ok(())
 }
 

@@ -27,6 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub const TOKEN: &str = "test-token-5f1c2a9e8b7d6c3f";
+pub const TOKEN: &str = "9f4c1e7a2b8d5f0c3e6a9b2d7f1c4e8a5b0d3f6c9e2a7b4d1f8c5e0a3b6d9f2c";
 /// The admin token of the agents the harness starts (`admin_token_env = "ADMIN_TOKEN"`).
-pub const ADMIN_TOKEN: &str = "admin-token-0c9a7e5b3d1f2468";
+pub const ADMIN_TOKEN: &str = "0c9a7e5b3d1f24688e2b6d0f4a9c3e7b1d5f8a2c6e0b4d9f3a7c1e5b8d2f6a0c";

@@ -24,6 +24,8 @@ pub fn target(a: &AdminArgs) -> Result<(Vec<SocketAddr>, Option<String>)> {
         ],
     };
     let token = if let Some(f) = &a.admin_token_file {
+        // As the agent refuses its own token files: the owner's alone.
+        mirror_agent::config::check_token_file("--admin-token-file", f)?;
         Some(
             std::fs::read_to_string(f)
                 .with_context(|| format!("reading --admin-token-file {}", f.display()))?

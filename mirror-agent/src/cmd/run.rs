@@ -161,6 +161,8 @@ pub async fn run(a: RunArgs) -> Result<()> {
             )
             .await?;
             p.set_admin(admin_addr);
+            // One primary agent per volume: refused while another one's lease is alive.
+            p.take_lease().await?;
             let app = Admin {
                 metrics,
                 token,

@@ -200,6 +200,9 @@ impl Mirror {
             want: Want::Forward,
             prev_crc: None,
             epoch: fs_core::site::epoch(&*self.engine).await?,
+            identity: crate::site::identity(&*self.engine)
+                .await?
+                .unwrap_or_default(),
         };
         match handshake::connect(
             &mut wire,

@@ -81,6 +81,9 @@ impl Mirror {
             want,
             prev_crc,
             epoch: my_epoch,
+            identity: crate::site::identity(&*self.engine)
+                .await?
+                .unwrap_or_default(),
         };
         let welcome = match handshake::connect(
             &mut wire,

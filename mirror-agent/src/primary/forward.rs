@@ -258,7 +258,12 @@ mod tests {
         )
         .await
         .unwrap();
-        std::fs::write(d.join("token"), "a-token-of-32-characters-or-more").unwrap();
+        std::fs::write(d.join("token"), TOKEN).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d.join("token"), std::fs::Permissions::from_mode(0o600))
+                .unwrap();
+        }
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -291,6 +296,9 @@ mod tests {
         (p, listen, stop)
     }
 
+    /// The mirror's token in these tests (random, as `openssl rand -hex 32` makes them).
+    const TOKEN: &str = "5b0f6c2e9d8a47f1b3c0e6a9d2f5874c1e0b9a6d3c8f7e2a5b4d1c0f9e8a7b6c";
+
     /// A hand-made forward connection as mirror `name`: the handshake's outcome.
     async fn link(listen: &str, name: &str) -> (proto::Wire, Result<crate::handshake::Welcome>) {
         let sock = tokio::net::TcpStream::connect(listen).await.unwrap();
@@ -303,15 +311,10 @@ mod tests {
             want: Want::Forward,
             prev_crc: None,
             epoch: 0,
+            identity: String::new(),
         };
-        let w = crate::handshake::connect(
-            &mut wire,
-            listen,
-            "a-token-of-32-characters-or-more",
-            hello,
-            Duration::from_secs(5),
-        )
-        .await;
+        let w = crate::handshake::connect(&mut wire, listen, TOKEN, hello, Duration::from_secs(5))
+            .await;
         (wire, w)
     }
 

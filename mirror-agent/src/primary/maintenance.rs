@@ -13,7 +13,12 @@ pub(super) fn start(p: &Arc<Primary>) {
         what: "refreshing status",
         p: p.clone(),
         tick: ticker(Duration::from_millis(500)),
-        step: |p| Box::pin(async move { p.refresh_status().await }),
+        step: |p| {
+            Box::pin(async move {
+                p.refusals.flush_due();
+                p.refresh_status().await
+            })
+        },
         failures: Failures::default(),
     });
     p.workers.spawn(Periodic {

@@ -18,6 +18,7 @@
 mod forward;
 mod lease;
 mod maintenance;
+mod refusals;
 mod slot_keeping;
 mod snapshot;
 mod stream;
@@ -54,6 +55,8 @@ pub struct Primary {
     slot_lock: tokio::sync::Mutex<()>,
     /// Connections that have not authenticated yet.
     gate: handshake::Gate,
+    /// The log lines of their refusals (summed up).
+    refusals: refusals::Refusals,
     /// The admin address, recorded in the lease.
     admin: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// Slots whose series are exported.
@@ -62,6 +65,13 @@ pub struct Primary {
     workers: Arc<Supervisor>,
     /// Woken when a mirror's change was committed here (`forward`): the streams look now.
     committed_here: tokio::sync::Notify,
+    /// This run (the lease's `instance`) and its start.
+    instance: String,
+    started_ns: i64,
+    /// Cancelled when the agent must stop by itself (`fatal` says why): another primary
+    /// agent serves the volume.
+    halted: CancellationToken,
+    fatal: std::sync::Mutex<Option<anyhow::Error>>,
 }
 
 /// How long the workers may take to stop (each finishes the step it is in).
@@ -110,10 +120,15 @@ impl Primary {
             next_conn: AtomicU64::new(1),
             slot_lock: tokio::sync::Mutex::new(()),
             gate: handshake::Gate::default(),
+            refusals: Default::default(),
             admin: Default::default(),
             seen_slots: Default::default(),
             workers: Arc::new(Supervisor::new(CancellationToken::new())),
             committed_here: tokio::sync::Notify::new(),
+            instance: format!("{:032x}", rand::random::<u128>()),
+            started_ns: fs_core::now_ns(),
+            halted: CancellationToken::new(),
+            fatal: Default::default(),
         }))
     }
 
@@ -122,12 +137,24 @@ impl Primary {
         self.workers.clone()
     }
 
+    /// Stop the agent by itself, for `why`.
+    pub(super) fn halt(&self, why: anyhow::Error) {
+        tracing::error!(error = %format!("{why:#}"), "the primary agent stops");
+        self.fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(why);
+        self.halted.cancel();
+    }
+
     /// Record the admin address (for the lease that `slot drop` reads).
     pub fn set_admin(&self, a: std::net::SocketAddr) {
         *self.admin.lock().unwrap_or_else(|p| p.into_inner()) = Some(a);
     }
 
     pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
+        // Also cancelled when this agent halts by itself.
+        let stop = stop.child_token();
         self.register_slots().await?;
         let listener = TcpListener::bind(self.cfg.listen)
             .await
@@ -140,6 +167,7 @@ impl Primary {
         loop {
             let (sock, peer) = tokio::select! {
                 _ = stop.cancelled() => break,
+                _ = self.halted.cancelled() => break,
                 r = listener.accept() => match r {
                     Ok(x) => x,
                     Err(e) => {
@@ -152,11 +180,13 @@ impl Primary {
             let me = self.clone();
             let stop = stop.clone();
             connections.spawn(async move {
+                // (A connection refused before it authenticated returns Ok: `refusals` has it.)
                 if let Err(e) = me.serve(sock, stop).await {
                     tracing::info!(%peer, error = %format!("{e:#}"), "mirror connection ended");
                 }
             });
         }
+        stop.cancel();
         // Stop every connection, then persist the acknowledgements they hold.
         for (_, (_, t)) in self.conns.lock().unwrap_or_else(|p| p.into_inner()).drain() {
             t.cancel();
@@ -173,6 +203,10 @@ impl Primary {
             );
         }
         self.workers.shutdown(DRAIN).await;
+        if let Some(e) = self.fatal.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            // The lease is another agent's now: left as it is.
+            return Err(e);
+        }
         // Last: until here `slot drop` goes through this agent.
         let _ = self.engine.aux_put(LEASE, None).await;
         Ok(())

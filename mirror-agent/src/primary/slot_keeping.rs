@@ -21,6 +21,7 @@ impl Primary {
                         state: SlotState::Active,
                         reason: None,
                         registered_ns: now,
+                        holder: None,
                     },
                 )
                 .await?;
@@ -58,6 +59,50 @@ impl Primary {
         let _ = self.refresh_status().await;
         tracing::warn!(mirror = %name, "replication slot dropped by an operator: gc and journal retention no longer wait for it; if it connects again it must resync");
         Ok(format!("dropped slot {name:?}: gc and journal retention no longer wait for it; if the mirror connects again, it resyncs from a snapshot"))
+    }
+
+    /// Whether the mirror metadata copy `identity` may use slot `mirror`: Err(why) when
+    /// another copy holds it (two agents with one name). Reads only.
+    pub(super) async fn check_holder(
+        &self,
+        mirror: &str,
+        identity: &str,
+        peer: &str,
+    ) -> Result<std::result::Result<(), String>> {
+        let slot = slots::get(&*self.engine, mirror).await?;
+        Ok(match slot.and_then(|s| s.holder) {
+            Some(h) if h.identity != identity => Err(another_copy(mirror, &h, identity, peer)),
+            _ => Ok(()),
+        })
+    }
+
+    /// Record `identity` as the copy whose acknowledgements slot `mirror` holds, unless
+    /// another copy holds it: Err(why) then. Under the slot lock.
+    pub(super) async fn take_slot(
+        &self,
+        mirror: &str,
+        identity: &str,
+        peer: &str,
+    ) -> Result<std::result::Result<(), String>> {
+        let _g = self.slot_lock.lock().await;
+        let Some(mut s) = slots::get(&*self.engine, mirror).await? else {
+            return Ok(Ok(()));
+        };
+        match &s.holder {
+            Some(h) if h.identity == identity => Ok(Ok(())),
+            Some(h) => Ok(Err(another_copy(mirror, h, identity, peer))),
+            None if identity.is_empty() => Ok(Ok(())),
+            None => {
+                s.holder = Some(slots::SlotHolder {
+                    identity: identity.to_string(),
+                    peer: peer.to_string(),
+                    since_ns: fs_core::now_ns(),
+                });
+                slots::put(&*self.engine, &s).await?;
+                tracing::info!(mirror, %identity, peer, "the replication slot is held by this copy of the mirror's metadata from now on");
+                Ok(Ok(()))
+            }
+        }
     }
 
     /// Read-modify-write of one slot; None when the slot is gone (dropped by an operator).
@@ -131,4 +176,20 @@ impl Primary {
         }
         Ok(())
     }
+}
+
+/// The refusal of a second copy of a mirror's metadata under one name.
+fn another_copy(mirror: &str, h: &slots::SlotHolder, identity: &str, peer: &str) -> String {
+    let since = std::time::UNIX_EPOCH + Duration::from_nanos(h.since_ns.max(0) as u64);
+    let this = if identity.is_empty() {
+        "metadata that has no identity yet (a mirror agent that never ran)".to_string()
+    } else {
+        format!("metadata {identity}")
+    };
+    format!(
+        "mirror {mirror:?}: its replication slot is held by another copy of its metadata (identity {}, first connected from {} at {}); this agent at {peer} has {this}. Two mirror agents run with one name: stop one, or give it a name of its own (and an entry in [[primary.mirrors]]). If this mirror's metadata was replaced on purpose (resynced from empty metadata), drop the slot at the primary: `mirror-agent slot drop {mirror} --meta PRIMARY_META_URL`, and the next copy to connect takes it",
+        h.identity,
+        h.peer,
+        humantime::format_rfc3339_seconds(since),
+    )
 }

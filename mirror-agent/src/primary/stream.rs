@@ -47,17 +47,16 @@ impl Primary {
         self.gate.leave(gate_id);
         let (wire, hello) = match res {
             Ok(x) => x,
-            Err(handshake::Failure::Auth(why)) => {
-                self.metrics.auth_failures.inc();
-                tracing::warn!(peer = %peer_s, %why, "refused: authentication failed");
-                bail!("{why}");
+            Err(f) => {
+                // Counted, at debug, and summed up in the log (never a line each: a peer
+                // without a token must not be able to fill the disk).
+                match &f {
+                    handshake::Failure::Auth(_) => self.metrics.auth_failures.inc(),
+                    _ => self.metrics.unauth_dropped.inc(),
+                };
+                self.refusals.note(ip, &peer_s, &f);
+                return Ok(());
             }
-            Err(handshake::Failure::Garbage(why)) => {
-                self.metrics.unauth_dropped.inc();
-                tracing::debug!(peer = %peer_s, %why, "unauthenticated connection dropped");
-                bail!("{why}");
-            }
-            Err(handshake::Failure::Io(e)) => return Err(e),
         };
         let (mut sink, mut stream) = wire.split();
         let handshake::Hello {
@@ -66,7 +65,22 @@ impl Primary {
             want,
             prev_crc,
             epoch,
+            identity,
         } = hello;
+        // The copy of the mirror's metadata: another one under this name is refused before
+        // anything else (a probe of `check-config --connect` included).
+        if let Err(r) = self.check_holder(&mirror, &identity, &peer_s).await? {
+            tracing::error!(mirror = %mirror, peer = %peer_s, "{r}");
+            proto::send(
+                &mut sink,
+                &ToMirror::Refused {
+                    reason: r.clone(),
+                    resync: false,
+                },
+            )
+            .await?;
+            bail!(r);
+        }
         let refuse = |reason: String, resync: bool| ToMirror::Refused { reason, resync };
         if let Some(u) = &volume_uuid {
             if u != &self.uuid {
@@ -118,6 +132,8 @@ impl Primary {
         let res = self
             .stream(
                 &mirror,
+                &identity,
+                &peer_s,
                 want,
                 prev_crc,
                 rejoining,
@@ -138,9 +154,12 @@ impl Primary {
         res
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn stream<S: crate::proto::FrameSink, R: crate::proto::FrameStream + Send>(
         &self,
         mirror: &str,
+        identity: &str,
+        peer: &str,
         want: Want,
         prev_crc: Option<u32>,
         rejoining: bool,
@@ -202,6 +221,13 @@ impl Primary {
                 proto::send(sink, &refuse(r.clone(), false)).await?;
                 bail!(r);
             }
+        }
+        // The slot is this copy's from now on (checked again under the slot lock: two copies
+        // connecting at once cannot both take it).
+        if let Err(r) = self.take_slot(mirror, identity, peer).await? {
+            tracing::error!(mirror, peer, "{r}");
+            proto::send(sink, &refuse(r.clone(), false)).await?;
+            bail!(r);
         }
         self.stream_inner(mirror, want, sink, stream, stop).await
     }
