@@ -236,9 +236,13 @@ pub fn print_gc(r: &maint::GcReport, delete: bool, json: bool) -> Result<Outcome
             "sessions: {} live, {} dead ({} removed); kept open after unlink: {} ({} of dead sessions, {} freed)",
             r.sessions_live, r.sessions_dead, r.sessions_removed, r.kept, r.kept_dead, r.kept_released
         );
+        println!(
+            "temporary files of killed copies: {} ({} removed)",
+            r.temps_dead, r.temps_removed
+        );
         if let Some(c) = &r.cutover {
             println!("a storage cutover is in progress ({c}): no block is deleted from either store until `jfs cutover finish` or `abort`");
-        } else if !delete && (r.pending_due > 0 || r.leaked > 0) {
+        } else if !delete && (r.pending_due > 0 || r.leaked > 0 || r.temps_dead > 0) {
             println!("(dry run: run with --delete to remove them)");
         }
     }
