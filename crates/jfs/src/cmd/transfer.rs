@@ -1,6 +1,14 @@
 //! `jfs put` and `jfs get`: trees in and out of a volume, files in parallel, each file's
 //! pieces in parallel, mode and mtime kept. A file lands under a temporary name and is renamed
 //! into place when complete, in the volume and on local disk alike.
+//!
+//! Temporary files are owner-only (0600) from their first byte and get their mode (after
+//! their owner) only once complete; on local disk they are new files (`O_EXCL`, no link
+//! followed). A put's temporary names carry its session (`fs_core::maint::tmp_name`), so a
+//! rerun and `gc` can tell a killed put's leftovers from a copy in flight. `get` restores
+//! owners only with `--owners` (root); otherwise setuid and setgid are dropped (`GetOpts`).
+//! Both place a directory the same way: it becomes the destination, merged into an existing
+//! one, and goes into it under its own name only when the destination ends in `/`.
 
 use super::{parent_of, Outcome};
 use crate::progress::Progress;
