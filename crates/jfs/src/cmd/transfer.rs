@@ -29,7 +29,8 @@ const FLUSH_EVERY: u64 = 64 << 20;
 pub use fs_core::maint::{is_tmp_name, tmp_name, tmp_prefix};
 
 /// Remove temporary files a killed `jfs get` left beside `dest` (their process is gone from
-/// this host). Names that are not `tmp_name`'s are the user's and stay.
+/// this host; one from before pids were in the name, `.NAME.jfs-tmp-<8 hex>`, counts as
+/// gone). Other names are the user's and stay.
 fn remove_stale_temps(dest: &Path) {
     let (Some(dir), Some(name)) = (dest.parent(), dest.file_name().and_then(|n| n.to_str())) else {
         return;
@@ -44,14 +45,15 @@ fn remove_stale_temps(dest: &Path) {
     };
     for e in rd.flatten() {
         let f = e.file_name();
-        let Some(w) = f
-            .to_str()
-            .filter(|f| f.starts_with(&prefix))
-            .and_then(fs_core::maint::tmp_writer)
-        else {
+        let Some(f) = f.to_str().filter(|f| f.starts_with(&prefix)) else {
             continue;
         };
-        if fs_core::session::process_start(w.pid).is_none() {
+        let old_style = |rest: &str| rest.len() == 8 && rest.bytes().all(|b| b.is_ascii_hexdigit());
+        let gone = match fs_core::maint::tmp_writer(f) {
+            Some(w) => fs_core::session::process_start(w.pid).is_none(),
+            None => old_style(&f[prefix.len()..]),
+        };
+        if gone {
             tracing::info!(path = %e.path().display(), "removing a temporary file a killed jfs get left");
             let _ = std::fs::remove_file(e.path());
         }
