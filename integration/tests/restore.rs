@@ -584,3 +584,24 @@ fn a_put_through_a_mount_gives_the_owner_before_the_mode_and_a_rerun_cleans_up()
     assert_eq!(temps(&m.mp), 0);
     assert_eq!(std::fs::read(m.mp.join("y")).unwrap(), body);
 }
+
+/// Issue 43, item 3's root cause in `jfs dump FILE`: its temporary file (`FILE.jfs-tmp`, a
+/// fixed name) was created with the umask's mode and through whatever was there, so a link
+/// planted at that name made root truncate and write the link's target. It is now a new,
+/// owner-only file; the link is removed, its target untouched.
+#[test]
+fn a_dump_never_writes_through_a_planted_link_and_is_owner_only() {
+    let t = shared_tmp();
+    let meta = volume(t.path());
+    ok(&["mkdir", &meta, "/private-name"]);
+    let victim = t.path().join("victim");
+    std::fs::write(&victim, b"keep").unwrap();
+    let out = t.path().join("dump.json");
+    std::os::unix::fs::symlink(&victim, t.path().join("dump.jfs-tmp")).unwrap();
+    ok(&["dump", &meta, s(&out)]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    assert!(std::fs::read_to_string(&out)
+        .unwrap()
+        .contains("private-name"));
+    assert_eq!(mode(&out), 0o600);
+}

@@ -122,8 +122,27 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
             }
             let tmp = f.with_extension("jfs-tmp");
             let written = (|| -> Result<()> {
+                // The dump holds every name of the volume: owner-only from the first byte, and
+                // a new file (what sits at the temporary name, a leftover or a link someone
+                // planted, is removed, never followed nor written through).
+                match std::fs::remove_file(&tmp) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| {
+                            format!(
+                                "removing {} (a leftover of an earlier dump?)",
+                                tmp.display()
+                            )
+                        });
+                    }
+                    _ => {}
+                }
+                use std::os::unix::fs::OpenOptionsExt;
                 let mut w = std::io::BufWriter::new(
-                    std::fs::File::create(&tmp)
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&tmp)
                         .with_context(|| format!("creating {}", tmp.display()))?,
                 );
                 serde_json::to_writer_pretty(&mut w, &d)?;
