@@ -928,7 +928,9 @@ fn get_never_writes_through_a_link_below_local() {
     ok(&["put", &meta, src.to_str().unwrap(), "/data"]);
     let out = d.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
-    ok(&["get", &meta, "/data", out.to_str().unwrap()]);
+    // Into `out/` (the trailing slash): out/data.
+    let into = format!("{}/", out.display());
+    ok(&["get", &meta, "/data", &into]);
     assert_eq!(
         std::fs::read_link(out.join("data/x")).unwrap(),
         victim,
@@ -944,7 +946,7 @@ fn get_never_writes_through_a_link_below_local() {
     let planted = d.path().join("keep");
     std::fs::write(&planted, b"planted").unwrap();
     ok(&["put", &meta, planted.to_str().unwrap(), "/data/x/keep"]);
-    let o = jfs(&["get", &meta, "/data", out.to_str().unwrap()]);
+    let o = jfs(&["get", &meta, "/data", &into]);
     let t = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "get through a link succeeded: {t}");
     assert!(

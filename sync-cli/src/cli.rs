@@ -207,7 +207,8 @@ pub struct SyncArgs {
     /// Also sync directories, including empty ones.
     #[arg(long, help_heading = WHAT)]
     pub dirs: bool,
-    /// Keep permission bits (file-system endpoints).
+    /// Keep permission bits (file-system endpoints), except setuid and setgid: owners are
+    /// not kept, so a copy is never made setuid to someone else.
     #[arg(long, help_heading = WHAT)]
     pub perms: bool,
     /// Copy symlinks as symlinks (without it they are skipped, never followed).

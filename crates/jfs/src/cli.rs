@@ -269,13 +269,24 @@ pub enum Command {
         #[arg(long, default_value_t = 8)]
         threads: usize,
     },
-    /// Copy a file or tree out of the volume (keeps mode and mtime).
+    /// Copy a file or tree out of the volume (keeps mode and mtime; the copies are yours
+    /// unless --owners).
     Get {
         meta_url: String,
         volpath: String,
+        /// Local destination. A file goes into it if it is an existing directory. A
+        /// directory becomes it, merged into an existing one (so a rerun after a partial
+        /// failure finishes the same tree), and goes into it under its own name only when
+        /// written with a trailing `/`.
         local: PathBuf,
+        /// Files copied at once.
         #[arg(long, default_value_t = 8)]
         threads: usize,
+        /// Give every copy the volume's owner and group (root only, like tar
+        /// --same-owner); setuid and setgid bits are kept only then. Without it the copies
+        /// belong to you and files lose their setuid and setgid bits.
+        #[arg(long)]
+        owners: bool,
     },
     /// List a directory.
     Ls {

@@ -1,6 +1,7 @@
-//! `jfs gc`: pending deletes, leaked objects, dead sessions and the journal's tail. It deletes
-//! nothing unless every listing (metadata and object store) completed without error, and
-//! nothing a registered mirror may still need (see `slots`).
+//! `jfs gc`: pending deletes, leaked objects, dead sessions, the temporary files of copies
+//! whose writer died (`gc_temps`), and the journal's tail. It deletes nothing unless every
+//! listing (metadata and object store) completed without error, and nothing a registered
+//! mirror may still need (see `slots`).
 
 use super::PAGE;
 use crate::engine::{scan_all, Engine};
@@ -49,6 +50,12 @@ pub struct GcReport {
     pub kept_dead: u64,
     pub kept_released: u64,
     pub sessions_removed: u64,
+    /// Temporary files of copies whose writer is dead (`jfs put` killed): removed with
+    /// --delete (their blocks then wait as pending deletes).
+    #[serde(default)]
+    pub temps_dead: u64,
+    #[serde(default)]
+    pub temps_removed: u64,
     /// A storage cutover in progress (its phase): gc deletes no block from either store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cutover: Option<String>,
@@ -85,6 +92,7 @@ impl Fs {
         // 1. Referenced slices (chunks) and pending deletes, from one metadata pass.
         let mut referenced: HashMap<u64, u32> = HashMap::new();
         let mut due: Vec<(u64, u32)> = Vec::new();
+        let mut temps: Vec<(u64, Vec<u8>, u64)> = Vec::new();
         scan_all(&*self.engine, b"", &[0xff], PAGE, |page| {
             for (k, v) in page {
                 match keys::parse(&k) {
@@ -113,12 +121,42 @@ impl Fs {
                         rep.pending_due += 1;
                         due.push((id, size));
                     }
+                    Key::Dentry(parent, name) => {
+                        if let (Ok(n), Some((ino, crate::types::FileKind::File))) =
+                            (std::str::from_utf8(name), keys::decode_dentry(&v))
+                        {
+                            if super::is_tmp_name(n) {
+                                temps.push((parent, name.to_vec(), ino));
+                            }
+                        }
+                    }
                     _ => {}
                 }
             }
             Ok(())
         })
         .await?;
+        // 1b. Temporary files whose writer is dead: unlinked like any file (their slices
+        //     become pending deletes, purged by a later gc after the trash time).
+        let judge = super::TmpJudge::new(sessions, opts.now_ns, opts.session_timeout, false);
+        for (parent, name, ino) in temps {
+            let mtime = match self.getattr(ino).await {
+                Ok(a) => a.mtime.max(a.ctime),
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            if !judge.is_stale(std::str::from_utf8(&name).unwrap_or(""), mtime) {
+                continue;
+            }
+            rep.temps_dead += 1;
+            if opts.delete {
+                match self.unlink(parent, &name).await {
+                    Ok(()) => rep.temps_removed += 1,
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(e.context("removing a dead copy's temporary file")),
+                }
+            }
+        }
         // 2. The object store: complete the listing before any deletion (fail closed).
         let mut leaked: Vec<(String, u64)> = Vec::new();
         let grace = s.gc_grace_secs as i64 * 1_000_000_000;

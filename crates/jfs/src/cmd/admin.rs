@@ -122,8 +122,27 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
             }
             let tmp = f.with_extension("jfs-tmp");
             let written = (|| -> Result<()> {
+                // The dump holds every name of the volume: owner-only from the first byte, and
+                // a new file (what sits at the temporary name, a leftover or a link someone
+                // planted, is removed, never followed nor written through).
+                match std::fs::remove_file(&tmp) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| {
+                            format!(
+                                "removing {} (a leftover of an earlier dump?)",
+                                tmp.display()
+                            )
+                        });
+                    }
+                    _ => {}
+                }
+                use std::os::unix::fs::OpenOptionsExt;
                 let mut w = std::io::BufWriter::new(
-                    std::fs::File::create(&tmp)
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&tmp)
                         .with_context(|| format!("creating {}", tmp.display()))?,
                 );
                 serde_json::to_writer_pretty(&mut w, &d)?;
@@ -236,9 +255,13 @@ pub fn print_gc(r: &maint::GcReport, delete: bool, json: bool) -> Result<Outcome
             "sessions: {} live, {} dead ({} removed); kept open after unlink: {} ({} of dead sessions, {} freed)",
             r.sessions_live, r.sessions_dead, r.sessions_removed, r.kept, r.kept_dead, r.kept_released
         );
+        println!(
+            "temporary files of killed copies: {} ({} removed)",
+            r.temps_dead, r.temps_removed
+        );
         if let Some(c) = &r.cutover {
             println!("a storage cutover is in progress ({c}): no block is deleted from either store until `jfs cutover finish` or `abort`");
-        } else if !delete && (r.pending_due > 0 || r.leaked > 0) {
+        } else if !delete && (r.pending_due > 0 || r.leaked > 0 || r.temps_dead > 0) {
             println!("(dry run: run with --delete to remove them)");
         }
     }

@@ -95,13 +95,17 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             volpath,
             local,
             threads,
+            owners,
         } => {
             let volpath = vol_path(&volpath)?;
+            let opts = transfer::GetOpts { owners };
+            opts.check()?;
             transfer::get(
                 Arc::new(open_fs(g, &meta_url, true).await?),
                 &volpath,
                 &local,
                 threads,
+                opts,
                 g.quiet,
             )
             .await

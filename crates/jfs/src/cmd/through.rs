@@ -16,7 +16,7 @@
 //! code are the same.
 
 use super::fsops::{at, LinkTarget};
-use super::transfer::{base_name, mtime_ns, report, tmp_name, Dest};
+use super::transfer::{base_name, mtime_ns, report, system_time, tmp_name, Dest};
 use super::{split_last, Outcome};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
@@ -28,7 +28,6 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
 
 /// An io error in fs-core's words, for `fsops::at`.
 fn fse(e: std::io::Error) -> fs_core::Error {
@@ -309,6 +308,7 @@ pub async fn put(
     };
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
+    remove_dead_temps(&dir);
     plan(&root, &Arc::new(dir), local, &name, &mut jobs, &mut dirs)?;
     let total: u64 = jobs.iter().map(|j| j.meta.len()).sum();
     let progress = Arc::new(Progress::new("put", total, quiet));
@@ -343,10 +343,6 @@ pub async fn put(
     report("put", files, bytes, t0.elapsed(), &failures, quiet)
 }
 
-fn system_time(ns: i64) -> std::time::SystemTime {
-    UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64)
-}
-
 /// Create the directory tree in the mount (keeping existing directories), the symlinks, and
 /// collect the files to copy.
 fn plan(
@@ -361,17 +357,31 @@ fn plan(
         std::fs::symlink_metadata(local).with_context(|| format!("reading {}", local.display()))?;
     let ft = meta.file_type();
     if ft.is_dir() {
-        match parent.create_dir(name) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        let existed = match parent.create_dir(name) {
+            Ok(()) => false,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => true,
             Err(e) => {
                 return Err(e).with_context(|| root.ctx(format!("creating directory {name}")))
             }
-        }
+        };
         let d = root.sub(parent, name).map_err(|e| match is_elsewhere(&e) {
             true => anyhow::Error::new(e),
             false => anyhow::anyhow!("{name} exists in the volume and is not a directory"),
         })?;
+        if existed {
+            remove_dead_temps(&d);
+        }
+        // The owner before the mode (as for files): a chown clears setgid.
+        if rustix::process::geteuid().is_root() {
+            rustix::fs::chownat(
+                &**parent,
+                name,
+                Some(rustix::process::Uid::from_raw(meta.uid())),
+                Some(rustix::process::Gid::from_raw(meta.gid())),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .with_context(|| root.ctx(format!("setting the owner of {name}")))?;
+        }
         parent
             .set_permissions(name, Permissions::from_mode(meta.mode() & 0o7777))
             .with_context(|| root.ctx(format!("setting the mode of {name}")))?;
@@ -406,6 +416,30 @@ fn plan(
     Ok(())
 }
 
+/// Remove the temporary files that puts through this mount left in `d` when they were
+/// killed: their process is gone from this host (a put through a mount runs on the mount's
+/// host, a RocksDB volume's only one). Those of a put with a session of its own are `gc`'s.
+fn remove_dead_temps(d: &Dir) {
+    let Ok(entries) = d.entries() else { return };
+    for e in entries.flatten() {
+        let n = e.file_name();
+        let Some(w) = n.to_str().and_then(fs_core::maint::tmp_writer) else {
+            continue;
+        };
+        if w.session.is_none() && fs_core::session::process_start(w.pid).is_none() {
+            let n = n.to_string_lossy();
+            match d.remove_file(&*n) {
+                Ok(()) => {
+                    tracing::info!(name = %n, "removed a temporary file a killed jfs put left")
+                }
+                Err(e) => {
+                    tracing::warn!(name = %n, error = %e, "removing a temporary file a killed jfs put left")
+                }
+            }
+        }
+    }
+}
+
 /// Why the mount at `mp` failed to commit inode `ino`, asked through its control socket.
 fn mount_write_error(mp: &Path, ino: u64) -> Option<String> {
     let req = mount::control::Request::WriteError { ino };
@@ -421,12 +455,15 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
     if super::interrupted() {
         bail!("interrupted");
     }
-    let tmp = tmp_name(&job.name);
+    let tmp = tmp_name(&job.name, None);
+    // Owner-only until complete, and made by this process (O_EXCL); its owner, then its mode,
+    // are set once it is committed, so that a root put never leaves a root-owned setuid file
+    // with another user's bytes, even for a moment (and a chown after the mode would clear it).
     let mut o = OpenOptions::new();
     o.write(true)
         .create_new(true)
         .follow(FollowSymlinks::No)
-        .mode(job.meta.mode() & 0o7777);
+        .mode(0o600);
     let mut copied = 0u64;
     let result = (|| -> Result<()> {
         let mut out = job
@@ -472,6 +509,11 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
                 Some(rustix::process::Gid::from_raw(job.meta.gid())),
             )?;
         }
+        out.set_permissions(
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(
+                job.meta.mode() & 0o7777,
+            ),
+        )?;
         let atime = job.meta.atime() * 1_000_000_000 + job.meta.atime_nsec();
         out.set_times(
             std::fs::FileTimes::new()

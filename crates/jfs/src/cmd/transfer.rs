@@ -1,13 +1,21 @@
 //! `jfs put` and `jfs get`: trees in and out of a volume, files in parallel, each file's
 //! pieces in parallel, mode and mtime kept. A file lands under a temporary name and is renamed
 //! into place when complete, in the volume and on local disk alike.
+//!
+//! Temporary files are owner-only (0600) from their first byte and get their mode (after
+//! their owner) only once complete; on local disk they are new files (`O_EXCL`, no link
+//! followed). A put's temporary names carry its session (`fs_core::maint::tmp_name`), so a
+//! rerun and `gc` can tell a killed put's leftovers from a copy in flight. `get` restores
+//! owners only with `--owners` (root); otherwise setuid and setgid are dropped (`GetOpts`).
+//! Both place a directory the same way: it becomes the destination, merged into an existing
+//! one, and goes into it under its own name only when the destination ends in `/`.
 
 use super::{parent_of, Outcome};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
 use fs_core::{ErrorKind, FileKind, Fs, Ino, Owner, SetAttr, VolPath};
 use futures::{StreamExt, TryStreamExt};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -18,58 +26,11 @@ const PIECES_IN_FLIGHT: usize = 4;
 /// `jfs get` has the disk write out what it wrote at least this often (see `get_file`).
 const FLUSH_EVERY: u64 = 64 << 20;
 
-/// The longest file name (bytes) local file systems and volumes take.
-const NAME_MAX: usize = 255;
-/// What `tmp_name` adds after the prefix: `-<pid up to 10 digits>-<8 hex>`.
-const TMP_SUFFIX_MAX: usize = 1 + 10 + 1 + 8;
+pub use fs_core::maint::{is_tmp_name, tmp_name, tmp_prefix};
 
-/// The part of `name`'s temporary names before the process id: `.NAME.jfs-tmp`, or, for a
-/// name too long for that to fit with the suffix, its first bytes and a checksum of the whole
-/// (`.NAM~1a2b3c4d.jfs-tmp`), so that every legal name has a legal temporary name.
-pub fn tmp_prefix(name: &str) -> String {
-    let plain = format!(".{name}.jfs-tmp");
-    if plain.len() + TMP_SUFFIX_MAX <= NAME_MAX {
-        return plain;
-    }
-    let sum = format!("~{:08x}", crc32c::crc32c(name.as_bytes()));
-    let room = NAME_MAX - TMP_SUFFIX_MAX - ".".len() - sum.len() - ".jfs-tmp".len();
-    let mut cut = room.min(name.len());
-    while !name.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!(".{}{sum}.jfs-tmp", &name[..cut])
-}
-
-/// A temporary name beside `name`, with this process's id in it (so that a later run can
-/// tell a leftover of a killed process from a copy in flight); never longer than a legal name.
-pub fn tmp_name(name: &str) -> String {
-    format!(
-        "{}-{}-{:08x}",
-        tmp_prefix(name),
-        std::process::id(),
-        rand::random::<u32>()
-    )
-}
-
-/// Whether `name` is a temporary name `tmp_name` makes (`.<prefix>.jfs-tmp-<pid>-<8 hex>`):
-/// a put or get that has not finished. Other names with `.jfs-tmp` in them are the user's.
-pub fn is_tmp_name(name: &str) -> bool {
-    let Some((head, hex)) = name.rsplit_once('-') else {
-        return false;
-    };
-    let Some((head, pid)) = head.rsplit_once('-') else {
-        return false;
-    };
-    name.starts_with('.')
-        && head.ends_with(".jfs-tmp")
-        && (1..=10).contains(&pid.len())
-        && pid.bytes().all(|b| b.is_ascii_digit())
-        && hex.len() == 8
-        && hex.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// Remove temporary files a killed `jfs get` left beside `dest` (their process is gone; one
-/// from before pids were in the name counts as gone).
+/// Remove temporary files a killed `jfs get` left beside `dest` (their process is gone from
+/// this host; one from before pids were in the name, `.NAME.jfs-tmp-<8 hex>`, counts as
+/// gone). Other names are the user's and stay.
 fn remove_stale_temps(dest: &Path) {
     let (Some(dir), Some(name)) = (dest.parent(), dest.file_name().and_then(|n| n.to_str())) else {
         return;
@@ -84,14 +45,15 @@ fn remove_stale_temps(dest: &Path) {
     };
     for e in rd.flatten() {
         let f = e.file_name();
-        let Some(rest) = f.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+        let Some(f) = f.to_str().filter(|f| f.starts_with(&prefix)) else {
             continue;
         };
-        let alive = rest
-            .split_once('-')
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
-        if !alive {
+        let old_style = |rest: &str| rest.len() == 8 && rest.bytes().all(|b| b.is_ascii_hexdigit());
+        let gone = match fs_core::maint::tmp_writer(f) {
+            Some(w) => fs_core::session::process_start(w.pid).is_none(),
+            None => old_style(&f[prefix.len()..]),
+        };
+        if gone {
             tracing::info!(path = %e.path().display(), "removing a temporary file a killed jfs get left");
             let _ = std::fs::remove_file(e.path());
         }
@@ -107,15 +69,27 @@ struct PutJob {
     parent: Ino,
     name: String,
     meta: std::fs::Metadata,
+    /// Its directory was there before this put (a rerun): temporary files a killed put
+    /// left beside it are looked for.
+    rerun: bool,
+}
+
+/// What every file of one `jfs put` shares: its session (in its temporary names) and the
+/// judge of other writers' temporary files.
+struct PutCtx {
+    session: Option<String>,
+    judge: fs_core::maint::TmpJudge,
 }
 
 /// Create the directory tree in the volume; collect file jobs; return (dir ino, mtime) pairs to
-/// fix up at the end (creating children changes a directory's mtime).
+/// fix up at the end (creating children changes a directory's mtime). `rerun`: `parent` was
+/// there before this put.
 fn plan_put<'a>(
     fs: &'a Fs,
     local: &'a Path,
     parent: Ino,
     name: &'a str,
+    rerun: bool,
     jobs: &'a mut Vec<PutJob>,
     dirs: &'a mut Vec<(Ino, std::fs::Metadata)>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
@@ -128,22 +102,22 @@ fn plan_put<'a>(
             gid: meta.gid(),
         };
         if ft.is_dir() {
-            let ino = match fs
+            let (ino, existed) = match fs
                 .mkdir(parent, name.as_bytes(), meta.mode() & 0o7777, owner)
                 .await
             {
-                Ok((ino, _)) => ino,
+                Ok((ino, _)) => (ino, false),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                     let (ino, a) = fs.lookup(parent, name.as_bytes()).await?;
                     if a.kind != FileKind::Dir {
                         bail!("{name} exists in the volume and is not a directory");
                     }
-                    ino
+                    (ino, true)
                 }
                 Err(e) => return Err(e).with_context(|| format!("creating directory {name}")),
             };
             for (path, cname) in super::sorted_children(local)? {
-                plan_put(fs, &path, ino, &cname, jobs, dirs).await?;
+                plan_put(fs, &path, ino, &cname, existed, jobs, dirs).await?;
             }
             dirs.push((ino, meta));
         } else if ft.is_symlink() {
@@ -166,6 +140,7 @@ fn plan_put<'a>(
                 parent,
                 name: name.to_string(),
                 meta,
+                rerun,
             });
         } else {
             tracing::warn!(path = %local.display(), "skipping: not a file, directory or symlink");
@@ -181,16 +156,24 @@ fn check_interrupted() -> Result<()> {
     Ok(())
 }
 
-async fn put_file(fs: &Fs, job: &PutJob, progress: &Progress) -> Result<()> {
+async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> Result<()> {
     check_interrupted()?;
-    let tmp = tmp_name(&job.name);
+    if job.rerun {
+        let n = fs
+            .remove_dead_temps_of(job.parent, &job.name, &ctx.judge)
+            .await
+            .with_context(|| format!("removing what a killed put left beside {}", job.name))?;
+        if n > 0 {
+            tracing::info!(name = %job.name, removed = n, "removed temporary files a killed jfs put left");
+        }
+    }
+    let tmp = tmp_name(&job.name, ctx.session.as_deref());
     let owner = Owner {
         uid: job.meta.uid(),
         gid: job.meta.gid(),
     };
-    let (ino, _) = fs
-        .create(job.parent, tmp.as_bytes(), job.meta.mode() & 0o7777, owner)
-        .await?;
+    // Owner-only until complete: the final mode is set with the times, before the rename.
+    let (ino, _) = fs.create(job.parent, tmp.as_bytes(), 0o600, owner).await?;
     let file = Arc::new(
         std::fs::File::open(&job.local)
             .with_context(|| format!("opening {}", job.local.display()))?,
@@ -224,6 +207,7 @@ async fn put_file(fs: &Fs, job: &PutJob, progress: &Progress) -> Result<()> {
     fs.setattr(
         ino,
         &SetAttr {
+            mode: Some(job.meta.mode() & 0o7777),
             atime: Some(atime),
             mtime: Some(mtime_ns(&job.meta)),
             ..Default::default()
@@ -295,12 +279,22 @@ pub async fn put(
     };
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
-    plan_put(fs, local, parent, &name, &mut jobs, &mut dirs).await?;
+    plan_put(fs, local, parent, &name, true, &mut jobs, &mut dirs).await?;
+    let engine = fs.engine();
+    let ctx = PutCtx {
+        session: fs_core::maint::own_session(&**engine).await,
+        judge: fs_core::maint::TmpJudge::new(
+            fs_core::session::list(&**engine).await?,
+            fs_core::now_ns(),
+            fs_core::session::DEFAULT_TIMEOUT,
+            false,
+        ),
+    };
     let total: u64 = jobs.iter().map(|j| j.meta.len()).sum();
     let progress = Progress::new("put", total, quiet);
     let t0 = std::time::Instant::now();
     let failures: Vec<anyhow::Error> =
-        futures::stream::iter(jobs.iter().map(|j| put_file(fs, j, &progress)))
+        futures::stream::iter(jobs.iter().map(|j| put_file(fs, &ctx, j, &progress)))
             .buffer_unordered(threads.max(1))
             .filter_map(|r| async move { r.err() })
             .collect()
@@ -354,11 +348,53 @@ struct GetJob {
     attr: fs_core::Attr,
 }
 
+/// How `jfs get` treats owners. Without `owners` every copy belongs to whoever runs get, and
+/// a file's setuid and setgid bits are cleared (as `cp` and `tar` do for an owner they do
+/// not restore): a root get of a user's `chmod 4755` file would otherwise mint a setuid-root
+/// binary. With `owners` (root only, like `tar --same-owner`) each entry is given the
+/// volume's uid and gid *before* its mode is set, so setuid and setgid stay with the real
+/// owner. A directory's setgid and sticky bits are kept either way (they make no one more
+/// privileged: setgid only passes the directory's group on to new entries).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GetOpts {
+    pub owners: bool,
+}
+
+impl GetOpts {
+    /// Refuse `--owners` to a caller that cannot give files away.
+    pub fn check(&self) -> Result<()> {
+        if self.owners && !rustix::process::geteuid().is_root() {
+            bail!("get --owners: only root can give files to their owners; run it as root, or without --owners (the copies are then yours, without setuid and setgid bits)");
+        }
+        Ok(())
+    }
+
+    /// The mode a copy of a file with `mode` gets.
+    fn file_mode(&self, mode: u32) -> u32 {
+        if self.owners {
+            mode & 0o7777
+        } else {
+            mode & 0o7777 & !0o6000
+        }
+    }
+}
+
+/// Give `f` the volume's owner of `attr` (`GetOpts::owners`).
+fn chown_fd(f: &impl std::os::fd::AsFd, attr: &fs_core::Attr) -> std::io::Result<()> {
+    rustix::fs::fchown(
+        f,
+        Some(rustix::process::Uid::from_raw(attr.uid)),
+        Some(rustix::process::Gid::from_raw(attr.gid)),
+    )
+    .map_err(std::io::Error::from)
+}
+
 fn plan_get<'a>(
     fs: &'a Fs,
     ino: Ino,
     attr: fs_core::Attr,
     local: PathBuf,
+    opts: GetOpts,
     jobs: &'a mut Vec<GetJob>,
     dirs: &'a mut Vec<(PathBuf, fs_core::Attr)>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
@@ -367,7 +403,7 @@ fn plan_get<'a>(
             FileKind::Dir => {
                 // A directory under LOCAL is made or must be one: a symlink there is never
                 // followed (a link left by an earlier get, from the volume, could lead out
-                // of LOCAL). Only LOCAL itself, as given, may be a link.
+                // of LOCAL). Only LOCAL itself, as given, may be a link (resolved by `get`).
                 match std::fs::symlink_metadata(&local) {
                     Ok(m) if m.is_dir() => {}
                     Ok(m) if m.file_type().is_symlink() => bail!(
@@ -378,7 +414,11 @@ fn plan_get<'a>(
                         "get: {} exists and is not a directory, where the volume has one; remove it, or get into another directory",
                         local.display()
                     ),
-                    Err(_) => std::fs::create_dir_all(&local)
+                    // Owner-only until its mode is set, after everything in it is copied.
+                    Err(_) => std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o700)
+                        .create(&local)
                         .with_context(|| format!("creating {}", local.display()))?,
                 }
                 for e in fs.readdir_all(ino).await? {
@@ -388,7 +428,7 @@ fn plan_get<'a>(
                         continue; // an unfinished put
                     }
                     let a = fs.getattr(e.ino).await?;
-                    plan_get(fs, e.ino, a, local.join(&name), jobs, dirs).await?;
+                    plan_get(fs, e.ino, a, local.join(&name), opts, jobs, dirs).await?;
                 }
                 dirs.push((local, attr));
             }
@@ -397,6 +437,16 @@ fn plan_get<'a>(
                 let _ = std::fs::remove_file(&local);
                 std::os::unix::fs::symlink(String::from_utf8_lossy(&t).as_ref(), &local)
                     .with_context(|| format!("creating symlink {}", local.display()))?;
+                if opts.owners {
+                    rustix::fs::chownat(
+                        rustix::fs::CWD,
+                        &local,
+                        Some(rustix::process::Uid::from_raw(attr.uid)),
+                        Some(rustix::process::Gid::from_raw(attr.gid)),
+                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                    )
+                    .with_context(|| format!("giving {} to its owner", local.display()))?;
+                }
             }
             FileKind::File => jobs.push(GetJob { ino, local, attr }),
             kind => {
@@ -407,13 +457,14 @@ fn plan_get<'a>(
     })
 }
 
-fn set_local_times(path: &Path, attr: &fs_core::Attr) -> Result<()> {
-    let f = std::fs::File::options().read(true).open(path)?;
-    let t = std::fs::FileTimes::new()
-        .set_modified(UNIX_EPOCH + Duration::from_nanos(attr.mtime.max(0) as u64))
-        .set_accessed(UNIX_EPOCH + Duration::from_nanos(attr.atime.max(0) as u64));
-    f.set_times(t)?;
-    Ok(())
+/// A time in ns since 1970 (negative: before) as a `SystemTime`: every time a volume holds,
+/// before 1970 too.
+pub fn system_time(ns: i64) -> std::time::SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
 }
 
 /// Memory for read-ahead of all files `jfs get` copies at once.
@@ -423,6 +474,7 @@ async fn get_file(
     fs: &Arc<Fs>,
     budget: &fs_core::Budget,
     job: &GetJob,
+    opts: GetOpts,
     progress: &Progress,
 ) -> Result<()> {
     check_interrupted()?;
@@ -432,9 +484,17 @@ async fn get_file(
         .and_then(|n| n.to_str())
         .unwrap_or("file");
     remove_stale_temps(&job.local);
-    let tmp = job.local.with_file_name(tmp_name(name));
+    let tmp = job.local.with_file_name(tmp_name(name, None));
+    // Owner-only from the first byte, and a new file: whatever sits at that name (a file or
+    // a link another user planted) is neither followed nor reused (O_EXCL).
     let file = Arc::new(
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)
+            .with_context(|| format!("creating {}", tmp.display()))?,
     );
     let len = job.attr.length;
     file.set_len(len)?;
@@ -497,8 +557,18 @@ async fn get_file(
     .await;
     let res = res.and_then(|_| {
         file.sync_all()?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(job.attr.mode))?;
-        set_local_times(&tmp, &job.attr)?;
+        // The owner first: a chown clears setuid and setgid, and the mode is the owner's.
+        if opts.owners {
+            chown_fd(&*file, &job.attr)?;
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(
+            opts.file_mode(job.attr.mode),
+        ))?;
+        file.set_times(
+            std::fs::FileTimes::new()
+                .set_modified(system_time(job.attr.mtime))
+                .set_accessed(system_time(job.attr.atime)),
+        )?;
         std::fs::rename(&tmp, &job.local)?;
         Ok(())
     });
@@ -510,72 +580,79 @@ async fn get_file(
     Ok(())
 }
 
+/// Where `jfs get` writes VOLPATH, symmetric to `jfs put` (`Dest::goes_into`): a file goes
+/// into LOCAL when LOCAL is an existing directory (like cp); a directory becomes LOCAL,
+/// merged into an existing one (so a rerun after a partial failure finishes the same tree
+/// instead of nesting a copy inside it), and goes into LOCAL under its own name only when
+/// LOCAL is written with a trailing `/`.
+fn get_dest(local: &Path, volpath: &VolPath, is_dir: bool) -> Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = volpath.name().unwrap_or("root");
+    let bytes = local.as_os_str().as_bytes();
+    let slash = bytes.ends_with(b"/");
+    let local_is_dir = local.is_dir();
+    // `a/` of a file does not even stat: look at `a`.
+    let bare = Path::new(std::ffi::OsStr::from_bytes(
+        bytes
+            .strip_suffix(b"/")
+            .filter(|b| !b.is_empty())
+            .unwrap_or(bytes),
+    ));
+    if slash && !local_is_dir && bare.symlink_metadata().is_ok() {
+        bail!(
+            "get: {} is not a directory; name a directory, or LOCAL without the trailing /",
+            local.display()
+        );
+    }
+    if local_is_dir && (!is_dir || slash) {
+        return Ok(local.join(name));
+    }
+    // LOCAL itself, as given, may be a link to a directory (nothing below it may be).
+    if is_dir && local_is_dir {
+        return std::fs::canonicalize(local)
+            .with_context(|| format!("resolving {}", local.display()));
+    }
+    Ok(local.to_path_buf())
+}
+
 pub async fn get(
     fs: Arc<Fs>,
     volpath: &VolPath,
     local: &Path,
     threads: usize,
+    opts: GetOpts,
     quiet: bool,
 ) -> Result<Outcome> {
+    opts.check()?;
     let (ino, attr) = fs
         .resolve_path(volpath)
         .await
         .map_err(|e| super::fsops::at(volpath, "get", e))?;
-    let dest = if local.is_dir() {
-        local.join(volpath.name().unwrap_or("root"))
-    } else {
-        local.to_path_buf()
-    };
+    let dest = get_dest(local, volpath, attr.kind == FileKind::Dir)?;
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
-    plan_get(&fs, ino, attr, dest, &mut jobs, &mut dirs).await?;
+    plan_get(&fs, ino, attr, dest, opts, &mut jobs, &mut dirs).await?;
     let budget = fs_core::Budget::new(GET_BUDGET);
     let total = jobs.iter().map(|j| j.attr.length).sum();
     let progress = Progress::new("get", total, quiet);
     let t0 = std::time::Instant::now();
-    let failures: Vec<anyhow::Error> =
-        futures::stream::iter(jobs.iter().map(|j| get_file(&fs, &budget, j, &progress)))
-            .buffer_unordered(threads.max(1))
-            .filter_map(|r| async move { r.err() })
-            .collect()
-            .await;
+    let failures: Vec<anyhow::Error> = futures::stream::iter(
+        jobs.iter()
+            .map(|j| get_file(&fs, &budget, j, opts, &progress)),
+    )
+    .buffer_unordered(threads.max(1))
+    .filter_map(|r| async move { r.err() })
+    .collect()
+    .await;
     for (path, attr) in dirs.iter().rev() {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(attr.mode))?;
-        let t = UNIX_EPOCH + Duration::from_nanos(attr.mtime.max(0) as u64);
-        std::fs::File::open(path)?.set_times(std::fs::FileTimes::new().set_modified(t))?;
+        let d = std::fs::File::open(path)?;
+        if opts.owners {
+            chown_fd(&d, attr)
+                .with_context(|| format!("giving {} to its owner", path.display()))?;
+        }
+        d.set_permissions(std::fs::Permissions::from_mode(attr.mode & 0o7777))?;
+        d.set_times(std::fs::FileTimes::new().set_modified(system_time(attr.mtime)))?;
     }
     let (files, bytes) = progress.finish();
     report("get", files, bytes, t0.elapsed(), &failures, quiet)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_legal_name_has_a_legal_temporary_name() {
-        for len in [1, 200, 225, 226, 240, 254, 255] {
-            for unit in ["a", "é", "水"] {
-                let name: String = unit.repeat(len / unit.len());
-                let t = tmp_name(&name);
-                assert!(t.len() <= NAME_MAX, "{len} x {unit:?}: {} bytes", t.len());
-                assert!(t.starts_with(&format!("{}-", tmp_prefix(&name))));
-            }
-        }
-        assert!(tmp_name("model.bin").starts_with(".model.bin.jfs-tmp-"));
-        assert!(is_tmp_name(&tmp_name("model.bin")));
-        assert!(is_tmp_name(&tmp_name(&"x".repeat(255))));
-        for user in [
-            ".report.jfs-tmp-final",
-            ".a.jfs-tmp-12-xyz",
-            "a.jfs-tmp-12-0123abcd",
-            ".a.jfs-tmp--0123abcd",
-            ".a.jfs-tmp-12345678901-0123abcd",
-        ] {
-            assert!(!is_tmp_name(user), "{user}");
-        }
-        // Two long names that share their first bytes have different prefixes.
-        let (a, b) = ("x".repeat(250) + "a", "x".repeat(250) + "b");
-        assert_ne!(tmp_prefix(&a), tmp_prefix(&b));
-    }
 }

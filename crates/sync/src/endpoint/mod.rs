@@ -109,6 +109,22 @@ pub fn permanent(msg: impl Into<String>) -> anyhow::Error {
     ))
 }
 
+/// The mode a copy of a file with permission bits `mode` gets with `--perms`: its setuid
+/// and setgid bits are dropped, because the copy's owner is not the source's (a root
+/// jfs-sync of a user's `chmod 4755` file would otherwise make a setuid-root binary).
+pub fn copy_mode(mode: u32) -> u32 {
+    mode & 0o7777 & !0o6000
+}
+
+/// A time in ns since 1970 (negative: before) as a `SystemTime`.
+pub fn system_time(ns: i64) -> std::time::SystemTime {
+    if ns >= 0 {
+        std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns as u64)
+    } else {
+        std::time::UNIX_EPOCH - std::time::Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
 /// What ends the temporary name a file is written under before it is renamed into place.
 pub const TMP_SUFFIX: &str = ".jfs-sync-tmp";
 

@@ -167,6 +167,10 @@ impl VolumeEndpoint {
         for e in self.fs.readdir_all(ino).await? {
             let name = String::from_utf8(e.name)
                 .map_err(|_| anyhow!("a name under {prefix:?} is not UTF-8"))?;
+            if fs_core::maint::is_tmp_name(&name) {
+                // A `jfs put` that has not finished (or was killed: `gc` removes it).
+                continue;
+            }
             let a = self.fs.getattr(e.ino).await?;
             if a.kind.is_special() {
                 tracing::warn!(path = %format!("{prefix}{name}"), kind = ?a.kind, "skipped: not a file, directory or symlink");
@@ -201,9 +205,14 @@ impl Sink for VolumeSink {
         Ok(())
     }
     async fn finish(self: Box<Self>, src: &Entry, perms: bool) -> Result<()> {
+        // Owner-only while it is written (`sink`); its mode now. The owner is not carried
+        // (every copy is the volume's default owner), so setuid and setgid are not either.
         let set = SetAttr {
             mtime: Some(src.mtime_ns),
-            mode: if perms { src.mode } else { None },
+            mode: Some(match (perms, src.mode) {
+                (true, Some(m)) => super::copy_mode(m),
+                _ => 0o644,
+            }),
             ..Default::default()
         };
         self.fs.setattr(self.ino, &set).await?;
@@ -289,14 +298,14 @@ impl Endpoint for VolumeEndpoint {
         let tmp = super::temp_name(&name);
         let ino = match self
             .fs
-            .create(parent, tmp.as_bytes(), 0o644, Owner::default())
+            .create(parent, tmp.as_bytes(), 0o600, Owner::default())
             .await
         {
             Ok((ino, _)) => ino,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 self.fs.unlink(parent, tmp.as_bytes()).await?;
                 self.fs
-                    .create(parent, tmp.as_bytes(), 0o644, Owner::default())
+                    .create(parent, tmp.as_bytes(), 0o600, Owner::default())
                     .await?
                     .0
             }

@@ -1,7 +1,8 @@
 //! A local directory, opened once as a capability (cap-std): every path below is resolved
 //! relative to that descriptor, `..` and absolute paths cannot leave it, and symlinks are never
 //! followed out of it (a planted `dst/a -> /etc` makes writes under `a/` fail, not escape).
-//! Files are written under a temporary name and renamed into place when complete.
+//! Files are written under a temporary name, owner-only, and renamed into place when
+//! complete (`sink.rs`).
 
 use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
 use anyhow::{anyhow, bail, Context, Result};
@@ -216,21 +217,16 @@ impl LocalDir {
                 }),
             };
             let tmp = super::temp_name(&name);
-            let mut to = dir
-                .create(&tmp)
-                .with_context(|| format!("creating {tmp} for {key}"))?
-                .into_std();
+            let mut to = sink::create_temp(&dir, &tmp).with_context(|| format!("copying {key}"))?;
             let res = (|| -> Result<()> {
                 let n = std::io::copy(&mut from, &mut to)?;
                 if n != size {
                     bail!("{key} changed while being copied ({n} bytes where {size} were listed)");
                 }
-                let t =
-                    std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime.max(0) as u64);
-                to.set_times(std::fs::FileTimes::new().set_modified(t))?;
-                if let (true, Some(m)) = (perms, mode) {
-                    to.set_permissions(std::fs::Permissions::from_mode(m))?;
-                }
+                to.set_times(std::fs::FileTimes::new().set_modified(super::system_time(mtime)))?;
+                to.set_permissions(std::fs::Permissions::from_mode(sink::final_mode(
+                    perms, mode,
+                )))?;
                 dir.rename(&tmp, &dir, &name)
                     .with_context(|| format!("renaming into place: {key}"))?;
                 Ok(())

@@ -1,12 +1,19 @@
 //! Writing one file of a local destination: under a temporary name in the same directory,
 //! synced every `SYNC_EVERY` bytes, renamed into place only once complete (`finish`), and
 //! removed on `abort`. Small files are made durable by the run's batched `syncfs`.
+//!
+//! The temporary file is made by this process (`O_EXCL`: what an interrupted run, or another
+//! user, left at that name is removed first, never followed nor reused) and is owner-only
+//! (0600) from its first byte; its mode is set at `finish`, before the rename: with `--perms`
+//! the source's without setuid and setgid (`copy_mode`: the owner is not the source's),
+//! otherwise a new file's (0666 less the umask).
 
 use super::super::{Entry, Sink};
 use anyhow::{anyhow, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 use cap_std::fs::Dir;
+use cap_std::fs::OpenOptionsExt;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
@@ -55,10 +62,7 @@ impl LocalSink {
                 }
                 None => super::super::temp_name(name),
             };
-            let file = dir
-                .create(&tmp)
-                .with_context(|| format!("creating {tmp}"))?
-                .into_std();
+            let file = create_temp(&dir, &tmp)?;
             Ok(LocalSink {
                 dir,
                 tmp,
@@ -69,6 +73,46 @@ impl LocalSink {
         })
         .await
     }
+}
+
+/// Create the temporary file `tmp` of `dir`, owner-only, as a new file: whatever is at that
+/// name (a leftover of an interrupted run, or a file or link someone planted) is removed
+/// first, and never followed or written to.
+pub(super) fn create_temp(dir: &Dir, tmp: &str) -> Result<std::fs::File> {
+    match dir.remove_file(tmp) {
+        Ok(()) => tracing::debug!(tmp, "removed what an interrupted run left"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(_) => {} // a directory, say: the exclusive create below fails and says so
+    }
+    let mut o = cap_std::fs::OpenOptions::new();
+    o.write(true).create_new(true).mode(0o600);
+    Ok(dir
+        .open_with(tmp, &o)
+        .with_context(|| format!("creating the temporary file {tmp} (it must not exist)"))?
+        .into_std())
+}
+
+/// The mode a finished copy gets (see the module's doc).
+pub(super) fn final_mode(perms: bool, mode: Option<u32>) -> u32 {
+    match (perms, mode) {
+        (true, Some(m)) => super::super::copy_mode(m),
+        _ => 0o666 & !umask(),
+    }
+}
+
+/// This process's umask (from /proc; 022 where it cannot be read).
+fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Umask:"))
+                    .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            })
+            .unwrap_or(0o022)
+    })
 }
 
 #[async_trait]
@@ -84,12 +128,11 @@ impl Sink for LocalSink {
         let (mtime, mode) = (src.mtime_ns, src.mode);
         blocking(move || {
             let s = *self;
-            let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime.max(0) as u64);
+            s.file.set_times(
+                std::fs::FileTimes::new().set_modified(super::super::system_time(mtime)),
+            )?;
             s.file
-                .set_times(std::fs::FileTimes::new().set_modified(t))?;
-            if let (true, Some(m)) = (perms, mode) {
-                s.file.set_permissions(std::fs::Permissions::from_mode(m))?;
-            }
+                .set_permissions(std::fs::Permissions::from_mode(final_mode(perms, mode)))?;
             // Not synced here: the run makes finished copies durable in batches (`sync`)
             // before it records them as done.
             s.dir
