@@ -76,6 +76,7 @@ pub async fn format(
             return Err(e);
         }
     };
+    super::mount::warn_if_shared_volume(meta_url, storage);
     println!(
         "formatted volume {:?} (uuid {}) in {} with blocks in {}",
         fs.settings().name,
@@ -122,10 +123,17 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
             }
             let tmp = f.with_extension("jfs-tmp");
             let written = (|| -> Result<()> {
-                let mut w = std::io::BufWriter::new(
-                    std::fs::File::create(&tmp)
-                        .with_context(|| format!("creating {}", tmp.display()))?,
-                );
+                // Every name and block map of the volume: owner-only from the first byte.
+                let mut w = std::io::BufWriter::new({
+                    use std::os::unix::fs::OpenOptionsExt;
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .mode(0o600)
+                        .open(&tmp)
+                        .with_context(|| format!("creating {}", tmp.display()))?
+                });
                 serde_json::to_writer_pretty(&mut w, &d)?;
                 w.write_all(b"\n")?;
                 w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
