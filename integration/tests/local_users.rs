@@ -277,6 +277,11 @@ fn a_run_directory_or_log_another_user_planted_is_refused() {
         (&linked, "is a symbolic link"),
     ] {
         let o = mnt(run, &[]);
+        if is_mounted(&mp) {
+            // Not refused: leave nothing mounted behind the failure below.
+            let _ = jfs_umask("022", run, &["umount", mp.to_str().unwrap()]);
+            let _ = Command::new("fusermount3").arg("-uz").arg(&mp).status();
+        }
         let err = integration::fails_clearly(&o, why);
         assert!(err.contains(run.to_str().unwrap()), "{err}");
         assert!(err.contains("JFS_RUN_DIR"), "{err}");
@@ -302,6 +307,10 @@ fn a_run_directory_or_log_another_user_planted_is_refused() {
     );
     ok(&o, "nobody's ln");
     let o = mnt(&good, &["--log", log.to_str().unwrap()]);
+    if is_mounted(&mp) {
+        let _ = jfs_umask("022", &good, &["umount", mp.to_str().unwrap()]);
+        let _ = Command::new("fusermount3").arg("-uz").arg(&mp).status();
+    }
     integration::fails_clearly(&o, "is a symbolic link: refusing to write through it");
     assert_eq!(
         std::fs::read_to_string(&profile).unwrap(),
