@@ -442,17 +442,6 @@ pub enum Command {
     },
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_cli_is_well_formed() {
-        use clap::CommandFactory;
-        Cli::command().debug_assert();
-    }
-}
-
 /// `--cache-mode`: octal permission bits that let the owner read and write.
 fn parse_cache_mode(s: &str) -> Result<u32, String> {
     let m = u32::from_str_radix(s, 8)
@@ -463,4 +452,15 @@ fn parse_cache_mode(s: &str) -> Result<u32, String> {
         ));
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
 }
