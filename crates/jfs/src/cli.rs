@@ -93,6 +93,11 @@ pub struct MountArgs {
     /// Keep at least this share of the cache disk free.
     #[arg(long, default_value_t = 0.1)]
     pub free_space_ratio: f64,
+    /// Permission bits of cached files, in octal (directories get search where read is
+    /// given). Cached blocks are the volume's bytes whatever their files' modes: 0600 keeps
+    /// them to the mount's user.
+    #[arg(long, default_value = "0600", value_name = "OCTAL", value_parser = parse_cache_mode)]
+    pub cache_mode: u32,
     /// Memory for write buffers and read-ahead.
     #[arg(long, default_value = "300M", value_parser = parse_size)]
     pub buffer_size: u64,
@@ -122,7 +127,8 @@ pub struct MountArgs {
     /// agents' admin ports are 9567 and 9568).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
-    /// Let other users use the mount (root always may).
+    /// Let other users use the mount. Without it the kernel refuses everyone but the
+    /// mounting user (root included, as FUSE does by default).
     #[arg(long)]
     pub allow_other: bool,
     /// FUSE request loops.
@@ -445,6 +451,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--cache-mode`: octal permission bits that let the owner read and write.
+fn parse_cache_mode(s: &str) -> Result<u32, String> {
+    let m = u32::from_str_radix(s, 8)
+        .map_err(|_| format!("{s:?} is not an octal mode: give e.g. 0600 or 0640"))?;
+    if m > 0o777 || m & 0o600 != 0o600 {
+        return Err(format!(
+            "{s} must be permission bits (at most 0777) that let the owner read and write, e.g. 0600 or 0640"
+        ));
+    }
+    Ok(m)
 }
 
 #[cfg(test)]

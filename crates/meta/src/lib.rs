@@ -176,6 +176,13 @@ pub fn check_url(url: &str, opts: &OpenOptions) -> Result<()> {
     }
 }
 
+/// The local directory a META_URL keeps the volume's metadata in (`rocksdb://`), if any.
+pub fn local_dir(url: &str) -> Option<PathBuf> {
+    url.starts_with("rocksdb://")
+        .then(|| rocks_path(url, true).ok().map(|(p, _)| p))
+        .flatten()
+}
+
 /// Up to 3 entries of `dir` that neither RocksDB (a creation cut short leaves these) nor
 /// this project put there.
 fn foreign_entries(dir: &Path) -> Vec<String> {
@@ -365,7 +372,7 @@ pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
             let (path, sync) = rocks_path(url, opts.create)?;
             if opts.create {
                 if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| {
+                    localdir::create_private_dirs(parent).map_err(|e| {
                         config_err(url, format!("creating {}: {e}", parent.display()))
                     })?;
                 }

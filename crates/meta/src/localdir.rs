@@ -1,6 +1,8 @@
 //! The files of an embedded volume's directory around RocksDB itself: the free-room check
 //! every local writer makes first, the small side files written whole (write, fsync, rename,
 //! fsync the directory), and who holds the RocksDB write lock (for the "busy" message).
+//! What this project creates there is owner-only (directories 0700, files 0600, whatever the
+//! umask); RocksDB's own files sit inside the 0700 volume directory.
 
 use fs_core::error::{Error, ErrorKind, Result};
 use std::path::Path;
@@ -28,6 +30,16 @@ pub fn check_room(dir: &Path, need: u64) -> std::result::Result<(), String> {
     }
 }
 
+/// Create `dir` and its missing parents owner-only (0700, whatever the umask): whoever can
+/// read a volume's metadata can read every name and, with its store, every byte.
+pub(crate) fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 pub(crate) fn io_err(e: std::io::Error, path: &Path) -> Error {
     if matches!(e.raw_os_error(), Some(28) | Some(122)) {
         return Error::new(
@@ -47,9 +59,18 @@ pub(crate) fn aux_write(dir: &Path, name: &str, value: Option<&[u8]>) -> Result<
             _ => Ok(()),
         };
     };
-    std::fs::create_dir_all(dir).map_err(|e| io_err(e, dir))?;
+    create_private_dirs(dir).map_err(|e| io_err(e, dir))?;
     let tmp = dir.join(format!("{name}.tmp.{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io_err(e, &tmp))?;
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io_err(e, &tmp))?
+    };
     f.write_all(value).map_err(|e| io_err(e, &tmp))?;
     f.sync_all().map_err(|e| io_err(e, &tmp))?;
     std::fs::rename(&tmp, &path).map_err(|e| io_err(e, &path))?;

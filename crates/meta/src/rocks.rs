@@ -309,6 +309,28 @@ impl RocksEngine {
         // The writer's logs before a secondary opens: a change after this, even during the
         // open, makes its first catch-up open it anew (see `catch_up`).
         let logs = wal_numbers(path);
+        // RocksDB would create a missing directory itself, open to the umask (0755): the
+        // metadata names every file and maps its blocks, so it is made owner-only first.
+        if create && mode == RocksMode::ReadWrite && !path.exists() {
+            crate::localdir::create_private_dirs(path).map_err(|e| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!("creating {}: {e}", path.display()),
+                )
+            })?;
+        }
+        if let Err(e) = std::fs::read_dir(path) {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                use std::os::unix::fs::MetadataExt;
+                let owner = std::fs::metadata(path)
+                    .map(|m| format!(" (uid {}, mode {:04o})", m.uid(), m.mode() & 0o7777))
+                    .unwrap_or_default();
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!("{}: Permission denied: a volume's metadata is its owner's alone{owner}, since whoever reads it reads every file; run this as that user or root", path.display()),
+                ));
+            }
+        }
         let (db, secondary) = match mode {
             _ if !create && !path.join("CURRENT").exists() => {
                 return Err(Error::new(
@@ -426,7 +448,7 @@ const SECONDARY_PREFIX: &str = "jfs-rocks-secondary-";
 
 /// Open the volume at `path` as a secondary whose own files (its LOG) go in `dir`.
 fn open_secondary(path: &Path, dir: &Path) -> Result<DB> {
-    std::fs::create_dir_all(dir)
+    crate::localdir::create_private_dirs(dir)
         .map_err(|e| Error::new(ErrorKind::Backend, format!("creating a secondary dir: {e}")))?;
     let mut so = base_options();
     so.set_max_open_files(-1);

@@ -2,6 +2,12 @@
 //! after the mount point) through which `jfs warmup`, `jfs stats` and, for a RocksDB volume
 //! that only this process may write, `jfs gc --delete` and `jfs cutover` steps reach the mount.
 //!
+//! Who may use it: the run directory must be this user's own and 0700 (checked without
+//! following links before anything is put there or read from there; a missing one is made
+//! 0700), the socket is 0600 from the moment it has its name (`bind_private`), and every
+//! connection's peer (SO_PEERCRED) must be this user or root (`accept_trusted`); a client
+//! checks the server's the same way, so a socket planted by another user is never spoken to.
+//!
 //! Protocol: the client writes one JSON request line; the server answers with JSON lines,
 //! progress lines first, and a last line holding `done` or `error`.
 
@@ -32,6 +38,149 @@ pub fn run_dir() -> PathBuf {
         return PathBuf::from(d).join("jfs");
     }
     PathBuf::from(format!("/tmp/jfs-{uid}"))
+}
+
+/// How a directory this user keeps private (the run directory, a default cache directory)
+/// falls short, checked without following a symbolic link; None when it is fine.
+fn private_dir_problem(dir: &Path, m: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    if m.file_type().is_symlink() {
+        return Some(format!("{} is a symbolic link", dir.display()));
+    }
+    if !m.is_dir() {
+        return Some(format!("{} is not a directory", dir.display()));
+    }
+    if m.uid() != me {
+        return Some(format!(
+            "{} belongs to uid {}, not to this user (uid {me})",
+            dir.display(),
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Some(format!(
+            "{} has mode {:04o}: other users may add to it",
+            dir.display(),
+            m.mode() & 0o7777
+        ));
+    }
+    None
+}
+
+/// Make sure `dir` is a directory of this user's that nobody else may use (0700): created
+/// so (parents too) if absent; one of this user's that others may read but not change is
+/// narrowed to 0700; anything else (a symbolic link, another user's directory, one others
+/// may write) is refused with what to do. `what` names it in messages.
+pub fn ensure_private_dir(dir: &Path, what: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let refuse = |why: String| {
+        anyhow::anyhow!(
+            "the {what} {}: {why}; it must be a directory of this user's that no one else may use (mode 0700): remove it (a new one is made), or set another place{}",
+            dir.display(),
+            if what == "run directory" { " with JFS_RUN_DIR" } else { "" }
+        )
+    };
+    let m = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(p) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(p)
+                    .map_err(|e| anyhow::anyhow!("creating {}: {e}", p.display()))?;
+            }
+            // Not recursive: one made by someone else in between is an error, then checked.
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(anyhow::anyhow!(
+                        "creating the {what} {}: {e}",
+                        dir.display()
+                    ))
+                }
+            }
+            std::fs::symlink_metadata(dir)
+                .map_err(|e| anyhow::anyhow!("the {what} {}: {e}", dir.display()))?
+        }
+        Err(e) => return Err(anyhow::anyhow!("the {what} {}: {e}", dir.display())),
+    };
+    if let Some(why) = private_dir_problem(dir, &m) {
+        return Err(refuse(why));
+    }
+    if std::os::unix::fs::MetadataExt::mode(&m) & 0o077 != 0 {
+        // This user's, and no one else could add to it: made by an older version.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| refuse(format!("cannot narrow it to 0700: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The run directory (`run_dir`), checked (`ensure_private_dir`).
+pub fn private_run_dir() -> anyhow::Result<PathBuf> {
+    let d = run_dir();
+    ensure_private_dir(&d, "run directory")?;
+    Ok(d)
+}
+
+/// Whether a peer of a local socket may talk to this process: its own user or root.
+pub fn peer_trusted(sock: &UnixStream) -> std::io::Result<u32> {
+    let uid = sock.peer_cred()?.uid();
+    let me = rustix::process::geteuid().as_raw();
+    if uid == me || uid == 0 {
+        Ok(uid)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("the peer is uid {uid}: only uid {me} (this process's user) and root may use this socket"),
+        ))
+    }
+}
+
+/// The next connection to `listener` from this process's user or root (`peer_trusted`);
+/// any other is closed at once, unanswered, and logged.
+pub async fn accept_trusted(listener: &UnixListener) -> std::io::Result<UnixStream> {
+    loop {
+        let (sock, _) = listener.accept().await?;
+        match peer_trusted(&sock) {
+            Ok(_) => return Ok(sock),
+            Err(e) => tracing::warn!(error = %e, "refused a local connection"),
+        }
+    }
+}
+
+/// Listen on a Unix socket at `path` that only this user (and root) can connect to from its
+/// first moment: it is bound in a new 0700 directory beside `path`, made 0600, and renamed
+/// into place (a socket bound in place is open to the umask until restricted). Peers must
+/// still be checked (`accept_trusted`): the directory `path` is in may be reachable.
+pub fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let mut n = 0u32;
+    let private = loop {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let p = dir.join(format!(".{name}.{}.{nanos:x}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+            Ok(()) => break p,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    let inner = private.join("s");
+    let res = (|| {
+        let l = UnixListener::bind(&inner)?;
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&inner, path)?;
+        Ok(l)
+    })();
+    let _ = std::fs::remove_file(&inner);
+    let _ = std::fs::remove_dir(&private);
+    res
 }
 
 /// The control socket of the mount at `mountpoint` (an absolute, canonical path).
@@ -131,7 +280,8 @@ pub struct Ctl {
 
 pub async fn serve(listener: UnixListener, ctl: Arc<Ctl>) {
     loop {
-        let Ok((sock, _)) = listener.accept().await else {
+        // Only this user and root: a request can stop the mount or commit changes.
+        let Ok(sock) = accept_trusted(&listener).await else {
             continue;
         };
         let ctl = ctl.clone();
@@ -508,11 +658,31 @@ pub async fn call(
     req: &Request,
     mut on_line: impl FnMut(&serde_json::Value),
 ) -> anyhow::Result<serde_json::Value> {
-    let path = socket_path(mountpoint);
+    let dir = run_dir();
+    let path = socket_path_in(&dir, mountpoint);
+    // A run directory someone else made or can change may hold their socket, not the mount's.
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) => {
+            if let Some(why) = private_dir_problem(&dir, &m) {
+                anyhow::bail!(
+                    "refusing the run directory {}: {why}; it must be a directory of this user's that no one else may use (mode 0700): remove it and mount again, or set JFS_RUN_DIR",
+                    dir.display()
+                );
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("the run directory {}: {e}", dir.display()),
+    }
     let sock = UnixStream::connect(&path).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot reach the mount at {} through {} ({e}): is it a `jfs mount` of this host, still running?",
             mountpoint.display(),
+            path.display()
+        )
+    })?;
+    peer_trusted(&sock).map_err(|e| {
+        anyhow::anyhow!(
+            "refusing the control socket {}: {e} (not a mount of this user's)",
             path.display()
         )
     })?;
@@ -540,4 +710,113 @@ pub async fn call(
         );
     }
     Ok(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// As user nobody (65534), connect to `sock`, send an exit request and print what came
+    /// back (`b''`: closed unanswered), or the error.
+    fn connect_as_nobody(sock: &Path) -> String {
+        let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.settimeout(5)\ntry:\n s.connect(sys.argv[1])\n s.sendall(b'{\"op\":\"exit\"}\\n')\n print(repr(s.recv(100)))\nexcept OSError as e:\n print('error', e.errno)\n";
+        let o = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(["/usr/bin/python3", "-c", script])
+            .arg(sock)
+            .output()
+            .expect("running setpriv (util-linux) and /usr/bin/python3");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    #[tokio::test]
+    async fn another_users_connection_is_closed_unanswered_and_the_owners_accepted() {
+        let d = tempfile::tempdir().unwrap();
+        // A shared host: the directory is reachable and the socket opened to everyone, so
+        // only the peer check stands between another user and the mount.
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = d.path().join("ctl.sock");
+        let listener = bind_private(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let accept = tokio::spawn(async move { accept_trusted(&listener).await });
+        let p = path.clone();
+        let nobody = tokio::task::spawn_blocking(move || connect_as_nobody(&p))
+            .await
+            .unwrap();
+        // Closed unanswered: read end of file, or the send met the closed socket (EPIPE,
+        // ECONNRESET), depending on who is first.
+        assert!(
+            ["b''", "error 32", "error 104"].contains(&nobody.as_str()),
+            "uid 65534 got {nobody}"
+        );
+        assert!(!accept.is_finished(), "uid 65534's connection was accepted");
+        let me = UnixStream::connect(&path).await.unwrap();
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), accept)
+            .await
+            .expect("the owner's connection is accepted")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            got.peer_cred().unwrap().uid(),
+            rustix::process::geteuid().as_raw()
+        );
+        drop(me);
+    }
+
+    #[tokio::test]
+    async fn a_socket_is_owner_only_from_its_first_moment_whatever_its_directory() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let path = d.path().join("ctl.sock");
+        let _l = bind_private(&path).unwrap();
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o600);
+        // Nothing else is left beside it (the private directory it was bound in is gone).
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("ctl.sock")]);
+        assert_eq!(connect_as_nobody(&path), "error 13", "EACCES for uid 65534");
+    }
+
+    #[test]
+    fn a_run_directory_not_this_users_alone_is_refused_and_a_missing_one_made_0700() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Missing (with a missing parent): made, 0700.
+        let made = d.path().join("a/run");
+        ensure_private_dir(&made, "run directory").unwrap();
+        for p in [&made, &d.path().join("a")] {
+            assert_eq!(std::fs::metadata(p).unwrap().mode() & 0o777, 0o700, "{p:?}");
+        }
+        // This user's, readable by others: narrowed.
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ensure_private_dir(&open, "run directory").unwrap();
+        assert_eq!(std::fs::metadata(&open).unwrap().mode() & 0o777, 0o700);
+        // Another user's, a link to one of ours, one others may write: refused, untouched.
+        let theirs = d.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&made, &link).unwrap();
+        let writable = d.path().join("writable");
+        std::fs::create_dir(&writable).unwrap();
+        std::fs::set_permissions(&writable, std::fs::Permissions::from_mode(0o777)).unwrap();
+        for (p, why) in [
+            (&theirs, "belongs to uid 65534"),
+            (&link, "is a symbolic link"),
+            (&writable, "has mode 0777"),
+        ] {
+            let e = format!("{:#}", ensure_private_dir(p, "run directory").unwrap_err());
+            assert!(e.contains(why), "{e}");
+            assert!(e.contains("JFS_RUN_DIR"), "{e}");
+        }
+        assert_eq!(std::fs::metadata(&writable).unwrap().mode() & 0o777, 0o777);
+    }
 }

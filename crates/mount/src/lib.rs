@@ -9,7 +9,9 @@
 //! Invariants: data written through the mount is committed (blocks stored, then the slice
 //! referenced) at flush, fsync and close at the latest, and a failure to store it is an
 //! EIO there, never silence; an inode unlinked while open here stays until its last close
-//! (or until gc finds this session dead).
+//! (or until gc finds this session dead). Who may use it: without `--allow-other` the kernel
+//! refuses every user but the mounting one (the mount table shows no `allow_other`), and its
+//! control socket answers only that user and root (see `control`).
 //!
 //! # Parts and invariants
 //!
@@ -291,32 +293,30 @@ async fn serve(
         },
         blksize: 1 << 20,
     };
-    let is_root = rustix::process::geteuid().is_root();
     let mut mopts = vec![
         fuser::MountOption::FSName(format!("jfs:{}", fs.settings().name)),
-        fuser::MountOption::Subtype("jfs".into()),
+        // As a kernel option, not fuser's Subtype: without AutoUnmount root mounts with
+        // mount(2) directly, where fuser drops Subtype and the table would say "fuse"
+        // (fusermount3 takes the same option text).
+        fuser::MountOption::CUSTOM("subtype=jfs".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoAtime,
     ];
     if o.read_only {
         mopts.push(fuser::MountOption::RO);
     }
+    // Without --allow-other the kernel itself refuses other users (no `allow_other` in the
+    // mount table): fuser's allow_root passes `allow_other` to the kernel and filters in this
+    // process, where requests the kernel answers from its caches (a stat of cached
+    // attributes) never arrive, so other users saw them. fusermount3's AutoUnmount needs
+    // `allow_other`, so such a mount goes without it: the mount guard (`guard`, started
+    // below either way) removes the mount of a killed process; with --allow-other both do.
+    // The trade: root cannot use a non-root user's mount without --allow-other, as with any
+    // FUSE mount by default.
     let acl = if o.allow_other {
+        mopts.push(fuser::MountOption::AutoUnmount);
         fuser::SessionACL::All
     } else {
-        fuser::SessionACL::RootAndOwner
-    };
-    // AutoUnmount (fusermount3 removes the mount when this process dies, even by kill -9)
-    // needs allow_other, which a non-root user may only ask for with user_allow_other.
-    let auto = is_root
-        || o.allow_other
-        || std::fs::read_to_string("/etc/fuse.conf")
-            .is_ok_and(|s| s.lines().any(|l| l.trim() == "user_allow_other"));
-    let acl = if auto {
-        mopts.push(fuser::MountOption::AutoUnmount);
-        acl
-    } else {
-        tracing::warn!("no auto-unmount: a killed mount leaves a stale mount point until the next `jfs mount` or `jfs umount` clears it (add user_allow_other to /etc/fuse.conf)");
         fuser::SessionACL::Owner
     };
     let mut cfg = fuser::Config::default();
@@ -367,18 +367,12 @@ async fn serve(
         &store_metrics,
         origin_metrics.as_ref(),
     ));
-    let sock = control::socket_path(mp);
-    if let Some(d) = sock.parent() {
-        std::fs::create_dir_all(d)
-            .with_context(|| format!("creating the run directory {}", d.display()))?;
-    }
+    // In a run directory that is this user's alone, 0600 from its first moment, and each
+    // peer checked (see `control`).
+    let sock = control::socket_path_in(&control::private_run_dir()?, mp);
     let _ = std::fs::remove_file(&sock);
-    let listener = tokio::net::UnixListener::bind(&sock)
+    let listener = control::bind_private(&sock)
         .with_context(|| format!("binding the control socket {}", sock.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
-    }
     let (exit_tx, mut exit_rx) = tokio::sync::mpsc::channel::<bool>(1);
     let ctl = Arc::new(control::Ctl {
         vfs: vfs.clone(),

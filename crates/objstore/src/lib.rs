@@ -16,7 +16,9 @@
 //! synced temp file in `<root>/.jfs-tmp` renamed into place, so a crash never leaves half a
 //! block; a whole-block read is one `read` of the file; errors are classified by
 //! `Error::from_io`, so a read-only, full or forbidden disk is permanent, where OpenDAL calls
-//! every unknown io error temporary; a key with empty, `.` or `..` parts is refused), `s3://`
+//! every unknown io error temporary; a key with empty, `.` or `..` parts is refused; the
+//! directories it creates are 0700 and its blocks 0600 whatever the umask, since anyone who
+//! can read a store's blocks can read every file of the volume), `s3://`
 //! (credentials from the AWS environment only), `memory://`.
 //! Decorators come from OpenDAL layers: TimeoutLayer, then RetryLayer (jittered exponential
 //! backoff that retries only errors OpenDAL marks temporary). `check_url` validates a URL with
@@ -165,7 +167,17 @@ fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// `create_dir_all(dir)`, with each directory it creates made durable in its parent.
+/// Create `dir` and its missing parents owner-only (0700, whatever the umask): a store's
+/// directories hold the volume's bytes, readable by anyone who reaches them.
+pub fn create_private_dirs(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// `create_private_dirs(dir)`, with each directory it creates made durable in its parent.
 fn create_dirs_synced(dir: &std::path::Path) -> std::io::Result<()> {
     if dir.is_dir() {
         return Ok(());
@@ -176,7 +188,7 @@ fn create_dirs_synced(dir: &std::path::Path) -> std::io::Result<()> {
         missing.push(d);
         cur = d.parent();
     }
-    std::fs::create_dir_all(dir)?;
+    create_private_dirs(dir)?;
     for d in missing.iter().rev() {
         if let Some(parent) = d.parent() {
             sync_dir(parent)?;
@@ -257,11 +269,14 @@ fn read_local_with(
 /// every logical block size up to 4 KiB).
 const DIRECT_ALIGN: usize = 4096;
 
-/// Create `path` (it must not exist) holding `data`, synced.
+/// Create `path` (it must not exist) holding `data`, synced; owner-only (0600) from its
+/// first byte, whatever the umask.
 fn write_synced(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(path)?;
     write_at_end(&mut f, 0, data)?;
     f.sync_all()
@@ -413,11 +428,11 @@ pub fn operator(url: &str, opts: &StoreOptions) -> Result<Operator> {
                             format!("the store directory {path} does not exist (a mistyped path? `jfs format` creates it)"),
                         ));
                     }
-                    std::fs::create_dir_all(path)
+                    create_private_dirs(std::path::Path::new(path))
                         .map_err(|e| config_err(url, format!("cannot create {path}: {e}")))?;
                 }
                 let tmp = format!("{}/.jfs-tmp", path.trim_end_matches('/'));
-                std::fs::create_dir_all(&tmp)
+                create_private_dirs(std::path::Path::new(&tmp))
                     .map_err(|e| config_err(url, format!("cannot create {tmp}: {e}")))?;
                 remove_stale_temp(std::path::Path::new(&tmp));
                 Operator::new(services::Fs::default().root(path).atomic_write_dir(&tmp))

@@ -13,6 +13,10 @@
 //! start, oldest first by modification time, so the cache survives restarts. Eviction is LRU,
 //! by capacity (`--cache-size`) and by the disk's free space (`--free-space-ratio`): the cache
 //! never fills the disk it lives on. Only block keys of this volume are cached.
+//!
+//! A cached block is the volume's bytes whatever the mode of its file, so the cache is the
+//! mount user's alone: files are created 0600 and directories 0700 from the start (not
+//! chmod-ed after, and whatever the umask), or `--cache-mode` and its directory mode.
 
 use crate::metrics::StoreMetrics;
 use bytes::Bytes;
@@ -35,6 +39,38 @@ pub struct CacheConfig {
     pub capacity: u64,
     /// Keep at least this share of the disk free (0.1 = 10%).
     pub free_ratio: f64,
+    /// The permission bits of cached files (`--cache-mode`, 0600 by default); directories get
+    /// the same bits plus search where read is given (0600 -> 0700, 0640 -> 0750). The umask
+    /// can only take bits away.
+    pub mode: u32,
+}
+
+impl CacheConfig {
+    /// The mode of the cache's directories (see `mode`).
+    pub fn dir_mode(&self) -> u32 {
+        let m = self.mode & 0o777;
+        m | ((m & 0o444) >> 2) | 0o700
+    }
+}
+
+/// Create `dir` and its missing parents with mode `mode` (the umask can only take bits away).
+pub(crate) fn create_dirs(dir: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+}
+
+/// Create `path` for writing (truncated if there), with mode `mode` from its first byte.
+pub(crate) fn create_file(path: &Path, mode: u32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
 }
 
 pub(crate) struct Index {
@@ -46,6 +82,9 @@ pub(crate) struct Index {
 
 pub struct DiskCache {
     pub(crate) root: PathBuf,
+    /// Mode of the files (`CacheConfig::mode`) and of the directories it creates.
+    pub(crate) file_mode: u32,
+    pub(crate) dir_mode: u32,
     volume: String,
     pub(crate) capacity: u64,
     free_ratio: f64,
@@ -130,8 +169,17 @@ impl DiskCache {
                 ),
             ));
         }
+        if cfg.mode & !0o777 != 0 || cfg.mode & 0o600 != 0o600 {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "--cache-mode {:o} must be permission bits that let the owner read and write (0600, the default; 0640 lets the group read)",
+                    cfg.mode
+                ),
+            ));
+        }
         let root = cfg.dir.join(uuid).join("raw");
-        std::fs::create_dir_all(&root).map_err(|e| {
+        create_dirs(&root, cfg.dir_mode()).map_err(|e| {
             Error::new(
                 ErrorKind::Config,
                 format!(
@@ -142,6 +190,8 @@ impl DiskCache {
         })?;
         let c = DiskCache {
             root,
+            file_mode: cfg.mode & 0o777,
+            dir_mode: cfg.dir_mode(),
             volume: volume.to_string(),
             capacity: cfg.capacity,
             free_ratio: cfg.free_ratio,
@@ -369,7 +419,7 @@ impl DiskCache {
         }
         let dir = path.parent().expect("cache paths have a parent");
         let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(dir)?;
+            create_dirs(dir, self.dir_mode)?;
             let tmp = dir.join(format!(
                 ".{}.tmp.{:08x}",
                 path.file_name().unwrap().to_string_lossy(),
@@ -377,7 +427,7 @@ impl DiskCache {
             ));
             let res = (|| {
                 let crc = crc.unwrap_or_else(|| crc32c::crc32c(data));
-                let mut f = std::fs::File::create(&tmp)?;
+                let mut f = create_file(&tmp, self.file_mode)?;
                 // The header, then the block from where it is (no copy joining the two).
                 f.write_all(&header(data.len(), crc))?;
                 f.write_all(data)?;
@@ -498,6 +548,7 @@ pub(crate) mod tests {
                 dir: dir.to_path_buf(),
                 capacity,
                 free_ratio: 0.0,
+                mode: 0o600,
             },
             "vol",
             "uuid1",

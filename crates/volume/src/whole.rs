@@ -2,7 +2,8 @@
 //! which a mount hands to the kernel for FUSE passthrough (reads and mmap then go to the local
 //! disk without the mount in the path).
 //!
-//! An entry is `<dir>/<volume uuid>/whole/<ino>` (the bytes, mode 0444) and `<ino>.rec` (its
+//! An entry is `<dir>/<volume uuid>/whole/<ino>` (the bytes, mode 0400: the cache's mode made
+//! read-only; the mount opens it for the kernel) and `<ino>.rec` (its
 //! record: the file's content version it holds, a CRC32C per 4 MiB, and the stamp the local
 //! file had once written: device, inode, size, mtime, ctime). It is made from bytes read
 //! through the checked read path, written to a temporary name, synced, renamed, and only then
@@ -234,8 +235,8 @@ impl DiskCache {
         }
         let dir = self.whole_dir();
         let tmp = dir.join(format!(".{ino}.tmp.{:08x}", rand::random::<u32>()));
-        let file = std::fs::create_dir_all(&dir)
-            .and_then(|_| std::fs::File::create(&tmp))
+        let file = crate::cache::create_dirs(&dir, self.dir_mode)
+            .and_then(|_| crate::cache::create_file(&tmp, self.file_mode))
             .map_err(|e| {
                 self.release_room(size);
                 io_err(&format!("creating {}", tmp.display()), e)
@@ -325,7 +326,8 @@ impl WholeWriter {
         let meta = (|| {
             f.sync_all()?;
             let mut p = f.metadata()?.permissions();
-            std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o444);
+            // Read-only to whoever may read the cache: the mount opens it as a backing file.
+            std::os::unix::fs::PermissionsExt::set_mode(&mut p, self.cache.file_mode & 0o444);
             f.set_permissions(p)?;
             std::fs::rename(&self.tmp, &data)?;
             // The stamp after the rename (which changes the ctime).
@@ -341,7 +343,7 @@ impl WholeWriter {
         .expect("a record encodes");
         let rtmp = rec.with_extension("rec.tmp");
         (|| {
-            let mut g = std::fs::File::create(&rtmp)?;
+            let mut g = crate::cache::create_file(&rtmp, self.cache.file_mode)?;
             g.write_all(&r)?;
             g.sync_all()?;
             std::fs::rename(&rtmp, &rec)?;

@@ -3,7 +3,8 @@
 //! agent (`Want::Forward`); the primary says there whether it lets this mirror write, and
 //! the answer goes into the progress record the mounts read (`forward_socket`). The mounts
 //! send each change (a `CommitRequest` with what it read) to the forward socket in the state
-//! directory (`volume::forward::SOCKET_NAME`, mode 0600); the agent sends it on with an id and
+//! directory (`volume::forward::SOCKET_NAME`, mode 0600 from its first moment, and only
+//! the agent's user and root are answered: SO_PEERCRED); the agent sends it on with an id and
 //! hands the primary's answer back. Many changes are in flight on the one connection.
 //!
 //! Bounded everywhere: a change waits at most `ANSWER_WAIT` for the primary; a lost link fails
@@ -323,18 +324,15 @@ impl Mirror {
                 return Err(e).with_context(|| format!("removing the old {}", path.display()))
             }
         }
-        let listener = tokio::net::UnixListener::bind(&path)
+        // 0600 from the moment it has its name (bound in a private directory, then moved),
+        // and each peer checked: a change sent here is committed at the primary.
+        let listener = mount::control::bind_private(&path)
             .with_context(|| format!("listening on {}", path.display()))?;
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-                .with_context(|| format!("restricting {}", path.display()))?;
-        }
         let conns = tokio_util::task::TaskTracker::new();
         loop {
-            let (mut sock, _) = tokio::select! {
+            let mut sock = tokio::select! {
                 _ = stop.cancelled() => break,
-                r = listener.accept() => match r {
+                r = mount::control::accept_trusted(&listener) => match r {
                     Ok(x) => x,
                     Err(e) => {
                         tracing::warn!(error = %e, "accepting on the forward socket");

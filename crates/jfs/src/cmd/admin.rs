@@ -76,6 +76,7 @@ pub async fn format(
             return Err(e);
         }
     };
+    super::mount::warn_if_shared_volume(meta_url, storage);
     println!(
         "formatted volume {:?} (uuid {}) in {} with blocks in {}",
         fs.settings().name,

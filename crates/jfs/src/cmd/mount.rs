@@ -10,13 +10,50 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-fn default_cache_dir() -> PathBuf {
-    if rustix::process::geteuid().is_root() {
+/// The default cache directory: /var/cache/jfs as root, else ~/.cache/jfs, else (no home)
+/// /tmp/jfs-cache-UID. Each is checked to be this user's alone (`ensure_private_dir`): a
+/// shared /tmp/jfs-cache let another user plant or read what a mount cached.
+fn default_cache_dir() -> Result<PathBuf> {
+    let uid = rustix::process::geteuid();
+    let d = if uid.is_root() {
         PathBuf::from("/var/cache/jfs")
     } else {
         std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
             .map(|h| PathBuf::from(h).join(".cache/jfs"))
-            .unwrap_or_else(|| PathBuf::from("/tmp/jfs-cache"))
+            .unwrap_or_else(|| PathBuf::from(format!("/tmp/jfs-cache-{}", uid.as_raw())))
+    };
+    control::ensure_private_dir(&d, "cache directory")
+        .map_err(|e| anyhow!("{e:#} (or choose one with --cache-dir)"))?;
+    Ok(d)
+}
+
+/// Permission bits of `path` that let other users in, if any (None: private, or absent).
+fn shared_bits(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    let bits = m.mode() & 0o077;
+    (bits != 0).then_some(m.mode() & 0o7777)
+}
+
+/// Warn when `path` (what it is: `what`) lets other users in.
+pub(crate) fn warn_if_shared(path: &Path, what: &str) {
+    if let Some(mode) = shared_bits(path) {
+        cli_common::eprintln!(
+            "jfs: warning: {what} {} has mode {mode:04o}: other users of this host may read it, and whoever reads a volume's metadata or blocks reads every file, whatever the files' modes (chmod 700 {})",
+            path.display(),
+            path.display()
+        );
+    }
+}
+
+/// `warn_if_shared` for a volume's local metadata directory and block store, if it has them.
+pub(crate) fn warn_if_shared_volume(meta_url: &str, storage: &str) {
+    if let Some(d) = meta::local_dir(meta_url) {
+        warn_if_shared(&d, "the metadata directory");
+    }
+    if let Some(d) = storage.strip_prefix("file://") {
+        warn_if_shared(Path::new(d), "the block store");
     }
 }
 
@@ -38,11 +75,25 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
     }
     // Checked before opening anything, so a mistake costs nothing.
     let mp = mount::prepare_mountpoint(&m.mountpoint)?;
-    let cache = (m.cache_size > 0).then(|| volume::CacheConfig {
-        dir: m.cache_dir.clone().unwrap_or_else(default_cache_dir),
-        capacity: m.cache_size,
-        free_ratio: m.free_space_ratio,
-    });
+    let cache = if m.cache_size > 0 {
+        let dir = match &m.cache_dir {
+            Some(d) => {
+                if m.cache_mode & 0o077 == 0 {
+                    warn_if_shared(d, "the cache directory");
+                }
+                d.clone()
+            }
+            None => default_cache_dir()?,
+        };
+        Some(volume::CacheConfig {
+            dir,
+            capacity: m.cache_size,
+            free_ratio: m.free_space_ratio,
+            mode: m.cache_mode,
+        })
+    } else {
+        None
+    };
     // A mirror's metadata follows its primary: its mounts write through to the primary when
     // the primary lets this mirror write (through the site's agent), else are read-only.
     let mut m = m;
@@ -83,6 +134,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
     let vol = volume::open_volume(&m.meta_url, &opts)
         .await
         .with_context(|| format!("opening volume {}", meta::redact(&m.meta_url)))?;
+    warn_if_shared_volume(&m.meta_url, &vol.fs.settings().storage);
     let o = mount::MountOptions {
         mountpoint: mp.clone(),
         read_only: m.read_only,
@@ -113,18 +165,53 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
 /// and return once the mount answers on its control socket (or report why it did not).
 async fn background(m: &MountArgs) -> Result<Outcome> {
     let mp = mount::prepare_mountpoint(&m.mountpoint)?;
-    let log = m
-        .log
-        .clone()
-        .unwrap_or_else(|| control::socket_path(&mp).with_extension("log"));
-    if let Some(d) = log.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    let log = match &m.log {
+        Some(l) => {
+            if let Some(d) = l.parent().filter(|d| !d.as_os_str().is_empty()) {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(d)
+                    .with_context(|| format!("creating {}", d.display()))?;
+            }
+            l.clone()
+        }
+        // In the run directory, checked to be this user's alone.
+        None => control::socket_path_in(&control::private_run_dir()?, &mp).with_extension("log"),
+    };
+    // The log names files: 0600 from its first byte, and never through a symbolic link (one
+    // planted there would have the mount append to whatever it points at).
+    let linked = || {
+        anyhow!(
+            "the log file {} is a symbolic link: refusing to write through it (give the file itself with --log, or remove the link)",
+            log.display()
+        )
+    };
+    if std::fs::symlink_metadata(&log).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(linked());
     }
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .with_context(|| format!("opening the log file {}", log.display()))?;
+    let logf = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&log)
+            .map_err(|e| {
+                if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+                    linked()
+                } else {
+                    anyhow!("opening the log file {}: {e}", log.display())
+                }
+            })?
+    };
+    if m.log.is_none() {
+        // One an older version made open to others: this user's (the run directory is).
+        use std::os::unix::fs::PermissionsExt;
+        let _ = logf.set_permissions(std::fs::Permissions::from_mode(0o600));
+    }
     // The log is appended to by every mount of this mount point: what this attempt says
     // starts here.
     let start = logf.metadata().map(|m| m.len()).unwrap_or(0);

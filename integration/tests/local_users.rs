@@ -1,0 +1,399 @@
+//! Another user of the host (user `nobody`, through `setpriv`) against what jfs creates on
+//! it: the metadata directory, the block store, the cache, the run directory and its socket
+//! and log, and the mount itself. We are root here; the test's directories are opened (0755)
+//! as on a shared host, so only the modes jfs gives what it creates keep that user out.
+//!
+//! These need /dev/fuse and fusermount3 (Debian fuse3): without them they fail, never skip.
+
+use integration::mountproc::{fuse_ready, is_mounted, Mount};
+use integration::{bin, data, unique};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const NOBODY: &[&str] = &["--reuid=65534", "--regid=65534", "--clear-groups", "--"];
+
+/// Run `cmd args` as user nobody.
+fn as_nobody(cmd: &str, args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args(NOBODY)
+        .arg(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running setpriv (util-linux)")
+}
+
+/// Run jfs with umask `umask` (octal) and `JFS_RUN_DIR=run`.
+fn jfs_umask(umask: &str, run: &Path, args: &[&str]) -> Output {
+    Command::new("sh")
+        .args(["-c", &format!("umask {umask}; exec \"$@\""), "sh"])
+        .arg(bin("jfs"))
+        .args(args)
+        .env("JFS_RUN_DIR", run)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running jfs")
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what}: {:?}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn shared_dir() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// Every path under `root` (itself included), not following links.
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i].clone();
+        i += 1;
+        if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                out.push(e.unwrap().path());
+            }
+        }
+    }
+    out
+}
+
+/// What user nobody can read or write under `root` (nothing is the answer wanted).
+fn open_to_nobody(root: &Path) -> String {
+    let o = as_nobody(
+        "find",
+        &[
+            root.to_str().unwrap(),
+            "(",
+            "-readable",
+            "-o",
+            "-writable",
+            ")",
+            "-print",
+        ],
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn what_jfs_creates_is_its_users_alone_under_umask_000_and_022() {
+    fuse_ready();
+    for umask in ["000", "022"] {
+        let base = shared_dir();
+        let b = base.path();
+        // A copy of jfs that nobody can run (the build's own is under root's home).
+        let jfs_copy = b.join("jfs");
+        std::fs::copy(bin("jfs"), &jfs_copy).unwrap();
+        std::fs::set_permissions(&jfs_copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let meta = format!("rocksdb://{}/m/meta", b.display());
+        let store = format!("file://{}/s/store", b.display());
+        let cache = b.join("c/cache");
+        let run = b.join("r/run");
+        let mp = b.join("mnt");
+        std::fs::create_dir(&mp).unwrap();
+        ok(
+            &jfs_umask(
+                umask,
+                &run,
+                &["format", &meta, &unique("lu"), "--storage", &store],
+            ),
+            "format",
+        );
+        // A root file no one else may read, put into the volume.
+        // Over 4 MiB: a warmup makes a whole-file copy of it (passthrough).
+        let secret = data(43, 6 << 20);
+        let src = b.join("secret");
+        std::fs::write(&src, &secret).unwrap();
+        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o600)).unwrap();
+        ok(
+            &jfs_umask(
+                umask,
+                &run,
+                &["put", &meta, src.to_str().unwrap(), "/secret"],
+            ),
+            "put",
+        );
+        std::fs::remove_file(&src).unwrap();
+        // A background mount (its log in the run directory), its cache filled by a read and
+        // a warmup (blocks and a whole-file copy).
+        ok(
+            &jfs_umask(
+                umask,
+                &run,
+                &[
+                    "mount",
+                    &meta,
+                    mp.to_str().unwrap(),
+                    "-d",
+                    "--cache-dir",
+                    cache.to_str().unwrap(),
+                    "--free-space-ratio",
+                    "0.01",
+                ],
+            ),
+            "mount",
+        );
+        let unmount = || {
+            let _ = jfs_umask(umask, &run, &["umount", mp.to_str().unwrap()]);
+            if is_mounted(&mp) {
+                let _ = Command::new("fusermount3").arg("-uz").arg(&mp).status();
+            }
+        };
+        let read = std::fs::read(mp.join("secret"));
+        let warm = jfs_umask(
+            umask,
+            &run,
+            &["warmup", mp.join("secret").to_str().unwrap()],
+        );
+        // Another user, straight at what was created: the metadata (jfs cat), the control
+        // socket (jfs stats), every file.
+        let cat = as_nobody(jfs_copy.to_str().unwrap(), &["cat", &meta, "/secret"]);
+        let stats = Command::new("setpriv")
+            .args(NOBODY)
+            .arg(&jfs_copy)
+            .args(["stats", mp.to_str().unwrap(), "--count", "1"])
+            .env("JFS_RUN_DIR", &run)
+            .output()
+            .unwrap();
+        let mut modes = Vec::new();
+        let rocks = b.join("m/meta");
+        for root in ["m", "s", "c", "r"] {
+            for p in walk(&b.join(root)) {
+                let m = std::fs::symlink_metadata(&p).unwrap();
+                modes.push((p, m.mode() & 0o7777, m.file_type()));
+            }
+        }
+        let nobody_sees: Vec<String> = ["m", "s", "c", "r"]
+            .iter()
+            .map(|r| open_to_nobody(&b.join(r)))
+            .collect();
+        unmount();
+        assert_eq!(read.unwrap(), secret, "umask {umask}");
+        ok(&warm, "warmup");
+        assert!(
+            !cat.status.success() && !String::from_utf8_lossy(&cat.stdout).contains("secret"),
+            "umask {umask}: nobody's jfs cat: {:?} {}",
+            cat.status,
+            String::from_utf8_lossy(&cat.stderr)
+        );
+        assert_ne!(cat.stdout, secret);
+        let err = String::from_utf8_lossy(&cat.stderr);
+        assert!(err.contains("ermission denied"), "umask {umask}: {err}");
+        assert!(!stats.status.success(), "umask {umask}: nobody's jfs stats");
+        assert_eq!(
+            nobody_sees.concat(),
+            "",
+            "umask {umask}: what user nobody can read or write"
+        );
+        // Every mode, as jfs made it: directories 0700, files and sockets 0600, whole-file
+        // copies 0400; RocksDB's own files are inside the 0700 metadata directory.
+        let mut kinds = std::collections::BTreeSet::new();
+        for (p, mode, ft) in &modes {
+            if p.starts_with(&rocks) && p != &rocks && !p.starts_with(rocks.join("jfs-aux")) {
+                continue;
+            }
+            let whole = p.parent().is_some_and(|d| d.ends_with("whole"))
+                && !p.to_string_lossy().ends_with(".rec");
+            let want = if ft.is_dir() {
+                0o700
+            } else if whole {
+                0o400
+            } else {
+                0o600
+            };
+            assert_eq!(*mode, want, "umask {umask}: {} is {mode:04o}", p.display());
+            if ft.is_socket() {
+                kinds.insert("socket");
+            } else if p.extension().is_some_and(|e| e == "log") {
+                kinds.insert("log");
+            } else if whole && !ft.is_dir() {
+                kinds.insert("whole");
+            } else if p.to_string_lossy().contains("/chunks/") && ft.is_file() {
+                kinds.insert(if p.starts_with(b.join("c")) {
+                    "cached"
+                } else {
+                    "block"
+                });
+            }
+        }
+        // The walk saw each kind (a test that checks nothing passes nothing).
+        assert_eq!(
+            kinds.into_iter().collect::<Vec<_>>(),
+            ["block", "cached", "log", "socket", "whole"],
+            "umask {umask}"
+        );
+    }
+}
+
+#[test]
+fn a_run_directory_or_log_another_user_planted_is_refused() {
+    fuse_ready();
+    let base = shared_dir();
+    let b = base.path();
+    // A place every user may write, as /tmp (sticky).
+    let tmp = b.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let meta = format!("rocksdb://{}/meta", b.display());
+    let store = format!("file://{}/store", b.display());
+    let mp = b.join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let good = b.join("run");
+    ok(
+        &jfs_umask(
+            "022",
+            &good,
+            &["format", &meta, &unique("lu"), "--storage", &store],
+        ),
+        "format",
+    );
+    // The other user's run directory, and a link to one of theirs.
+    let theirs = tmp.join("jfs-0");
+    let o = as_nobody("mkdir", &["-m", "0777", theirs.to_str().unwrap()]);
+    ok(&o, "nobody's mkdir");
+    let linked = tmp.join("jfs-link");
+    let o = as_nobody(
+        "ln",
+        &["-s", theirs.to_str().unwrap(), linked.to_str().unwrap()],
+    );
+    ok(&o, "nobody's ln");
+    let mnt = |run: &Path, extra: &[&str]| {
+        let mut a = vec!["mount", &meta, mp.to_str().unwrap(), "-d"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--cache-size", "0"]);
+        jfs_umask("022", run, &a)
+    };
+    for (run, why) in [
+        (&theirs, "belongs to uid 65534"),
+        (&linked, "is a symbolic link"),
+    ] {
+        let o = mnt(run, &[]);
+        if is_mounted(&mp) {
+            // Not refused: leave nothing mounted behind the failure below.
+            let _ = jfs_umask("022", run, &["umount", mp.to_str().unwrap()]);
+            let _ = Command::new("fusermount3").arg("-uz").arg(&mp).status();
+        }
+        let err = integration::fails_clearly(&o, why);
+        assert!(err.contains(run.to_str().unwrap()), "{err}");
+        assert!(err.contains("JFS_RUN_DIR"), "{err}");
+        assert!(!is_mounted(&mp));
+        assert_eq!(
+            std::fs::read_dir(&theirs).unwrap().count(),
+            0,
+            "nothing was put into nobody's directory"
+        );
+    }
+    // A log path the other user made a link to a file of root's (its ~/.profile).
+    let profile = b.join("profile");
+    std::fs::write(&profile, "# root's profile\n").unwrap();
+    // In a directory every user may write, not sticky (a team's shared directory; in a sticky
+    // one the kernel's protected_symlinks already refuses to follow it).
+    let team = b.join("team");
+    std::fs::create_dir(&team).unwrap();
+    std::fs::set_permissions(&team, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let log = team.join("mount.log");
+    let o = as_nobody(
+        "ln",
+        &["-s", profile.to_str().unwrap(), log.to_str().unwrap()],
+    );
+    ok(&o, "nobody's ln");
+    let o = mnt(&good, &["--log", log.to_str().unwrap()]);
+    if is_mounted(&mp) {
+        let _ = jfs_umask("022", &good, &["umount", mp.to_str().unwrap()]);
+        let _ = Command::new("fusermount3").arg("-uz").arg(&mp).status();
+    }
+    integration::fails_clearly(&o, "is a symbolic link: refusing to write through it");
+    assert_eq!(
+        std::fs::read_to_string(&profile).unwrap(),
+        "# root's profile\n"
+    );
+    assert!(!is_mounted(&mp));
+    // A real mount; `jfs stats` told to look in the other user's directory refuses it.
+    ok(&mnt(&good, &[]), "mount");
+    let stats = |run: &Path| {
+        Command::new(bin("jfs"))
+            .args(["stats", mp.to_str().unwrap(), "--count", "1"])
+            .env("JFS_RUN_DIR", run)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let refused = stats(&theirs);
+    let fine = stats(&good);
+    let log_mode = std::fs::metadata(
+        mount::control::socket_path_in(&good, &mp.canonicalize().unwrap()).with_extension("log"),
+    )
+    .map(|m| m.mode() & 0o7777);
+    let _ = jfs_umask("022", &good, &["umount", mp.to_str().unwrap()]);
+    if is_mounted(&mp) {
+        let _ = Command::new("fusermount3").arg("-uz").arg(&mp).status();
+    }
+    ok(&fine, "stats");
+    let err = integration::fails_clearly(&refused, "belongs to uid 65534");
+    assert!(err.contains(theirs.to_str().unwrap()), "{err}");
+    assert_eq!(log_mode.unwrap(), 0o600, "the background mount's log");
+}
+
+#[test]
+fn a_mount_without_allow_other_refuses_other_users_even_cached_attributes() {
+    fuse_ready();
+    let v = integration::mountproc::new_vol("rocksdb");
+    std::fs::set_permissions(v.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let caches = ["--attr-cache", "60s", "--entry-cache", "60s"];
+    let mut extra = caches.to_vec();
+    extra.extend(["--cache-size", "0"]);
+    let m = Mount::start(&v.meta, v.dir.path(), "private", &extra);
+    std::fs::write(m.mp.join("f"), b"root's").unwrap();
+    std::fs::set_permissions(m.mp.join("f"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    // Root looks first, so the kernel holds the name and its attributes.
+    let size = std::fs::metadata(m.mp.join("f")).unwrap().len();
+    let stat = as_nobody("stat", &["-c", "%s", m.mp.join("f").to_str().unwrap()]);
+    let ls = as_nobody("ls", &[m.mp.to_str().unwrap()]);
+    let table = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = table
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(m.mp.to_str().unwrap()))
+        .unwrap_or_default()
+        .to_string();
+    // The same with --allow-other: the user gets in (the refusal above is the option's).
+    let mut extra = caches.to_vec();
+    extra.extend(["--cache-size", "0", "--allow-other"]);
+    m.stop();
+    let open = Mount::start(&v.meta, v.dir.path(), "shared", &extra);
+    let _ = std::fs::metadata(open.mp.join("f")).unwrap();
+    let stat_open = as_nobody("stat", &["-c", "%s", open.mp.join("f").to_str().unwrap()]);
+    let line_open = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(open.mp.to_str().unwrap()))
+        .unwrap_or_default()
+        .to_string();
+    open.stop();
+    assert_eq!(size, 6);
+    assert!(
+        !stat.status.success(),
+        "nobody's stat got {:?}",
+        stat.stdout
+    );
+    let err = String::from_utf8_lossy(&stat.stderr);
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(!ls.status.success());
+    assert!(
+        String::from_utf8_lossy(&ls.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    assert!(line.contains("fuse.jfs"), "{line}");
+    assert!(!line.contains("allow_other"), "the mount table: {line}");
+    assert_eq!(String::from_utf8_lossy(&stat_open.stdout).trim(), "6");
+    assert!(line_open.contains("allow_other"), "{line_open}");
+}
