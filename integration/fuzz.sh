@@ -53,7 +53,7 @@ for bin in "${binaries[@]}"; do
             result=FAILED
             failed=1
         fi
-        rate=$(sed -n 's/^fuzz .*, \([0-9]*\) cases\/s$/\1/p' "$out" | tail -n 1)
+        rate=$(sed -n 's/.*fuzz [a-z_]*: [0-9]* cases in .*, \([0-9]*\) cases\/s$/\1/p' "$out" | tail -n 1)
         rss=$(sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\)/\1/p' "$out.time")
         rss_mb=$(( ${rss:-0} / 1024 ))
         if [ "$result" = ok ] && [ "$rss_mb" -gt "$MAX_RSS_MB" ]; then
