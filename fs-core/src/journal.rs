@@ -5,6 +5,12 @@
 //!
 //! Frame layout (all integers little-endian):
 //! `[version: u8 = 1][payload length: u32][crc32c(payload): u32][payload: postcard(Entry)]`
+//!
+//! A frame decodes only if its payload is exactly one entry (no bytes after it) whose writes
+//! are puts and deletes; `Entry::decode_at` also checks that the entry is the one its journal
+//! position says. The payload length is checked against `MAX_FRAME` and the bytes at hand
+//! before anything is read; postcard preallocates at most 1 MiB for a sequence it has not yet
+//! read (serde's cautious size hint), so a lying length costs at most that.
 
 use crate::error::{corrupt, Error, ErrorKind, Result};
 use crate::types::{FileKind, Ino, SetAttr};
@@ -214,6 +220,18 @@ impl Entry {
         Ok(entry)
     }
 
+    /// Decode the frame read from the journal at position `seq`.
+    pub fn decode_at(seq: u64, frame: &[u8]) -> Result<Entry> {
+        let e = Self::decode(frame)?;
+        if e.seq != seq {
+            return Err(corrupt(format!(
+                "journal entry {seq} holds the frame of entry {}",
+                e.seq
+            )));
+        }
+        Ok(e)
+    }
+
     /// Decode the frame at the start of `buf`; returns the entry and the bytes it used.
     pub fn decode_prefix(buf: &[u8]) -> Result<(Entry, usize)> {
         if buf.len() < FRAME_HEADER {
@@ -249,8 +267,32 @@ impl Entry {
                 "journal frame checksum mismatch (stored {want:08x}, computed {got:08x})"
             )));
         }
-        let entry: Entry = postcard::from_bytes(payload)
+        let (entry, rest): (Entry, &[u8]) = postcard::take_from_bytes(payload)
             .map_err(|e| corrupt(format!("journal frame payload does not decode: {e}")))?;
+        if !rest.is_empty() {
+            return Err(corrupt(format!(
+                "journal frame of entry {} has {} bytes past its entry inside its payload",
+                entry.seq,
+                rest.len()
+            )));
+        }
+        // Engines apply an entry's writes as they are: a delta or a stamp is resolved by the
+        // commit that made the entry, never by a replay.
+        if let Some(m) = entry
+            .writes
+            .iter()
+            .find(|m| !matches!(m, Mutation::Put { .. } | Mutation::Delete { .. }))
+        {
+            let what = match m {
+                Mutation::Add { .. } => "an add",
+                _ => "a stamp",
+            };
+            return Err(corrupt(format!(
+                "journal entry {} holds {what} of key {:?}: entries hold only puts and deletes",
+                entry.seq,
+                String::from_utf8_lossy(m.key())
+            )));
+        }
         Ok((entry, end))
     }
 

@@ -267,7 +267,10 @@ pub fn parse_block_key(volume: &str, key: &str) -> Option<(u64, u32, u32)> {
     if f.next().is_some() || d1 != (id / 1_000_000).to_string() || d2 != (id / 1000).to_string() {
         return None;
     }
-    Some((id, index, len))
+    // Only the spelling `block_key` writes: `parse` takes "+1" and "01" for 1, and such a
+    // key is another object than the block's (gc would take it for the block, or delete it
+    // as the block's).
+    (block_key(volume, id, index, len) == key).then_some((id, index, len))
 }
 
 /// The blocks of a slice of `size` bytes with block size `bs`: (index, len) pairs.

@@ -63,6 +63,11 @@
 pub mod engine;
 pub mod error;
 pub mod fs;
+#[cfg(any(test, feature = "fuzz"))]
+#[doc(hidden)]
+pub mod fuzz;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod journal;
 pub mod keys;
 pub mod maint;

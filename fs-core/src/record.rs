@@ -5,7 +5,9 @@
 //!   that has none is version 1, as first releases wrote them);
 //! - a version newer than this build knows is refused with a message naming the record and
 //!   both versions, never read as if it were an older one;
-//! - an older version is brought up to date by `Versioned::upgrade` before it is decoded.
+//! - an older version is brought up to date by `Versioned::upgrade` before it is decoded;
+//! - a version no release writes (0, negative, not a whole number) and a record that is not
+//!   a JSON object are damaged records, refused as corrupt.
 //!
 //! `encode` / `decode` for records kept as JSON (settings-like records, aux records, job
 //! rows); `encode_bin` / `decode_bin` for compact records (a version byte, then the body).
@@ -44,11 +46,13 @@ pub fn encode<T: Versioned>(r: &T) -> Vec<u8> {
     serde_json::to_vec(&v).expect("a record serializes")
 }
 
-/// The format version of a record's JSON (absent: 1).
+/// The format version of a record's JSON (absent: 1; a value that is no version any
+/// release wrote, 0 or not a whole number, counts as 0).
 pub fn version_of<T: Versioned>(v: &serde_json::Value) -> u32 {
-    v.get(T::VERSION_KEY)
-        .and_then(serde_json::Value::as_u64)
-        .map_or(1, |n| n.min(u32::MAX as u64) as u32)
+    match v.get(T::VERSION_KEY) {
+        None => 1,
+        Some(n) => n.as_u64().map_or(0, |n| n.min(u32::MAX as u64) as u32),
+    }
 }
 
 /// Decode a record written by this release or an older one; refuse a newer one.
@@ -70,7 +74,23 @@ pub fn decode_value<T: Versioned>(v: serde_json::Value) -> Result<T> {
 }
 
 fn decode_value_as<T: Versioned>(what: &str, mut v: serde_json::Value) -> Result<T> {
+    if !v.is_object() {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("{what} does not decode: it is not a JSON object"),
+        ));
+    }
     let have = version_of::<T>(&v);
+    if have == 0 {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "{what} does not decode: its {} is {}, which no release writes (a damaged record)",
+                T::VERSION_KEY,
+                v[T::VERSION_KEY]
+            ),
+        ));
+    }
     if have > T::VERSION {
         return Err(newer(what, have, T::VERSION));
     }

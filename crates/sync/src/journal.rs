@@ -70,7 +70,7 @@ pub async fn changes(
             if seq > head {
                 break;
             }
-            entries.push(Entry::decode(&f)?);
+            entries.push(Entry::decode_at(seq, &f)?);
             next = seq + 1;
         }
     }

@@ -82,6 +82,8 @@ pub mod filter;
 pub mod job;
 pub mod journal;
 pub use objstore::limits;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod listing;
 pub mod options;
 pub mod plan;

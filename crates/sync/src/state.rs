@@ -293,6 +293,12 @@ impl State {
     pub fn flush(&self) -> Result<()> {
         Ok(self.db.flush_wal(true)?)
     }
+
+    /// Write a raw value, as a damaged disk or an older release might have left it.
+    #[cfg(test)]
+    pub(crate) fn raw_put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        Ok(self.db.put(key, value)?)
+    }
 }
 
 /// A state directory another process holds open (RocksDB's lock).

@@ -21,11 +21,26 @@ pub fn encode_name(b: &[u8]) -> String {
     }
 }
 
+/// The bytes of a name `encode_name` wrote. Only its own spelling is accepted: a `\x:` form
+/// of a name that has a plain one (`\x:41` for `A`), upper-case or signed hex would load as
+/// the same key as another item of the dump, one silently replacing the other.
 pub fn decode_name(s: &str) -> Result<Vec<u8>> {
-    match s.strip_prefix(HEX_MARK) {
-        Some(h) => unhex(h).ok_or_else(|| corrupt(format!("bad hex name {s:?} in dump"))),
-        None => Ok(s.as_bytes().to_vec()),
+    let Some(h) = s.strip_prefix(HEX_MARK) else {
+        return Ok(s.as_bytes().to_vec());
+    };
+    let b = unhex(h).ok_or_else(|| {
+        corrupt(format!(
+            "bad hex name {s:?} in the dump: after \\x: come two lower-case hex digits per byte"
+        ))
+    })?;
+    if encode_name(&b) != s {
+        return Err(corrupt(format!(
+            "name {s:?} in the dump is not spelled as jfs dump writes it ({:?}): a dump edited by hand? write the name as {:?}",
+            encode_name(&b),
+            encode_name(&b)
+        )));
     }
+    Ok(b)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -33,7 +48,8 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    // Digits only: `from_str_radix` alone takes a sign ("+f").
+    if s.len() % 2 != 0 || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len())
@@ -198,6 +214,28 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
 }
 
 /// Every key/value pair a dump stands for.
+/// `load` writes nothing before this passes: the settings are ones `jfs format` could have
+/// made (a block size of 0 would divide by zero at the first read), every slice record
+/// describes bytes its slice has, inside its chunk.
+pub(crate) fn check_and_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    d.setting
+        .validate()
+        .map_err(|e| corrupt(format!("the dump's settings: {e}")))?;
+    for (ino, n) in &d.inodes {
+        for (idx, recs) in &n.chunks {
+            for r in recs {
+                let past_slice = r.id != 0 && r.off as u64 + r.len as u64 > r.size as u64;
+                if past_slice || r.pos as u64 + r.len as u64 > crate::types::CHUNK_SIZE {
+                    return Err(corrupt(format!(
+                        "chunk {idx} of inode {ino} in the dump has a slice record past its slice or chunk ({r:?}): the dump is damaged"
+                    )));
+                }
+            }
+        }
+    }
+    dump_pairs(d)
+}
+
 fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut out = Vec::new();
     for (name, v) in &d.counters {
@@ -281,6 +319,7 @@ pub async fn load(engine: &dyn Engine, d: &Dump) -> Result<u64> {
         ));
     }
     d.setting.check_format()?;
+    let mut pairs = check_and_pairs(d)?;
     if d.setting.checksums() {
         for (ino, n) in &d.inodes {
             for r in n.chunks.values().flatten().filter(|r| r.id != 0) {
@@ -293,7 +332,6 @@ pub async fn load(engine: &dyn Engine, d: &Dump) -> Result<u64> {
             }
         }
     }
-    let mut pairs = dump_pairs(d)?;
     // The loaded metadata is a new holder of the volume's store (see `owner::take_over`),
     // and its ids start past the source's: the metadata the dump came from may still be
     // written until it is stopped, and the two must never name a block alike.

@@ -269,7 +269,8 @@ pub async fn trim_journal(engine: &dyn Engine, cutoff_ns: i64, max_seq: u64) -> 
                 break;
             }
             for (seq, f) in frames {
-                let e = Entry::decode(&f).map_err(|e| e.context(format!("journal entry {seq}")))?;
+                let e = Entry::decode_at(seq, &f)
+                    .map_err(|e| e.context(format!("journal entry {seq}")))?;
                 if e.time_ns >= cutoff_ns || seq >= b.last || seq > max_seq {
                     before = seq;
                     break 'outer;
