@@ -298,23 +298,31 @@ record_harness!(
         i(),
         any::<bool>(),
         proptest::option::of(name()),
-        i()
+        i(),
+        proptest::option::of((name(), name(), i()))
     )
-        .prop_map(|(name, acked, acked_ns, active, reason, registered_ns)| {
-            crate::slots::Slot {
-                version: crate::slots::SLOT_VERSION,
-                name,
-                acked,
-                acked_ns,
-                state: if active {
-                    crate::slots::SlotState::Active
-                } else {
-                    crate::slots::SlotState::NeedsResync
-                },
-                reason,
-                registered_ns,
+        .prop_map(
+            |(name, acked, acked_ns, active, reason, registered_ns, holder)| {
+                crate::slots::Slot {
+                    version: crate::slots::SLOT_VERSION,
+                    name,
+                    acked,
+                    acked_ns,
+                    state: if active {
+                        crate::slots::SlotState::Active
+                    } else {
+                        crate::slots::SlotState::NeedsResync
+                    },
+                    reason,
+                    registered_ns,
+                    holder: holder.map(|(identity, peer, since_ns)| crate::slots::SlotHolder {
+                        identity,
+                        peer,
+                        since_ns,
+                    }),
+                }
             }
-        })
+        )
 );
 
 record_harness!(
