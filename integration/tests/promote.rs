@@ -409,6 +409,26 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
         applied_at_promotion < old_head,
         "the mirror had everything: no failover to test"
     );
+    // A second promote (a repeated runbook step) says it is done already, and changes
+    // nothing.
+    let o = Command::new(bin("mirror-agent"))
+        .args(["promote", "--force", "--config", &m_cfg])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        o.status.success() && said.contains("is already the primary at epoch 1"),
+        "{said}"
+    );
+    {
+        let e = open_ro(&pair.m_meta).await;
+        let ep = fs_core::site::epoch_record(&*e).await.unwrap().unwrap();
+        assert_eq!((ep.epoch, ep.at_seq), (1, applied_at_promotion));
+    }
     assert!(
         out.contains(&format!(
             "LOSS WINDOW: exactly {} entries (seq {}..={old_head})",

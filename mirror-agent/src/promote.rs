@@ -405,6 +405,16 @@ pub async fn promote(cfg: &Config, a: &PromoteArgs<'_>) -> Result<String> {
         ));
     }
     let Some(marker) = site::marker(&*e).await? else {
+        // Run a second time (a runbook step repeated, a retry after a lost terminal):
+        // this mirror is the primary already, which is what was asked.
+        if let Some(ep) = site::epoch_record(&*e).await? {
+            if ep.site == m.name {
+                return Ok(format!(
+                    "{url} is already the primary at epoch {} (mirror {:?} was promoted at seq {}): nothing to do",
+                    ep.epoch, m.name, ep.at_seq
+                ));
+            }
+        }
         bail!("{url} is not a mirror's metadata (no mirror marker): nothing to promote");
     };
     if marker.name != m.name {
