@@ -128,7 +128,8 @@ pub struct Detached {
     pub time_ns: i64,
 }
 
-async fn aux_exact(engine: &dyn Engine, name: &str) -> Result<Option<Vec<u8>>> {
+/// The aux record named exactly `name` (aux_list takes a prefix), if present.
+pub async fn aux_exact(engine: &dyn Engine, name: &str) -> Result<Option<Vec<u8>>> {
     Ok(engine
         .aux_list(name)
         .await?

@@ -67,6 +67,19 @@ fn chown(p: &Path, uid: u32, gid: u32) {
     std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
 }
 
+/// `jfs-sync ARGS` with the volume `meta` as `jfs://VOL` and its state under `state`; it
+/// must succeed.
+fn sync_ok(meta: &str, state: &Path, args: &[&str]) {
+    let o = Command::new(bin("jfs-sync"))
+        .args(args)
+        .env("VOL", meta)
+        .env("XDG_CACHE_HOME", state)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
 }
@@ -159,14 +172,11 @@ fn a_root_restore_never_makes_a_users_program_setuid_root() {
     // jfs-sync out of the volume with --perms: the same.
     let dst = t.path().join("dst");
     let state = tempfile::tempdir().unwrap();
-    let o = Command::new(bin("jfs-sync"))
-        .args(["jfs://VOL/u", s(&dst), "--perms", "--dirs"])
-        .env("VOL", &meta)
-        .env("XDG_CACHE_HOME", state.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sync_ok(
+        &meta,
+        state.path(),
+        &["jfs://VOL/u", s(&dst), "--perms", "--dirs"],
+    );
     assert_eq!(
         (mode(&dst.join("x")), owner(&dst.join("x"))),
         (0o755, (0, 0))
@@ -174,14 +184,7 @@ fn a_root_restore_never_makes_a_users_program_setuid_root() {
     assert_eq!(mode(&dst.join("y")), 0o755);
 
     // And jfs-sync into a volume (whose copies belong to the volume's default owner).
-    let o = Command::new(bin("jfs-sync"))
-        .args([s(&src), "jfs://VOL/in", "--perms"])
-        .env("VOL", &meta)
-        .env("XDG_CACHE_HOME", state.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sync_ok(&meta, state.path(), &[s(&src), "jfs://VOL/in", "--perms"]);
     let st: serde_json::Value = serde_json::from_str(&ok(&["stat", &meta, "/in/x"])).unwrap();
     assert_eq!(
         (st["mode"].as_u64(), st["uid"].as_u64()),
@@ -299,14 +302,7 @@ fn temporary_files_of_a_copy_out_are_owner_only_from_the_first_byte() {
     std::fs::write(&victim, b"keep").unwrap();
     std::fs::remove_file(dst.join("small")).unwrap();
     std::os::unix::fs::symlink(&victim, dst.join(".small.jfs-sync-tmp")).unwrap();
-    let o = Command::new(bin("jfs-sync"))
-        .args(["jfs://VOL/q", s(&dst), "--perms"])
-        .env("VOL", &meta)
-        .env("XDG_CACHE_HOME", state.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sync_ok(&meta, state.path(), &["jfs://VOL/q", s(&dst), "--perms"]);
     assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
     assert_eq!(std::fs::read(dst.join("small")).unwrap(), data(8, 12 << 20));
     assert_eq!(mode(&dst.join("small")), 0o600);
@@ -371,14 +367,7 @@ fn a_killed_puts_temporary_files_are_skipped_and_removed_by_gc_and_reruns() {
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
     let dst = t.path().join("dst");
     let state = tempfile::tempdir().unwrap();
-    let o = Command::new(bin("jfs-sync"))
-        .args(["jfs://VOL/d", s(&dst)])
-        .env("VOL", &meta)
-        .env("XDG_CACHE_HOME", state.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sync_ok(&meta, state.path(), &["jfs://VOL/d", s(&dst)]);
     assert_eq!(std::fs::read_dir(&dst).map_or(0, |d| d.count()), 0);
     // gc: counted, then removed (its writer's process is gone).
     let gc = |delete: bool| -> serde_json::Value {
@@ -494,14 +483,7 @@ fn times_before_1970_come_out_as_they_are() {
     );
     let dst = t.path().join("dst");
     let state = tempfile::tempdir().unwrap();
-    let o = Command::new(bin("jfs-sync"))
-        .args(["jfs://VOL/old", s(&dst)])
-        .env("VOL", &meta)
-        .env("XDG_CACHE_HOME", state.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sync_ok(&meta, state.path(), &["jfs://VOL/old", s(&dst)]);
     assert_eq!(
         std::fs::metadata(dst.join("f"))
             .unwrap()

@@ -108,12 +108,7 @@ impl fs_core::record::Versioned for Identity {
 
 /// The identity of this metadata copy, if it has one yet.
 pub async fn identity(engine: &dyn Engine) -> Result<Option<String>> {
-    let Some((_, v)) = engine
-        .aux_list(IDENTITY)
-        .await?
-        .into_iter()
-        .find(|(n, _)| n == IDENTITY)
-    else {
+    let Some(v) = fs_core::site::aux_exact(engine, IDENTITY).await? else {
         return Ok(None);
     };
     let r: Identity = fs_core::record::decode(&v)?;

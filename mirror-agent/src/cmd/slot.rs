@@ -105,12 +105,7 @@ pub async fn run(cmd: SlotCmd) -> Result<()> {
 /// The admin address and pid of a primary agent that keeps this volume's slots now, from the
 /// lease it refreshes every few seconds.
 async fn running_primary(e: &dyn fs_core::Engine) -> Result<Option<(String, u64)>> {
-    let Some((_, v)) = e
-        .aux_list(LEASE)
-        .await?
-        .into_iter()
-        .find(|(n, _)| n == LEASE)
-    else {
+    let Some(v) = fs_core::site::aux_exact(e, LEASE).await? else {
         return Ok(None);
     };
     let lease = match fs_core::record::decode::<Lease>(&v) {

@@ -68,12 +68,7 @@ impl Lease {
 
 /// The lease record beside the volume, if any.
 async fn read(engine: &dyn Engine) -> Result<Option<Lease>> {
-    let Some((_, v)) = engine
-        .aux_list(LEASE)
-        .await?
-        .into_iter()
-        .find(|(n, _)| n == LEASE)
-    else {
+    let Some(v) = fs_core::site::aux_exact(engine, LEASE).await? else {
         return Ok(None);
     };
     Ok(Some(record::decode::<Lease>(&v)?))
