@@ -1131,3 +1131,30 @@ fn umount_clears_a_stale_jfs_mount_and_no_other() {
         "jfs umount unmounted another file system's mount"
     );
 }
+
+/// Mounting over a directory that holds files says so (what is hidden, that it is not lost),
+/// and the files are there again after the unmount (issue 43, item 20).
+#[test]
+fn mounting_over_files_warns_and_hides_nothing_for_good() {
+    let v = new_vol("rocksdb");
+    let mp = v.dir.path().join("busy");
+    std::fs::create_dir(&mp).unwrap();
+    std::fs::write(mp.join("precious.txt"), b"keep me").unwrap();
+    let m = mount(&v, "busy", &[]);
+    assert!(
+        !m.mp.join("precious.txt").exists(),
+        "the mount is not over it"
+    );
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.contains("the mount point is not empty") && log.contains("precious.txt"),
+        "{log}"
+    );
+    m.stop();
+    assert_eq!(std::fs::read(mp.join("precious.txt")).unwrap(), b"keep me");
+    // An empty mount point gets no such line.
+    let m = mount(&v, "empty", &[]);
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(!log.contains("not empty"), "{log}");
+    m.stop();
+}

@@ -103,6 +103,23 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
             canon.display()
         );
     }
+    // Mounting over files hides them (they are not lost, only out of sight until the
+    // unmount): said, so that a mistyped mount point is noticed.
+    if let Ok(rd) = std::fs::read_dir(&canon) {
+        let names: Vec<String> = rd
+            .flatten()
+            .take(4)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        if !names.is_empty() {
+            tracing::warn!(
+                mountpoint = %canon.display(),
+                "the mount point is not empty: what it holds ({}{}) is hidden while the volume is mounted over it (not lost: it shows again after unmounting); mount on an empty directory unless that is what you mean",
+                names[..names.len().min(3)].join(", "),
+                if names.len() > 3 { ", ..." } else { "" }
+            );
+        }
+    }
     Ok(canon)
 }
 
