@@ -1158,3 +1158,71 @@ fn mounting_over_files_warns_and_hides_nothing_for_good() {
     assert!(!log.contains("not empty"), "{log}");
     m.stop();
 }
+
+/// A SIGTERM sent the instant the mount answers ends it cleanly. The mount registered its
+/// handler only after it said it was ready, and `jfs`'s own listener took a signal that came
+/// in between: the mount went on serving ("ignored SIGTERM") until killed.
+#[test]
+fn a_sigterm_the_instant_the_mount_answers_unmounts_it() {
+    fuse_ready();
+    let v = new_vol("rocksdb");
+    let rd = run_dir(&v);
+    for round in 0..6 {
+        let mp = v.dir.path().join(format!("quick{round}"));
+        std::fs::create_dir(&mp).unwrap();
+        let log = v.dir.path().join(format!("quick{round}.log"));
+        let mut child = Command::new(bin("jfs"))
+            .args([
+                "mount",
+                &v.meta,
+                mp.to_str().unwrap(),
+                "--free-space-ratio",
+                "0.01",
+            ])
+            .arg("--cache-dir")
+            .arg(v.dir.path().join(format!("quick{round}-cache")))
+            .env("JFS_RUN_DIR", &rd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let sock = mount::control::socket_path_in(&rd, &mp);
+        let t0 = Instant::now();
+        while !sock.exists() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "round {round}: mount exited early"
+            );
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "round {round}: no socket in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = Command::new("fusermount3").arg("-uz").arg(&mp).status();
+                panic!(
+                    "round {round}: jfs mount went on serving 30 s after a SIGTERM: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            st.success(),
+            "round {round}: exit {st}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(!is_mounted(&mp), "round {round}: still mounted");
+    }
+}

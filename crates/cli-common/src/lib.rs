@@ -401,20 +401,25 @@ pub fn chain_text<'a>(
 /// The one signal handler of every binary and the mount: a token cancelled on the first
 /// SIGTERM or SIGINT (logging `what`, e.g. "interrupted: saving progress"); a second one exits the process at once
 /// (exit code 2), for an operator who does not want to wait for the drain.
+///
+/// The handlers are registered before this returns (call it inside the runtime): a signal
+/// that arrives any time after the call cancels the token. Registered in the spawned task
+/// instead, a SIGTERM sent just after a process said it was ready was taken by an earlier
+/// listener (`jfs`'s own) and never reached this one: the mount went on serving.
 pub fn shutdown_on_signals(what: &'static str) -> tokio_util::sync::CancellationToken {
+    use tokio::signal::unix::{signal, SignalKind};
     let token = tokio_util::sync::CancellationToken::new();
     let t = token.clone();
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!(
+            "cannot install signal handlers: SIGTERM and SIGINT end the process at once"
+        );
+        return token;
+    };
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::warn!(
-                "cannot install signal handlers: SIGTERM and SIGINT end the process at once"
-            );
-            return;
-        };
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}

@@ -174,6 +174,9 @@ const WANT_EVERY: Duration = Duration::from_millis(250);
 /// Mount `vol` at `o.mountpoint` and serve until unmounted or signalled. `ready` is called
 /// once the mount answers.
 pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> Result<()> {
+    // Listening from the start: a SIGTERM at any moment after this, even one sent the
+    // instant the mount answers, ends it cleanly.
+    let signalled = cli_common::shutdown_on_signals("signalled: committing buffers and unmounting");
     let mp = prepare_mountpoint(&o.mountpoint)?;
     let volume::Volume {
         mut fs,
@@ -236,6 +239,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
         &mp,
         &workers,
         ready,
+        signalled,
     )
     .await;
     for w in workers.shutdown(WORKERS_DRAIN).await {
@@ -259,6 +263,7 @@ async fn serve(
     mp: &Path,
     workers: &background::Supervisor,
     ready: impl FnOnce(),
+    signalled: tokio_util::sync::CancellationToken,
 ) -> Result<()> {
     // Only at the primary: a mirror's sessions are its own, and the primary's kept inodes
     // name sessions a mirror never sees.
@@ -433,7 +438,6 @@ async fn serve(
     tracing::info!(mountpoint = %mp.display(), read_only = o.read_only, "mounted");
     ready();
 
-    let signalled = cli_common::shutdown_on_signals("signalled: committing buffers and unmounting");
     // Ok(session result), or Err(now): asked to stop (now: without waiting for open files).
     let result = tokio::select! {
         r = &mut done_rx => Ok(r),
