@@ -1,6 +1,7 @@
 //! Rate limits: bytes/s (optionally by time of day, like rclone's timetable) and requests/s,
-//! both with governor. Bytes are charged exactly: the limiter counts 1 KiB cells replenished
-//! at the exact period the rate gives (not a whole number of cells per second), and the
+//! both with governor. Bytes are charged exactly: the limiter counts 1 KiB cells (larger for
+//! limits over ~100 MB/s, so that a cell lasts 10 µs) replenished at the period the rate
+//! gives, rounded up to a nanosecond (never faster than the limit), and the
 //! bytes of each call are added to a running total of which only whole cells are charged, so
 //! a 2 KiB object costs 2 KiB (not a 64 KiB minimum) and 100K means 100 KiB/s. The burst is
 //! a tenth of a second's worth, so a limit holds over seconds, not just over a run.
@@ -122,21 +123,37 @@ static UTC_OFFSET: std::sync::LazyLock<i64> = std::sync::LazyLock::new(|| {
 /// A byte limiter: the cell size (1 KiB, or 1 byte below 10 KiB/s) and governor over it.
 struct ByteLimiter {
     cell: u64,
+    /// One cell is replenished each period.
+    period_ns: u64,
     burst: u32,
     lim: DefaultDirectRateLimiter,
     /// Bytes asked for so far; whole cells of it are charged.
     total: std::sync::atomic::AtomicU64,
 }
 
+/// The cells a call of `n` bytes is charged when `before` bytes were asked for already:
+/// the whole cells the running total crosses.
+fn cells_for(before: u64, n: u64, cell: u64) -> u64 {
+    (before + n) / cell - before / cell
+}
+
 fn byte_limiter(rate: u64) -> Arc<ByteLimiter> {
-    let cell = if rate >= 10 * CELL { CELL } else { 1 };
-    let period_ns = (cell as u128 * 1_000_000_000 / rate.max(1) as u128).max(1) as u64;
+    let rate = rate.max(1);
+    // A cell of 1 KiB (single bytes under 10 KiB/s), doubled for fast limits until a cell
+    // lasts at least 10 µs: the period is rounded up to a whole nanosecond, so the pace is
+    // never above the limit and at most 0.01% under it.
+    let mut cell = if rate >= 10 * CELL { CELL } else { 1 };
+    while (cell as u128) * 1_000_000_000 < 10_000 * rate as u128 {
+        cell *= 2;
+    }
+    let period_ns = (cell as u128 * 1_000_000_000).div_ceil(rate as u128).max(1) as u64;
     let burst = ((rate / 10) / cell).clamp(1, u32::MAX as u64) as u32;
     let q = Quota::with_period(std::time::Duration::from_nanos(period_ns))
         .expect("a period over zero")
         .allow_burst(NonZeroU32::new(burst).expect(">0"));
     Arc::new(ByteLimiter {
         cell,
+        period_ns,
         burst,
         lim: RateLimiter::direct(q),
         total: Default::default(),
@@ -299,7 +316,7 @@ impl Limits {
             let Some(l) = lim else { return };
             use std::sync::atomic::Ordering;
             let before = l.total.fetch_add(left, Ordering::Relaxed);
-            let mut cells = (before + left) / l.cell - before / l.cell;
+            let mut cells = cells_for(before, left, l.cell);
             left = 0;
             while cells > 0 {
                 let take = cells.min(l.burst as u64) as u32;
@@ -342,17 +359,50 @@ impl Limits {
 mod tests {
     use super::*;
 
-    /// The bytes of many small calls and of a few large ones pass at the limit, within 5%,
-    /// and 100K is 100 KiB/s (not rounded down to 64 KiB cells). About 3 s of real time: the
-    /// limiter runs on the real clock.
-    #[tokio::test]
-    async fn bytes_are_charged_exactly_small_and_large() {
+    /// Bytes are charged exactly, checked without a clock: the cells a run of calls is
+    /// charged are the whole cells of its running total (never a cell minimum a call), and
+    /// the quota replenishes one cell at the period that makes the rate exact (100K is
+    /// 100 KiB/s, not rounded to 64 KiB cells). A timed check of the same was flaky beside
+    /// other load; the limit's accuracy end to end is measured in BENCHMARKS.md.
+    #[test]
+    fn bytes_are_charged_exactly_small_and_large() {
         for (rate, calls, each) in [
             (10u64 << 20, 4000u64, 2_000u64),
             (10 << 20, 4, 2 << 20),
             (100 << 10, 12, 5_000),
             (5_000, 10, 300),
+            (1 << 30, 100_000, 1),
+            (100 << 30, 1_000, 3 << 20),
+            (10_000_000, 7, 1_234_567),
         ] {
+            let l = byte_limiter(rate);
+            let mut total = 0u64;
+            let mut charged = 0u64;
+            for _ in 0..calls {
+                charged += cells_for(total, each, l.cell);
+                total += each;
+            }
+            assert_eq!(charged, total / l.cell, "{calls} x {each} B at {rate} B/s");
+            assert!(
+                (total - charged * l.cell) < l.cell,
+                "at most one cell's worth is ever uncharged"
+            );
+            // One cell a period: never above the rate, and under it by at most the
+            // nanosecond the period was rounded up.
+            let per_s = 1e9 / l.period_ns as f64 * l.cell as f64;
+            assert!(
+                per_s <= rate as f64 && (rate as f64 - per_s) / (rate as f64) < 1e-4,
+                "{rate} B/s paces at {per_s} B/s"
+            );
+            assert_eq!(u64::from(l.burst), ((rate / 10) / l.cell).max(1));
+        }
+    }
+
+    /// On the real clock the limit is never exceeded (the lower side depends on the
+    /// scheduler, so it is a benchmark's business, not a test's).
+    #[tokio::test]
+    async fn bytes_never_pass_faster_than_the_limit() {
+        for (rate, calls, each) in [(10u64 << 20, 2000u64, 2_000u64), (5_000, 10, 300)] {
             let l = Limits::new(Some(BwSchedule(vec![(0, Some(rate))])), None).unwrap();
             l.bytes(rate / 10).await; // empty the burst first: measure the steady rate
             let t0 = std::time::Instant::now();
@@ -362,7 +412,7 @@ mod tests {
             let secs = t0.elapsed().as_secs_f64();
             let got = (calls * each) as f64 / secs;
             assert!(
-                (got - rate as f64).abs() / (rate as f64) < 0.05,
+                got < rate as f64 * 1.05,
                 "{calls} x {each} B at {rate} B/s ran at {got:.0} B/s"
             );
         }
