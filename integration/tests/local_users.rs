@@ -397,3 +397,112 @@ fn a_mount_without_allow_other_refuses_other_users_even_cached_attributes() {
     assert_eq!(String::from_utf8_lossy(&stat_open.stdout).trim(), "6");
     assert!(line_open.contains("allow_other"), "{line_open}");
 }
+
+/// Run jfs-sync with umask `umask`, no HOME or XDG_CACHE_HOME, and TMPDIR=`tmp`.
+fn sync_umask(umask: &str, tmp: &Path, args: &[&str]) -> Output {
+    Command::new("sh")
+        .args(["-c", &format!("umask {umask}; exec \"$@\""), "sh"])
+        .arg(bin("jfs-sync"))
+        .args(args)
+        .env_remove("HOME")
+        .env_remove("XDG_CACHE_HOME")
+        .env("TMPDIR", tmp)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running jfs-sync")
+}
+
+/// jfs-sync's resume state (it names every file of the job) and its --log-file are its
+/// user's alone whatever the umask; without a home the state goes to a directory of this
+/// user's in the shared temporary directory, and one another user planted there (or a
+/// symbolic link at the log's name) is refused, never used. Before, the state was made
+/// 0755 in `/tmp/jfs-sync` (whoever made that directory first owned every user's state)
+/// and the log 0644.
+#[test]
+fn jfs_sync_state_and_log_are_its_users_alone_and_planted_ones_refused() {
+    let d = shared_dir();
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("secret-name.txt"), b"x").unwrap();
+    let log = d.path().join("sync.log");
+    for umask in ["000", "022"] {
+        let _ = std::fs::remove_dir_all(&dst);
+        let _ = std::fs::remove_file(&log);
+        let o = sync_umask(
+            umask,
+            &tmp,
+            &[
+                src.to_str().unwrap(),
+                dst.to_str().unwrap(),
+                "--log-file",
+                log.to_str().unwrap(),
+            ],
+        );
+        ok(&o, &format!("jfs-sync under umask {umask}"));
+        assert_eq!(std::fs::read(dst.join("secret-name.txt")).unwrap(), b"x");
+        let state = tmp.join("jfs-sync-0");
+        assert!(state.is_dir(), "the state is not in {}", state.display());
+        for p in walk(&state) {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                assert_eq!(
+                    m.mode() & 0o777,
+                    0o700,
+                    "{} under umask {umask}",
+                    p.display()
+                );
+            }
+        }
+        assert_eq!(
+            std::fs::metadata(&log).unwrap().mode() & 0o777,
+            0o600,
+            "the log under umask {umask}"
+        );
+        assert_eq!(open_to_nobody(&state), "", "under umask {umask}");
+        let _ = std::fs::remove_dir_all(&state);
+    }
+    // Another user's directory at the state's name: refused, nothing written into it.
+    let planted = tmp.join("jfs-sync-0");
+    std::fs::create_dir(&planted).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+    let o = sync_umask("022", &tmp, &[src.to_str().unwrap(), dst.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("belongs to uid 65534") && err.contains("--state-dir"),
+        "{err}"
+    );
+    assert_eq!(
+        walk(&planted).len(),
+        1,
+        "something was written into the planted directory"
+    );
+    // A symbolic link at the log's name: refused, its target untouched.
+    let target = d.path().join("profile");
+    std::fs::write(&target, b"keep\n").unwrap();
+    let _ = std::fs::remove_file(&log);
+    std::os::unix::fs::symlink(&target, &log).unwrap();
+    let o = sync_umask(
+        "022",
+        &tmp,
+        &[
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+            "--state-dir",
+            d.path().join("st").to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep\n");
+}

@@ -118,11 +118,7 @@ fn init_logging(c: &Common) {
     };
     match &c.log_file {
         Some(path) => {
-            let file = match std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-            {
+            let file = match cli_common::open_private_log(path) {
                 Ok(f) => f,
                 Err(e) => {
                     cli_common::eprintln!("jfs-sync: error: --log-file {}: {e}", path.display());

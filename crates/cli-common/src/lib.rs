@@ -10,6 +10,22 @@
 //! - A closed **stderr** ends nothing: `cli_common::eprintln!` / `eprint!` (used instead of
 //!   std's, which panic when the write fails) and the log writer drop what cannot be written,
 //!   so a daemon or a copy whose log reader went away goes on with its work.
+//! - `private`: directories of this user's alone (created 0700, planted ones refused), and
+//!   `open_private_log`: a log file opened 0600 without following a link.
+
+pub mod private;
+
+/// Open (append, create) a log file the process was told to write: 0600 when created (it
+/// names the volume's files), and never through a symbolic link planted at its name.
+pub fn open_private_log(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+}
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use std::io::IsTerminal;

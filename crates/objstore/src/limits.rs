@@ -123,7 +123,8 @@ static UTC_OFFSET: std::sync::LazyLock<i64> = std::sync::LazyLock::new(|| {
 /// A byte limiter: the cell size (1 KiB, or 1 byte below 10 KiB/s) and governor over it.
 struct ByteLimiter {
     cell: u64,
-    /// One cell is replenished each period.
+    /// One cell is replenished each period (kept for the tests that check the pace).
+    #[cfg_attr(not(test), allow(dead_code))]
     period_ns: u64,
     burst: u32,
     lim: DefaultDirectRateLimiter,

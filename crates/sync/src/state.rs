@@ -8,7 +8,7 @@
 //! OS has, and a lost tail only means a few objects are copied again.
 
 use crate::stats::Tally;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use rocksdb::{WriteBatch, DB};
 use std::path::{Path, PathBuf};
 
@@ -50,8 +50,13 @@ pub enum Done {
 
 impl State {
     pub fn open(path: &Path) -> Result<Self> {
-        std::fs::create_dir_all(path)
-            .with_context(|| format!("creating the state dir {}", path.display()))?;
+        // Owner-only: the state names every file of the job (and a planted directory at a
+        // predictable name would be another user's to read and change).
+        cli_common::private::ensure_private_dir(
+            path,
+            "state directory",
+            "give the job another --state-dir",
+        )?;
         let mut o = meta::base_options();
         o.create_if_missing(true);
         // Small memtables: a million done-keys should not cost 64 MiB buffers of RAM.
@@ -350,8 +355,13 @@ pub fn default_dir(src: &str, dst: &str, options: &str) -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("jfs-sync").join(format!("{h:08x}"))
+        .map(|b| b.join("jfs-sync"))
+        .unwrap_or_else(|| {
+            // No home: a directory of this user's in the shared temporary directory (checked
+            // when the state is opened: one another user planted there is refused).
+            std::env::temp_dir().join(format!("jfs-sync-{}", rustix::process::geteuid().as_raw()))
+        });
+    base.join(format!("{h:08x}"))
 }
 
 #[cfg(test)]

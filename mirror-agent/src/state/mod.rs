@@ -74,8 +74,12 @@ impl State {
     }
 
     fn open_db(dir: &Path) -> Result<State> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating the state directory {}", dir.display()))?;
+        // Owner-only: the queue names the volume's blocks and the bootstrap its metadata.
+        cli_common::private::ensure_private_dir(
+            dir,
+            "state directory",
+            "set another state_dir in the configuration",
+        )?;
         let mut o = meta::base_options();
         o.create_if_missing(true);
         o.set_write_buffer_size(8 << 20);

@@ -46,7 +46,11 @@ impl BlockIndex {
     /// Walk the metadata and sort its block keys in a RocksDB under `dir` (removed on drop).
     pub async fn build(engine: &dyn Engine, settings: &Settings, dir: &Path) -> Result<BlockIndex> {
         let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        cli_common::private::ensure_private_dir(
+            dir,
+            "block index directory",
+            "choose another place for it",
+        )?;
         let mut o = meta::base_options();
         o.create_if_missing(true);
         o.set_write_buffer_size(16 << 20);
