@@ -337,6 +337,8 @@ struct Site {
     agent: Agent,
     meta: String,
     store: String,
+    /// Where its agent answers for the site's primary agent to come (`[mirror] listen`).
+    future: String,
     _keep: Vec<tempfile::TempDir>,
 }
 
@@ -363,6 +365,7 @@ fn three_sites(d: &std::path::Path, meta: &str) -> (Agent, Site, Site) {
     let site = |name: &str, engine: &str| {
         let (m_meta, d1) = integration::meta_url(engine);
         let (m_store, d2) = integration::store_url("file");
+        let future = format!("127.0.0.1:{}", free_port());
         let agent = Agent::start_with(
             d,
             name,
@@ -373,7 +376,7 @@ fn three_sites(d: &std::path::Path, meta: &str) -> (Agent, Site, Site) {
                 name,
                 &listen,
                 &m_store,
-                "",
+                &format!("listen = \"{future}\""),
             ),
             &env,
             &[],
@@ -382,6 +385,7 @@ fn three_sites(d: &std::path::Path, meta: &str) -> (Agent, Site, Site) {
             agent,
             meta: m_meta,
             store: m_store,
+            future,
             _keep: d1.into_iter().chain(d2).collect(),
         }
     };
@@ -627,7 +631,16 @@ async fn a_writing_mirror_mount_keeps_writing_when_its_site_is_promoted() {
     let dir = tempfile::tempdir().unwrap();
     let vol = volume_with("postgres", "file", |_| {}).await;
     let old_meta = vol.meta_url.clone();
-    let mut pair = Pair::start(dir.path(), &old_meta, "redis", None, ALLOW_WRITES, "").await;
+    let new_listen = format!("127.0.0.1:{}", free_port());
+    let mut pair = Pair::start(
+        dir.path(),
+        &old_meta,
+        "redis",
+        None,
+        ALLOW_WRITES,
+        &format!("listen = \"{new_listen}\""),
+    )
+    .await;
     writes_known(&pair).await;
     let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
     std::fs::write(m.mp.join("before"), data(21, 700_000)).unwrap();
@@ -636,7 +649,6 @@ async fn a_writing_mirror_mount_keeps_writing_when_its_site_is_promoted() {
         read_all(&vol.fs, ino).await == data(21, 700_000),
         "not at the old primary"
     );
-    let new_listen = format!("127.0.0.1:{}", free_port());
     let (m_admin, m_cfg) = (
         pair.mirror.admin.clone(),
         pair.mirror.cfg.display().to_string(),
@@ -713,7 +725,7 @@ async fn a_writing_mirror_mount_writes_to_the_new_primary_after_another_mirror_i
     // m1 writes through its mount; m2 is the site that becomes the primary.
     let (mut old_primary, m1, m2) = three_sites(d, &old_meta);
     let (mut m1_agent, m1_meta) = (m1.agent, m1.meta);
-    let (mut m2_agent, m2_meta, m2_store) = (m2.agent, m2.meta, m2.store);
+    let (mut m2_agent, m2_meta, m2_store, m2_future) = (m2.agent, m2.meta, m2.store, m2.future);
     let env = [
         ("MIRROR_TOKEN", TOKEN),
         ("JFS_RUN_DIR", &*d.join("run").display().to_string()),
@@ -749,7 +761,7 @@ async fn a_writing_mirror_mount_writes_to_the_new_primary_after_another_mirror_i
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Promote m2 (the planned move), then start its primary agent serving the old site and m1.
-    let new_listen = format!("127.0.0.1:{}", free_port());
+    let new_listen = m2_future;
     let (m2_admin, m2_cfg, m1_cfg) = (
         m2_agent.admin.clone(),
         m2_agent.cfg.display().to_string(),

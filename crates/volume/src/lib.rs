@@ -58,7 +58,9 @@
 //! read-only and, once it is promoted at that epoch, swaps the engine in place (inode numbers
 //! are equal on both sides, so the kernel's inodes and open files stay valid). A commit refused
 //! with `ReadOnly` while a move is recorded waits (at most `MOVE_WAIT`, 120 s) and commits at the
-//! new primary; a refusal with no move recorded is final.
+//! new primary; a refusal with no move recorded is final. A move to embedded metadata
+//! (`rocksdb://`, the new primary's site's own) is never followed nor opened: such a mount
+//! stays on the fenced metadata, read-only, its commits refused at once with what to do.
 
 mod cache;
 mod cached;
