@@ -302,6 +302,28 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     let n = assert_same(&newp, &old_meta, &vol.store_url).await;
     assert_same_journal(&**newp.engine(), &*open_ro(&old_meta).await).await;
     assert!(status_json(&old_meta)["epoch"] == 1);
+    // Issue 43, item 23: once rejoined, the fence's move record is gone (`jfs status` no
+    // longer says fenced), and a mount of the rejoined site logs no advice to unmount.
+    let t0 = Instant::now();
+    while !status_json(&old_meta)["moved"].is_null() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the rejoined site still records the move: {}",
+            status_json(&old_meta)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let m3 = Mount::start(
+        &old_meta,
+        dir.path(),
+        "mnt3",
+        &["--cache-size", "0", "--read-only"],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(std::fs::read(m3.mp.join("held")).unwrap(), want_held);
+    let mlog = std::fs::read_to_string(&m3.log).unwrap();
+    assert!(!mlog.contains("went on past the point"), "{mlog}");
+    m3.stop();
     // Nothing diverged in a planned move: no saved tail.
     assert_eq!(status_json(&old_meta)["rollbacks"], serde_json::json!([]));
     // A second fence of the site that rejoined is refused, saying what it is.
