@@ -216,6 +216,61 @@ async fn a_mirror_not_allowed_to_write_mounts_read_only() {
     );
 }
 
+/// Issue 43, item 25: a mirror the primary lets write, on a host that cannot write the origin
+/// store (here a read-only bind over it): the mount comes up read-only and says why (it came
+/// up read-write, and every close failed with EIO, leaving 0-byte files at every site);
+/// nothing is made at the primary; `check-config --connect` warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_that_cannot_write_the_origin_store_mounts_read_only_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, ALLOW_WRITES, "").await;
+    let st = writes_known(&pair).await;
+    assert_eq!(st["writes"]["allowed"], true, "{st}");
+    let ro = integration::mountproc::ReadOnlyBind::over_store(&vol.store_url);
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.contains("mounting read-only")
+            && log.contains("this host cannot write the origin store")
+            && log.contains(&vol.store_url),
+        "{log}"
+    );
+    let e = std::fs::write(m.mp.join("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(30 /* EROFS */), "{e}");
+    m.stop();
+    assert!(
+        vol.fs.resolve("/new").await.is_err(),
+        "a file was made at the primary"
+    );
+    // The agent's config as a second agent would use it (its state directory is in use).
+    let check = dir.path().join("check.toml");
+    std::fs::write(
+        &check,
+        std::fs::read_to_string(&pair.mirror.cfg)
+            .unwrap()
+            .replace("mstate", "mstate-check")
+            .replace(&pair.mirror.admin, &format!("127.0.0.1:{}", free_port())),
+    )
+    .unwrap();
+    let o = std::process::Command::new(integration::bin("mirror-agent"))
+        .args(["check-config", "--connect", "--config"])
+        .arg(&check)
+        .env("MIRROR_TOKEN", TOKEN)
+        .env("ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success()
+            && out.contains("warning: this host cannot write the origin store")
+            && out.contains("allow_writes"),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    drop(ro);
+}
+
 /// The primary agent stopped: a change at the mirror mount fails with EIO within the bound
 /// and is not made; reads go on; once the primary is back, writes go through again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
