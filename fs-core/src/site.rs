@@ -220,7 +220,7 @@ pub fn writes_refused(url: &str, m: Option<&MirrorMarker>) -> Error {
     Error::new(
         ErrorKind::ReadOnly,
         format!(
-            "{url} is {whose}: it is read-only, and a write here would fork its history from the primary's; write at the primary, or, to make it a volume of its own, stop its agent and run `mirror-agent detach --meta URL`"
+            "{url} is {whose}: it is read-only, and a write here would fork its history from the primary's; write at the primary, or, to make it a volume of its own, stop its agent and run `mirror-agent detach --config MIRROR_CONFIG` (runbooks/detach-mirror.md)"
         ),
     )
 }
