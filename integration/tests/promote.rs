@@ -494,6 +494,11 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
     // The new primary takes writes (a mount of it); ids never collide with the old site's.
     let m = Mount::start(&pair.m_meta, dir.path(), "mnt", &["--cache-size", "0"]);
     std::fs::write(m.mp.join("after"), data(77, 500_000)).unwrap();
+    // More history here than the old site went on with: it rejoins inside this history (its
+    // last entry exists here, different), not past its end.
+    for i in 0..12u64 {
+        std::fs::write(m.mp.join(format!("after-{i}")), data(78 + i, 1000)).unwrap();
+    }
     let after_ino = std::fs::metadata(m.mp.join("after")).unwrap();
     use std::os::unix::fs::MetadataExt;
     let old_max_ino = {
@@ -539,6 +544,15 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
         "{}",
         tail(&rejoin.log_text(), 20)
     );
+    // An expected divergence (the old site from before the promotion) is not blamed on
+    // something other than its agent (issue 43, item 26).
+    for log in [p2.log_text(), rejoin.log_text()] {
+        assert!(
+            !log.contains("changed by something other than its agent"),
+            "{}",
+            tail(&log, 20)
+        );
+    }
     // The old site's diverged tail is saved before the resync dropped it, named in the log and
     // in `jfs status` (the runbook's check), with every lost file's bytes.
     let out = runbook::run_checked("failover", "check", &env);
