@@ -220,7 +220,7 @@ pub fn writes_refused(url: &str, m: Option<&MirrorMarker>) -> Error {
     Error::new(
         ErrorKind::ReadOnly,
         format!(
-            "{url} is {whose}: it is read-only, and a write here would fork its history from the primary's; write at the primary, or, to make it a volume of its own, stop its agent and run `mirror-agent detach --meta URL`"
+            "{url} is {whose}: it is read-only, and a write here would fork its history from the primary's; write at the primary, or, to make it a volume of its own, stop its agent and run `mirror-agent detach --config MIRROR_CONFIG` (runbooks/detach-mirror.md)"
         ),
     )
 }
@@ -242,8 +242,14 @@ pub fn moved_refusal(url: &str, m: &Moved, marker: Option<&MirrorMarker>) -> Err
     Error::new(
         ErrorKind::ReadOnly,
         format!(
-            "{url} was fenced: the volume's primary moved to {} (epoch {}) after seq {}; write there: give that META_URL instead of this one (its password as before). Mounts of this metadata follow by themselves. This metadata is now {now}; if the fence was a mistake, `mirror-agent detach --meta URL` undoes it",
-            m.meta_url, m.epoch, m.at_seq
+            "{url} was fenced: the volume's primary moved to {} (epoch {}) after seq {}; write there: give that META_URL instead of this one (its password as before). {} This metadata is now {now}; if the fence was a mistake and no mirror was promoted from it, `mirror-agent detach --meta URL` undoes it",
+            m.meta_url, m.epoch, m.at_seq,
+            // Embedded metadata is opened only at its own site (its one writer's lock).
+            if m.meta_url.starts_with("rocksdb:") {
+                "Mounts of this metadata do not follow to embedded metadata: they stay here read-only; unmount them and mount that META_URL at its site."
+            } else {
+                "Mounts of this metadata follow by themselves."
+            }
         ),
     )
 }

@@ -216,6 +216,61 @@ async fn a_mirror_not_allowed_to_write_mounts_read_only() {
     );
 }
 
+/// Issue 43, item 25: a mirror the primary lets write, on a host that cannot write the origin
+/// store (here a read-only bind over it): the mount comes up read-only and says why (it came
+/// up read-write, and every close failed with EIO, leaving 0-byte files at every site);
+/// nothing is made at the primary; `check-config --connect` warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_that_cannot_write_the_origin_store_mounts_read_only_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, ALLOW_WRITES, "").await;
+    let st = writes_known(&pair).await;
+    assert_eq!(st["writes"]["allowed"], true, "{st}");
+    let ro = integration::mountproc::ReadOnlyBind::over_store(&vol.store_url);
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.contains("mounting read-only")
+            && log.contains("this host cannot write the origin store")
+            && log.contains(&vol.store_url),
+        "{log}"
+    );
+    let e = std::fs::write(m.mp.join("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(30 /* EROFS */), "{e}");
+    m.stop();
+    assert!(
+        vol.fs.resolve("/new").await.is_err(),
+        "a file was made at the primary"
+    );
+    // The agent's config as a second agent would use it (its state directory is in use).
+    let check = dir.path().join("check.toml");
+    std::fs::write(
+        &check,
+        std::fs::read_to_string(&pair.mirror.cfg)
+            .unwrap()
+            .replace("mstate", "mstate-check")
+            .replace(&pair.mirror.admin, &format!("127.0.0.1:{}", free_port())),
+    )
+    .unwrap();
+    let o = std::process::Command::new(integration::bin("mirror-agent"))
+        .args(["check-config", "--connect", "--config"])
+        .arg(&check)
+        .env("MIRROR_TOKEN", TOKEN)
+        .env("ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success()
+            && out.contains("warning: this host cannot write the origin store")
+            && out.contains("allow_writes"),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    drop(ro);
+}
+
 /// The primary agent stopped: a change at the mirror mount fails with EIO within the bound
 /// and is not made; reads go on; once the primary is back, writes go through again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -337,6 +392,8 @@ struct Site {
     agent: Agent,
     meta: String,
     store: String,
+    /// Where its agent answers for the site's primary agent to come (`[mirror] listen`).
+    future: String,
     _keep: Vec<tempfile::TempDir>,
 }
 
@@ -363,6 +420,7 @@ fn three_sites(d: &std::path::Path, meta: &str) -> (Agent, Site, Site) {
     let site = |name: &str, engine: &str| {
         let (m_meta, d1) = integration::meta_url(engine);
         let (m_store, d2) = integration::store_url("file");
+        let future = format!("127.0.0.1:{}", free_port());
         let agent = Agent::start_with(
             d,
             name,
@@ -373,7 +431,7 @@ fn three_sites(d: &std::path::Path, meta: &str) -> (Agent, Site, Site) {
                 name,
                 &listen,
                 &m_store,
-                "",
+                &format!("listen = \"{future}\""),
             ),
             &env,
             &[],
@@ -382,6 +440,7 @@ fn three_sites(d: &std::path::Path, meta: &str) -> (Agent, Site, Site) {
             agent,
             meta: m_meta,
             store: m_store,
+            future,
             _keep: d1.into_iter().chain(d2).collect(),
         }
     };
@@ -627,7 +686,16 @@ async fn a_writing_mirror_mount_keeps_writing_when_its_site_is_promoted() {
     let dir = tempfile::tempdir().unwrap();
     let vol = volume_with("postgres", "file", |_| {}).await;
     let old_meta = vol.meta_url.clone();
-    let mut pair = Pair::start(dir.path(), &old_meta, "redis", None, ALLOW_WRITES, "").await;
+    let new_listen = format!("127.0.0.1:{}", free_port());
+    let mut pair = Pair::start(
+        dir.path(),
+        &old_meta,
+        "redis",
+        None,
+        ALLOW_WRITES,
+        &format!("listen = \"{new_listen}\""),
+    )
+    .await;
     writes_known(&pair).await;
     let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
     std::fs::write(m.mp.join("before"), data(21, 700_000)).unwrap();
@@ -636,7 +704,6 @@ async fn a_writing_mirror_mount_keeps_writing_when_its_site_is_promoted() {
         read_all(&vol.fs, ino).await == data(21, 700_000),
         "not at the old primary"
     );
-    let new_listen = format!("127.0.0.1:{}", free_port());
     let (m_admin, m_cfg) = (
         pair.mirror.admin.clone(),
         pair.mirror.cfg.display().to_string(),
@@ -713,7 +780,7 @@ async fn a_writing_mirror_mount_writes_to_the_new_primary_after_another_mirror_i
     // m1 writes through its mount; m2 is the site that becomes the primary.
     let (mut old_primary, m1, m2) = three_sites(d, &old_meta);
     let (mut m1_agent, m1_meta) = (m1.agent, m1.meta);
-    let (mut m2_agent, m2_meta, m2_store) = (m2.agent, m2.meta, m2.store);
+    let (mut m2_agent, m2_meta, m2_store, m2_future) = (m2.agent, m2.meta, m2.store, m2.future);
     let env = [
         ("MIRROR_TOKEN", TOKEN),
         ("JFS_RUN_DIR", &*d.join("run").display().to_string()),
@@ -749,7 +816,7 @@ async fn a_writing_mirror_mount_writes_to_the_new_primary_after_another_mirror_i
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Promote m2 (the planned move), then start its primary agent serving the old site and m1.
-    let new_listen = format!("127.0.0.1:{}", free_port());
+    let new_listen = m2_future;
     let (m2_admin, m2_cfg, m1_cfg) = (
         m2_agent.admin.clone(),
         m2_agent.cfg.display().to_string(),

@@ -159,15 +159,27 @@ fn status_json(meta: &str) -> serde_json::Value {
 }
 
 /// The planned site migration of the runbook, under writes through a mount of the old
-/// primary (PostgreSQL) to a mirror on RocksDB: every acknowledged checkpoint is at the new
-/// primary, the mount followed the move with a file held open across it, the old primary
-/// cannot write or ship any more, and it rejoins as a mirror and converges.
+/// primary (PostgreSQL) to a mirror on Redis (metadata the mount reaches as a client; it
+/// never follows to another site's RocksDB, see the next test): every acknowledged checkpoint
+/// is at the new primary, the mount followed the move with a file held open across it, the
+/// old primary cannot write or ship any more, and it rejoins as a mirror and converges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn planned_site_migration_under_writes_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let vol = volume_with("postgres", "file", |_| {}).await;
     let old_meta = vol.meta_url.clone();
-    let mut pair = Pair::start(dir.path(), &old_meta, "rocksdb", None, "", "").await;
+    // The mirror's agent answers at the address its site serves once promoted (the fence
+    // checks the move goes there).
+    let new_listen = format!("127.0.0.1:{}", free_port());
+    let mut pair = Pair::start(
+        dir.path(),
+        &old_meta,
+        "redis",
+        None,
+        "",
+        &format!("listen = \"{new_listen}\""),
+    )
+    .await;
     let m = Mount::start(&old_meta, dir.path(), "mnt", &["--cache-size", "0"]);
     let w = writer(&m.mp, dir.path());
     // A file held open across the move.
@@ -176,7 +188,6 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     held.write_all(&data(7, 3 << 20)).unwrap();
     held.sync_all().unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let new_listen = format!("127.0.0.1:{}", free_port());
     let (m_admin, m_cfg) = (
         pair.mirror.admin.clone(),
         pair.mirror.cfg.display().to_string(),
@@ -291,6 +302,28 @@ async fn planned_site_migration_under_writes_loses_nothing() {
     let n = assert_same(&newp, &old_meta, &vol.store_url).await;
     assert_same_journal(&**newp.engine(), &*open_ro(&old_meta).await).await;
     assert!(status_json(&old_meta)["epoch"] == 1);
+    // Issue 43, item 23: once rejoined, the fence's move record is gone (`jfs status` no
+    // longer says fenced), and a mount of the rejoined site logs no advice to unmount.
+    let t0 = Instant::now();
+    while !status_json(&old_meta)["moved"].is_null() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the rejoined site still records the move: {}",
+            status_json(&old_meta)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let m3 = Mount::start(
+        &old_meta,
+        dir.path(),
+        "mnt3",
+        &["--cache-size", "0", "--read-only"],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(std::fs::read(m3.mp.join("held")).unwrap(), want_held);
+    let mlog = std::fs::read_to_string(&m3.log).unwrap();
+    assert!(!mlog.contains("went on past the point"), "{mlog}");
+    m3.stop();
     // Nothing diverged in a planned move: no saved tail.
     assert_eq!(status_json(&old_meta)["rollbacks"], serde_json::json!([]));
     // A second fence of the site that rejoined is refused, saying what it is.
@@ -461,6 +494,11 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
     // The new primary takes writes (a mount of it); ids never collide with the old site's.
     let m = Mount::start(&pair.m_meta, dir.path(), "mnt", &["--cache-size", "0"]);
     std::fs::write(m.mp.join("after"), data(77, 500_000)).unwrap();
+    // More history here than the old site went on with: it rejoins inside this history (its
+    // last entry exists here, different), not past its end.
+    for i in 0..12u64 {
+        std::fs::write(m.mp.join(format!("after-{i}")), data(78 + i, 1000)).unwrap();
+    }
     let after_ino = std::fs::metadata(m.mp.join("after")).unwrap();
     use std::os::unix::fs::MetadataExt;
     let old_max_ino = {
@@ -506,6 +544,15 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
         "{}",
         tail(&rejoin.log_text(), 20)
     );
+    // An expected divergence (the old site from before the promotion) is not blamed on
+    // something other than its agent (issue 43, item 26).
+    for log in [p2.log_text(), rejoin.log_text()] {
+        assert!(
+            !log.contains("changed by something other than its agent"),
+            "{}",
+            tail(&log, 20)
+        );
+    }
     // The old site's diverged tail is saved before the resync dropped it, named in the log and
     // in `jfs status` (the runbook's check), with every lost file's bytes.
     let out = runbook::run_checked("failover", "check", &env);
@@ -574,7 +621,9 @@ async fn forced_promotion_beside_a_live_old_site_loses_no_acknowledged_write() {
     let vol = volume_with("rocksdb", "file", |_| {}).await;
     let old_meta = vol.meta_url.clone();
     drop(vol.fs);
-    let mut pair = Pair::start(dir.path(), &old_meta, "rocksdb", None, "", "").await;
+    // The mirror on Redis: a mount looks at a new primary it reaches as a client (to see the
+    // fork); another site's RocksDB it never opens (see the embedded-metadata test).
+    let mut pair = Pair::start(dir.path(), &old_meta, "redis", None, "", "").await;
     let m = Mount::start(&old_meta, dir.path(), "mnt", &["--cache-size", "0"]);
     let w = writer(&m.mp, dir.path());
     let acks = |n: usize| {
@@ -874,8 +923,10 @@ async fn fence_checks_what_it_is_told_and_its_undo_works_beside_a_mount() {
 }
 
 /// Engine migration (runbooks/engine-migration.md) both ways the issue names, under writes
-/// through a mount that follows the move: the final dumps of the new primary and of the old
-/// metadata (rejoined as a mirror) are equal, blocks never moved, and no id is reused.
+/// through a mount: to PostgreSQL the mount follows the move; to RocksDB (embedded, never
+/// opened by a mount of other metadata) it stays read-only and the writers remount at the new
+/// metadata. The final dumps of the new primary and of the old metadata (rejoined as a
+/// mirror) are equal, blocks never moved, and no id is reused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
     for (from, to) in [("redis", "rocksdb"), ("rocksdb", "postgres")] {
@@ -886,8 +937,10 @@ async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
         write_files(&vol.fs, "seed-", 3, 700_000).await;
         drop(vol.fs);
         let (new_meta, _keep) = integration::meta_url(to);
+        let follows = to != "rocksdb";
         let p_admin = format!("127.0.0.1:{}", free_port());
         let listen = format!("127.0.0.1:{}", free_port());
+        let new_listen = format!("127.0.0.1:{}", free_port());
         let envs = [("MIRROR_TOKEN", TOKEN)];
         let mut p1 = Agent::start(
             dir.path(),
@@ -914,14 +967,16 @@ async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
                 "engine",
                 &listen,
                 &store,
-                "",
+                &format!("listen = \"{new_listen}\""),
             ),
             &envs,
         );
-        let m = Mount::start(&old_meta, dir.path(), "mnt", &["--cache-size", "0"]);
-        let w = writer(&m.mp, dir.path());
+        let mut m = Mount::start(&old_meta, dir.path(), "mnt", &["--cache-size", "0"]);
+        let mut w = Some(writer(&m.mp, dir.path()));
         std::thread::sleep(Duration::from_secs(2));
-        let new_listen = format!("127.0.0.1:{}", free_port());
+        // A mount that will not follow: its writers stop before the fence (after it, their
+        // writes fail with EROFS, see below).
+        let early = (!follows).then(|| w.take().unwrap().stop());
         let m_cfg = mirror.cfg.display().to_string();
         let env = [
             ("OLD_META", old_meta.as_str()),
@@ -955,7 +1010,29 @@ async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
         runbook::run_checked("engine-migration", "check", &env);
         let p2 = start_new_primary(dir.path(), &new_meta, &new_listen, "old-engine");
         std::thread::sleep(Duration::from_secs(2));
-        let log = w.stop();
+        if !follows {
+            // The old mount stays on the fenced metadata: writes refused (EROFS), saying to
+            // mount the new metadata; the writers do so.
+            let e = std::fs::write(m.mp.join("late"), b"x").unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(30), "{e}");
+            let mlog = std::fs::read_to_string(&m.log).unwrap();
+            assert!(
+                mlog.contains("a mount follows a move only to metadata it reaches as a client")
+                    && mlog.contains(&new_meta)
+                    && !mlog.contains("the volume moved to a new primary"),
+                "{mlog}"
+            );
+            std::mem::replace(
+                &mut m,
+                Mount::start(&new_meta, dir.path(), "mnt-new", &["--cache-size", "0"]),
+            )
+            .stop();
+        }
+        let log = match (w, early) {
+            (Some(w), _) => w.stop(),
+            (None, Some(l)) => l,
+            (None, None) => unreachable!(),
+        };
         let errors = log.errors.clone();
         assert!(
             errors.is_empty(),
@@ -1015,4 +1092,177 @@ async fn engine_migration_rocksdb_to_postgres_and_redis_to_rocksdb() {
 
 fn rejoin_stop(mut a: Agent) {
     assert_eq!(a.term(), 0);
+}
+
+/// Issue 43, item 22: after a planned move to a mirror on RocksDB, the old site's mount does
+/// not open the new primary's embedded metadata (it took its writer's lock, so the new
+/// primary's own mount could not mount read-write): it stays on the fenced metadata, reads
+/// go on, writes fail with EROFS and its log says to mount the new primary at its site; the
+/// new primary's mount comes up read-write and writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_planned_move_to_embedded_metadata_leaves_the_new_primarys_writer_lock_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let old_meta = vol.meta_url.clone();
+    let new_listen = format!("127.0.0.1:{}", free_port());
+    let mut pair = Pair::start(
+        dir.path(),
+        &old_meta,
+        "rocksdb",
+        None,
+        "",
+        &format!("listen = \"{new_listen}\""),
+    )
+    .await;
+    let m = Mount::start(&old_meta, dir.path(), "mnt", &["--cache-size", "0"]);
+    std::fs::write(m.mp.join("before"), data(3, 300_000)).unwrap();
+    let (m_admin, m_cfg) = (
+        pair.mirror.admin.clone(),
+        pair.mirror.cfg.display().to_string(),
+    );
+    let env = [
+        ("OLD_META", old_meta.as_str()),
+        ("NEW_META", pair.m_meta.as_str()),
+        ("NEW_PRIMARY", new_listen.as_str()),
+        ("MIRROR_ADMIN", m_admin.as_str()),
+        ("MIRROR_CONFIG", m_cfg.as_str()),
+        ("OLD_SITE", "old-site"),
+    ];
+    let fenced = runbook::run_ok("site-migration", "fence", &env);
+    runbook::run_ok("site-migration", "wait", &env);
+    assert_eq!(pair.mirror.term(), 0);
+    let out = runbook::run_ok("site-migration", "promote", &env);
+    assert!(out.contains("primary at epoch 1"), "{out}");
+    // Time for a mount that follows to have followed (the session follower looks every
+    // 500 ms).
+    std::thread::sleep(Duration::from_secs(4));
+    // The new primary's own mount mounts read-write and writes.
+    let m2 = Mount::start(&pair.m_meta, dir.path(), "mnt2", &["--cache-size", "0"]);
+    std::fs::write(m2.mp.join("after"), b"at the new primary").unwrap();
+    assert_eq!(
+        std::fs::read(m2.mp.join("before")).unwrap(),
+        data(3, 300_000)
+    );
+    // The old mount: reads as before, writes refused, saying what to do.
+    assert_eq!(
+        std::fs::read(m.mp.join("before")).unwrap(),
+        data(3, 300_000)
+    );
+    let e = std::fs::write(m.mp.join("late"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(30), "{e}");
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.contains("a mount follows a move only to metadata it reaches as a client")
+            && log.contains(&format!("mount {} at the site that holds it", pair.m_meta))
+            && !log.contains("the volume moved to a new primary"),
+        "{log}"
+    );
+    // One line, not one per look.
+    assert_eq!(
+        log.matches("a mount follows a move only to metadata")
+            .count(),
+        1,
+        "{log}"
+    );
+    // The fence said so too (not "its mounts move by themselves").
+    assert!(
+        fenced.contains("its mounts do not follow to embedded metadata")
+            && fenced.contains(&meta::redact(&pair.m_meta)),
+        "{fenced}"
+    );
+    m2.stop();
+    m.stop();
+}
+
+/// Issue 43, item 24: a planned move's fence checks that `--new-primary` answers as the agent
+/// of `--moved-to`'s mirror (its `[mirror] listen`): naming another mirror of the volume, or
+/// an address where nothing answers, is refused before anything is written (no writer paused);
+/// the right pair is accepted, noting who answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_planned_move_fence_checks_new_primary_is_the_agent_of_the_moved_to_mirror() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("rocksdb", "file", |_| {}).await;
+    let meta = vol.meta_url.clone();
+    write_files(&vol.fs, "f-", 2, 50_000).await;
+    drop(vol.fs);
+    let (l1, l2) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    // Two mirrors of the volume, m1 (in the pair) and m2, each answering at its future listen.
+    let pair = Pair::start(
+        dir.path(),
+        &meta,
+        "rocksdb",
+        None,
+        "[[primary.mirrors]]\nname = \"m2\"\ntoken_env = \"MIRROR_TOKEN\"",
+        &format!("listen = \"{l1}\""),
+    )
+    .await;
+    let (m2_meta, _k1) = integration::meta_url("rocksdb");
+    let (m2_store, _k2) = integration::store_url("file");
+    let m2 = Agent::start(
+        dir.path(),
+        "m2",
+        &mirror_toml(
+            &m2_meta,
+            &dir.path().join("m2s"),
+            &format!("127.0.0.1:{}", free_port()),
+            "m2",
+            &pair.listen,
+            &m2_store,
+            &format!("listen = \"{l2}\""),
+        ),
+        &[("MIRROR_TOKEN", TOKEN)],
+    );
+    let primary = open_ro(&meta).await;
+    wait_converged(&pair.mirror, &*primary, Duration::from_secs(120)).await;
+    wait_converged(&m2, &*primary, Duration::from_secs(120)).await;
+    let fence = |moved_to: &str, new_primary: &str| {
+        let o = Command::new(bin("mirror-agent"))
+            .args(["fence", "--meta", &meta, "--as", "old", "--new-primary"])
+            .args([new_primary, "--moved-to", moved_to])
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        )
+    };
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    for (to, np, want) in [
+        // The wrong mirror: m2's metadata, m1's address.
+        (m2_meta.as_str(), l1.as_str(), "is another mirror's"),
+        (pair.m_meta.as_str(), l2.as_str(), "is another mirror's"),
+        // Nothing answers there.
+        (
+            pair.m_meta.as_str(),
+            nowhere.as_str(),
+            "nothing answers at --new-primary",
+        ),
+    ] {
+        let (rc, out) = fence(to, np);
+        assert!(
+            rc == Some(2) && out.contains(want) && out.contains("--force"),
+            "{to} at {np}: {out}"
+        );
+        let o = open_ro(&meta).await;
+        assert!(
+            fs_core::site::marker(&*o).await.unwrap().is_none()
+                && fs_core::site::moved(&*o).await.unwrap().is_none(),
+            "a refused fence wrote something ({to} at {np})"
+        );
+    }
+    // The right pair: accepted.
+    let (rc, out) = fence(&m2_meta, &l2);
+    assert!(
+        rc == Some(0) && out.contains(&format!("answers at {l2}")),
+        "{out}"
+    );
+    drop(m2);
+    drop(pair);
 }

@@ -324,6 +324,14 @@ pub struct MirrorConfig {
     /// Bootstrap again by itself when the primary says the slot was dropped.
     #[serde(default = "default_true")]
     pub auto_resync: bool,
+    /// The address this site's primary agent will listen on once this mirror is promoted
+    /// (its `[primary] listen`: the `--new-primary` of a planned move). While a mirror, the
+    /// agent answers a greeting there with a refusal naming this copy of the metadata (a
+    /// digest of its identity, no names), so that `mirror-agent fence` can check that the
+    /// move goes to the mirror whose agent will serve there. Unset: a planned move to this
+    /// mirror needs `fence --force`.
+    #[serde(default)]
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 impl MirrorConfig {

@@ -83,9 +83,12 @@
 //! - Refusals retrying cannot fix (auth, a foreign volume, not a primary) back off 30 s to
 //!   10 min and show in status; network failures retry within seconds.
 //! - `fence` and `promote` write nothing before their checks pass (`--moved-to` is this
-//!   volume's mirror or promoted primary, a primary agent answers, the site is not a rejoined
+//!   volume's mirror or promoted primary; at `--new-primary` answers, in a planned move, the
+//!   agent of that mirror (`mirror::awaiting`, its `[mirror] listen`, naming a digest of its
+//!   metadata identity), after a failover a primary agent; the site is not a rejoined
 //!   mirror). The fence record (`volume.fenced`: name, new primary, the epoch held) tells a
-//!   repeated fence from one of a site that rejoined since. The epoch record keeps where every
+//!   repeated fence from one of a site that rejoined since; the move record (`volume.moved`)
+//!   is cleared once the site has rejoined (holds the new epoch). The epoch record keeps where every
 //!   earlier epoch began (`history`), so a site rejoining from epoch e knows where its history
 //!   parted (the start of e+1).
 //! - A staged resync never drops a diverged tail silently: when the live metadata holds

@@ -65,8 +65,9 @@ pub struct FenceArgs<'a> {
 
 /// What the new primary's metadata (`--moved-to`) turned out to be.
 enum Target {
-    /// A mirror of this volume, not promoted yet: a planned move.
-    Mirror,
+    /// A mirror of this volume, not promoted yet: a planned move. Its metadata's identity,
+    /// which its agent answers with at its `[mirror] listen` (`mirror::awaiting`).
+    Mirror { identity: Option<String> },
     /// Already the primary, at `epoch`: a failover, the old site comes back.
     Promoted(u64),
 }
@@ -110,7 +111,7 @@ pub async fn fence(a: &FenceArgs<'_>) -> Result<String> {
             "Next: the new primary is already promoted (epoch {ep}): start a mirror agent here named {:?} following {} (runbooks/failover.md, step 4); what this site committed that the new primary never received is saved when it rejoins",
             a.name, a.new_primary
         ),
-        Some(Target::Mirror) => format!(
+        Some(Target::Mirror { .. }) => format!(
             "Next: wait until the mirror has applied seq {head} (mirror-agent status --wait-applied {head}), stop it, then promote it (mirror-agent promote --config MIRROR_CONFIG --old-meta {url})"
         ),
         None if answered => format!(
@@ -127,10 +128,13 @@ pub async fn fence(a: &FenceArgs<'_>) -> Result<String> {
         if repeat { "(already fenced, recorded again) " } else { "" },
         a.name,
         a.new_primary,
-        if a.moved_to.is_some() {
-            "; its mounts move to the new primary by themselves"
-        } else {
-            ""
+        match a.moved_to {
+            Some(to) if meta::local_dir(to).is_some() => format!(
+                "; its mounts do not follow to embedded metadata (they stay, read-only): unmount them and mount {} at its site",
+                meta::redact(to)
+            ),
+            Some(_) => "; its mounts move to the new primary by themselves".to_string(),
+            None => String::new(),
         }
     );
     for n in notes {
@@ -212,7 +216,9 @@ async fn check_moved_to(
         );
     }
     if site::marker(&*t).await?.is_some() {
-        return Ok(Target::Mirror);
+        return Ok(Target::Mirror {
+            identity: crate::site::identity(&*t).await?,
+        });
     }
     let te = site::epoch(&*t).await?;
     if te > epoch {
@@ -223,9 +229,9 @@ async fn check_moved_to(
     )
 }
 
-/// A primary agent must answer at `new_primary`, except in a planned move (its agent starts
-/// after the promotion): then a note says so.
-/// Whether a primary agent answered.
+/// Something must answer at `new_primary` as told: in a planned move (`--moved-to` a mirror
+/// not promoted yet) the agent of that mirror, by its `[mirror] listen`, naming that copy of
+/// the metadata; otherwise a primary agent. Whether a primary agent answered.
 async fn check_new_primary(
     a: &FenceArgs<'_>,
     target: &Option<Target>,
@@ -240,16 +246,31 @@ async fn check_new_primary(
     if port.parse::<u16>().is_err() {
         bail!("--new-primary {:?}: {port:?} is not a port", a.new_primary);
     }
-    match probe_agent(a.new_primary, a.name).await {
-        Probe::Answers => Ok(true),
-        Probe::Nothing(why) => match target {
-            Some(Target::Mirror) => {
+    let to = a.moved_to.map(meta::redact).unwrap_or_default();
+    let np = a.new_primary;
+    match (probe_agent(np, a.name).await, target) {
+        (Probe::Awaiting(d), Some(Target::Mirror { identity })) => {
+            if identity.as_deref().map(crate::mirror::awaiting::digest).as_deref() == Some(d.as_str()) {
                 notes.push(format!(
-                    "nothing answers at {} yet ({why}); in a planned move that is expected: start the new primary agent there after the promotion",
-                    a.new_primary
+                    "the agent of mirror {to} answers at {np} (it serves as the primary there once promoted)"
                 ));
-                Ok(false)
+                return Ok(false);
             }
+            bail!(
+                "the agent answering at --new-primary {np} is another mirror's (metadata {d}), not the agent of --moved-to {to}: a planned move goes to the mirror whose agent serves at --new-primary once promoted; check both (the `listen` of that mirror agent's [mirror] section), or --force to fence without checking"
+            )
+        }
+        (Probe::Awaiting(_), _) => bail!(
+            "--new-primary {np} is a mirror's agent awaiting promotion, not a primary: for a planned move to it give --moved-to with that mirror's META_URL; --force fences without checking"
+        ),
+        (Probe::Answers, Some(Target::Mirror { .. })) => bail!(
+            "a primary agent already answers at --new-primary {np}, but --moved-to {to} is a mirror not promoted yet (its primary agent starts after the promotion): check the address (the `listen` of that mirror agent's [mirror] section), or --force to fence without checking"
+        ),
+        (Probe::Answers, _) => Ok(true),
+        (Probe::Nothing(why), target) => match target {
+            Some(Target::Mirror { .. }) => bail!(
+                "nothing answers at --new-primary {np} ({why}): in a planned move the agent of mirror {to} answers there (set `listen = \"{np}\"` in its [mirror] section, the address its primary agent will listen on once promoted, and restart it), so the fence knows the move goes to that mirror; check the address, or --force to fence without checking"
+            ),
             _ => bail!(
                 "no primary agent answers at --new-primary {} ({why}): check the address (the new primary agent's `listen`, not its admin port) and that the agent runs; for a planned move give --moved-to NEW_META (the mirror to be promoted); --force fences without checking",
                 a.new_primary
@@ -262,6 +283,9 @@ enum Probe {
     /// A primary agent answered (whether it lists the name, only the token can tell: the
     /// handshake reveals no names).
     Answers,
+    /// The agent of a mirror awaiting promotion answered, for the metadata of this digest
+    /// (`mirror::awaiting`).
+    Awaiting(String),
     /// Nothing (or something else) answers.
     Nothing(String),
 }
@@ -288,7 +312,13 @@ async fn probe_agent(addr: &str, name: &str) -> Probe {
         return Probe::Nothing(format!("{e:#}"));
     }
     match crate::handshake::recv_within(&mut wire, Duration::from_secs(5)).await {
-        Ok(ToMirror::Challenge { .. }) | Ok(ToMirror::Refused { .. }) => Probe::Answers,
+        Ok(ToMirror::Refused { reason, .. }) => {
+            match crate::mirror::awaiting::answered_digest(&reason) {
+                Some(d) => Probe::Awaiting(d.to_string()),
+                None => Probe::Answers,
+            }
+        }
+        Ok(ToMirror::Challenge { .. }) => Probe::Answers,
         Ok(other) => Probe::Nothing(format!(
             "it answered {} instead of a challenge",
             proto::msg_name(&other)

@@ -91,7 +91,10 @@ pub async fn save(
             let Some((l, _)) = page.last() else { break };
             at = l + 1;
             for (seq, f) in page {
-                let e = Entry::decode(&f).with_context(|| format!("journal entry {seq}"))?;
+                // At its position: a frame of another entry stored here is refused, not saved
+                // as this one.
+                let e =
+                    Entry::decode_at(seq, &f).with_context(|| format!("journal entry {seq}"))?;
                 frames.write_all(&(f.len() as u32).to_le_bytes())?;
                 frames.write_all(&f)?;
                 serde_json::to_writer(&mut jsonl, &entry_json(&e))?;
@@ -576,6 +579,110 @@ impl BlockStore for FirstOf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fs_core::engine::{CommitOutcome, JournalBounds, KvPair};
+
+    /// A journal of two positions whose second holds the frame of entry 1 (a store that
+    /// handed back the wrong frame); nothing else is read before the entries are.
+    struct Misplaced;
+
+    fn nothing<T>() -> fs_core::Result<T> {
+        Err(fs_core::Error::new(
+            fs_core::ErrorKind::Backend,
+            "not part of this test",
+        ))
+    }
+
+    #[async_trait::async_trait]
+    impl Engine for Misplaced {
+        fn kind(&self) -> &'static str {
+            "test"
+        }
+        fn display_url(&self) -> String {
+            "test://misplaced".into()
+        }
+        async fn get(&self, _: &[u8]) -> fs_core::Result<Option<Vec<u8>>> {
+            nothing()
+        }
+        async fn scan(&self, _: &[u8], _: &[u8], _: usize) -> fs_core::Result<Vec<KvPair>> {
+            nothing()
+        }
+        async fn commit(&self, _: &fs_core::CommitRequest) -> fs_core::Result<CommitOutcome> {
+            nothing()
+        }
+        async fn journal_bounds(&self) -> fs_core::Result<JournalBounds> {
+            Ok(JournalBounds { first: 1, last: 2 })
+        }
+        async fn journal_read(&self, from: u64, _: usize) -> fs_core::Result<Vec<(u64, Vec<u8>)>> {
+            let e = |seq| {
+                Entry {
+                    seq,
+                    time_ns: 1,
+                    op: fs_core::journal::Op::Settings { what: "x".into() },
+                    writes: Vec::new(),
+                }
+                .encode()
+            };
+            Ok([(1, e(1)), (2, e(1))]
+                .into_iter()
+                .filter(|(s, _)| *s >= from)
+                .collect())
+        }
+        async fn journal_wait(&self, _: u64, _: std::time::Duration) -> fs_core::Result<bool> {
+            nothing()
+        }
+        async fn journal_trim(&self, _: u64) -> fs_core::Result<u64> {
+            nothing()
+        }
+        async fn apply(&self, _: &[Entry]) -> fs_core::Result<u64> {
+            nothing()
+        }
+        async fn aux_put(&self, _: &str, _: Option<&[u8]>) -> fs_core::Result<()> {
+            nothing()
+        }
+        async fn aux_list(&self, _: &str) -> fs_core::Result<Vec<(String, Vec<u8>)>> {
+            nothing()
+        }
+        async fn install_reset(&self) -> fs_core::Result<()> {
+            nothing()
+        }
+        async fn install_put(&self, _: &[KvPair]) -> fs_core::Result<()> {
+            nothing()
+        }
+        async fn install_head(&self, _: u64) -> fs_core::Result<()> {
+            nothing()
+        }
+        async fn install_switch(
+            &self,
+            _: &[Mutation],
+            _: &[(u64, Vec<u8>)],
+            _: u64,
+        ) -> fs_core::Result<()> {
+            nothing()
+        }
+    }
+
+    /// A diverged tail whose journal hands back another entry's frame at a position is
+    /// refused, naming both, instead of being saved as that position's entry.
+    #[tokio::test]
+    async fn a_frame_of_another_entry_at_a_position_is_refused_not_saved() {
+        let root = tempfile::tempdir().unwrap();
+        let tail = Tail {
+            parted_at: 0,
+            exact: true,
+            from_epoch: 0,
+            to_epoch: 1,
+        };
+        let store: Arc<dyn BlockStore> =
+            volume::open_store("memory://rollback-test", None).unwrap();
+        let e = save(Arc::new(Misplaced), store, &tail, root.path(), "h")
+            .await
+            .unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("journal entry 2") && msg.contains("holds the frame of entry 1"),
+            "{msg}"
+        );
+    }
 
     /// A manifest as this release and the previous one write it reads back; one of a newer
     /// version is refused.

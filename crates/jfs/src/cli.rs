@@ -80,7 +80,10 @@ pub struct MountArgs {
     /// Log file of a background mount (default: beside its control socket).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
-    /// Mount read-only (writes fail with EROFS); required at a mirror site.
+    /// Mount read-only (writes fail with EROFS). At a mirror site a mount is read-only by
+    /// itself unless the primary lets that mirror write (`allow_writes`) and this host can
+    /// write the origin store: then its changes go to the primary through the site's agent,
+    /// and this flag keeps it read-only.
     #[arg(long)]
     pub read_only: bool,
     /// Directory of the local block cache (default: /var/cache/jfs as root, else

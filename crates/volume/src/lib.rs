@@ -58,7 +58,9 @@
 //! read-only and, once it is promoted at that epoch, swaps the engine in place (inode numbers
 //! are equal on both sides, so the kernel's inodes and open files stay valid). A commit refused
 //! with `ReadOnly` while a move is recorded waits (at most `MOVE_WAIT`, 120 s) and commits at the
-//! new primary; a refusal with no move recorded is final.
+//! new primary; a refusal with no move recorded is final. A move to embedded metadata
+//! (`rocksdb://`, the new primary's site's own) is never followed nor opened: such a mount
+//! stays on the fenced metadata, read-only, its commits refused at once with what to do.
 
 mod cache;
 mod cached;
@@ -307,6 +309,45 @@ async fn forward_socket(engine: &dyn Engine) -> Result<std::result::Result<PathB
             Err("the agent has not heard from the primary whether this mirror may write".into())
         }
     })
+}
+
+/// Show that `store` takes writes now: a small object under the volume's prefix (as `jfs
+/// cutover`'s probe: no block key), put, read back and deleted. Err says why not.
+pub async fn prove_writable(store: &dyn BlockStore, volume_name: &str) -> Result<()> {
+    let key = format!("{volume_name}/jfs_probe_{:016x}", rand::random::<u64>());
+    let body = bytes::Bytes::from(format!("jfs write probe {}", fs_core::now_ns()));
+    store.put(&key, body.clone()).await?;
+    let back = store.get(&key).await;
+    let _ = store.delete(&key).await;
+    if back? != body {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("{key} read back different bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// At a mirror whose mounts may write through to the primary: whether this host can write
+/// where their blocks go, the origin's stores by the primary's storage record (replicated
+/// here), as `open_volume` would place them. A mount that could not would come up read-write
+/// and fail every close with EIO, leaving empty files at every site (the commit of the create
+/// goes through, the blocks never do). Err(why) when it cannot.
+pub async fn origin_writable(
+    meta_url: &str,
+    password_file: Option<PathBuf>,
+    endpoint: Option<String>,
+) -> Result<std::result::Result<(), String>> {
+    let engine = open_engine(meta_url, Access::Read, password_file, false).await?;
+    let settings = Fs::load_settings(&*engine).await?;
+    let stores = StoreBuilder::new(endpoint, Arc::new(StoreMetrics::default()));
+    let h = StorageHolder::open(engine, stores, &settings.storage).await?;
+    Ok(prove_writable(&*h, &settings.name).await.map_err(|e| {
+        format!(
+            "this host cannot write the origin store {} where this mirror's mounts put their blocks: {e}",
+            h.display_url()
+        )
+    }))
 }
 
 /// Open a volume: engine, settings, block store, with the checks above.

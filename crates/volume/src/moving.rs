@@ -15,6 +15,18 @@
 //! have; a rename by name there would move another file under an acknowledged name. So a
 //! mount never follows such a move: its commits are refused at once with a line that says
 //! to remount at the new primary, and it goes on serving reads of the old state.
+//!
+//! A mount follows only to metadata it reaches as a client (Redis, PostgreSQL). An embedded
+//! engine (`rocksdb://`) named by the move is never opened, not even to look: it belongs to
+//! the new primary's site, where its one writer (that site's read-write mount) must take its
+//! lock; a mount here that opened it (as a writer, once promoted) kept that site's writers
+//! down until it was unmounted. Such a mount stays on the fenced metadata, serving reads;
+//! its commits are refused at once (EROFS) with a line that says to mount the new primary
+//! at its site instead. A move undone before the promotion (`mirror-agent detach --meta`)
+//! lets its commits through again.
+//!
+//! A move this metadata has caught up with (it rejoined as a mirror of the new primary and
+//! holds its epoch) is over: nothing to follow, nothing to refuse.
 
 use async_trait::async_trait;
 use fs_core::engine::{CommitOutcome, Follow, Followed, JournalBounds, KvPair};
@@ -35,6 +47,8 @@ pub struct MovingEngine {
     probing: tokio::sync::Mutex<()>,
     /// Set when the move would cross a fork (see the module text): commits are refused.
     diverged: std::sync::OnceLock<String>,
+    /// The embedded metadata a move named, said once (see the module text).
+    stayed: std::sync::Mutex<Option<String>>,
     /// How to open the next one.
     access: crate::Access,
     password_file: Option<PathBuf>,
@@ -51,6 +65,7 @@ impl MovingEngine {
             moves: Default::default(),
             probing: Default::default(),
             diverged: Default::default(),
+            stayed: Default::default(),
             access,
             password_file,
         })
@@ -77,6 +92,14 @@ impl MovingEngine {
             return Ok(None);
         };
         if m.meta_url == cur.display_url() {
+            return Ok(None);
+        }
+        // Rejoined since (this metadata took the new primary's epoch): the move is over.
+        if fs_core::site::epoch(&*cur).await? >= m.epoch {
+            return Ok(None);
+        }
+        // Its commits are refused by `commit` (with this line); nothing to open.
+        if self.stays(&m, &*cur).is_some() {
             return Ok(None);
         }
         // Look first, read-only (a RocksDB writer's lock would keep the promotion out): not
@@ -127,6 +150,26 @@ impl MovingEngine {
         tracing::warn!(to = %m.meta_url, epoch = m.epoch, "the volume moved to a new primary: following it (open files stay open)");
         Ok(Some(m.meta_url))
     }
+
+    /// Why this mount does not follow `m` (an embedded engine of the new primary's site),
+    /// logged once per target; None when it may.
+    fn stays(&self, m: &fs_core::site::Moved, cur: &dyn Engine) -> Option<String> {
+        meta::local_dir(&m.meta_url)?;
+        let why = stay_reason(&m.meta_url, &cur.display_url());
+        let mut said = self.stayed.lock().unwrap_or_else(|p| p.into_inner());
+        if said.as_deref() != Some(m.meta_url.as_str()) {
+            tracing::error!("{why}");
+            *said = Some(m.meta_url.clone());
+        }
+        Some(why)
+    }
+}
+
+/// The line of a mount that does not follow a move to embedded metadata.
+fn stay_reason(to: &str, cur: &str) -> String {
+    format!(
+        "the volume's primary moved to {to}, embedded metadata (RocksDB) at the new primary's site: a mount follows a move only to metadata it reaches as a client (Redis, PostgreSQL), and opening this one would take the writer's lock from the new primary's own mount; this mount stays on the fenced metadata {cur}, read-only (its writes fail with EROFS). Unmount it and mount {to} at the site that holds it (writers there, or at a mirror of it, go on)"
+    )
 }
 
 #[async_trait]
@@ -172,6 +215,18 @@ impl Engine for MovingEngine {
             let m = fs_core::site::moved(&*cur).await;
             tracing::debug!(moved = ?m, url = %cur.display_url(), "commit refused (moving engine)");
             match m {
+                // Never followed: refused now rather than after `MOVE_WAIT`.
+                Ok(Some(m)) if meta::local_dir(&m.meta_url).is_some() => {
+                    // A site that rejoined since is a mirror: its own refusal says so.
+                    if fs_core::site::epoch(&*cur)
+                        .await
+                        .is_ok_and(|e| e >= m.epoch)
+                    {
+                        return r;
+                    }
+                    let why = self.stays(&m, &*cur).unwrap_or_default();
+                    return Err(fs_core::Error::new(fs_core::ErrorKind::ReadOnly, why));
+                }
                 Ok(Some(_)) => {}
                 // A refusal with no move recorded (yet: the fence writes it first, but
                 // another process may be slower): look once more, then it is final.

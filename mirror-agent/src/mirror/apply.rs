@@ -74,7 +74,7 @@ impl Mirror {
             }
             let entries: Vec<Entry> = frames
                 .iter()
-                .map(|(_, f)| Entry::decode(f))
+                .map(|(seq, f)| Entry::decode_at(*seq, f))
                 .collect::<fs_core::Result<_>>()?;
             let last = entries.last().expect("non-empty").seq;
             let ch = blocks::changes_of_entries(&s, &entries);

@@ -31,8 +31,10 @@ const APPLIED_WAIT: Duration = Duration::from_secs(1);
 /// How often the sessions of the site's writing mounts are sent to the primary (well within
 /// the session timeout, and soon after a mount starts).
 const SESSIONS_EVERY: Duration = Duration::from_secs(3);
-/// The pause after the primary refused this mirror's writes (it may be allowed later).
-const REFUSED_PAUSE: Duration = Duration::from_secs(30);
+/// The pause after the primary refused this mirror's writes (it may be allowed later: an
+/// operator who sets `allow_writes` and restarts the primary agent sees the site's mounts
+/// allowed within a few seconds; 30 s here made it 26 s). A refusal costs one handshake.
+const REFUSED_PAUSE: Duration = Duration::from_secs(3);
 /// The pause after the primary refused the link itself (fenced, superseded, this mirror not
 /// yet past a promotion it must apply first, a bad token): 2 s, doubling to 30 s while it
 /// goes on (the first cases may change within seconds; each refusal is logged there).

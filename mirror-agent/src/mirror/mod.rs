@@ -14,6 +14,7 @@
 //! finish), and what is left stays queued in the agent state.
 
 mod apply;
+pub mod awaiting;
 mod bootstrap;
 mod forward;
 mod replication;
@@ -379,6 +380,18 @@ impl Mirror {
                     .context("completing the bootstrap after a restart")?;
             }
         }
+        // The address this site serves as the primary once promoted: answered now, so a
+        // planned move's fence can check it goes to this mirror (`awaiting`).
+        let awaiting_stop = CancellationToken::new();
+        let awaiting = match self.cfg.listen {
+            Some(addr) => {
+                let l = awaiting::bind(addr).await?;
+                let id = crate::site::ensure_identity(&*self.engine).await?;
+                tracing::info!(%addr, "answering at the address this site serves as the primary once promoted");
+                Some(tokio::spawn(awaiting::serve(l, id, awaiting_stop.clone())))
+            }
+            None => None,
+        };
         self.workers.spawn(status::StatusWorker::new(self.clone()));
         self.workers
             .spawn(replication::ReplicationWorker::new(self.clone()));
@@ -389,6 +402,10 @@ impl Mirror {
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = self.halt.cancelled() => {}
+        }
+        awaiting_stop.cancel();
+        if let Some(t) = awaiting {
+            let _ = t.await;
         }
         // The mounts' changes in flight get their answers before the link goes.
         socket_stop.cancel();

@@ -89,6 +89,27 @@ impl Mirror {
             writes_refused: writes.and_then(|w| w.err()),
         };
         fs_core::site::set_progress(&*self.engine, &p).await?;
+        self.clear_finished_move().await
+    }
+
+    /// A former primary that rejoined: once it holds the new primary's epoch, the fence's
+    /// `volume.moved` record is history. Left in place, its mounts took the rejoined site's
+    /// own entries for a fork past the promotion (an ERROR telling a healthy mount to
+    /// unmount) and `jfs status` called it fenced. The `volume.fenced` record stays: a
+    /// second fence of this site reads it to say the site rejoined since.
+    async fn clear_finished_move(&self) -> Result<()> {
+        let Some(mv) = fs_core::site::moved(&*self.engine).await? else {
+            return Ok(());
+        };
+        let epoch = fs_core::site::epoch(&*self.engine).await?;
+        if epoch >= mv.epoch {
+            fs_core::site::set_moved(&*self.engine, None).await?;
+            tracing::info!(
+                epoch,
+                to = %mv.meta_url,
+                "this site has rejoined the primary it was fenced for: the fence's move record is cleared (the move is over)"
+            );
+        }
         Ok(())
     }
 

@@ -34,7 +34,8 @@ impl Primary {
         if !allowed {
             self.metrics.fwd_refused.get_or_create(&l).inc();
             let r = format!("mirror {mirror:?} may not write: the primary agent's config does not allow it (set allow_writes = true in its [[primary.mirrors]] entry)");
-            tracing::info!(mirror, "refused a mirror's writes: {r}");
+            // Asked again every few seconds (`mirror::forward`): counted, not logged each time.
+            tracing::debug!(mirror, "refused a mirror's writes: {r}");
             proto::send(sink, &ToMirror::WritesRefused { reason: r.clone() }).await?;
             bail!(r);
         }

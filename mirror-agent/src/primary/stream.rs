@@ -200,6 +200,13 @@ impl Primary {
                     .next()
                     .filter(|(seq, _)| *seq == from - 1);
                 if let Some((_, f)) = ours {
+                    if crc32c::crc32c(&f) != c && rejoining {
+                        // A site from before a promotion whose history parted from this one
+                        // (a failover): expected, its tail is saved when it resyncs.
+                        let r = format!("this site's history parted from the new primary's at or before entry {} (it is from before the promotion: expected after a failover): its diverged tail is saved and dropped by a resync", from - 1);
+                        tracing::warn!(mirror, seq = from - 1, "{r}");
+                        return Err(refuse_resync(sink, r).await);
+                    }
                     if crc32c::crc32c(&f) != c {
                         let r = format!("the mirror's entry {} differs from the primary's: its metadata was changed by something other than its agent, or the primary's history changed", from - 1);
                         tracing::error!(

@@ -102,6 +102,21 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         if let Some((mk, writes)) =
             volume::mirror_writes(&m.meta_url, g.meta_password_file.clone()).await?
         {
+            // The primary lets it write: its blocks go to the origin's stores, which this
+            // host must be able to write (else every close fails).
+            let writes = match writes {
+                Ok(sock) => volume::origin_writable(
+                    &m.meta_url,
+                    g.meta_password_file.clone(),
+                    g.endpoint.clone(),
+                )
+                .await?
+                .map(|()| sock)
+                .map_err(|why| {
+                    format!("{why}; give this host write access there (runbooks/mirror-writes.md) and mount again")
+                }),
+                Err(why) => Err(why),
+            };
             match writes {
                 Ok(sock) => {
                     cli_common::eprintln!(
