@@ -159,6 +159,47 @@ pub struct ForwardingEngine {
     apply_wait: Duration,
 }
 
+/// Whether the process at the other end of `s` (connected to `path`) is the agent that
+/// owns the socket's directory: the peer is this user or root, or it is the owner of a
+/// directory that no one else may change (0700-like, its parents root's or this user's).
+/// A socket planted by another user in a place they control is refused.
+fn server_trusted(s: &tokio::net::UnixStream, path: &Path) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let peer = s
+        .peer_cred()
+        .map_err(|e| format!("who serves it is unknown: {e}"))?
+        .uid();
+    let me = rustix::process::geteuid().as_raw();
+    if peer == me || peer == 0 {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !m.is_dir() || m.uid() != peer || m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "it is served by uid {peer}, who does not own {} alone",
+            dir.display()
+        ));
+    }
+    for a in dir.ancestors().skip(1) {
+        if a.as_os_str().is_empty() {
+            break;
+        }
+        let Ok(m) = std::fs::symlink_metadata(a) else {
+            continue;
+        };
+        let others_write = m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0;
+        if (m.uid() != me && m.uid() != 0) || (others_write && !m.file_type().is_symlink()) {
+            return Err(format!(
+                "it is served by uid {peer} from {}, inside {} that another user could change",
+                dir.display(),
+                a.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl ForwardingEngine {
     pub fn new(local: Arc<dyn Engine>, socket: &Path) -> ForwardingEngine {
         ForwardingEngine {
@@ -180,6 +221,13 @@ impl ForwardingEngine {
                         format!("the mirror agent's forward socket {sock}: {e} (is mirror-agent running at this site?)"),
                     )
                 })?;
+            // The answer says whether a change was committed: only the agent may give it.
+            if let Err(why) = server_trusted(&s, &self.socket) {
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!("refusing the forward socket {sock}: {why}; the mirror agent's state directory must be its own and closed to others (check state_dir)"),
+                ));
+            }
             let lost = |e: std::io::Error| {
                 Error::temporary(
                     ErrorKind::Backend,
@@ -406,5 +454,74 @@ impl fs_core::storage::StorageFollow for AlsoToMirror {
     }
     async fn reload(&self) -> Result<Arc<fs_core::storage::Placement>> {
         Ok(self.wrap(self.origin.reload().await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A listener bound at `path` by user nobody (setpriv), until the child is killed.
+    fn nobody_listens(path: &Path) -> std::process::Child {
+        let c = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args([
+                "/usr/bin/python3",
+                "-c",
+                "import socket,sys,time\ns=socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\ns.listen(8)\ntime.sleep(60)",
+            ])
+            .arg(path)
+            .spawn()
+            .expect("setpriv (util-linux) and /usr/bin/python3");
+        let t0 = Instant::now();
+        while !path.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no listener at {}",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c
+    }
+
+    /// A forward socket another user planted where they may (a sticky shared directory, or
+    /// a directory others may change) is refused: its answer would say whether a change was
+    /// committed. The agent's own socket (this user's or root's) is used.
+    #[tokio::test]
+    async fn a_forward_socket_served_by_another_user_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let shared = t.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let planted = shared.join(SOCKET_NAME);
+        let mut child = nobody_listens(&planted);
+        let s = tokio::net::UnixStream::connect(&planted).await.unwrap();
+        let why = server_trusted(&s, &planted).unwrap_err();
+        assert!(why.contains("uid 65534"), "{why}");
+        let _ = child.kill();
+        let _ = child.wait();
+        // An agent running as another user, in its own closed state directory: used.
+        let agent = t.path().join("agent-state");
+        std::fs::create_dir(&agent).unwrap();
+        std::os::unix::fs::chown(&agent, Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let sock = agent.join(SOCKET_NAME);
+        let mut child = nobody_listens(&sock);
+        let s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        server_trusted(&s, &sock).unwrap();
+        // The same directory opened to others: refused.
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let why = server_trusted(&s, &sock).unwrap_err();
+        assert!(why.contains("does not own"), "{why}");
+        let _ = child.kill();
+        let _ = child.wait();
+        // The agent's own: served by this user.
+        let own = t.path().join("own.sock");
+        let _l = tokio::net::UnixListener::bind(&own).unwrap();
+        let s = tokio::net::UnixStream::connect(&own).await.unwrap();
+        server_trusted(&s, &own).unwrap();
     }
 }
