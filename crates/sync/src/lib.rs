@@ -85,6 +85,7 @@ pub use objstore::limits;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod listing;
+pub mod names;
 pub mod options;
 pub mod plan;
 pub mod progress;
