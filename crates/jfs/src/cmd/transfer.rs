@@ -89,6 +89,10 @@ struct PutJob {
     /// Its directory was there before this put (a rerun): temporary files a killed put
     /// left beside it are looked for.
     rerun: bool,
+    /// Found inside a directory being put: skipped when the volume's file there has its
+    /// size, mtime and mode (a rerun finishes a tree without copying it again). A file named
+    /// on its own is always copied.
+    in_tree: bool,
 }
 
 /// What every file of one `jfs put` shares: its session (in its temporary names) and the
@@ -100,13 +104,15 @@ struct PutCtx {
 
 /// Create the directory tree in the volume; collect file jobs; return (dir ino, mtime) pairs to
 /// fix up at the end (creating children changes a directory's mtime). `rerun`: `parent` was
-/// there before this put.
+/// there before this put; `in_tree`: `local` was found in a directory being put.
+#[allow(clippy::too_many_arguments)]
 fn plan_put<'a>(
     fs: &'a Fs,
     local: &'a Path,
     parent: Ino,
     name: &'a [u8],
     rerun: bool,
+    in_tree: bool,
     jobs: &'a mut Vec<PutJob>,
     dirs: &'a mut Vec<(Ino, std::fs::Metadata)>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
@@ -136,7 +142,7 @@ fn plan_put<'a>(
                 }
             };
             for (path, cname) in sorted_children(local)? {
-                plan_put(fs, &path, ino, &cname, existed, jobs, dirs).await?;
+                plan_put(fs, &path, ino, &cname, existed, true, jobs, dirs).await?;
             }
             dirs.push((ino, meta));
         } else if ft.is_symlink() {
@@ -158,6 +164,7 @@ fn plan_put<'a>(
                 name: name.to_vec(),
                 meta,
                 rerun,
+                in_tree,
             });
         } else {
             tracing::warn!(path = %shown(local), "skipping: not a file, directory or symlink");
@@ -190,7 +197,7 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
         }
         // A rerun (after a failure, a full disk, an interrupt) skips what an earlier run
         // finished: a file of the same size, mtime and mode, as rsync's quick check does.
-        if let Ok((_, a)) = fs.lookup(job.parent, &job.name).await {
+        if let (true, Ok((_, a))) = (job.in_tree, fs.lookup(job.parent, &job.name).await) {
             if a.kind == FileKind::File
                 && a.length == job.meta.len()
                 && a.mtime == mtime_ns(&job.meta)
@@ -357,7 +364,7 @@ pub async fn put(
     };
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
-    plan_put(fs, local, parent, &name, true, &mut jobs, &mut dirs).await?;
+    plan_put(fs, local, parent, &name, true, false, &mut jobs, &mut dirs).await?;
     let engine = fs.engine();
     let ctx = PutCtx {
         session: fs_core::maint::own_session(&**engine).await,
