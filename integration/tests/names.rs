@@ -472,3 +472,33 @@ fn get_counts_only_the_bytes_it_wrote() {
     );
     assert!(!t.path().join("out/big").exists());
 }
+
+#[test]
+fn the_mount_lists_byte_names_as_they_are_and_never_a_puts_temporaries() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    hostile_tree(&src);
+    std::fs::write(src.join(".plain.jfs-tmp-4242-0badc0de"), b"a killed put's").unwrap();
+    std::fs::write(src.join(".plain.jfs-tmp-notours"), b"a user's").unwrap();
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let m = integration::mountproc::Mount::start(&v.meta, t.path(), "mnt", &[]);
+    let mut want: Vec<Vec<u8>> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .filter(|n| n.as_slice() != b".plain.jfs-tmp-4242-0badc0de")
+        .collect();
+    want.sort();
+    let mut listed: Vec<Vec<u8>> = std::fs::read_dir(m.mp.join("t"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, want);
+    assert_eq!(
+        std::fs::read(m.mp.join("t").join(p(b"d\xffir/f\xfe"))).unwrap(),
+        data(1, 3000)
+    );
+    m.stop();
+}
