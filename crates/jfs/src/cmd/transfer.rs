@@ -9,6 +9,11 @@
 //! owners only with `--owners` (root); otherwise setuid and setgid are dropped (`GetOpts`).
 //! Both place a directory the same way: it becomes the destination, merged into an existing
 //! one, and goes into it under its own name only when the destination ends in `/`.
+//!
+//! Names (and link targets) are bytes, carried as they are; messages print them escaped
+//! (`sync::names::quote`). A put rerun skips a file of a tree whose volume copy has its size,
+//! mtime and mode; summaries count only bytes of files that completed. A link or file where
+//! get needs a directory is a failure of that subtree (exit 1), never written through.
 
 use super::{parent_of, Outcome};
 use crate::progress::Progress;
