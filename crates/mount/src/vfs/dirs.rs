@@ -18,16 +18,7 @@ impl Vfs {
             a.parent
         };
         v.push((b"..".to_vec(), parent, FileKind::Dir));
-        // Names are bytes and listed as they are. A temporary file of an unfinished `jfs
-        // put` (exactly `fs_core::maint::tmp_name`'s form) is not listed: it appears under
-        // its real name once complete, and `gc` removes a killed put's. It can still be
-        // looked up by name, and keeps its directory from being removed until then.
-        v.extend(
-            entries
-                .into_iter()
-                .filter(|e| !fs_core::maint::is_tmp_name(&String::from_utf8_lossy(&e.name)))
-                .map(|e| (e.name, e.ino, e.kind)),
-        );
+        v.extend(entries.into_iter().map(|e| (e.name, e.ino, e.kind)));
         let fh = self.next_fh.fetch_add(1, Ordering::SeqCst);
         self.dirs
             .lock()
