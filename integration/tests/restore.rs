@@ -308,12 +308,26 @@ fn temporary_files_of_a_copy_out_are_owner_only_from_the_first_byte() {
     assert_eq!(mode(&dst.join("small")), 0o600);
 }
 
-/// The names in volume directory `dir` (`jfs ls`).
+/// Every name in volume directory `dir`, a put's temporaries included (which `jfs ls` and
+/// the mount no longer list): read from `jfs dump`.
 fn ls(meta: &str, dir: &str) -> Vec<String> {
-    ok(&["ls", meta, dir])
-        .lines()
-        .map(|l| l.rsplit('/').next().unwrap_or(l).to_string())
-        .collect()
+    let o = jfs(&["dump", meta]);
+    assert!(
+        o.status.success(),
+        "dump: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("dump JSON");
+    let mut ino = "1".to_string();
+    for c in dir.split('/').filter(|c| !c.is_empty()) {
+        ino = v["inodes"][&ino]["entries"][c].to_string();
+    }
+    let mut names: Vec<String> = v["inodes"][&ino]["entries"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 /// Start `jfs put LOCAL VOLPATH` and kill it (-9) once its temporary file is in the volume.
@@ -333,8 +347,7 @@ fn kill_put_midway(meta: &str, local: &Path, volpath: &str, dir: &str) {
             child.try_wait().unwrap().is_none(),
             "the put ended before it was killed"
         );
-        let o = jfs(&["ls", meta, dir]);
-        if String::from_utf8_lossy(&o.stdout).contains(".jfs-tmp-") {
+        if ls(meta, dir).iter().any(|n| n.contains(".jfs-tmp-")) {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));

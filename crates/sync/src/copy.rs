@@ -76,7 +76,7 @@ impl Copier<'_> {
                     let want = checksum(self.src, &e.key, e.size, self.limits).await?;
                     let got = checksum(self.dst, &e.key, e.size, self.limits).await?;
                     if got != want {
-                        bail!("{}: verification failed: destination CRC32C {got:08x}, source {want:08x}", e.key);
+                        bail!("{}: verification failed: destination CRC32C {got:08x}, source {want:08x}", crate::names::show(&e.key));
                     }
                 }
                 return Ok(moved);
@@ -90,7 +90,7 @@ impl Copier<'_> {
                     let want = checksum(self.src, &e.key, e.size, self.limits).await?;
                     let got = checksum(self.dst, &e.key, e.size, self.limits).await?;
                     if got != want {
-                        bail!("{}: verification failed: destination CRC32C {got:08x}, source {want:08x}", e.key);
+                        bail!("{}: verification failed: destination CRC32C {got:08x}, source {want:08x}", crate::names::show(&e.key));
                     }
                 }
                 return Ok(e.size);
@@ -150,7 +150,7 @@ impl Copier<'_> {
         }
         let id = match upload {
             Some(id) => {
-                tracing::info!(key = %e.key, parts_done = have.len(), parts = nparts, "resuming multipart upload");
+                tracing::info!(key = %crate::names::show(&e.key), parts_done = have.len(), parts = nparts, "resuming multipart upload");
                 id
             }
             None => {
@@ -260,6 +260,12 @@ where
     Fut: std::future::Future<Output = Result<T>>,
 {
     let mut attempt = 0;
+    // Printed escaped: never raw control bytes or bytes that are not UTF-8.
+    let shown = if crate::names::is_text(key) {
+        format!("{key:?}")
+    } else {
+        crate::names::show(key).into_owned()
+    };
     loop {
         match f().await {
             Ok(v) => return Ok(v),
@@ -271,17 +277,17 @@ where
                         format!(" ({why}: not retried)")
                     };
                     return Err(e.context(format!(
-                        "{key:?}: failed after {} attempt(s){what}",
+                        "{shown}: failed after {} attempt(s){what}",
                         attempt + 1
                     )));
                 }
                 if attempt >= retries {
                     return Err(
-                        e.context(format!("{key:?}: failed after {} attempt(s)", attempt + 1))
+                        e.context(format!("{shown}: failed after {} attempt(s)", attempt + 1))
                     );
                 }
                 attempt += 1;
-                tracing::warn!(key, attempt, error = %format!("{e:#}"), "retrying");
+                tracing::warn!(key = %shown, attempt, error = %format!("{e:#}"), "retrying");
                 tokio::time::sleep(
                     Duration::from_secs(1 << (attempt - 1).min(5)).min(Duration::from_secs(30)),
                 )

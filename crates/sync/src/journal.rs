@@ -158,7 +158,8 @@ impl Paths<'_> {
             }
             let mut by_ino: HashMap<Ino, Vec<String>> = HashMap::new();
             for e in listed {
-                let name = String::from_utf8_lossy(&e.name).into_owned();
+                // Names are bytes: the key form keeps every one of them (`crate::names`).
+                let name = crate::names::key_of(&e.name).into_owned();
                 by_ino.entry(e.ino).or_default().push(name);
             }
             self.names.insert(parent, by_ino);

@@ -19,6 +19,10 @@
 //! - A `--from-journal` job's round is planned in one step (its keys stored before any unit of it
 //!   can be claimed), only from a done round, and its journal position moves only when the round
 //!   ends done.
+//! - Names are bytes: a key carries a name of any bytes losslessly (`names`), every POSIX
+//!   endpoint decodes it back, an object store refuses a key that is not its name's text
+//!   (permanent: the entry fails, named), and every printed key is escaped (`names::show`).
+//!   A directory the rules exclude is never opened (`range::Prune`).
 //! - Every listing is in ascending byte order of the key, with directories as `name/`. The two
 //!   sides are merged as streams (pages of 1,000 through a channel of 4). Work goes to at most
 //!   `--threads` tasks, and the merge waits for a free one. So memory depends on threads and
@@ -85,6 +89,7 @@ pub use objstore::limits;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod listing;
+pub mod names;
 pub mod options;
 pub mod plan;
 pub mod progress;

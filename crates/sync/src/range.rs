@@ -7,12 +7,34 @@
 
 use std::ops::Bound;
 
-/// A slice of the key space: keys above `lo` and below `hi` (`None`: no upper end).
+/// A slice of the key space: keys above `lo` and below `hi` (`None`: no upper end), less
+/// the subtrees of directories `prune` names (an excluded directory: never opened).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRange {
     pub lo: Bound<String>,
     pub hi: Option<String>,
+    pub prune: Option<Prune>,
 }
+
+/// Which directories (keys ending in '/') a listing never opens: the run's filter excludes
+/// them and everything under them, so their contents are neither read nor listed (a
+/// directory no one may read, or holding names no destination can take, changes nothing).
+#[derive(Clone)]
+pub struct Prune(pub std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Prune {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Prune")
+    }
+}
+
+impl PartialEq for Prune {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Prune {}
 
 impl Default for KeyRange {
     fn default() -> Self {
@@ -25,6 +47,7 @@ impl KeyRange {
         KeyRange {
             lo: Bound::Unbounded,
             hi: None,
+            prune: None,
         }
     }
 
@@ -33,6 +56,7 @@ impl KeyRange {
         KeyRange {
             lo: from.map_or(Bound::Unbounded, Bound::Included),
             hi: until,
+            prune: None,
         }
     }
 
@@ -111,6 +135,13 @@ impl KeyRange {
         } else if e.kind == crate::entry::Kind::Dir {
             if self.skips_tree(&e.key) {
                 Step::Skip
+            } else if self.prune.as_ref().is_some_and(|p| (p.0)(&e.key)) {
+                // Excluded: listed itself (with directories) to be counted, never opened.
+                if dirs && self.contains(&e.key) {
+                    Step::Keep
+                } else {
+                    Step::Skip
+                }
             } else {
                 Step::Open {
                     keep: dirs && self.contains(&e.key),

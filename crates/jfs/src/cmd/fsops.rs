@@ -4,6 +4,7 @@ use super::{parent_of, Outcome};
 use anyhow::{bail, Context, Result};
 use fs_core::{Attr, ErrorKind, FileKind, Fs, Ino, Owner, SetAttr, VolPath};
 use std::io::Write;
+use sync::names::quote;
 
 fn mode_string(a: &Attr) -> String {
     let k = match a.kind {
@@ -30,9 +31,13 @@ fn mtime_str(ns: i64) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
+/// List directory `ino` (at volume path `path`, bytes). Names are printed as `ls
+/// --quoting-style=shell-escape` does (`sync::names::quote`): never a raw newline, escape
+/// sequence or byte that is not UTF-8. Temporary files of unfinished puts and gets
+/// (`.NAME.jfs-tmp-*`, exactly the form they make) are not listed.
 fn list_dir<'a>(
     fs: &'a Fs,
-    path: &'a str,
+    path: &'a [u8],
     ino: Ino,
     long: bool,
     recursive: bool,
@@ -40,19 +45,19 @@ fn list_dir<'a>(
 ) -> futures::future::BoxFuture<'a, Result<()>> {
     Box::pin(async move {
         if recursive {
-            writeln!(out, "{path}:")?;
+            writeln!(out, "{}:", quote(path))?;
         }
         let entries = fs.readdir_all(ino).await?;
         let mut subdirs = Vec::new();
         for e in &entries {
-            let name = String::from_utf8_lossy(&e.name);
+            if super::transfer::is_tmp_entry(&e.name) {
+                continue; // an unfinished put or get
+            }
+            let name = quote(&e.name);
             if long {
                 let a = fs.getattr(e.ino).await?;
                 let target = if a.kind == FileKind::Symlink {
-                    format!(
-                        " -> {}",
-                        String::from_utf8_lossy(&fs.readlink(e.ino).await?)
-                    )
+                    format!(" -> {}", quote(&fs.readlink(e.ino).await?))
                 } else {
                     String::new()
                 };
@@ -71,7 +76,10 @@ fn list_dir<'a>(
                 writeln!(out, "{name}")?;
             }
             if recursive && e.kind == FileKind::Dir {
-                subdirs.push((format!("{}/{name}", path.trim_end_matches('/')), e.ino));
+                let mut p = path.strip_suffix(b"/").unwrap_or(path).to_vec();
+                p.push(b'/');
+                p.extend_from_slice(&e.name);
+                subdirs.push((p, e.ino));
             }
         }
         for (p, i) in subdirs {
@@ -86,21 +94,30 @@ pub async fn ls(fs: &Fs, path: &VolPath, long: bool, recursive: bool) -> Result<
     let (ino, attr) = fs.resolve_path(path).await.map_err(|e| at(path, "ls", e))?;
     let mut out = Vec::new();
     if attr.kind == FileKind::Dir {
-        list_dir(fs, &path.to_string(), ino, long, recursive, &mut out).await?;
+        list_dir(
+            fs,
+            path.to_string().as_bytes(),
+            ino,
+            long,
+            recursive,
+            &mut out,
+        )
+        .await?;
     } else if long {
         writeln!(
             out,
-            "{} {:>3} {:>5} {:>5} {:>12} {} {:>8} {path}",
+            "{} {:>3} {:>5} {:>5} {:>12} {} {:>8} {}",
             mode_string(&attr),
             attr.nlink,
             attr.uid,
             attr.gid,
             attr.length,
             mtime_str(attr.mtime),
-            ino
+            ino,
+            quote(path.to_string().as_bytes())
         )?;
     } else {
-        writeln!(out, "{path}")?;
+        writeln!(out, "{}", quote(path.to_string().as_bytes()))?;
     }
     std::io::stdout().write_all(&out)?;
     Ok(Outcome::Done)

@@ -9,16 +9,24 @@
 //! owners only with `--owners` (root); otherwise setuid and setgid are dropped (`GetOpts`).
 //! Both place a directory the same way: it becomes the destination, merged into an existing
 //! one, and goes into it under its own name only when the destination ends in `/`.
+//!
+//! Names (and link targets) are bytes, carried as they are; messages print them escaped
+//! (`sync::names::quote`). A put rerun skips a file of a tree whose volume copy has its size,
+//! mtime and mode; summaries count only bytes of files that completed. A link or file where
+//! get needs a directory is a failure of that subtree (exit 1), never written through.
 
 use super::{parent_of, Outcome};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
 use fs_core::{ErrorKind, FileKind, Fs, Ino, Owner, SetAttr, VolPath};
 use futures::{StreamExt, TryStreamExt};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
+use sync::names::{bytes_of, key_of, quote};
 
 /// Bytes per write/read call: two 4 MiB blocks, so pieces of one file move in parallel.
 const PIECE: u64 = 8 << 20;
@@ -28,14 +36,26 @@ const FLUSH_EVERY: u64 = 64 << 20;
 
 pub use fs_core::maint::{is_tmp_name, tmp_name, tmp_prefix};
 
+/// Whether the entry named `name` (bytes) is a temporary file of an unfinished put or get
+/// (exactly `tmp_name`'s form): never listed or copied out.
+pub fn is_tmp_entry(name: &[u8]) -> bool {
+    is_tmp_name(&key_of(name))
+}
+
+/// The temporary name (bytes) beside the entry named `name`. Names are bytes: the
+/// temporary name is made from the name's key (`sync::names`) and holds the same bytes.
+fn tmp_name_of(name: &[u8], session: Option<&str>) -> Vec<u8> {
+    bytes_of(&tmp_name(&key_of(name), session)).into_owned()
+}
+
 /// Remove temporary files a killed `jfs get` left beside `dest` (their process is gone from
 /// this host; one from before pids were in the name, `.NAME.jfs-tmp-<8 hex>`, counts as
 /// gone). Other names are the user's and stay.
 fn remove_stale_temps(dest: &Path) {
-    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name().and_then(|n| n.to_str())) else {
+    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
         return;
     };
-    let prefix = format!("{}-", tmp_prefix(name));
+    let prefix = format!("{}-", tmp_prefix(&key_of(name.as_bytes())));
     let Ok(rd) = std::fs::read_dir(if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -45,16 +65,17 @@ fn remove_stale_temps(dest: &Path) {
     };
     for e in rd.flatten() {
         let f = e.file_name();
-        let Some(f) = f.to_str().filter(|f| f.starts_with(&prefix)) else {
+        let f = key_of(f.as_bytes());
+        if !f.starts_with(&prefix) {
             continue;
-        };
+        }
         let old_style = |rest: &str| rest.len() == 8 && rest.bytes().all(|b| b.is_ascii_hexdigit());
-        let gone = match fs_core::maint::tmp_writer(f) {
+        let gone = match fs_core::maint::tmp_writer(&f) {
             Some(w) => fs_core::session::process_start(w.pid).is_none(),
             None => old_style(&f[prefix.len()..]),
         };
         if gone {
-            tracing::info!(path = %e.path().display(), "removing a temporary file a killed jfs get left");
+            tracing::info!(path = %quote(e.path().as_os_str().as_bytes()), "removing a temporary file a killed jfs get left");
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -67,11 +88,16 @@ pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 struct PutJob {
     local: PathBuf,
     parent: Ino,
-    name: String,
+    /// Names are bytes: carried as they are on disk.
+    name: Vec<u8>,
     meta: std::fs::Metadata,
     /// Its directory was there before this put (a rerun): temporary files a killed put
     /// left beside it are looked for.
     rerun: bool,
+    /// Found inside a directory being put: skipped when the volume's file there has its
+    /// size, mtime and mode (a rerun finishes a tree without copying it again). A file named
+    /// on its own is always copied.
+    in_tree: bool,
 }
 
 /// What every file of one `jfs put` shares: its session (in its temporary names) and the
@@ -83,67 +109,70 @@ struct PutCtx {
 
 /// Create the directory tree in the volume; collect file jobs; return (dir ino, mtime) pairs to
 /// fix up at the end (creating children changes a directory's mtime). `rerun`: `parent` was
-/// there before this put.
+/// there before this put; `in_tree`: `local` was found in a directory being put.
+#[allow(clippy::too_many_arguments)]
 fn plan_put<'a>(
     fs: &'a Fs,
     local: &'a Path,
     parent: Ino,
-    name: &'a str,
+    name: &'a [u8],
     rerun: bool,
+    in_tree: bool,
     jobs: &'a mut Vec<PutJob>,
     dirs: &'a mut Vec<(Ino, std::fs::Metadata)>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
     Box::pin(async move {
         let meta = std::fs::symlink_metadata(local)
-            .with_context(|| format!("reading {}", local.display()))?;
+            .with_context(|| format!("reading {}", shown(local)))?;
         let ft = meta.file_type();
         let owner = Owner {
             uid: meta.uid(),
             gid: meta.gid(),
         };
         if ft.is_dir() {
-            let (ino, existed) = match fs
-                .mkdir(parent, name.as_bytes(), meta.mode() & 0o7777, owner)
-                .await
-            {
+            let (ino, existed) = match fs.mkdir(parent, name, meta.mode() & 0o7777, owner).await {
                 Ok((ino, _)) => (ino, false),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                    let (ino, a) = fs.lookup(parent, name.as_bytes()).await?;
+                    let (ino, a) = fs.lookup(parent, name).await?;
                     if a.kind != FileKind::Dir {
-                        bail!("{name} exists in the volume and is not a directory");
+                        bail!(
+                            "{} exists in the volume and is not a directory",
+                            quote(name)
+                        );
                     }
                     (ino, true)
                 }
-                Err(e) => return Err(e).with_context(|| format!("creating directory {name}")),
+                Err(e) => {
+                    return Err(e).with_context(|| format!("creating directory {}", quote(name)))
+                }
             };
-            for (path, cname) in super::sorted_children(local)? {
-                plan_put(fs, &path, ino, &cname, existed, jobs, dirs).await?;
+            for (path, cname) in sorted_children(local)? {
+                plan_put(fs, &path, ino, &cname, existed, true, jobs, dirs).await?;
             }
             dirs.push((ino, meta));
         } else if ft.is_symlink() {
+            // A link's target is bytes too, kept as it is.
             let target = std::fs::read_link(local)?;
-            let t = target
-                .to_str()
-                .with_context(|| format!("symlink target of {} is not UTF-8", local.display()))?;
-            if let Ok((_, a)) = fs.lookup(parent, name.as_bytes()).await {
+            if let Ok((_, a)) = fs.lookup(parent, name).await {
                 if a.kind == FileKind::Dir {
-                    bail!("{name} exists in the volume as a directory");
+                    bail!("{} exists in the volume as a directory", quote(name));
                 }
-                fs.unlink(parent, name.as_bytes()).await?;
+                fs.unlink(parent, name).await?;
             }
-            fs.symlink(parent, name.as_bytes(), t.as_bytes(), owner)
+            fs.symlink(parent, name, target.as_os_str().as_bytes(), owner)
                 .await
-                .with_context(|| format!("symlink {name}"))?;
+                .with_context(|| format!("symlink {}", quote(name)))?;
         } else if ft.is_file() {
             jobs.push(PutJob {
                 local: local.to_path_buf(),
                 parent,
-                name: name.to_string(),
+                name: name.to_vec(),
                 meta,
                 rerun,
+                in_tree,
             });
         } else {
-            tracing::warn!(path = %local.display(), "skipping: not a file, directory or symlink");
+            tracing::warn!(path = %shown(local), "skipping: not a file, directory or symlink");
         }
         Ok(())
     })
@@ -160,24 +189,48 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
     check_interrupted()?;
     if job.rerun {
         let n = fs
-            .remove_dead_temps_of(job.parent, &job.name, &ctx.judge)
+            .remove_dead_temps_of(job.parent, &key_of(&job.name), &ctx.judge)
             .await
-            .with_context(|| format!("removing what a killed put left beside {}", job.name))?;
+            .with_context(|| {
+                format!(
+                    "removing what a killed put left beside {}",
+                    quote(&job.name)
+                )
+            })?;
         if n > 0 {
-            tracing::info!(name = %job.name, removed = n, "removed temporary files a killed jfs put left");
+            tracing::info!(name = %quote(&job.name), removed = n, "removed temporary files a killed jfs put left");
+        }
+        // A rerun (after a failure, a full disk, an interrupt) skips what an earlier run
+        // finished: a file of the same size, mtime and mode, as rsync's quick check does.
+        if let (true, Ok((_, a))) = (job.in_tree, fs.lookup(job.parent, &job.name).await) {
+            if a.kind == FileKind::File
+                && a.length == job.meta.len()
+                && a.mtime == mtime_ns(&job.meta)
+                && a.mode & 0o7777 == job.meta.mode() & 0o7777
+            {
+                tracing::debug!(name = %quote(&job.name), "up to date: skipped");
+                return Ok(());
+            }
         }
     }
-    let tmp = tmp_name(&job.name, ctx.session.as_deref());
+    let tmp = tmp_name_of(&job.name, ctx.session.as_deref());
     let owner = Owner {
         uid: job.meta.uid(),
         gid: job.meta.gid(),
     };
     // Owner-only until complete: the final mode is set with the times, before the rename.
-    let (ino, _) = fs.create(job.parent, tmp.as_bytes(), 0o600, owner).await?;
-    let file = Arc::new(
-        std::fs::File::open(&job.local)
-            .with_context(|| format!("opening {}", job.local.display()))?,
-    );
+    let (ino, _) = fs.create(job.parent, &tmp, 0o600, owner).await?;
+    let file = match std::fs::File::open(&job.local) {
+        Ok(f) => Arc::new(f),
+        Err(e) => {
+            let _ = fs.unlink(job.parent, &tmp).await;
+            return Err(e).with_context(|| format!("opening {}", shown(&job.local)));
+        }
+    };
+    // Bytes of this file counted so far: taken back if it fails, so the summary counts only
+    // what was written.
+    let counted = std::sync::atomic::AtomicU64::new(0);
+    let counted = &counted;
     let len = job.meta.len();
     let offsets: Vec<u64> = (0..len.div_ceil(PIECE)).map(|i| i * PIECE).collect();
     let result: Result<()> = futures::stream::iter(offsets.into_iter().map(|off| {
@@ -192,6 +245,7 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
             .await??;
             fs.write(ino, off, &buf).await?;
             progress.add_bytes(n as u64);
+            counted.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
             Ok::<_, anyhow::Error>(())
         }
     }))
@@ -199,30 +253,35 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
     .try_collect::<Vec<()>>()
     .await
     .map(|_| ());
-    if let Err(e) = result {
-        let _ = fs.unlink(job.parent, tmp.as_bytes()).await;
-        return Err(e.context(format!("copying {}", job.local.display())));
-    }
     let atime = job.meta.atime() * 1_000_000_000 + job.meta.atime_nsec();
-    fs.setattr(
-        ino,
-        &SetAttr {
-            mode: Some(job.meta.mode() & 0o7777),
-            atime: Some(atime),
-            mtime: Some(mtime_ns(&job.meta)),
-            ..Default::default()
-        },
-    )
-    .await?;
-    fs.rename(
-        job.parent,
-        tmp.as_bytes(),
-        job.parent,
-        job.name.as_bytes(),
-        false,
-    )
-    .await
-    .with_context(|| format!("renaming into place: {}", job.name))?;
+    let result = match result {
+        Ok(()) => fs
+            .setattr(
+                ino,
+                &SetAttr {
+                    mode: Some(job.meta.mode() & 0o7777),
+                    atime: Some(atime),
+                    mtime: Some(mtime_ns(&job.meta)),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(anyhow::Error::from)
+            .and(Ok(())),
+        Err(e) => Err(e),
+    };
+    let result = match result {
+        Ok(()) => fs
+            .rename(job.parent, &tmp, job.parent, &job.name, false)
+            .await
+            .with_context(|| format!("renaming into place: {}", quote(&job.name))),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        let _ = fs.unlink(job.parent, &tmp).await;
+        progress.undo_bytes(counted.load(std::sync::atomic::Ordering::Relaxed));
+        return Err(e.context(format!("copying {}", shown(&job.local))));
+    }
     progress.add_file();
     Ok(())
 }
@@ -255,13 +314,41 @@ impl Dest {
     }
 }
 
-/// The name a local path is put under.
+/// The name a local path is put under (UTF-8: `jfs put --through` takes it as text).
 pub fn base_name(local: &Path) -> Result<String> {
     local
         .file_name()
         .and_then(|n| n.to_str())
         .map(str::to_string)
-        .with_context(|| format!("{} has no UTF-8 file name", local.display()))
+        .with_context(|| format!("{} has no UTF-8 file name", shown(local)))
+}
+
+/// The name (bytes, whatever they are) a local path is put under.
+fn base_name_bytes(local: &Path) -> Result<Vec<u8>> {
+    local
+        .file_name()
+        .map(|n| n.as_bytes().to_vec())
+        .with_context(|| format!("{} has no file name", shown(local)))
+}
+
+/// A local path as it is shown: shell-escaped where it holds control bytes or bytes that
+/// are not UTF-8 (`sync::names::quote`).
+pub fn shown(p: &Path) -> std::borrow::Cow<'_, str> {
+    match p.to_str() {
+        Some(s) if !s.chars().any(char::is_control) => s.into(),
+        _ => quote(p.as_os_str().as_bytes()).into(),
+    }
+}
+
+/// The entries of local directory `dir` in byte order of their names: (path, name bytes).
+fn sorted_children(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+    let mut out: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", shown(dir)))?
+        .map(|e| e.map(|e| (e.path(), e.file_name().as_bytes().to_vec())))
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("listing {}", shown(dir)))?;
+    out.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(out)
 }
 
 pub async fn put(
@@ -271,15 +358,18 @@ pub async fn put(
     threads: usize,
     quiet: bool,
 ) -> Result<Outcome> {
-    let base = base_name(local)?;
+    let base = base_name_bytes(local)?;
     let (parent, name) = match fs.resolve_path(&dest.path).await {
         Ok((ino, a)) if dest.goes_into(local, a.kind == FileKind::Dir) => (ino, base),
         Ok(_) if dest.dir_slash => bail!("put: {}/ is not a directory", dest.path),
-        _ => parent_of(fs, &dest.path, "put").await?,
+        _ => {
+            let (p, n) = parent_of(fs, &dest.path, "put").await?;
+            (p, n.into_bytes())
+        }
     };
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
-    plan_put(fs, local, parent, &name, true, &mut jobs, &mut dirs).await?;
+    plan_put(fs, local, parent, &name, true, false, &mut jobs, &mut dirs).await?;
     let engine = fs.engine();
     let ctx = PutCtx {
         session: fs_core::maint::own_session(&**engine).await,
@@ -389,6 +479,10 @@ fn chown_fd(f: &impl std::os::fd::AsFd, attr: &fs_core::Attr) -> std::io::Result
     .map_err(std::io::Error::from)
 }
 
+/// Plan the copy of `ino` to `local`. What cannot be copied where it must go (a symbolic
+/// link or a file where the volume has a directory) is a failure of that subtree, added to
+/// `failed`; the rest goes on.
+#[allow(clippy::too_many_arguments)]
 fn plan_get<'a>(
     fs: &'a Fs,
     ino: Ino,
@@ -397,6 +491,7 @@ fn plan_get<'a>(
     opts: GetOpts,
     jobs: &'a mut Vec<GetJob>,
     dirs: &'a mut Vec<(PathBuf, fs_core::Attr)>,
+    failed: &'a mut Vec<anyhow::Error>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
     Box::pin(async move {
         match attr.kind {
@@ -406,37 +501,43 @@ fn plan_get<'a>(
                 // of LOCAL). Only LOCAL itself, as given, may be a link (resolved by `get`).
                 match std::fs::symlink_metadata(&local) {
                     Ok(m) if m.is_dir() => {}
-                    Ok(m) if m.file_type().is_symlink() => bail!(
-                        "get: {} is a symbolic link where the volume has a directory: jfs get does not write through links; remove it, or get into another directory",
-                        local.display()
-                    ),
-                    Ok(_) => bail!(
-                        "get: {} exists and is not a directory, where the volume has one; remove it, or get into another directory",
-                        local.display()
-                    ),
+                    Ok(m) if m.file_type().is_symlink() => {
+                        failed.push(anyhow::anyhow!(
+                            "{} is a symbolic link where the volume has a directory: jfs get does not write through links, so nothing under it was copied; remove it, or get into another directory",
+                            shown(&local)
+                        ));
+                        return Ok(());
+                    }
+                    Ok(_) => {
+                        failed.push(anyhow::anyhow!(
+                            "{} exists and is not a directory, where the volume has one, so nothing under it was copied; remove it, or get into another directory",
+                            shown(&local)
+                        ));
+                        return Ok(());
+                    }
                     // Owner-only until its mode is set, after everything in it is copied.
                     Err(_) => std::fs::DirBuilder::new()
                         .recursive(true)
                         .mode(0o700)
                         .create(&local)
-                        .with_context(|| format!("creating {}", local.display()))?,
+                        .with_context(|| format!("creating {}", shown(&local)))?,
                 }
                 for e in fs.readdir_all(ino).await? {
-                    let name = String::from_utf8(e.name.clone())
-                        .with_context(|| format!("a name in inode {ino} is not UTF-8"))?;
-                    if is_tmp_name(&name) {
+                    // Names are bytes: the local name is the volume's, byte for byte.
+                    if is_tmp_entry(&e.name) {
                         continue; // an unfinished put
                     }
                     let a = fs.getattr(e.ino).await?;
-                    plan_get(fs, e.ino, a, local.join(&name), opts, jobs, dirs).await?;
+                    let to = local.join(OsStr::from_bytes(&e.name));
+                    plan_get(fs, e.ino, a, to, opts, jobs, dirs, failed).await?;
                 }
                 dirs.push((local, attr));
             }
             FileKind::Symlink => {
                 let t = fs.readlink(ino).await?;
                 let _ = std::fs::remove_file(&local);
-                std::os::unix::fs::symlink(String::from_utf8_lossy(&t).as_ref(), &local)
-                    .with_context(|| format!("creating symlink {}", local.display()))?;
+                std::os::unix::fs::symlink(OsStr::from_bytes(&t), &local)
+                    .with_context(|| format!("creating symlink {}", shown(&local)))?;
                 if opts.owners {
                     rustix::fs::chownat(
                         rustix::fs::CWD,
@@ -445,12 +546,12 @@ fn plan_get<'a>(
                         Some(rustix::process::Gid::from_raw(attr.gid)),
                         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
                     )
-                    .with_context(|| format!("giving {} to its owner", local.display()))?;
+                    .with_context(|| format!("giving {} to its owner", shown(&local)))?;
                 }
             }
             FileKind::File => jobs.push(GetJob { ino, local, attr }),
             kind => {
-                tracing::warn!(path = %local.display(), ?kind, "skipped: not a file, directory or symlink");
+                tracing::warn!(path = %shown(&local), ?kind, "skipped: not a file, directory or symlink");
             }
         }
         Ok(())
@@ -478,13 +579,11 @@ async fn get_file(
     progress: &Progress,
 ) -> Result<()> {
     check_interrupted()?;
-    let name = job
-        .local
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("file");
+    let name = job.local.file_name().map_or(&b"file"[..], |n| n.as_bytes());
     remove_stale_temps(&job.local);
-    let tmp = job.local.with_file_name(tmp_name(name, None));
+    let tmp = job
+        .local
+        .with_file_name(OsStr::from_bytes(&tmp_name_of(name, None)));
     // Owner-only from the first byte, and a new file: whatever sits at that name (a file or
     // a link another user planted) is neither followed nor reused (O_EXCL).
     let file = Arc::new(
@@ -494,13 +593,17 @@ async fn get_file(
             .mode(0o600)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?,
+            .with_context(|| format!("creating {}", shown(&tmp)))?,
     );
+    // Bytes of this file counted so far: taken back if it fails (the summary counts only
+    // what was written).
+    let mut counted = 0u64;
     let len = job.attr.length;
     file.set_len(len)?;
     // The mount's reader: sequential reads with a growing read-ahead window, blocks fetched
     // in parallel ahead of the writer; one local write in flight while the next piece reads.
     let res: Result<()> = async {
+        let counted = &mut counted;
         let reader = fs_core::FileReader::new(
             fs.clone(),
             job.ino,
@@ -535,6 +638,7 @@ async fn get_file(
                 f.write_all_at(&buf, at)
             }));
             progress.add_bytes(n);
+            *counted += n;
             off += n;
             unflushed += n;
             if unflushed >= FLUSH_EVERY && flushing.as_ref().is_none_or(|f| f.is_finished()) {
@@ -574,7 +678,8 @@ async fn get_file(
     });
     if let Err(e) = res {
         let _ = std::fs::remove_file(&tmp);
-        return Err(e.context(format!("copying to {}", job.local.display())));
+        progress.undo_bytes(counted);
+        return Err(e.context(format!("copying to {}", shown(&job.local))));
     }
     progress.add_file();
     Ok(())
@@ -601,7 +706,7 @@ fn get_dest(local: &Path, volpath: &VolPath, is_dir: bool) -> Result<PathBuf> {
     if slash && !local_is_dir && bare.symlink_metadata().is_ok() {
         bail!(
             "get: {} is not a directory; name a directory, or LOCAL without the trailing /",
-            local.display()
+            shown(local)
         );
     }
     if local_is_dir && (!is_dir || slash) {
@@ -609,8 +714,7 @@ fn get_dest(local: &Path, volpath: &VolPath, is_dir: bool) -> Result<PathBuf> {
     }
     // LOCAL itself, as given, may be a link to a directory (nothing below it may be).
     if is_dir && local_is_dir {
-        return std::fs::canonicalize(local)
-            .with_context(|| format!("resolving {}", local.display()));
+        return std::fs::canonicalize(local).with_context(|| format!("resolving {}", shown(local)));
     }
     Ok(local.to_path_buf())
 }
@@ -631,12 +735,23 @@ pub async fn get(
     let dest = get_dest(local, volpath, attr.kind == FileKind::Dir)?;
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
-    plan_get(&fs, ino, attr, dest, opts, &mut jobs, &mut dirs).await?;
+    let mut refused = Vec::new();
+    plan_get(
+        &fs,
+        ino,
+        attr,
+        dest,
+        opts,
+        &mut jobs,
+        &mut dirs,
+        &mut refused,
+    )
+    .await?;
     let budget = fs_core::Budget::new(GET_BUDGET);
     let total = jobs.iter().map(|j| j.attr.length).sum();
     let progress = Progress::new("get", total, quiet);
     let t0 = std::time::Instant::now();
-    let failures: Vec<anyhow::Error> = futures::stream::iter(
+    let mut failures: Vec<anyhow::Error> = futures::stream::iter(
         jobs.iter()
             .map(|j| get_file(&fs, &budget, j, opts, &progress)),
     )
@@ -644,11 +759,11 @@ pub async fn get(
     .filter_map(|r| async move { r.err() })
     .collect()
     .await;
+    failures.extend(refused);
     for (path, attr) in dirs.iter().rev() {
         let d = std::fs::File::open(path)?;
         if opts.owners {
-            chown_fd(&d, attr)
-                .with_context(|| format!("giving {} to its owner", path.display()))?;
+            chown_fd(&d, attr).with_context(|| format!("giving {} to its owner", shown(path)))?;
         }
         d.set_permissions(std::fs::Permissions::from_mode(attr.mode & 0o7777))?;
         d.set_times(std::fs::FileTimes::new().set_modified(system_time(attr.mtime)))?;

@@ -175,8 +175,15 @@ pub fn is_temp(key: &str) -> bool {
 /// absolute path, NUL or other control characters, backslashes, a drive letter, a component
 /// over 255 bytes or a key over 4096.
 pub fn check_key(key: &str) -> Result<()> {
-    let bad =
-        |why: &str| -> Result<()> { Err(permanent(format!("refusing object key {key:?}: {why}"))) };
+    let bad = |why: &str| -> Result<()> {
+        Err(permanent(format!(
+            "refusing object key {}: {why}",
+            crate::names::quote(&crate::names::bytes_of(key))
+        )))
+    };
+    if !crate::names::is_text(key) {
+        return bad("its name is not UTF-8, which object-store keys must be; rename it at the source or exclude it");
+    }
     if key.is_empty() {
         return bad("empty");
     }
@@ -207,6 +214,42 @@ pub fn check_key(key: &str) -> Result<()> {
     Ok(())
 }
 
+/// A key naming a file of a POSIX tree (a local directory, a volume) is refused only when
+/// it could name something outside the destination: empty, absolute, an empty, `.` or `..`
+/// component, a NUL, a component over 255 bytes or a path over 4096. Any other byte is a
+/// legal name there (`crate::names`): newlines, backslashes, bytes that are not UTF-8.
+pub fn check_path(key: &str) -> Result<()> {
+    let name = crate::names::bytes_of(key);
+    let bad = |why: &str| -> Result<()> {
+        Err(permanent(format!(
+            "refusing path {}: {why}",
+            crate::names::quote(&name)
+        )))
+    };
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name.len() > 4096 {
+        return bad("longer than 4096 bytes");
+    }
+    if name.starts_with(b"/") {
+        return bad("absolute path");
+    }
+    if name.contains(&0) {
+        return bad("contains NUL");
+    }
+    let trimmed = name.strip_suffix(b"/").unwrap_or(&name);
+    for comp in trimmed.split(|b| *b == b'/') {
+        match comp {
+            b"" => return bad("empty path component"),
+            b"." | b".." => return bad("'.' or '..' component"),
+            c if c.len() > 255 => return bad("a component longer than 255 bytes"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// After `--delete-dst` deleted `deleted` (file keys) without `--dirs`: remove the
 /// directories those deletes left empty, deepest first (a directory renamed at the source
 /// leaves none behind). A directory that still holds anything (an excluded file, a copy)
@@ -227,7 +270,7 @@ pub async fn prune_emptied(dst: &dyn Endpoint, deleted: &[String]) -> usize {
             Ok(true) => removed += 1,
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(dir = %d, error = %format!("{e:#}"), "removing a directory the deletes emptied")
+                tracing::warn!(dir = %crate::names::show(d), error = %format!("{e:#}"), "removing a directory the deletes emptied")
             }
         }
     }
@@ -357,6 +400,32 @@ mod tests {
         }
         for k in ["a", "a/b.txt", "dir/", "..a", "a..", "ü/ñ", "a b/c-d_e"] {
             assert!(check_key(k).is_ok(), "{k:?} was refused");
+        }
+        let not_utf8 = crate::names::key_of(b"d/\xffx").into_owned();
+        let e = check_key(&not_utf8).unwrap_err().to_string();
+        assert!(
+            e.contains("'d/'$'\\377''x'") && e.contains("not UTF-8"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn posix_paths_take_any_byte_but_never_leave_the_destination() {
+        use super::check_path;
+        for k in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a/./b",
+            "a//b",
+            "a\0b",
+        ] {
+            assert!(check_path(k).is_err(), "{k:?} was accepted");
+        }
+        let raw = crate::names::key_of(b"a\xff\x1b/b\nc").into_owned();
+        for k in ["a", "a\nb", "a\\b", "c:x", "dir/", raw.as_str()] {
+            assert!(check_path(k).is_ok(), "{k:?} was refused");
         }
     }
 

@@ -2,7 +2,8 @@
 //! `NAME` holds the META_URL (as JuiceFS does; it keeps URLs and passwords out of arguments).
 //! Files are written under a temporary name and renamed into place when complete.
 
-use super::{check_key, Endpoint, Entry, Kind, Listing, Page, Sink};
+use super::{check_path as check_key, Endpoint, Entry, Kind, Listing, Page, Sink};
+use crate::names::{bytes_of, key_of, show};
 use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -135,45 +136,81 @@ impl VolumeEndpoint {
             .map(str::to_string)
     }
 
+    /// The names (bytes, `crate::names`) from the volume's root to `key`: the base's, then
+    /// the key's.
+    fn components<'k>(&'k self, key: &'k str) -> impl Iterator<Item = Vec<u8>> + 'k {
+        self.base
+            .split('/')
+            .chain(key.trim_end_matches('/').split('/'))
+            .filter(|c| !c.is_empty())
+            .map(|c| bytes_of(c).into_owned())
+    }
+
+    /// The inode `key` names, looked up name by name as bytes. Symlinks are not followed:
+    /// every component but the last must be a directory.
+    async fn resolve_key(&self, key: &str) -> fs_core::Result<(Ino, Attr)> {
+        let mut ino = fs_core::ROOT_INO;
+        let mut attr = self.fs.getattr(ino).await?;
+        for c in self.components(key) {
+            if attr.kind != FileKind::Dir {
+                return Err(fs_core::Error::new(
+                    ErrorKind::NotDir,
+                    format!("{}: a component is not a directory", show(key)),
+                ));
+            }
+            (ino, attr) = self.fs.lookup(ino, &c).await?;
+        }
+        Ok((ino, attr))
+    }
+
+    /// The directory holding `key` (made with `create`) and the key of its name.
     async fn parent_dir(&self, key: &str, create: bool) -> Result<(Ino, String)> {
-        let path = self.path_of(key);
-        let (dir, name) = path
-            .rsplit_once('/')
-            .ok_or_else(|| anyhow!("bad key {key}"))?;
+        let mut comps: Vec<Vec<u8>> = self.components(key).collect();
+        let name = comps
+            .pop()
+            .map(|n| key_of(&n).into_owned())
+            .unwrap_or_default();
         let mut cur = fs_core::ROOT_INO;
-        for c in dir.split('/').filter(|c| !c.is_empty()) {
-            cur = match self.fs.lookup(cur, c.as_bytes()).await {
+        for c in comps {
+            cur = match self.fs.lookup(cur, &c).await {
                 Ok((ino, a)) if a.kind == FileKind::Dir => ino,
-                Ok(_) => bail!("{dir}: {c} is not a directory"),
+                // Retrying cannot help: someone must remove what is in the way.
+                Ok((_, a)) => {
+                    return Err(super::permanent(format!(
+                        "{}: {} is {} where a directory is needed: jfs-sync never writes through links; remove it (or exclude that path) and run again",
+                        show(key),
+                        crate::names::quote(&c),
+                        if a.kind == FileKind::Symlink { "a symbolic link" } else { "not a directory" }
+                    )))
+                }
                 Err(e) if e.kind() == ErrorKind::NotFound && create => match self
                     .fs
-                    .mkdir(cur, c.as_bytes(), 0o755, Owner::default())
+                    .mkdir(cur, &c, 0o755, Owner::default())
                     .await
                 {
                     Ok((ino, _)) => ino,
                     Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                        self.fs.lookup(cur, c.as_bytes()).await?.0
+                        self.fs.lookup(cur, &c).await?.0
                     }
                     Err(e) => return Err(e.into()),
                 },
                 Err(e) => return Err(e.into()),
             };
         }
-        Ok((cur, name.to_string()))
+        Ok((cur, name))
     }
 
     async fn children(&self, ino: Ino, prefix: &str) -> Result<Vec<(String, Ino, Attr)>> {
         let mut out = Vec::new();
         for e in self.fs.readdir_all(ino).await? {
-            let name = String::from_utf8(e.name)
-                .map_err(|_| anyhow!("a name under {prefix:?} is not UTF-8"))?;
+            let name = key_of(&e.name).into_owned();
             if fs_core::maint::is_tmp_name(&name) {
                 // A `jfs put` that has not finished (or was killed: `gc` removes it).
                 continue;
             }
             let a = self.fs.getattr(e.ino).await?;
             if a.kind.is_special() {
-                tracing::warn!(path = %format!("{prefix}{name}"), kind = ?a.kind, "skipped: not a file, directory or symlink");
+                tracing::warn!(path = %show(&format!("{prefix}{name}")), kind = ?a.kind, "skipped: not a file, directory or symlink");
                 continue;
             }
             let key = if a.kind == FileKind::Dir {
@@ -219,16 +256,16 @@ impl Sink for VolumeSink {
         self.fs
             .rename(
                 self.parent,
-                self.tmp.as_bytes(),
+                &bytes_of(&self.tmp),
                 self.parent,
-                self.name.as_bytes(),
+                &bytes_of(&self.name),
                 false,
             )
             .await?;
         Ok(())
     }
     async fn abort(self: Box<Self>) {
-        let _ = self.fs.unlink(self.parent, self.tmp.as_bytes()).await;
+        let _ = self.fs.unlink(self.parent, &bytes_of(&self.tmp)).await;
     }
 }
 
@@ -239,7 +276,7 @@ impl Endpoint for VolumeEndpoint {
     }
 
     async fn list(&self, l: Listing<'_>, tx: mpsc::Sender<Page>) -> Result<()> {
-        match self.fs.resolve(&self.path_of(l.prefix)).await {
+        match self.resolve_key(l.prefix).await {
             Ok((_, a)) if a.kind == FileKind::Dir => {}
             Ok(_) => bail!("{} is not a directory", self.describe()),
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
@@ -259,10 +296,10 @@ impl Endpoint for VolumeEndpoint {
     }
 
     async fn stat(&self, key: &str) -> Result<Option<Entry>> {
-        match self.fs.resolve(&self.path_of(key)).await {
+        match self.resolve_key(key).await {
             Ok((ino, a)) => {
                 let target = if a.kind == FileKind::Symlink {
-                    Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned())
+                    Some(key_of(&self.fs.readlink(ino).await?).into_owned())
                 } else {
                     None
                 };
@@ -279,11 +316,15 @@ impl Endpoint for VolumeEndpoint {
     }
 
     async fn read(&self, key: &str, offset: u64, len: u64) -> Result<Bytes> {
-        let (ino, _) = self.fs.resolve(&self.path_of(key)).await?;
+        let (ino, _) = self
+            .resolve_key(key)
+            .await
+            .with_context(|| format!("reading {}", show(key)))?;
         let b = self.fs.read(ino, offset, len as usize).await?;
         if b.len() as u64 != len {
             bail!(
-                "{key}: got {} bytes at {offset}, expected {len} (file changed during the copy?)",
+                "{}: got {} bytes at {offset}, expected {len} (file changed during the copy?)",
+                show(key),
                 b.len()
             );
         }
@@ -296,18 +337,12 @@ impl Endpoint for VolumeEndpoint {
         // The same temporary name at every attempt: what an interrupted run left under it is
         // replaced here, and renamed into place by this attempt (never left behind).
         let tmp = super::temp_name(&name);
-        let ino = match self
-            .fs
-            .create(parent, tmp.as_bytes(), 0o600, Owner::default())
-            .await
-        {
+        let t = bytes_of(&tmp);
+        let ino = match self.fs.create(parent, &t, 0o600, Owner::default()).await {
             Ok((ino, _)) => ino,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                self.fs.unlink(parent, tmp.as_bytes()).await?;
-                self.fs
-                    .create(parent, tmp.as_bytes(), 0o600, Owner::default())
-                    .await?
-                    .0
+                self.fs.unlink(parent, &t).await?;
+                self.fs.create(parent, &t, 0o600, Owner::default()).await?.0
             }
             Err(e) => return Err(e.into()),
         };
@@ -324,20 +359,14 @@ impl Endpoint for VolumeEndpoint {
     async fn mkdir(&self, key: &str, src: &Entry, perms: bool) -> Result<()> {
         check_key(key)?;
         let (parent, name) = self.parent_dir(key, true).await?;
+        let n = bytes_of(&name);
         let ino = match self
             .fs
-            .mkdir(
-                parent,
-                name.as_bytes(),
-                src.mode.unwrap_or(0o755),
-                Owner::default(),
-            )
+            .mkdir(parent, &n, src.mode.unwrap_or(0o755), Owner::default())
             .await
         {
             Ok((ino, _)) => ino,
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                self.fs.lookup(parent, name.as_bytes()).await?.0
-            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => self.fs.lookup(parent, &n).await?.0,
             Err(e) => return Err(e.into()),
         };
         if perms {
@@ -357,11 +386,12 @@ impl Endpoint for VolumeEndpoint {
     async fn symlink(&self, key: &str, target: &str) -> Result<()> {
         check_key(key)?;
         let (parent, name) = self.parent_dir(key, true).await?;
-        if self.fs.lookup(parent, name.as_bytes()).await.is_ok() {
-            self.fs.unlink(parent, name.as_bytes()).await?;
+        let n = bytes_of(&name);
+        if self.fs.lookup(parent, &n).await.is_ok() {
+            self.fs.unlink(parent, &n).await?;
         }
         self.fs
-            .symlink(parent, name.as_bytes(), target.as_bytes(), Owner::default())
+            .symlink(parent, &n, &bytes_of(target), Owner::default())
             .await?;
         Ok(())
     }
@@ -379,7 +409,7 @@ impl Endpoint for VolumeEndpoint {
         let Ok((parent, name)) = self.parent_dir(key, false).await else {
             return Ok(false);
         };
-        match self.fs.rmdir(parent, name.as_bytes()).await {
+        match self.fs.rmdir(parent, &bytes_of(&name)).await {
             Ok(()) => Ok(true),
             Err(e)
                 if matches!(
@@ -399,9 +429,9 @@ impl Endpoint for VolumeEndpoint {
             Err(_) => return Ok(()),
         };
         let r = if kind == Kind::Dir {
-            self.fs.rmdir(parent, name.as_bytes()).await
+            self.fs.rmdir(parent, &bytes_of(&name)).await
         } else {
-            self.fs.unlink(parent, name.as_bytes()).await
+            self.fs.unlink(parent, &bytes_of(&name)).await
         };
         match r {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(e.into()),
@@ -416,7 +446,7 @@ impl super::walk::Tree for VolumeEndpoint {
     type Level = std::vec::IntoIter<(String, Ino, Attr)>;
 
     async fn level(&self, prefix: &str) -> Result<Self::Level> {
-        let ino = match self.fs.resolve(&self.path_of(prefix)).await {
+        let ino = match self.resolve_key(prefix).await {
             Ok((ino, a)) if a.kind == FileKind::Dir => ino,
             // Gone or replaced meanwhile: nothing under it any more.
             Ok(_) => return Ok(Vec::new().into_iter()),
@@ -431,7 +461,7 @@ impl super::walk::Tree for VolumeEndpoint {
             return Ok(None);
         };
         let target = if a.kind == FileKind::Symlink {
-            Some(String::from_utf8_lossy(&self.fs.readlink(ino).await?).into_owned())
+            Some(key_of(&self.fs.readlink(ino).await?).into_owned())
         } else {
             None
         };

@@ -95,13 +95,13 @@ impl Ctx {
                     _ => Done::Skipped,
                 };
                 if let Err(e) = state.mark_done(&f.key, f.size, f.mtime_ns, what) {
-                    tracing::warn!(key = %f.key, error = %e, "could not record progress");
+                    tracing::warn!(key = %crate::names::show(&f.key), error = %e, "could not record progress");
                 }
             }
             // The source goes only once the destination's copy is durable.
             if self.o.delete_src && f.kind == Kind::File {
                 if let Err(e) = self.src.delete(&f.key, f.kind).await {
-                    tracing::error!(key = %f.key, error = %format!("{e:#}"), "deleting the source after the copy failed");
+                    tracing::error!(key = %crate::names::show(&f.key), error = %format!("{e:#}"), "deleting the source after the copy failed");
                 }
             }
             self.window().resolve(f.id, f.outcome);
@@ -266,7 +266,8 @@ pub(super) fn dispatch(
         {
             Ok(r) => r,
             Err(_) => Err(anyhow::anyhow!(
-                "{key}: internal error (panic) while copying"
+                "{}: internal error (panic) while copying",
+                crate::names::show(&key)
             )),
         };
         ctx.stats.pending.fetch_sub(1, Ordering::Relaxed);
@@ -285,7 +286,7 @@ pub(super) fn dispatch(
             Err(e) => {
                 // A failed key stays unresolved: the cursor never passes it, the next run retries it.
                 Stats::add(&ctx.stats.failed, 1);
-                tracing::error!(key, error = %format!("{e:#}"), "failed");
+                tracing::error!(key = %crate::names::show(&key), error = %format!("{e:#}"), "failed");
                 cli_common::eprintln!("jfs-sync: failed: {e:#}");
                 if ctx
                     .o

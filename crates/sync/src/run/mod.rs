@@ -206,7 +206,13 @@ pub async fn sync_range(
     if let Some(c) = &cursor {
         tracing::info!(cursor = %c, "resuming after the last resolved key");
     }
-    let range = o.range.resumed(cursor.as_deref());
+    let mut range = o.range.resumed(cursor.as_deref());
+    // A directory the rules exclude is never opened, on either side (excluded keys are
+    // neither copied nor deleted).
+    let rules = o.filter.clone();
+    range.prune = Some(crate::range::Prune(Arc::new(move |dir: &str| {
+        !rules.key_included(dir)
+    })));
     let dst_keys = o.keys.clone();
     let mut sside = Side {
         rx: spawn_lister(
@@ -311,8 +317,8 @@ pub async fn sync_range(
                 // of their directory): removed, so that nothing shows it or copies it on.
                 if let (Some(d), false) = (&de, o.dry_run) {
                     match dst.delete(&d.key, Kind::File).await {
-                        Ok(()) => tracing::info!(key = %d.key, "removed a temporary file an interrupted run left"),
-                        Err(e) => tracing::warn!(key = %d.key, error = %format!("{e:#}"), "removing a temporary file an interrupted run left"),
+                        Ok(()) => tracing::info!(key = %crate::names::show(&d.key), "removed a temporary file an interrupted run left"),
+                        Err(e) => tracing::warn!(key = %crate::names::show(&d.key), error = %format!("{e:#}"), "removing a temporary file an interrupted run left"),
                     }
                 }
                 ctx.window().merged_to = Some(key.clone());
@@ -328,7 +334,7 @@ pub async fn sync_range(
                 Stats::add(&stats.extra, 1);
                 if o.delete_dst {
                     if o.dry_run {
-                        println!("would delete {}", d.key);
+                        println!("would delete {}", crate::names::show(&d.key));
                         Stats::add(&stats.deleted, 1);
                     } else if shared.is_some() {
                         ctx.extras
@@ -412,7 +418,7 @@ pub async fn sync_range(
                     Action::Update => ("update", &stats.updated),
                     _ => ("compare", &stats.updated),
                 };
-                println!("would {word} {}", s.key);
+                println!("would {word} {}", crate::names::show(&s.key));
                 Stats::add(c, 1);
                 continue;
             }
@@ -513,7 +519,10 @@ pub async fn sync_range(
                     Err(e) => {
                         Stats::add(&stats.failed, 1);
                         delete_failures += 1;
-                        cli_common::eprintln!("jfs-sync: failed: deleting {key}: {e:#}");
+                        cli_common::eprintln!(
+                            "jfs-sync: failed: deleting {}: {e:#}",
+                            crate::names::show(&key)
+                        );
                     }
                 }
             }

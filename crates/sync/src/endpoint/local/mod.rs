@@ -4,7 +4,8 @@
 //! Files are written under a temporary name, owner-only, and renamed into place when
 //! complete (`sink.rs`).
 
-use super::{check_key, Endpoint, Entry, Kind, Page, Sink};
+use super::{check_path as check_key, Endpoint, Entry, Kind, Page, Sink};
+use crate::names::{key_of_os, path_of, show};
 use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -34,11 +35,7 @@ const PARENTS_MAX: usize = 256;
 /// The entry `key` of `dir`, whose metadata is `m` (a symlink's target is read here).
 fn entry_at(dir: &Dir, key: String, m: &cap_std::fs::Metadata) -> Result<Entry> {
     let target = if m.is_symlink() {
-        Some(
-            dir.read_link_contents(rel(&key))?
-                .to_string_lossy()
-                .into_owned(),
-        )
+        Some(key_of_os(dir.read_link_contents(rel(&key))?.as_os_str()).into_owned())
     } else {
         None
     };
@@ -68,15 +65,14 @@ fn read_level(dir: &Dir, key: &str) -> std::io::Result<cap_std::fs::ReadDir> {
     }
 }
 
-/// The name of an entry of directory `key`; one that is not UTF-8 is refused.
-fn name_of(e: &cap_std::fs::DirEntry, key: &str) -> Result<String> {
-    e.file_name()
-        .into_string()
-        .map_err(|n| anyhow!("{key}{n:?}: file name is not UTF-8"))
+/// The key of an entry's name: its bytes, whatever they are (`crate::names`).
+fn name_of(e: &cap_std::fs::DirEntry) -> String {
+    key_of_os(&e.file_name()).into_owned()
 }
 
-fn rel(key: &str) -> &Path {
-    Path::new(key.trim_end_matches('/'))
+/// The path (relative to the root) a key names: its bytes (`crate::names`).
+fn rel(key: &str) -> PathBuf {
+    path_of(key.trim_end_matches('/'))
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -123,7 +119,7 @@ impl LocalDir {
         let mut runs: Vec<std::fs::File> = Vec::new();
         for e in rd {
             let e = e?;
-            let name = name_of(&e, key)?;
+            let name = name_of(&e);
             names.push(if e.file_type()?.is_dir() {
                 format!("{name}/")
             } else {
@@ -149,7 +145,7 @@ impl LocalDir {
         let mut out = Vec::new();
         for e in rd {
             let e = e?;
-            let name = name_of(&e, key)?;
+            let name = name_of(&e);
             let meta = e.metadata()?;
             out.push((
                 if meta.is_dir() {
@@ -176,16 +172,10 @@ impl LocalDir {
         perms: bool,
     ) -> Result<()> {
         check_key(&e.key)?;
-        let path = rel(&e.key);
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| anyhow!("{}: no file name", e.key))?
-            .to_string();
-        let parent_key = path
-            .parent()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let (parent_key, name) = match e.key.trim_end_matches('/').rsplit_once('/') {
+            Some((p, n)) => (p.to_string(), n.to_string()),
+            None => (String::new(), e.key.trim_end_matches('/').to_string()),
+        };
         let cached = self
             .parents
             .lock()
@@ -198,41 +188,41 @@ impl LocalDir {
         let dir = blocking(move || {
             let mut from = sd
                 .open(rel(&key))
-                .with_context(|| format!("opening {key}"))?
+                .with_context(|| format!("opening {}", show(&key)))?
                 .into_std();
             let dir = match cached {
                 Some(d) => d,
                 None if pk.is_empty() => root,
-                None => Arc::new(match root.open_dir(&pk) {
-                    Ok(d) => d,
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                        root.create_dir_all(&pk)
-                            .with_context(|| format!("creating the directory of {key}"))?;
-                        root.open_dir(&pk)
-                            .with_context(|| format!("opening the directory of {key}"))?
-                    }
-                    Err(err) => {
-                        return Err(err).with_context(|| format!("opening the directory of {key}"))
-                    }
-                }),
+                None => {
+                    // Made if missing; a link in the way is refused, never followed.
+                    sink::create_parents(&root, &pk, &key)?;
+                    Arc::new(
+                        root.open_dir(rel(&pk))
+                            .with_context(|| format!("opening the directory of {}", show(&key)))?,
+                    )
+                }
             };
             let tmp = super::temp_name(&name);
-            let mut to = sink::create_temp(&dir, &tmp).with_context(|| format!("copying {key}"))?;
+            let mut to =
+                sink::create_temp(&dir, &tmp).with_context(|| format!("copying {}", show(&key)))?;
             let res = (|| -> Result<()> {
                 let n = std::io::copy(&mut from, &mut to)?;
                 if n != size {
-                    bail!("{key} changed while being copied ({n} bytes where {size} were listed)");
+                    bail!(
+                        "{} changed while being copied ({n} bytes where {size} were listed)",
+                        show(&key)
+                    );
                 }
                 to.set_times(std::fs::FileTimes::new().set_modified(super::system_time(mtime)))?;
                 to.set_permissions(std::fs::Permissions::from_mode(sink::final_mode(
                     perms, mode,
                 )))?;
-                dir.rename(&tmp, &dir, &name)
-                    .with_context(|| format!("renaming into place: {key}"))?;
+                dir.rename(rel(&tmp), &dir, rel(&name))
+                    .with_context(|| format!("renaming into place: {}", show(&key)))?;
                 Ok(())
             })();
             if res.is_err() {
-                let _ = dir.remove_file(&tmp);
+                let _ = dir.remove_file(rel(&tmp));
             }
             res.map(|()| dir)
         })
@@ -275,7 +265,10 @@ impl LocalDir {
                 })
                 .await?;
                 if copied != n {
-                    bail!("{key} changed while being copied (short read at {done})");
+                    bail!(
+                        "{} changed while being copied (short read at {done})",
+                        show(key)
+                    );
                 }
                 done += n;
                 if size > PIECE {
@@ -365,16 +358,16 @@ impl Kids {
             };
             let Some(name) = name else { return Ok(None) };
             let path = format!("{prefix}{}", name.trim_end_matches('/'));
-            match dir.symlink_metadata(&path) {
+            match dir.symlink_metadata(rel(&path)) {
                 Ok(m) if !(m.is_file() || m.is_dir() || m.is_symlink()) => {
                     // Opening a fifo would block the copy forever; sockets and devices have
                     // no content to copy.
-                    tracing::warn!(path = %path, "skipped: not a file, directory or symlink (fifo, socket or device node)");
+                    tracing::warn!(path = %show(&path), "skipped: not a file, directory or symlink (fifo, socket or device node)");
                     continue;
                 }
                 Ok(m) => return Ok(Some((name, m))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // gone meanwhile
-                Err(e) => return Err(e).with_context(|| format!("stat {path}")),
+                Err(e) => return Err(e).with_context(|| format!("stat {}", show(&path))),
             }
         }
     }
@@ -421,7 +414,7 @@ impl Endpoint for LocalDir {
                 Ok(Some(entry_at(&dir, key, &m)?))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("stat {k}")),
+            Err(e) => Err(e).with_context(|| format!("stat {}", show(&k))),
         })
         .await
     }
@@ -432,11 +425,11 @@ impl Endpoint for LocalDir {
         blocking(move || {
             let f = dir
                 .open(rel(&k))
-                .with_context(|| format!("opening {k}"))?
+                .with_context(|| format!("opening {}", show(&k)))?
                 .into_std();
             let mut buf = vec![0u8; len as usize];
             f.read_exact_at(&mut buf, offset)
-                .with_context(|| format!("reading {k} at {offset}"))?;
+                .with_context(|| format!("reading {} at {offset}", show(&k)))?;
             Ok(Bytes::from(buf))
         })
         .await
@@ -451,8 +444,7 @@ impl Endpoint for LocalDir {
         check_key(key)?;
         let (dir, k, mode) = (self.dir.clone(), key.to_string(), src.mode);
         blocking(move || {
-            dir.create_dir_all(rel(&k))
-                .with_context(|| format!("creating directory {k}"))?;
+            sink::create_parents(&dir, &k, &k)?;
             if let (true, Some(m)) = (perms, mode) {
                 dir.set_permissions(
                     rel(&k),
@@ -469,16 +461,16 @@ impl Endpoint for LocalDir {
         let (dir, k, t) = (self.dir.clone(), key.to_string(), target.to_string());
         blocking(move || {
             let p = rel(&k);
-            if let Some(parent) = p.parent().filter(|p| !p.as_os_str().is_empty()) {
-                dir.create_dir_all(parent)?;
+            if let Some((parent, _)) = k.trim_end_matches('/').rsplit_once('/') {
+                sink::create_parents(&dir, parent, &k)?;
             }
-            match dir.symlink_metadata(p) {
-                Ok(m) if m.is_dir() => bail!("{k} exists as a directory"),
-                Ok(_) => dir.remove_file(p)?,
+            match dir.symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => bail!("{} exists as a directory", show(&k)),
+                Ok(_) => dir.remove_file(&p)?,
                 Err(_) => {}
             }
-            dir.symlink_contents(&t, p)
-                .with_context(|| format!("creating symlink {k}"))?;
+            dir.symlink_contents(path_of(&t), &p)
+                .with_context(|| format!("creating symlink {}", show(&k)))?;
             Ok(())
         })
         .await
@@ -500,7 +492,7 @@ impl Endpoint for LocalDir {
             {
                 Ok(false)
             }
-            Err(e) => Err(e).with_context(|| format!("removing directory {k}")),
+            Err(e) => Err(e).with_context(|| format!("removing directory {}", show(&k))),
         })
         .await
     }
@@ -535,7 +527,7 @@ impl Endpoint for LocalDir {
             };
             match r {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(e).with_context(|| format!("deleting {k}"))
+                    Err(e).with_context(|| format!("deleting {}", show(&k)))
                 }
                 _ => Ok(()),
             }

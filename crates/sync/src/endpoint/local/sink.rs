@@ -19,6 +19,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
 use super::{blocking, rel};
+use crate::names::show;
 
 pub struct LocalSink {
     pub(super) dir: Arc<Dir>,
@@ -49,18 +50,16 @@ impl LocalSink {
     pub(super) async fn create(dir: Arc<Dir>, key: &str) -> Result<Self> {
         let key = key.to_string();
         blocking(move || {
-            let path = rel(&key);
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| anyhow!("{key}: no file name"))?;
-            let tmp = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                Some(p) => {
-                    dir.create_dir_all(p)
-                        .with_context(|| format!("creating the directory of {key}"))?;
-                    format!("{}/{}", p.display(), super::super::temp_name(name))
+            let k = key.trim_end_matches('/');
+            if k.is_empty() {
+                return Err(anyhow!("{}: no file name", show(&key)));
+            }
+            let tmp = match k.rsplit_once('/') {
+                Some((p, name)) => {
+                    create_parents(&dir, p, &key)?;
+                    format!("{p}/{}", super::super::temp_name(name))
                 }
-                None => super::super::temp_name(name),
+                None => super::super::temp_name(k),
             };
             let file = create_temp(&dir, &tmp)?;
             Ok(LocalSink {
@@ -79,8 +78,10 @@ impl LocalSink {
 /// name (a leftover of an interrupted run, or a file or link someone planted) is removed
 /// first, and never followed or written to.
 pub(super) fn create_temp(dir: &Dir, tmp: &str) -> Result<std::fs::File> {
+    let tmp_key = tmp;
+    let tmp = &rel(tmp);
     match dir.remove_file(tmp) {
-        Ok(()) => tracing::debug!(tmp, "removed what an interrupted run left"),
+        Ok(()) => tracing::debug!(tmp = %show(tmp_key), "removed what an interrupted run left"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(_) => {} // a directory, say: the exclusive create below fails and says so
     }
@@ -88,8 +89,55 @@ pub(super) fn create_temp(dir: &Dir, tmp: &str) -> Result<std::fs::File> {
     o.write(true).create_new(true).mode(0o600);
     Ok(dir
         .open_with(tmp, &o)
-        .with_context(|| format!("creating the temporary file {tmp} (it must not exist)"))?
+        .with_context(|| {
+            format!(
+                "creating the temporary file {} (it must not exist)",
+                show(tmp_key)
+            )
+        })?
         .into_std())
+}
+
+/// Make directory `dir_key` (and those above it) of `dir`, for `key`. A symbolic link where
+/// a directory is needed is never followed, not even one leading inside the destination:
+/// that is a permanent error naming it (retrying cannot help; someone must remove the
+/// link), not a retried "File exists", nor a copy written through the link.
+pub(super) fn create_parents(dir: &Dir, dir_key: &str, key: &str) -> Result<()> {
+    if let Some(e) = in_the_way(dir, dir_key) {
+        return Err(e);
+    }
+    dir.create_dir_all(rel(dir_key))
+        .with_context(|| format!("creating the directory of {}", show(key)))
+}
+
+/// A permanent error naming the first component of directory `dir_key` of `dir` that is a
+/// symbolic link or something else that is not a directory; None when every component
+/// there is a directory (those missing are made by the caller).
+pub(super) fn in_the_way(dir: &Dir, dir_key: &str) -> Option<anyhow::Error> {
+    let mut at = String::new();
+    for c in dir_key.trim_end_matches('/').split('/') {
+        if !at.is_empty() {
+            at.push('/');
+        }
+        at.push_str(c);
+        match dir.symlink_metadata(rel(&at)) {
+            Ok(m) if m.is_symlink() => {
+                return Some(super::super::permanent(format!(
+                    "{} is a symbolic link where a directory is needed: jfs-sync never writes through links; remove it (or exclude that path) and run again",
+                    show(&at)
+                )))
+            }
+            Ok(m) if !m.is_dir() => {
+                return Some(super::super::permanent(format!(
+                    "{} is a file where a directory is needed; remove it (or exclude that path) and run again",
+                    show(&at)
+                )))
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    None
 }
 
 /// The mode a finished copy gets (see the module's doc).
@@ -136,14 +184,14 @@ impl Sink for LocalSink {
             // Not synced here: the run makes finished copies durable in batches (`sync`)
             // before it records them as done.
             s.dir
-                .rename(&s.tmp, &s.dir, rel(&s.key))
-                .with_context(|| format!("renaming into place: {}", s.key))?;
+                .rename(rel(&s.tmp), &s.dir, rel(&s.key))
+                .with_context(|| format!("renaming into place: {}", show(&s.key)))?;
             Ok(())
         })
         .await
     }
 
     async fn abort(self: Box<Self>) {
-        let _ = blocking(move || Ok(self.dir.remove_file(&self.tmp)?)).await;
+        let _ = blocking(move || Ok(self.dir.remove_file(rel(&self.tmp))?)).await;
     }
 }

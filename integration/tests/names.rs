@@ -1,0 +1,503 @@
+//! Names are bytes (issue 43, items 11, 14, 17 and 21), as a user meets them: a name holding
+//! any byte but `/` and NUL (0xff, a newline, an escape sequence) goes through `jfs put`,
+//! `jfs get` and `jfs-sync` byte for byte; a destination that cannot hold it (an object store)
+//! skips that entry, names it escaped and exits 1; an excluded directory changes nothing;
+//! nothing prints such a name raw. Also what get, put and jfs-sync report when a link is
+//! planted in the way or a run is repeated. Real binaries, separate processes.
+
+use integration::{bin, data};
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn run(name: &str, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Output {
+    let mut c = Command::new(bin(name));
+    c.args(args).stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run")
+}
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A volume "v": RocksDB metadata and a local block store under one temporary directory.
+struct Vol {
+    dir: tempfile::TempDir,
+    meta: String,
+}
+
+impl Vol {
+    fn new() -> Vol {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = format!("rocksdb://{}/meta", dir.path().display());
+        let store = format!("file://{}/s", dir.path().display());
+        let o = run(
+            "jfs",
+            &[
+                os("format"),
+                os(&meta),
+                os("v"),
+                os("--storage"),
+                os(&store),
+            ],
+            &[],
+        );
+        assert!(o.status.success(), "format: {}", err(&o));
+        Vol { dir, meta }
+    }
+    fn jfs(&self, args: &[&OsStr]) -> Output {
+        let mut a: Vec<&OsStr> = vec![args[0], os(&self.meta)];
+        a.extend_from_slice(&args[1..]);
+        run("jfs", &a, &[])
+    }
+    /// jfs-sync with this volume as `jfs://VOL/...` and its state in the volume's directory.
+    fn sync(&self, args: &[&OsStr]) -> Output {
+        run(
+            "jfs-sync",
+            args,
+            &[
+                ("VOL", os(&self.meta)),
+                ("XDG_CACHE_HOME", self.dir.path().join("cache").as_os_str()),
+            ],
+        )
+    }
+}
+
+/// What a tree holds, by relative path as bytes: a file's bytes, a link's target, or a
+/// directory.
+fn snapshot(root: &Path) -> BTreeMap<Vec<u8>, String> {
+    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<Vec<u8>, String>) {
+        for e in std::fs::read_dir(root.join(rel)).unwrap() {
+            let e = e.unwrap();
+            let r = rel.join(e.file_name());
+            let ft = e.file_type().unwrap();
+            let what = if ft.is_symlink() {
+                let t = std::fs::read_link(e.path()).unwrap();
+                format!("link {:?}", t.as_os_str().as_bytes())
+            } else if ft.is_dir() {
+                walk(root, &r, out);
+                "dir".to_string()
+            } else {
+                format!("file {:?}", std::fs::read(e.path()).unwrap())
+            };
+            out.insert(r.as_os_str().as_bytes().to_vec(), what);
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, Path::new(""), &mut out);
+    out
+}
+
+fn p(b: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(b))
+}
+
+/// A tree with names no UTF-8 string holds, a newline, an escape sequence, and a link whose
+/// target is not UTF-8.
+fn hostile_tree(root: &Path) {
+    std::fs::create_dir_all(root.join(p(b"d\xffir"))).unwrap();
+    std::fs::write(root.join(p(b"d\xffir/f\xfe")), data(1, 3000)).unwrap();
+    std::fs::write(root.join(p(b"new\nline")), b"a newline in the name").unwrap();
+    std::fs::write(root.join(p(b"esc\x1b[31mred")), b"an escape sequence").unwrap();
+    std::fs::write(root.join("plain"), b"plain").unwrap();
+    std::os::unix::fs::symlink(p(b"tar\xffget"), root.join(p(b"link\xff"))).unwrap();
+}
+
+#[test]
+fn names_of_any_bytes_go_put_volume_get_byte_identical() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let (src, out) = (t.path().join("src"), t.path().join("out"));
+    hostile_tree(&src);
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "put: {}", err(&o));
+    let o = v.jfs(&[os("get"), os("/t"), out.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "get: {}", err(&o));
+    assert_eq!(
+        snapshot(&out),
+        snapshot(&src),
+        "names and bytes as they were"
+    );
+    assert_eq!(snapshot(&src).len(), 6);
+
+    // `jfs ls` quotes names as `ls --quoting-style=shell-escape` does: no raw newline,
+    // escape byte or byte that is not UTF-8 inside a name.
+    for args in [
+        vec![os("ls"), os("/t")],
+        vec![os("ls"), os("-l"), os("-R"), os("/t")],
+    ] {
+        let o = v.jfs(&args);
+        assert_eq!(o.status.code(), Some(0), "ls: {}", err(&o));
+        let s = String::from_utf8(o.stdout).expect("ls output is UTF-8");
+        assert!(!s.contains('\x1b'), "{s:?}");
+        assert!(!s.contains("new\nline"), "{s:?}");
+        for want in [
+            "'new'$'\\n''line'",
+            "'esc'$'\\033''[31mred'",
+            "'d'$'\\377''ir'",
+            "'link'$'\\377'",
+        ] {
+            assert!(s.contains(want), "{want} in {s}");
+        }
+        if args.len() > 2 {
+            assert!(s.contains("'f'$'\\376'"), "{s}");
+            assert!(s.contains("-> 'tar'$'\\377''get'"), "{s}");
+        } else {
+            assert_eq!(s.lines().count(), 5, "one line a name: {s}");
+        }
+    }
+}
+
+#[test]
+fn names_of_any_bytes_go_dir_volume_dir_through_jfs_sync_byte_identical() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let (src, out) = (t.path().join("src"), t.path().join("out"));
+    hostile_tree(&src);
+    let o = v.sync(&[src.as_os_str(), os("jfs://VOL/s"), os("--links")]);
+    assert_eq!(o.status.code(), Some(0), "dir -> volume: {}", err(&o));
+    let o = v.sync(&[os("jfs://VOL/s"), out.as_os_str(), os("--links")]);
+    assert_eq!(o.status.code(), Some(0), "volume -> dir: {}", err(&o));
+    assert_eq!(snapshot(&out), snapshot(&src));
+    // A second run finds everything up to date, byte names included.
+    let o = v.sync(&[src.as_os_str(), os("jfs://VOL/s"), os("--links")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert!(err(&o).contains("copied 0, updated 0"), "{}", err(&o));
+}
+
+#[test]
+fn a_byte_name_in_an_excluded_directory_changes_nothing_and_delete_dst_runs() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(src.join("keep")).unwrap();
+    std::fs::write(src.join("keep/a"), b"kept").unwrap();
+    std::fs::create_dir_all(src.join(p(b"skip/sub\xff"))).unwrap();
+    std::fs::write(src.join(p(b"skip/\xff")), b"x").unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    std::fs::write(dst.join("stale"), b"deleted by --delete-dst").unwrap();
+    let o = run(
+        "jfs-sync",
+        &[
+            src.as_os_str(),
+            dst.as_os_str(),
+            os("--exclude"),
+            os("skip/"),
+            os("--delete-dst"),
+        ],
+        &[("XDG_CACHE_HOME", t.path().join("cache").as_os_str())],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(std::fs::read(dst.join("keep/a")).unwrap(), b"kept");
+    assert!(!dst.join("stale").exists(), "--delete-dst ran");
+    assert!(!dst.join("skip").exists());
+}
+
+/// Run `bin` as user nobody.
+fn as_nobody(name: &str, args: &[&OsStr], env: &[(&str, &OsStr)]) -> Output {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(bin(name))
+        .args(args)
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("setpriv")
+}
+
+#[test]
+fn an_excluded_directory_is_never_read() {
+    // Another user's backup of a shared tree: a directory it may not read, excluded, is not
+    // opened at all (it used to fail the whole run).
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (src, dst, cache) = (
+        t.path().join("src"),
+        t.path().join("dst"),
+        t.path().join("cache"),
+    );
+    std::fs::create_dir_all(src.join("pub")).unwrap();
+    std::fs::write(src.join("pub/a"), b"public").unwrap();
+    std::fs::create_dir_all(src.join("private")).unwrap();
+    std::fs::write(src.join("private/s"), b"secret").unwrap();
+    std::fs::set_permissions(src.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    for d in [&dst, &cache] {
+        std::fs::create_dir_all(d).unwrap();
+        std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+    }
+    let args = [src.as_os_str(), dst.as_os_str()];
+    let env = [("XDG_CACHE_HOME", cache.as_os_str())];
+    let o = as_nobody("jfs-sync", &args, &env);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "without --exclude it cannot read private/"
+    );
+    let o = as_nobody(
+        "jfs-sync",
+        &[args[0], args[1], os("--exclude"), os("private/")],
+        &env,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(std::fs::read(dst.join("pub/a")).unwrap(), b"public");
+    assert!(!dst.join("private").exists());
+}
+
+#[test]
+fn a_name_an_object_store_cannot_hold_is_skipped_named_escaped_with_exit_1() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, store) = (t.path().join("src"), t.path().join("store"));
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join(p(b"d/bad\xff")), b"x").unwrap();
+    std::fs::write(src.join("d/ok"), b"ok").unwrap();
+    std::fs::create_dir_all(&store).unwrap();
+    let url = format!("opendal+fs://?root={}", store.display());
+    let o = run(
+        "jfs-sync",
+        &[src.as_os_str(), os(&url)],
+        &[("XDG_CACHE_HOME", t.path().join("cache").as_os_str())],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", err(&o));
+    assert!(!o.stderr.contains(&0xff), "no raw byte printed");
+    assert!(
+        std::str::from_utf8(&o.stderr).is_ok(),
+        "messages are UTF-8: {}",
+        err(&o)
+    );
+    let e = err(&o);
+    assert!(
+        e.contains("'d/bad'$'\\377'") && e.contains("not UTF-8"),
+        "the entry is named, escaped, with why: {e}"
+    );
+    assert!(e.contains("failed 1"), "{e}");
+    assert_eq!(std::fs::read(store.join("d/ok")).unwrap(), b"ok");
+    assert_eq!(std::fs::read_dir(store.join("d")).unwrap().count(), 1);
+}
+
+#[test]
+fn readers_never_list_a_puts_temporaries_but_a_users_lookalike_stays() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let f = t.path().join("f");
+    std::fs::write(&f, b"data").unwrap();
+    // What a killed put leaves (exactly `tmp_name`'s form), and a user's own name that
+    // only looks like one.
+    let tmp = "/t/.f.jfs-tmp-4242-0badc0de";
+    let mine = "/t/.f.jfs-tmp-notours";
+    let o = v.jfs(&[os("mkdir"), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    for dest in ["/t/f", mine, tmp] {
+        let o = v.jfs(&[os("put"), f.as_os_str(), os(dest)]);
+        assert_eq!(o.status.code(), Some(0), "put {dest}: {}", err(&o));
+    }
+    let ls = v.jfs(&[os("ls"), os("/t")]);
+    let mut listed: Vec<_> = std::str::from_utf8(&ls.stdout).unwrap().lines().collect();
+    listed.sort();
+    assert_eq!(listed, [".f.jfs-tmp-notours", "f"], "{}", err(&ls));
+    let lsl = String::from_utf8_lossy(&v.jfs(&[os("ls"), os("-l"), os("-R"), os("/")]).stdout)
+        .into_owned();
+    assert!(
+        !lsl.contains("0badc0de") && lsl.contains("notours"),
+        "{lsl}"
+    );
+    // get and a jfs-sync export leave it out as well; the lookalike is copied.
+    for (i, how) in ["get", "sync"].iter().enumerate() {
+        let out = t.path().join(format!("out{i}"));
+        let o = if *how == "get" {
+            v.jfs(&[os("get"), os("/t"), out.as_os_str()])
+        } else {
+            v.sync(&[os("jfs://VOL/t"), out.as_os_str()])
+        };
+        assert_eq!(o.status.code(), Some(0), "{how}: {}", err(&o));
+        let mut names: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".f.jfs-tmp-notours", "f"], "{how}");
+    }
+}
+
+#[test]
+fn get_counts_a_planted_directory_link_as_failed_and_copies_the_rest() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let (src, out, elsewhere) = (
+        t.path().join("src"),
+        t.path().join("out"),
+        t.path().join("elsewhere"),
+    );
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/f"), b"under the link").unwrap();
+    std::fs::write(src.join("g"), b"beside it").unwrap();
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, out.join("sub")).unwrap();
+    let o = v.jfs(&[os("get"), os("/t"), out.as_os_str()]);
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(1), "a partial failure: {e}");
+    assert!(e.contains("1 failed"), "{e}");
+    assert!(e.contains("sub is a symbolic link"), "named: {e}");
+    assert_eq!(std::fs::read(out.join("g")).unwrap(), b"beside it");
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "not followed"
+    );
+}
+
+#[test]
+fn jfs_sync_at_a_planted_directory_link_fails_at_once_naming_it_and_never_follows_it() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/f"), b"small").unwrap();
+    std::fs::write(src.join("sub/big"), data(3, 6 << 20)).unwrap();
+    std::fs::write(src.join("g"), b"beside it").unwrap();
+    // A link inside the destination, leading to another directory of it.
+    std::fs::create_dir_all(dst.join("other")).unwrap();
+    std::os::unix::fs::symlink("other", dst.join("sub")).unwrap();
+    let t0 = std::time::Instant::now();
+    let o = run(
+        "jfs-sync",
+        &[src.as_os_str(), dst.as_os_str()],
+        &[("XDG_CACHE_HOME", t.path().join("cache").as_os_str())],
+    );
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("sub is a symbolic link where a directory is needed"),
+        "{e}"
+    );
+    assert!(!e.contains("File exists") && !e.contains("retrying"), "{e}");
+    assert!(e.contains("failed 2"), "{e}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "not retried"
+    );
+    assert_eq!(std::fs::read(dst.join("g")).unwrap(), b"beside it");
+    assert_eq!(
+        std::fs::read_dir(dst.join("other")).unwrap().count(),
+        0,
+        "nothing written through the link"
+    );
+}
+
+#[test]
+fn a_put_rerun_skips_complete_files() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), data(1, 100_000)).unwrap();
+    std::fs::write(src.join("b"), data(2, 200_000)).unwrap();
+    let put = || v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    let o = put();
+    assert!(
+        err(&o).contains("put: 2 files, 300000 bytes"),
+        "{}",
+        err(&o)
+    );
+    let o = put();
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert!(
+        err(&o).contains("put: 0 files, 0 bytes"),
+        "nothing re-uploaded: {}",
+        err(&o)
+    );
+    std::fs::write(src.join("b"), data(3, 200_001)).unwrap();
+    let o = put();
+    assert!(
+        err(&o).contains("put: 1 files, 200001 bytes"),
+        "{}",
+        err(&o)
+    );
+    let out = t.path().join("out");
+    let o = v.jfs(&[os("get"), os("/t"), out.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(snapshot(&out), snapshot(&src));
+}
+
+/// The block file in `store` holding exactly `bytes`.
+fn block_holding(store: &Path, bytes: &[u8]) -> Option<PathBuf> {
+    let mut stack = vec![store.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).ok()? {
+            let e = e.ok()?;
+            if e.file_type().ok()?.is_dir() {
+                stack.push(e.path());
+            } else if e.metadata().ok()?.len() == bytes.len() as u64
+                && std::fs::read(e.path()).ok()? == bytes
+            {
+                return Some(e.path());
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn get_counts_only_the_bytes_it_wrote() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let big = data(7, 12 << 20);
+    std::fs::write(src.join("big"), &big).unwrap();
+    std::fs::write(src.join("small"), b"12345").unwrap();
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    // The last of big's three blocks goes missing: its first 8 MiB are read, then it fails.
+    let block = block_holding(&v.dir.path().join("s"), &big[8 << 20..])
+        .expect("the block of big's last 4 MiB");
+    std::fs::remove_file(block).unwrap();
+    let o = v.jfs(&[os("get"), os("/t"), t.path().join("out").as_os_str()]);
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("get: 1 files, 5 bytes") && e.contains("1 failed"),
+        "only what was written: {e}"
+    );
+    assert!(!t.path().join("out/big").exists());
+}
+
+/// The mount lists names of any bytes as they are. (It still lists a put's temporaries: a
+/// put through the mount finds the ones a killed put left by listing the directory there.)
+#[test]
+fn the_mount_lists_byte_names_as_they_are() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    hostile_tree(&src);
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let m = integration::mountproc::Mount::start(&v.meta, t.path(), "mnt", &[]);
+    let mut want: Vec<Vec<u8>> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    want.sort();
+    let mut listed: Vec<Vec<u8>> = std::fs::read_dir(m.mp.join("t"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, want);
+    assert_eq!(
+        std::fs::read(m.mp.join("t").join(p(b"d\xffir/f\xfe"))).unwrap(),
+        data(1, 3000)
+    );
+    m.stop();
+}
