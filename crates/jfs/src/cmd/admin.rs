@@ -91,13 +91,16 @@ pub async fn format(
 }
 
 /// A local directory a command may create (a RocksDB volume's), as it was before: a failed
-/// `format` removes what it made there and nothing else.
+/// `format` or `load` removes what it made there and nothing else (the directories it
+/// created, or the contents of one that was there empty).
 struct MadeDir {
     dir: Option<std::path::PathBuf>,
     /// The highest missing ancestor of `dir` (or `dir` itself): all of it is the attempt's.
     top: Option<std::path::PathBuf>,
-    /// When `dir` was there: the names it held (a failed attempt removes only the others).
-    held: Option<std::collections::HashSet<std::ffi::OsString>>,
+    /// `dir` was there, empty: what a failed attempt leaves in it is its own. (One that held
+    /// anything is left as it is: a RocksDB opened there rewrites its own files, so no
+    /// newcomer among them can be told from a file it replaced.)
+    was_empty: bool,
 }
 
 impl MadeDir {
@@ -106,7 +109,7 @@ impl MadeDir {
             return MadeDir {
                 dir: None,
                 top: None,
-                held: None,
+                was_empty: false,
             };
         };
         let top = d
@@ -114,16 +117,12 @@ impl MadeDir {
             .take_while(|a| !a.as_os_str().is_empty() && std::fs::symlink_metadata(a).is_err())
             .last()
             .map(Path::to_path_buf);
-        let held = match &top {
-            Some(_) => None,
-            None => std::fs::read_dir(&d)
-                .ok()
-                .map(|rd| rd.flatten().map(|e| e.file_name()).collect()),
-        };
+        let was_empty =
+            top.is_none() && std::fs::read_dir(&d).is_ok_and(|mut rd| rd.next().is_none());
         MadeDir {
             dir: Some(d),
             top,
-            held,
+            was_empty,
         }
     }
 
@@ -133,13 +132,10 @@ impl MadeDir {
             let _ = std::fs::remove_dir_all(t);
             return;
         }
-        let (Some(d), Some(held)) = (&self.dir, &self.held) else {
+        let Some(d) = self.dir.as_ref().filter(|_| self.was_empty) else {
             return;
         };
         for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
-            if held.contains(&e.file_name()) {
-                continue;
-            }
             let p = e.path();
             let _ = match e.file_type() {
                 Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
@@ -240,7 +236,21 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
 /// refused while that metadata has live mounts (they would lose their writes), unless
 /// `take_over`; with `--block-store URL` the loaded volume uses that store (a copy of the
 /// blocks) and the source's is left alone.
-pub async fn load(
+pub async fn load(g: &Global, meta_url: &str, file: &Path, take_over: bool) -> Result<Outcome> {
+    // A refused or failed load leaves no metadata directory it made (as `format`).
+    let made = MadeDir::before(meta::local_dir(meta_url));
+    let r = async {
+        let engine = super::open_engine_with(g, meta_url, false, true).await?;
+        load_into(g, &*engine, file, take_over).await
+    }
+    .await;
+    if r.is_err() {
+        made.undo();
+    }
+    r
+}
+
+async fn load_into(
     g: &Global,
     engine: &dyn Engine,
     file: &Path,

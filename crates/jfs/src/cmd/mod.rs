@@ -208,15 +208,7 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             meta_url,
             file,
             take_over,
-        } => {
-            admin::load(
-                g,
-                &*open_engine_with(g, &meta_url, false, true).await?,
-                &file,
-                take_over,
-            )
-            .await
-        }
+        } => admin::load(g, &meta_url, &file, take_over).await,
         Command::Fsck {
             meta_url,
             deep,
