@@ -266,7 +266,7 @@ fn fsck_names_each_broken_block_once_and_repairs_from_a_good_copy() {
 
     // A copy that is damaged too is refused and named; nothing changes.
     let before = std::fs::read(store.join(&ka)).unwrap();
-    let o = jfs(&["fsck", "--deep", &meta, "--repair-from", &env[1].1]);
+    let o = jfs(&["fsck", "--deep", &meta, "--repair-from", env[1].1]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let out = text(&o);
     assert!(
