@@ -803,6 +803,7 @@ fn a_dump() -> impl Strategy<Value = Dump> {
                 storage: None,
                 audit: vec![],
                 epoch: None,
+                source: None,
             }
         })
 }
@@ -1002,6 +1003,7 @@ fn small_dump() -> Dump {
         storage: None,
         audit: vec![],
         epoch: None,
+        source: None,
     }
 }
 

@@ -122,13 +122,45 @@ async fn status_h(State(a): State<Admin>) -> impl IntoResponse {
 
 fn status_doc(a: &Admin) -> serde_json::Value {
     let mut v = a.metrics.status();
+    let workers = a.workers.status();
+    // A mirror's pending copies: the block copier's own count (the copies in flight are
+    // still queued until verified) when it is the larger. The figures the status worker
+    // last wrote may be older, or stuck while its refresh fails: they said "0 pending"
+    // while the copier listed copies in flight and queued.
+    let copier = workers
+        .iter()
+        .filter(|w| w.name == COPIER)
+        .find_map(|w| w.status.queue_length);
+    if let (Some(q), Some(b)) = (copier, v.get_mut("blocks").and_then(|b| b.as_object_mut())) {
+        if b.get("pending")
+            .and_then(|p| p.as_u64())
+            .is_none_or(|p| p < q)
+        {
+            b.insert("pending".into(), q.into());
+        }
+    }
     if let Some(o) = v.as_object_mut() {
         o.insert(
             "workers".into(),
-            serde_json::to_value(a.workers.status()).unwrap_or_default(),
+            serde_json::to_value(workers).unwrap_or_default(),
         );
     }
     v
+}
+
+/// The block copier's worker name (`blocks::Copier`).
+const COPIER: &str = "block copier";
+
+/// The answer to a change of the copy limits, in words.
+fn limits_line(bytes_per_s: Option<u64>, requests_per_s: Option<u32>) -> String {
+    let bw = match bytes_per_s {
+        None => "unlimited".to_string(),
+        Some(b) if b >= 1 << 20 => format!("{:.1} MiB/s", b as f64 / (1u64 << 20) as f64),
+        Some(b) if b >= 1 << 10 => format!("{:.1} KiB/s", b as f64 / 1024.0),
+        Some(b) => format!("{b} bytes/s"),
+    };
+    let tps = requests_per_s.map_or("unlimited".to_string(), |t| format!("{t} a second"));
+    format!("copy limits now: bandwidth {bw}, requests {tps}\n")
 }
 
 async fn limits_h(
@@ -176,14 +208,7 @@ async fn limits_h(
     l.set(bw, tps);
     let (b, t) = l.current();
     tracing::info!(bytes_per_s = ?b, requests_per_s = ?t, "copy limits changed");
-    (
-        StatusCode::OK,
-        format!(
-            "{{\"bytes_per_s\":{},\"requests_per_s\":{}}}\n",
-            json_opt(b),
-            json_opt(t.map(u64::from))
-        ),
-    )
+    (StatusCode::OK, limits_line(b, t))
 }
 
 async fn drop_slot_h(
@@ -220,10 +245,6 @@ async fn resync_h(State(a): State<Admin>, headers: HeaderMap) -> (StatusCode, St
         Ok(msg) => (StatusCode::OK, format!("{msg}\n")),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")),
     }
-}
-
-fn json_opt(v: Option<u64>) -> String {
-    v.map_or("null".into(), |v| v.to_string())
 }
 
 #[cfg(test)]
@@ -269,6 +290,74 @@ mod tests {
             .shutdown(std::time::Duration::from_secs(1))
             .await
             .is_empty());
+    }
+
+    /// A copier that reports copies queued (in flight among them).
+    struct Copying;
+
+    #[async_trait::async_trait]
+    impl Worker for Copying {
+        fn name(&self) -> String {
+            super::COPIER.into()
+        }
+        async fn work(&mut self, _: &CancellationToken) -> anyhow::Result<WorkerState> {
+            Ok(WorkerState::Idle)
+        }
+        async fn wait_for_work(&mut self) -> WorkerState {
+            std::future::pending().await
+        }
+        fn status(&self) -> background::WorkerStatus {
+            background::WorkerStatus {
+                progress: Some("3 copies in flight".into()),
+                queue_length: Some(7),
+                ..Default::default()
+            }
+        }
+    }
+
+    /// The status says as many copies pending as the copier holds (in flight and queued),
+    /// even when the figures the status worker wrote say none.
+    #[tokio::test]
+    async fn pending_counts_the_copies_the_copier_holds() {
+        let workers = std::sync::Arc::new(Supervisor::new(CancellationToken::new()));
+        workers.spawn(Copying);
+        let a = super::Admin {
+            metrics: std::sync::Arc::new(crate::metrics::Metrics::new(false)),
+            token: None,
+            limits: None,
+            slots: None,
+            resync: None,
+            workers: workers.clone(),
+        };
+        a.metrics.set_status(
+            serde_json::json!({"role": "mirror", "blocks": {"pending": 0, "copied": 2}}),
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let v = super::status_doc(&a);
+        assert_eq!(v["blocks"]["pending"], 7, "{v}");
+        assert_eq!(v["blocks"]["copied"], 2, "{v}");
+        // A status worker that counted more (newer than the copier's word) is kept.
+        a.metrics
+            .set_status(serde_json::json!({"role": "mirror", "blocks": {"pending": 9}}));
+        assert_eq!(super::status_doc(&a)["blocks"]["pending"], 9);
+        workers.shutdown(std::time::Duration::from_secs(1)).await;
+    }
+
+    /// `mirror-agent limits` prints its answer in words, not a raw JSON line.
+    #[test]
+    fn the_limits_answer_is_words() {
+        assert_eq!(
+            super::limits_line(None, None),
+            "copy limits now: bandwidth unlimited, requests unlimited\n"
+        );
+        assert_eq!(
+            super::limits_line(Some(50 << 20), Some(100)),
+            "copy limits now: bandwidth 50.0 MiB/s, requests 100 a second\n"
+        );
+        assert_eq!(
+            super::limits_line(Some(1024), None),
+            "copy limits now: bandwidth 1.0 KiB/s, requests unlimited\n"
+        );
     }
 
     #[test]

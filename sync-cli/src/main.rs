@@ -748,17 +748,25 @@ async fn check(a: crate::cli::CheckArgs) -> Result<i32> {
     if a.common.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
+        for u in &r.unreadable_files {
+            cli_common::eprintln!("jfs-sync check: {}: unreadable, {}", u.key, u.error);
+        }
         cli_common::eprintln!(
-            "jfs-sync check: {} same, {} missing, {} differing, {} extra",
+            "jfs-sync check: {} same, {} missing, {} differing, {} extra{}",
             r.same,
             r.missing,
             r.differing,
-            r.extra
+            r.extra,
+            if r.unreadable > 0 {
+                format!(", {} unreadable (named above)", r.unreadable)
+            } else {
+                String::new()
+            }
         );
     }
     // Extra objects are a difference too: the two sides are not the same (rclone's `check`
-    // counts them the same way).
-    Ok(if r.missing + r.differing + r.extra > 0 {
+    // counts them the same way). An unreadable file could not be compared.
+    Ok(if r.missing + r.differing + r.extra + r.unreadable > 0 {
         1
     } else {
         0

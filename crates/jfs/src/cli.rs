@@ -358,8 +358,18 @@ pub enum Command {
         meta_url: String,
         file: Option<PathBuf>,
     },
-    /// Load a JSON dump into an empty metadata engine.
-    Load { meta_url: String, file: PathBuf },
+    /// Load a JSON dump into an empty metadata engine, which then holds the volume's store:
+    /// the metadata the dump came from can no longer write there. Refused while that metadata
+    /// has live mounts, unless --take-over; with --block-store URL the loaded volume uses
+    /// that store (a copy of the blocks) and the source's store is left alone.
+    Load {
+        meta_url: String,
+        file: PathBuf,
+        /// Take the store over even though the volume the dump came from has live mounts
+        /// (or cannot be checked): stop them first, their writes are refused from then on.
+        #[arg(long)]
+        take_over: bool,
+    },
     /// Check that every block the metadata references exists with the right length (and,
     /// on a format-2 volume, that its slice records checksums). Exits 1 when any is broken,
     /// naming the files. At a mirror site it checks the mirror's own store (no fallback).
@@ -369,6 +379,12 @@ pub enum Command {
         /// its length): finds blocks damaged at rest, at the cost of reading the volume.
         #[arg(long)]
         deep: bool,
+        /// With --deep: mend each missing or damaged block from this store (a mirror's, or a
+        /// backup's): its copy there is read, checked against the block's recorded CRC32C and
+        /// length, and written to the volume's store only if it checks; a copy that does not
+        /// is refused and named.
+        #[arg(long, value_name = "STORE_URL", requires = "deep")]
+        repair_from: Option<String>,
         #[arg(long)]
         json: bool,
     },

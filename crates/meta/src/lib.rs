@@ -58,7 +58,9 @@ mod rocks;
 
 pub use postgres::{pool_builder as pg_pool_builder, PgEngine};
 pub use redis_engine::RedisEngine;
-pub use rocks::{base_options, check_room, RocksEngine, RocksMode, DISK_FLOOR};
+pub use rocks::{
+    base_options, check_room, check_writer_room, RocksEngine, RocksMode, DISK_FLOOR, WRITER_NEED,
+};
 
 use fs_core::error::{Error, ErrorKind, Result};
 use fs_core::Engine;
@@ -395,6 +397,11 @@ pub async fn open(url: &str, opts: &OpenOptions) -> Result<Arc<dyn Engine>> {
     match scheme {
         "rocksdb" => {
             let (path, sync) = rocks_path(url, opts.create)?;
+            // Before its parents are made: a disk too small for a writer gets nothing.
+            if !opts.read_only {
+                localdir::check_writer_room(&path)
+                    .map_err(|m| Error::new(ErrorKind::NoSpace, m))?;
+            }
             if opts.create {
                 if let Some(parent) = path.parent() {
                     localdir::create_private_dirs(parent).map_err(|e| {

@@ -30,6 +30,67 @@ pub fn check_room(dir: &Path, need: u64) -> std::result::Result<(), String> {
     }
 }
 
+/// What RocksDB (7.8) sets aside on disk as a writer opens, from the options this project
+/// opens it with (`RocksEngine::open`): the write-ahead log is preallocated (fallocate,
+/// keeping its size) a block at a time at its first write, a block being 1.1 x the largest
+/// `write_buffer_size` capped by `max_total_wal_size` (`WAL_PREALLOC`); the MANIFEST by
+/// `manifest_preallocation_size`. Both come out of the free room `check_room` sees, so a
+/// writer that opened with less than this plus `DISK_FLOOR` free found every write after its
+/// first refused ("disk full").
+pub const WRITE_BUFFER: u64 = 64 << 20;
+pub const MANIFEST_PREALLOC: u64 = 4 << 20;
+pub const WAL_PREALLOC: u64 = {
+    let b = WRITE_BUFFER + WRITE_BUFFER / 10;
+    if b < crate::rocks::WAL_BOUND {
+        b
+    } else {
+        crate::rocks::WAL_BOUND
+    }
+};
+/// The free room a RocksDB writer needs when it opens: what it preallocates and the floor.
+pub const WRITER_NEED: u64 = WAL_PREALLOC + MANIFEST_PREALLOC + DISK_FLOOR;
+
+/// Err (the message) when the file system that holds, or will hold, the RocksDB directory
+/// `dir` has less free room than a writer needs (`WRITER_NEED`). It looks at the nearest
+/// directory that exists, so it runs before anything is created; one that cannot be
+/// examined passes (the writes then report).
+pub fn check_writer_room(dir: &Path) -> std::result::Result<(), String> {
+    let Some(at) = dir.ancestors().find(|a| a.is_dir()) else {
+        return Ok(());
+    };
+    let Ok(s) = rustix::fs::statvfs(at) else {
+        return Ok(());
+    };
+    let free = s.f_bavail.saturating_mul(s.f_frsize);
+    if free >= WRITER_NEED {
+        return Ok(());
+    }
+    Err(format!(
+        "metadata disk too small: {} (the file system mounted at {}) has {} MiB free, and a RocksDB volume's writer needs {} MiB there: {} MiB its write-ahead log preallocates, {} MiB for its manifest, and the {} MiB kept free so that no write meets a full disk. Make room there or put the metadata on a larger disk (nothing was written)",
+        dir.display(),
+        mount_point(at).display(),
+        free >> 20,
+        WRITER_NEED >> 20,
+        WAL_PREALLOC >> 20,
+        MANIFEST_PREALLOC >> 20,
+        DISK_FLOOR >> 20,
+    ))
+}
+
+/// The mount point of the file system holding `dir`: its highest ancestor on the same device.
+fn mount_point(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let Ok(dev) = std::fs::metadata(&dir).map(|m| m.dev()) else {
+        return dir;
+    };
+    dir.ancestors()
+        .take_while(|a| std::fs::metadata(a).is_ok_and(|m| m.dev() == dev))
+        .last()
+        .unwrap_or(&dir)
+        .to_path_buf()
+}
+
 /// Create `dir` and its missing parents owner-only (0700, whatever the umask): whoever can
 /// read a volume's metadata can read every name and, with its store, every byte.
 pub(crate) fn create_private_dirs(dir: &Path) -> std::io::Result<()> {

@@ -145,6 +145,17 @@ pub(crate) fn map_err(e: redis::RedisError, what: &str) -> Error {
     if msg.contains("without any password configured") {
         return no_password_wanted(what);
     }
+    // Selecting a database is the first command the client sends: a server that wants a
+    // password refuses it ("refused to switch database" is all the client library says).
+    if msg.contains("refused to switch database") && !msg.contains("NOPERM") {
+        if msg.contains("out of range") {
+            return Error::new(
+                ErrorKind::Config,
+                format!("redis {what}: this Redis has no such database (the number after the port in the META URL is past its `databases` setting): use one it has, e.g. /1"),
+            );
+        }
+        return password_needed(what);
+    }
     if e.kind() == redis::ErrorKind::AuthenticationFailed
         || msg.contains("NOAUTH")
         || msg.contains("WRONGPASS")
@@ -159,6 +170,14 @@ pub(crate) fn map_err(e: redis::RedisError, what: &str) -> Error {
     } else {
         Error::new(ErrorKind::Backend, msg)
     }
+}
+
+/// A Redis that needs a password, reached without one.
+fn password_needed(what: &str) -> Error {
+    Error::new(
+        ErrorKind::PermissionDenied,
+        format!("redis {what}: this Redis needs a password and none was given: set {} to it, or give --meta-password-file FILE, or name the variable that holds it in the META URL with ?password_env=VAR (never the password itself)", crate::PASSWORD_ENV),
+    )
 }
 
 /// A password sent to a Redis that has none.
@@ -198,6 +217,10 @@ impl RedisEngine {
             // The client library keeps no word of why a password was refused: a server with no
             // password at all refuses any (one meant for another URL, e.g. JFS_META_PASSWORD
             // set for a job engine). Say so when that is the case.
+            // None sent to one that wants it (NOAUTH at PING): say that, not "check it".
+            if !sent_password && err.kind() == ErrorKind::PermissionDenied {
+                err = password_needed(&format!("connecting to {display}"));
+            }
             if sent_password && err.kind() == ErrorKind::PermissionDenied {
                 if let Ok(c) = redis::Client::open(bare) {
                     let open = async {

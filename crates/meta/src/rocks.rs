@@ -22,7 +22,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::localdir::{aux_write, io_err, lock_holder};
-pub use crate::localdir::{check_room, DISK_FLOOR};
+pub use crate::localdir::{check_room, check_writer_room, DISK_FLOOR, WRITER_NEED};
+use crate::localdir::{MANIFEST_PREALLOC, WRITE_BUFFER};
 
 const CF_JOURNAL: &str = "journal";
 const CF_META: &str = "meta";
@@ -57,6 +58,10 @@ pub fn base_options() -> Options {
     // than sixteen started and stopped per column family.
     o.set_skip_stats_update_on_db_open(true);
     o.set_max_file_opening_threads(4);
+    // RocksDB's defaults, set here because the room a writer needs at open is computed from
+    // them (`localdir::WRITER_NEED`).
+    o.set_write_buffer_size(WRITE_BUFFER as usize);
+    o.set_manifest_preallocation_size(MANIFEST_PREALLOC as usize);
     o
 }
 
@@ -309,6 +314,11 @@ impl RocksEngine {
         // The writer's logs before a secondary opens: a change after this, even during the
         // open, makes its first catch-up open it anew (see `catch_up`).
         let logs = wal_numbers(path);
+        // A writer preallocates its log and manifest at once: on a disk without room for
+        // them and the floor, it would open and then refuse every write after its first.
+        if mode == RocksMode::ReadWrite {
+            check_writer_room(path).map_err(|m| Error::new(ErrorKind::NoSpace, m))?;
+        }
         // RocksDB would create a missing directory itself, open to the umask (0755): the
         // metadata names every file and maps its blocks, so it is made owner-only first.
         if create && mode == RocksMode::ReadWrite && !path.exists() {
@@ -360,6 +370,19 @@ impl RocksEngine {
                         ErrorKind::Busy,
                         format!("{} is open for writing by another process{} (one process writes a RocksDB volume; readers open it read-only); stop that process or go through it (a mount: write through its mount point)", path.display(), lock_holder(path).map_or(String::new(), |h| format!(", {h}"))),
                     ))
+                }
+                // The directory can be read but not written (a volume made before its
+                // directory was owner-only, or opened up by hand): RocksDB's own message
+                // only names its `LOG` file.
+                Err(e) if e.as_ref().contains("Permission denied") => {
+                    use std::os::unix::fs::MetadataExt;
+                    let owner = std::fs::metadata(path)
+                        .map(|m| format!(" (uid {}, mode {:04o})", m.uid(), m.mode() & 0o7777))
+                        .unwrap_or_default();
+                    return Err(Error::new(
+                        ErrorKind::PermissionDenied,
+                        format!("{}: Permission denied: only the owner of a volume's metadata{owner} may write it (uid {} may not); run this as that user or root (sudo), or write through a mount of the volume", path.display(), std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())),
+                    ));
                 }
                 Err(e) => return Err(err(e, &format!("opening {}", path.display()))),
             },

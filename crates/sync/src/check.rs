@@ -1,4 +1,7 @@
 //! `jfs-sync check SRC DST`: which keys are missing at DST, which differ, which are extra.
+//! With `--download`, a file that cannot be read on either side (a damaged or missing block
+//! of a volume, an I/O error) is listed as unreadable, naming it and why, and the check goes
+//! on with the others.
 
 use crate::copy::checksum;
 use crate::endpoint::{Endpoint, Entry, Kind};
@@ -16,8 +19,19 @@ pub struct CheckReport {
     pub differing: u64,
     pub extra: u64,
     pub checked_bytes: u64,
+    /// Files whose bytes could not be read on one side (`--download`).
+    pub unreadable: u64,
     #[serde(skip)]
     pub keys: Vec<(String, &'static str)>,
+    /// Each unreadable file: its key and why (which side, the error).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable_files: Vec<Unreadable>,
+}
+
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    pub key: String,
+    pub error: String,
 }
 
 async fn next(
@@ -86,20 +100,35 @@ pub async fn check(
         }
     }
     let limits = Limits::new(None, None)?;
-    let results: Vec<Result<(Entry, bool)>> =
+    // Each file's outcome: equal or not, or why one side could not be read.
+    let results: Vec<(Entry, std::result::Result<bool, String>)> =
         futures::stream::iter(same_size.into_iter().map(|e| {
             let (src, dst, limits) = (&src, &dst, &limits);
             async move {
-                let a = checksum(&**src, &e.key, e.size, limits).await?;
-                let b = checksum(&**dst, &e.key, e.size, limits).await?;
-                Ok((e, a == b))
+                let a = match checksum(&**src, &e.key, e.size, limits).await {
+                    Ok(a) => a,
+                    Err(err) => return (e, Err(format!("reading the source: {err:#}"))),
+                };
+                let b = match checksum(&**dst, &e.key, e.size, limits).await {
+                    Ok(b) => b,
+                    Err(err) => return (e, Err(format!("reading the destination: {err:#}"))),
+                };
+                (e, Ok(a == b))
             }
         }))
         .buffer_unordered(threads.max(1))
         .collect()
         .await;
-    for res in results {
-        let (e, equal) = res?;
+    for (e, res) in results {
+        let equal = match res {
+            Ok(equal) => equal,
+            Err(error) => {
+                r.unreadable += 1;
+                r.keys.push((e.key.clone(), "unreadable"));
+                r.unreadable_files.push(Unreadable { key: e.key, error });
+                continue;
+            }
+        };
         r.checked_bytes += 2 * e.size;
         if equal {
             r.same += 1;
@@ -109,5 +138,6 @@ pub async fn check(
         }
     }
     r.keys.sort();
+    r.unreadable_files.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(r)
 }

@@ -106,6 +106,11 @@ pub struct Dump {
     /// The primary epoch (absent: never promoted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<crate::site::Epoch>,
+    /// The metadata the dump was taken from (its URL as shown, no password; `jfs dump` sets
+    /// it): `jfs load` looks there for live mounts before it takes the volume's store over
+    /// (absent: a dump of an older jfs, or one made by a program).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
@@ -210,6 +215,7 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
         storage,
         audit,
         epoch,
+        source: None,
     })
 }
 

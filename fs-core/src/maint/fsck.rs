@@ -1,5 +1,8 @@
 //! `jfs fsck`: every block the metadata references exists with the length its key says (and,
-//! `deep`, matches its checksum); nothing is changed.
+//! `deep`, matches its checksum); nothing is changed. Each broken block is reported once,
+//! with what is wrong in words ("missing", "damaged: ...", no checksum record) and what a
+//! good copy must match (its length, and its recorded CRC32C), so that a repair
+//! (`jfs fsck --repair-from`) can check a copy before it writes it.
 
 use super::PAGE;
 use crate::error::{corrupt, ErrorKind, Result};
@@ -16,7 +19,16 @@ pub struct BrokenBlock {
     pub ino: Ino,
     pub path: String,
     pub key: String,
+    /// What is wrong, without the block's name: "missing", "damaged: ...", or the slice's
+    /// checksum record is missing.
     pub problem: String,
+    /// The length its key says.
+    pub len: u32,
+    /// The CRC32C its slice recorded (format 2).
+    pub crc: Option<u32>,
+    /// A good copy of the block would mend it (false: its slice has no checksum record, so
+    /// no copy can be checked).
+    pub repairable: bool,
 }
 
 #[derive(Serialize, Debug, Clone, Default)]
@@ -26,13 +38,59 @@ pub struct FsckReport {
     pub broken: Vec<BrokenBlock>,
 }
 
+/// What is wrong with block `key` at `store`, in words, when its length is to be `len` and
+/// its CRC32C `crc`: "missing", "damaged: ..." (its length, or its checksum against the
+/// recorded one), or None when the copy there checks.
+pub async fn describe(
+    store: &dyn crate::store::BlockStore,
+    key: &str,
+    len: u32,
+    crc: Option<u32>,
+) -> Result<Option<String>> {
+    match store.head(key).await? {
+        None => return Ok(Some("missing".into())),
+        Some(m) if m.size != len as u64 => {
+            return Ok(Some(format!(
+                "damaged: it has {} bytes, its key says {len}",
+                m.size
+            )))
+        }
+        Some(_) => {}
+    }
+    let b = match store.get(key).await {
+        Ok(b) => b,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Some("missing".into())),
+        Err(e) if e.kind() == ErrorKind::Corrupt => {
+            return Ok(Some(format!(
+                "damaged: {}",
+                e.message().replace(&format!("block {key} "), "")
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    if b.len() != len as usize {
+        return Ok(Some(format!(
+            "damaged: it has {} bytes, its key says {len}",
+            b.len()
+        )));
+    }
+    Ok(match crc {
+        Some(want) if crc32c::crc32c(&b) != want => Some(format!(
+            "damaged: fails its checksum (CRC32C {:08x}, its slice recorded {want:08x})",
+            crc32c::crc32c(&b)
+        )),
+        _ => None,
+    })
+}
+
 impl Fs {
     /// Check that every block the metadata references exists with the length its key says
     /// and, on a format-2 volume, that its slice has its checksum record. `deep`: read every
     /// block and check it against its checksum (on a format-1 volume, its length).
     pub async fn fsck(&self, deep: bool) -> Result<FsckReport> {
         let mut report = FsckReport::default();
-        let mut bad: Vec<(Ino, String, String)> = Vec::new();
+        // (inode, key, problem, length, checksum, repairable)
+        let mut bad: Vec<(Ino, String, String, u32, Option<u32>, bool)> = Vec::new();
         let mut from = keys::INODE_PREFIX.to_vec();
         let end = keys::prefix_end(keys::INODE_PREFIX);
         let mut last_ino = 0;
@@ -69,12 +127,8 @@ impl Fs {
                 if self.settings.checksums() {
                     let n = r.size.div_ceil(bs) as usize;
                     if crcs.is_none_or(|c| c.len() != n) {
-                        let key = keys::block_key(
-                            &self.settings.name,
-                            r.id,
-                            0,
-                            keys::block_len(r.size, bs, 0),
-                        );
+                        let len = keys::block_len(r.size, bs, 0);
+                        let key = keys::block_key(&self.settings.name, r.id, 0, len);
                         bad.push((
                             *ino,
                             key,
@@ -82,6 +136,9 @@ impl Fs {
                                 "slice {} has no valid checksum record (reads of it fail)",
                                 r.id
                             ),
+                            len,
+                            None,
+                            false,
                         ));
                         continue;
                     }
@@ -105,31 +162,40 @@ impl Fs {
                     let r = if deep {
                         match self.store.get_block(&key, BlockCheck { len, crc }).await {
                             Ok(_) => Ok(None),
-                            Err(e) if e.kind() == ErrorKind::NotFound => {
-                                Ok(Some("missing".to_string()))
-                            }
-                            Err(e) if e.kind() == ErrorKind::Corrupt => Ok(Some(e.to_string())),
-                            Err(e) => Err(e),
+                            // Looked at again as it is, to say what is wrong with it (a
+                            // damaged copy some layer would not hand out reads as absent).
+                            Err(e) => match describe(&*self.store, &key, len, crc).await {
+                                Ok(Some(d)) => Ok(Some(d)),
+                                _ if e.kind() == ErrorKind::NotFound => {
+                                    Ok(Some("missing".to_string()))
+                                }
+                                _ if e.kind() == ErrorKind::Corrupt => Ok(Some(format!(
+                                    "damaged: {}",
+                                    e.message().replace(&format!("block {key} "), "")
+                                ))),
+                                _ => Err(e),
+                            },
                         }
                     } else {
                         match self.store.head(&key).await {
                             Ok(Some(m)) if m.size == len as u64 => Ok(None),
-                            Ok(Some(m)) => {
-                                Ok(Some(format!("has {} bytes, expected {len}", m.size)))
-                            }
+                            Ok(Some(m)) => Ok(Some(format!(
+                                "damaged: it has {} bytes, its key says {len}",
+                                m.size
+                            ))),
                             Ok(None) => Ok(Some("missing".to_string())),
                             Err(e) => Err(e),
                         }
                     };
-                    (key, ino, r)
+                    (key, ino, len, crc, r)
                 }))
                 .buffer_unordered(if deep { 8 } else { 32 })
                 .collect()
                 .await;
-            for (key, ino, r) in results {
+            for (key, ino, len, crc, r) in results {
                 match r {
                     Ok(None) => {}
-                    Ok(Some(problem)) => bad.push((ino, key, problem)),
+                    Ok(Some(problem)) => bad.push((ino, key, problem, len, crc, true)),
                     Err(e) => return Err(e.context(format!("checking block {key}"))),
                 }
             }
@@ -140,7 +206,7 @@ impl Fs {
         bad.sort();
         let inos: Vec<Ino> = bad.iter().map(|b| b.0).collect();
         let paths = self.paths_of(&inos).await;
-        for (ino, key, problem) in bad {
+        for (ino, key, problem, len, crc, repairable) in bad {
             let path = paths
                 .get(&ino)
                 .cloned()
@@ -150,6 +216,9 @@ impl Fs {
                 path,
                 key,
                 problem,
+                len,
+                crc,
+                repairable,
             });
         }
         Ok(report)

@@ -44,6 +44,8 @@ pub async fn format(
                 .collect()
         })
         .unwrap_or_default();
+    // Likewise the metadata's local directory (RocksDB): what this attempt would make.
+    let meta_made = MadeDir::before(meta::local_dir(meta_url));
     let made = async {
         let store = volume::create_store(storage, g.endpoint.as_deref())
             .with_context(|| format!("opening the storage {storage}"))?;
@@ -73,6 +75,7 @@ pub async fn format(
             for d in &made_dirs {
                 let _ = std::fs::remove_dir(d);
             }
+            meta_made.undo();
             return Err(e);
         }
     };
@@ -85,6 +88,61 @@ pub async fn format(
         storage
     );
     Ok(Outcome::Done)
+}
+
+/// A local directory a command may create (a RocksDB volume's), as it was before: a failed
+/// `format` or `load` removes what it made there and nothing else (the directories it
+/// created, or the contents of one that was there empty).
+struct MadeDir {
+    dir: Option<std::path::PathBuf>,
+    /// The highest missing ancestor of `dir` (or `dir` itself): all of it is the attempt's.
+    top: Option<std::path::PathBuf>,
+    /// `dir` was there, empty: what a failed attempt leaves in it is its own. (One that held
+    /// anything is left as it is: a RocksDB opened there rewrites its own files, so no
+    /// newcomer among them can be told from a file it replaced.)
+    was_empty: bool,
+}
+
+impl MadeDir {
+    fn before(dir: Option<std::path::PathBuf>) -> MadeDir {
+        let Some(d) = dir else {
+            return MadeDir {
+                dir: None,
+                top: None,
+                was_empty: false,
+            };
+        };
+        let top = d
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && std::fs::symlink_metadata(a).is_err())
+            .last()
+            .map(Path::to_path_buf);
+        let was_empty =
+            top.is_none() && std::fs::read_dir(&d).is_ok_and(|mut rd| rd.next().is_none());
+        MadeDir {
+            dir: Some(d),
+            top,
+            was_empty,
+        }
+    }
+
+    /// Remove what was made since `before` (the engine is closed by then).
+    fn undo(&self) {
+        if let Some(t) = &self.top {
+            let _ = std::fs::remove_dir_all(t);
+            return;
+        }
+        let Some(d) = self.dir.as_ref().filter(|_| self.was_empty) else {
+            return;
+        };
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let _ = match e.file_type() {
+                Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
+                _ => std::fs::remove_file(&p),
+            };
+        }
+    }
 }
 
 /// Refuse to format metadata that already holds a volume, naming it (read-only: creates
@@ -112,7 +170,9 @@ async fn already_formatted(g: &Global, meta_url: &str) -> Result<()> {
 }
 
 pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
-    let d = maint::dump(engine).await.context("dumping metadata")?;
+    let mut d = maint::dump(engine).await.context("dumping metadata")?;
+    // Where it came from: `jfs load` looks there for live mounts before a take-over.
+    d.source = Some(engine.display_url());
     match file {
         Some(f) => {
             if f.is_dir() {
@@ -172,19 +232,62 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
 
 /// Load a dump into empty metadata, which then holds the volume's store: the metadata the
 /// dump was taken from is refused as a writer from then on (its mounts at their next start,
-/// its gc at once), so that the two never write or delete each other's blocks.
-pub async fn load(engine: &dyn Engine, file: &Path, endpoint: Option<&str>) -> Result<Outcome> {
+/// its gc at once), so that the two never write or delete each other's blocks. So the load is
+/// refused while that metadata has live mounts (they would lose their writes), unless
+/// `take_over`; with `--block-store URL` the loaded volume uses that store (a copy of the
+/// blocks) and the source's is left alone.
+pub async fn load(g: &Global, meta_url: &str, file: &Path, take_over: bool) -> Result<Outcome> {
+    // A refused or failed load leaves no metadata directory it made (as `format`).
+    let made = MadeDir::before(meta::local_dir(meta_url));
+    let r = async {
+        let engine = super::open_engine_with(g, meta_url, false, true).await?;
+        load_into(g, &*engine, file, take_over).await
+    }
+    .await;
+    if r.is_err() {
+        made.undo();
+    }
+    r
+}
+
+async fn load_into(
+    g: &Global,
+    engine: &dyn Engine,
+    file: &Path,
+    take_over: bool,
+) -> Result<Outcome> {
     volume::check_site(engine, volume::Access::Write, true).await?;
     let raw = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-    let d: maint::Dump = serde_json::from_slice(&raw)
+    let mut d: maint::Dump = serde_json::from_slice(&raw)
         .with_context(|| format!("{} is not a jfs dump", file.display()))?;
+    let other_store = g.storage.clone().filter(|u| *u != d.setting.storage);
+    if let Some(url) = &other_store {
+        // The loaded volume's blocks are in `url`: its settings and storage record say so.
+        if let Some(st) = &mut d.storage {
+            match &st.phase {
+                fs_core::storage::Phase::Single { .. } => {
+                    st.phase = fs_core::storage::Phase::Single { store: url.clone() }
+                }
+                _ => bail!(
+                    "{} was dumped during a storage cutover ({}): it can only be loaded onto its own stores, not --block-store {}",
+                    file.display(),
+                    st.phase.describe(),
+                    objstore::secrets::redact(url)
+                ),
+            }
+        }
+        d.setting.storage = url.clone();
+    }
     // The store must answer before anything is loaded: the load ends by taking it over.
-    let store = volume::open_store(&d.setting.storage, endpoint)
+    let store = volume::open_store(&d.setting.storage, g.endpoint.as_deref())
         .with_context(|| format!("opening the volume's store {}", d.setting.storage))?;
     store
         .check()
         .await
         .with_context(|| format!("checking the volume's store {}", d.setting.storage))?;
+    if other_store.is_none() && !take_over {
+        refuse_live_source(g, &d, file).await?;
+    }
     let n = maint::load(engine, &d).await.context("loading")?;
     let settings = Fs::load_settings(engine).await?;
     fs_core::owner::take_over(&*store, &settings).await.with_context(|| {
@@ -195,25 +298,138 @@ pub async fn load(engine: &dyn Engine, file: &Path, endpoint: Option<&str>) -> R
         )
     })?;
     cli_common::eprintln!(
-        "loaded {} keys ({} inodes) into {}; it now holds the blocks in {}: the metadata the dump came from can no longer write there (stop its mounts)",
+        "loaded {} keys ({} inodes) into {}; it now holds the blocks in {}: {}",
         n,
         d.inodes.len(),
         engine.display_url(),
-        d.setting.storage
+        d.setting.storage,
+        if other_store.is_some() {
+            "the store the dump names was left alone".to_string()
+        } else {
+            "the metadata the dump came from can no longer write there (stop its mounts)"
+                .to_string()
+        }
     );
     Ok(Outcome::Done)
 }
 
-pub async fn fsck(fs: &Fs, deep: bool, json: bool) -> Result<Outcome> {
+/// Refuse a load that would take the store over from a volume still mounted: the dump names
+/// the metadata it came from, where its mounts' sessions are (as `jfs status` shows them).
+async fn refuse_live_source(g: &Global, d: &maint::Dump, file: &Path) -> Result<()> {
+    let what_to_do = format!(
+        "to look at the dump without touching that volume, load it with --block-store URL (a store holding a copy of its blocks, e.g. made with `jfs-sync {store} URL`); to move the volume to this metadata, stop its mounts (`jfs umount`), then run this again with --take-over",
+        store = objstore::secrets::redact(&d.setting.storage)
+    );
+    let Some(src) = &d.source else {
+        bail!(
+            "refusing to load {}: loading it takes the store {} of volume {:?} over, and the dump does not name the metadata it came from (made by an older jfs or a program), so whether that volume is still mounted cannot be checked; {what_to_do}",
+            file.display(),
+            objstore::secrets::redact(&d.setting.storage),
+            d.setting.name
+        );
+    };
+    let live = async {
+        let engine = super::open_engine(g, src, true).await?;
+        match Fs::load_settings(&*engine).await {
+            // Another volume there now, or none: nothing of this one is mounted from it.
+            Ok(s) if s.uuid == d.setting.uuid => {}
+            _ => return anyhow::Ok(Vec::new()),
+        }
+        let now = fs_core::now_ns();
+        Ok(fs_core::session::list(&*engine)
+            .await?
+            .into_iter()
+            .filter(|s| s.is_live(now, fs_core::session::DEFAULT_TIMEOUT))
+            .collect::<Vec<_>>())
+    }
+    .await
+    .with_context(|| {
+        format!(
+            "refusing to load {}: it takes the store {} of volume {:?} over, and the metadata the dump came from, {src}, could not be read to check that none of its mounts is live; {what_to_do}",
+            file.display(),
+            objstore::secrets::redact(&d.setting.storage),
+            d.setting.name
+        )
+    })?;
+    if live.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = live
+        .iter()
+        .take(3)
+        .map(|s| {
+            format!(
+                "{}:{} pid {} {}",
+                s.host,
+                s.mountpoint,
+                s.pid,
+                if s.read_only { "ro" } else { "rw" }
+            )
+        })
+        .collect();
+    bail!(
+        "refusing to load {}: volume {:?} in {src} has {} live mount session(s) ({}{}), and loading the dump takes its store {} over, after which their writes are refused; {what_to_do}",
+        file.display(),
+        d.setting.name,
+        live.len(),
+        shown.join(", "),
+        if live.len() > 3 { ", ..." } else { "" },
+        objstore::secrets::redact(&d.setting.storage),
+    )
+}
+
+pub async fn fsck(
+    g: &Global,
+    fs: &Fs,
+    deep: bool,
+    repair_from: Option<&str>,
+    json: bool,
+) -> Result<Outcome> {
     let r = fs.fsck(deep).await.context("fsck")?;
+    let repairs = match repair_from {
+        Some(url) if !r.broken.is_empty() => Some(repair(g, fs, &r.broken, url).await?),
+        Some(_) => Some(Vec::new()),
+        None => None,
+    };
+    let mended = repairs
+        .as_ref()
+        .map_or(0, |v| v.iter().filter(|x| x.is_ok()).count());
     if json {
-        println!("{}", serde_json::to_string(&r)?);
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(rs) = &repairs {
+            v["repaired"] = rs
+                .iter()
+                .filter_map(|x| x.as_ref().ok())
+                .map(|k| serde_json::json!(k))
+                .collect();
+            v["not_repaired"] = rs
+                .iter()
+                .filter_map(|x| x.as_ref().err())
+                .map(|(k, why)| serde_json::json!({"key": k, "why": why}))
+                .collect();
+        }
+        println!("{}", serde_json::to_string(&v)?);
     } else {
-        for b in &r.broken {
-            println!("BROKEN {}: block {} {}", b.path, b.key, b.problem);
+        for (i, b) in r.broken.iter().enumerate() {
+            match repairs.as_ref().and_then(|rs| rs.get(i)) {
+                Some(Ok(_)) => println!(
+                    "REPAIRED {}: block {} (was {}) from {}",
+                    b.path,
+                    b.key,
+                    b.problem,
+                    objstore::secrets::redact(repair_from.unwrap_or_default())
+                ),
+                Some(Err((_, why))) => {
+                    println!(
+                        "BROKEN {}: block {} {}; not repaired: {why}",
+                        b.path, b.key, b.problem
+                    )
+                }
+                None => println!("BROKEN {}: block {} {}", b.path, b.key, b.problem),
+            }
         }
         println!(
-            "checked {} files, {} blocks{}: {} broken",
+            "checked {} files, {} blocks{}: {} broken{}",
             r.files,
             r.blocks,
             if !deep {
@@ -223,14 +439,82 @@ pub async fn fsck(fs: &Fs, deep: bool, json: bool) -> Result<Outcome> {
             } else {
                 " (read; format-1 volume: lengths only, no checksums recorded)"
             },
-            r.broken.len()
+            r.broken.len(),
+            match &repairs {
+                Some(_) => format!(
+                    ", {mended} repaired from {}",
+                    objstore::secrets::redact(repair_from.unwrap_or_default())
+                ),
+                None => String::new(),
+            }
         );
     }
-    Ok(if r.broken.is_empty() {
+    Ok(if r.broken.len() == mended {
         Outcome::Done
     } else {
         Outcome::Partial
     })
+}
+
+/// Mend each broken block from the store at `url`: its copy there is read and checked against
+/// the block's length and recorded CRC32C (format 1: length only), and only a copy that
+/// checks is written to the volume's store, then read back checked. In `broken`'s order: the
+/// key mended, or the key and why not.
+async fn repair(
+    g: &Global,
+    fs: &Fs,
+    broken: &[maint::BrokenBlock],
+    url: &str,
+) -> Result<Vec<std::result::Result<String, (String, String)>>> {
+    let shown = objstore::secrets::redact(url);
+    let from = volume::open_store(url, g.endpoint.as_deref())
+        .with_context(|| format!("opening the store to repair from, {shown}"))?;
+    from.check()
+        .await
+        .with_context(|| format!("reaching the store to repair from, {shown}"))?;
+    let mut out = Vec::with_capacity(broken.len());
+    for b in broken {
+        let key = b.key.clone();
+        if !b.repairable {
+            out.push(Err((
+                key,
+                "no copy can be checked without the slice's checksum record".into(),
+            )));
+            continue;
+        }
+        let want = fs_core::BlockCheck {
+            len: b.len,
+            crc: b.crc,
+        };
+        let copy = match from.get_block(&b.key, want).await {
+            Ok(c) => c,
+            Err(e) => {
+                let why = match maint::describe(&*from, &b.key, b.len, b.crc).await {
+                    Ok(Some(p)) if p == "missing" => format!("{shown} has no copy of it"),
+                    Ok(Some(p)) => format!("the copy in {shown} is refused, {p}"),
+                    _ => format!("reading it from {shown}: {e}"),
+                };
+                out.push(Err((key, why)));
+                continue;
+            }
+        };
+        let written = async {
+            fs.store().put(&b.key, copy).await?;
+            fs.store().get_block(&b.key, want).await.map(|_| ())
+        }
+        .await;
+        match written {
+            Ok(()) => {
+                tracing::info!(block = %b.key, from = %shown, "repaired a {} block", b.problem);
+                out.push(Ok(key));
+            }
+            Err(e) => out.push(Err((
+                key,
+                format!("writing the good copy to the volume's store: {e}"),
+            ))),
+        }
+    }
+    Ok(out)
 }
 
 pub async fn gc(fs: &Fs, delete: bool, session_timeout: Duration, json: bool) -> Result<Outcome> {

@@ -204,17 +204,15 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
         Command::Dump { meta_url, file } => {
             admin::dump(&*open_engine(g, &meta_url, true).await?, file.as_deref()).await
         }
-        Command::Load { meta_url, file } => {
-            admin::load(
-                &*open_engine_with(g, &meta_url, false, true).await?,
-                &file,
-                g.endpoint.as_deref(),
-            )
-            .await
-        }
+        Command::Load {
+            meta_url,
+            file,
+            take_over,
+        } => admin::load(g, &meta_url, &file, take_over).await,
         Command::Fsck {
             meta_url,
             deep,
+            repair_from,
             json,
         } => {
             // A site's check is of its own store: at a mirror, a missing or damaged block is
@@ -223,7 +221,8 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
                 no_fallback: true,
                 ..g.clone()
             };
-            admin::fsck(&open_fs(&g, &meta_url, true).await?, deep, json).await
+            let fs = open_fs(&g, &meta_url, true).await?;
+            admin::fsck(&g, &fs, deep, repair_from.as_deref(), json).await
         }
         Command::Gc {
             meta_url,
