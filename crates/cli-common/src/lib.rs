@@ -18,10 +18,14 @@ use std::io::IsTerminal;
 pub type Destructive<'a> = &'a [&'a str];
 
 fn names_destructive(v: &ContextValue, destructive: Destructive<'_>) -> bool {
+    // Anywhere in the text, not only at its start: clap suggests a subcommand's flag with the
+    // subcommand in front ("tip: 'check --delete-src' exists").
     let hit = |s: &str| {
-        destructive.iter().any(|d| {
-            let s = s.trim();
-            s == *d || s.starts_with(&format!("{d} ")) || s.starts_with(&format!("{d}="))
+        s.split_whitespace().any(|w| {
+            let w = w.trim_matches(['\'', '"', '[', ']', ',', '`']);
+            destructive
+                .iter()
+                .any(|d| w == *d || w.starts_with(&format!("{d}=")))
         })
     };
     match v {
@@ -189,6 +193,9 @@ pub fn init_logging(level: &str, json: bool, filter_env: &str) {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -309,6 +316,33 @@ mod tests {
         );
         // Harmless suggestions stay.
         assert!(rendered(&["t", "--dry-rn"]).contains("--dry-run"));
+    }
+
+    /// A typo of a subcommand's destructive flag typed before the subcommand: clap's tip names
+    /// it with the subcommand in front ("'check --delete-src' exists"), which is dropped too.
+    #[test]
+    fn a_subcommands_destructive_flag_is_never_suggested_with_the_subcommand_in_front() {
+        let with_sub =
+            || clap::Command::new("t").subcommand(cmd().name("check").arg(clap::Arg::new("src")));
+        let args = ["t", "--delete-sr", "check"];
+        let plain = with_sub()
+            .try_get_matches_from(args)
+            .unwrap_err()
+            .render()
+            .to_string();
+        assert!(
+            plain.contains("'check --delete-src'"),
+            "clap suggests it: {plain}"
+        );
+        let e = with_sub().try_get_matches_from(args).unwrap_err();
+        let out = sanitize(e, &mut with_sub(), &["--delete-src"])
+            .render()
+            .to_string();
+        assert!(!out.contains("--delete-src"), "{out}");
+        assert!(
+            out.contains("--delete-sr"),
+            "the typo is still named: {out}"
+        );
     }
 }
 
