@@ -192,6 +192,124 @@ pub fn init_logging(level: &str, json: bool, filter_env: &str) {
     }
 }
 
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// std's `eprintln!`, except that a failed write (stderr is a closed pipe: the reader of
+/// the command's messages went away) is dropped instead of panicking: a message is never
+/// worth the command's work.
+#[macro_export]
+macro_rules! eprintln {
+    () => {
+        $crate::eprint!("\n")
+    };
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// std's `eprint!` without the panic (see `eprintln!`).
+#[macro_export]
+macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// Make a print to a closed stdout (`println!` panics on a broken pipe, and the binaries
+/// print with it throughout) a quiet panic: no message, and `on_closed_pipe` turns it into a
+/// normal end. Other panics are reported as before. Call first thing in `main`.
+pub fn quiet_on_closed_pipe() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::SeqCst);
+            return;
+        }
+        previous(info)
+    }));
+}
+
+/// Run the command `f`; `None` when it ended because its stdout was closed (the reader went
+/// away, which is not the command's failure: exit 0). The caller then shuts down as after a
+/// normal end (runtimes and databases dropped in order). Any other panic goes on.
+pub fn on_closed_pipe<T>(f: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => Some(v),
+        Err(_) if STDOUT_CLOSED.load(std::sync::atomic::Ordering::SeqCst) => None,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// Whether an error (given as its chain, e.g. `anyhow::Error::chain`) is a write to a closed
+/// pipe: the command's reader went away, which is not the command's failure.
+pub fn closed_pipe<'a>(
+    mut chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> bool {
+    chain.any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// An error and its causes as one line, "outer: inner: root", like anyhow's `{:#}`, except
+/// that a cause whose text the line already ends with is not repeated (an error that quotes
+/// the OS error it keeps as its source).
+pub fn chain_text<'a>(
+    chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> String {
+    let mut out = String::new();
+    for e in chain {
+        let t = e.to_string();
+        if out.is_empty() {
+            out = t;
+        } else if !out.ends_with(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+    }
+    out
+}
+
+/// The one signal handler of every binary and the mount: a token cancelled on the first
+/// SIGTERM or SIGINT (logging `what`, e.g. "interrupted: saving progress"); a second one exits the process at once
+/// (exit code 2), for an operator who does not want to wait for the drain.
+pub fn shutdown_on_signals(what: &'static str) -> tokio_util::sync::CancellationToken {
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::warn!(
+                "cannot install signal handlers: SIGTERM and SIGINT end the process at once"
+            );
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("{what} (a second signal exits at once)");
+        t.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        std::process::exit(2);
+    });
+    token
+}
+
 #[cfg(test)]
 mod fuzz_tests;
 
@@ -344,122 +462,4 @@ mod tests {
             "the typo is still named: {out}"
         );
     }
-}
-
-static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// std's `eprintln!`, except that a failed write (stderr is a closed pipe: the reader of
-/// the command's messages went away) is dropped instead of panicking: a message is never
-/// worth the command's work.
-#[macro_export]
-macro_rules! eprintln {
-    () => {
-        $crate::eprint!("\n")
-    };
-    ($($arg:tt)*) => {{
-        use ::std::io::Write as _;
-        let _ = ::std::writeln!(::std::io::stderr().lock(), $($arg)*);
-    }};
-}
-
-/// std's `eprint!` without the panic (see `eprintln!`).
-#[macro_export]
-macro_rules! eprint {
-    ($($arg:tt)*) => {{
-        use ::std::io::Write as _;
-        let _ = ::std::write!(::std::io::stderr().lock(), $($arg)*);
-    }};
-}
-
-/// Make a print to a closed stdout (`println!` panics on a broken pipe, and the binaries
-/// print with it throughout) a quiet panic: no message, and `on_closed_pipe` turns it into a
-/// normal end. Other panics are reported as before. Call first thing in `main`.
-pub fn quiet_on_closed_pipe() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let payload = info.payload();
-        let msg = payload
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| payload.downcast_ref::<&str>().copied())
-            .unwrap_or("");
-        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::SeqCst);
-            return;
-        }
-        previous(info)
-    }));
-}
-
-/// Run the command `f`; `None` when it ended because its stdout was closed (the reader went
-/// away, which is not the command's failure: exit 0). The caller then shuts down as after a
-/// normal end (runtimes and databases dropped in order). Any other panic goes on.
-pub fn on_closed_pipe<T>(f: impl FnOnce() -> T) -> Option<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(v) => Some(v),
-        Err(_) if STDOUT_CLOSED.load(std::sync::atomic::Ordering::SeqCst) => None,
-        Err(p) => std::panic::resume_unwind(p),
-    }
-}
-
-/// Whether an error (given as its chain, e.g. `anyhow::Error::chain`) is a write to a closed
-/// pipe: the command's reader went away, which is not the command's failure.
-pub fn closed_pipe<'a>(
-    mut chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
-) -> bool {
-    chain.any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// An error and its causes as one line, "outer: inner: root", like anyhow's `{:#}`, except
-/// that a cause whose text the line already ends with is not repeated (an error that quotes
-/// the OS error it keeps as its source).
-pub fn chain_text<'a>(
-    chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
-) -> String {
-    let mut out = String::new();
-    for e in chain {
-        let t = e.to_string();
-        if out.is_empty() {
-            out = t;
-        } else if !out.ends_with(&t) {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-    }
-    out
-}
-
-/// The one signal handler of every binary and the mount: a token cancelled on the first
-/// SIGTERM or SIGINT (logging `what`, e.g. "interrupted: saving progress"); a second one exits the process at once
-/// (exit code 2), for an operator who does not want to wait for the drain.
-pub fn shutdown_on_signals(what: &'static str) -> tokio_util::sync::CancellationToken {
-    let token = tokio_util::sync::CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::warn!(
-                "cannot install signal handlers: SIGTERM and SIGINT end the process at once"
-            );
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("{what} (a second signal exits at once)");
-        t.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        std::process::exit(2);
-    });
-    token
 }
