@@ -118,11 +118,18 @@ impl DiskCache {
             if name.ends_with(".rec") {
                 continue;
             }
-            let kept = name.parse::<u64>().ok().and_then(|ino| {
+            // Only the name an entry is written under: `u64::from_str` also takes "+5" and
+            // "05", which would index inode 5 a second time (its bytes counted twice) and
+            // keep the foreign file.
+            let ino = name
+                .parse::<u64>()
+                .ok()
+                .filter(|ino| ino.to_string() == name);
+            let kept = ino.and_then(|ino| {
                 let (data, rec) = self.whole_paths(ino);
                 let r = std::fs::read(&rec).ok()?;
                 let m = std::fs::metadata(&data).ok()?;
-                let _: Record = serde_json::from_slice(&r).ok()?;
+                decode_record(&r).ok()?;
                 Some((
                     m.modified().ok()?,
                     format!("{PREFIX}{ino}"),
@@ -515,6 +522,28 @@ mod tests {
             );
             assert!(!path.exists(), "the untrusted entry is removed");
         }
+    }
+
+    /// Files in the whole-file directory named as an inode number is not written ("+5",
+    /// "05") are removed at start, never indexed as that inode a second time.
+    #[test]
+    fn a_file_named_like_an_entry_but_not_as_one_is_removed_at_start() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 30);
+        let data = vec![2u8; 1 << 20];
+        make(&c, 5, &data, b"v");
+        let one = c.usage();
+        drop(c);
+        let dir = d.path().join("uuid1/whole");
+        for odd in ["+5", "05", "+5.rec", "05.rec"] {
+            std::fs::copy(dir.join(odd.replace(['+', '0'], "")), dir.join(odd)).unwrap();
+        }
+        let c = open(d.path(), 1 << 30);
+        assert_eq!((c.usage().items, c.usage().bytes), (one.items, one.bytes));
+        for odd in ["+5", "05", "+5.rec", "05.rec"] {
+            assert!(!dir.join(odd).exists(), "{odd} was kept");
+        }
+        assert_eq!(bytes_of(c.open_whole(5, b"v", true).unwrap()), data);
     }
 
     #[test]
