@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every decoder harness ("bad bytes at every door"), on demand: CASES cases each (default
+# Every decoder harness ("bad bytes at every door": fs-core, sync, mirror-agent, mount,
+# volume, objstore, cli-common), on demand: CASES cases each (default
 # 1,000,000; the suite runs 10,000), built in release (PROFILE=debug for the suite's build),
 # one harness per process so that each has its own peak RSS. Prints cases/s and peak RSS per
 # harness; exits 1 if any harness fails or goes over MAX_RSS_MB (default 1024) of memory.
@@ -28,7 +29,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/jfs-target}
 
 # The test binary of each crate that holds harnesses (their tests named fuzz_*).
 binaries=()
-for pkg in fs-core sync; do
+for pkg in fs-core sync mirror-agent mount volume objstore cli-common; do
     echo "== building the $pkg harnesses ($PROFILE)" >&2
     bin=$(cargo test $flag -p "$pkg" --lib --no-run --message-format=json 2>/dev/null |
         jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .target.kind == ["lib"]) | .executable' |
@@ -42,9 +43,11 @@ trap 'rm -rf "$log"' EXIT
 failed=0
 printf '%-36s %10s %12s %10s  %s\n' harness cases cases/s 'peak RSS' result
 for bin in "${binaries[@]}"; do
-    for t in $("$bin" --list 2>/dev/null | sed -n 's/^\(fuzz_tests::fuzz_[a-z_0-9]*\): test$/\1/p'); do
+    # Harnesses sit in a `fuzz_tests` module, at the crate's top or beside their decoder
+    # (`state::fuzz_tests`, `cache::fuzz_tests`).
+    for t in $("$bin" --list 2>/dev/null | sed -n 's/^\(\([a-z_0-9]*::\)*fuzz_tests::fuzz_[a-z_0-9]*\): test$/\1/p'); do
         [ -z "$ONLY" ] || [[ "$t" == *"$ONLY"* ]] || continue
-        name=${t#fuzz_tests::}
+        name=${t##*fuzz_tests::}
         out="$log/$name"
         if JFS_FUZZ_CASES=$CASES JFS_FUZZ_REPORT=1 ${SEED:+JFS_FUZZ_SEED=$SEED} \
             /usr/bin/time -v -o "$out.time" "$bin" --exact "$t" --test-threads=1 --nocapture >"$out" 2>&1; then

@@ -107,6 +107,8 @@
 pub mod admin;
 pub mod blocks;
 pub mod config;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod handshake;
 pub mod metrics;
 pub mod mirror;

@@ -1,8 +1,11 @@
 //! The replication protocol between a mirror agent and the primary agent, over TCP (TLS when
 //! configured). Every message is one length-delimited frame (at most `MAX_MESSAGE`) holding
-//! `[crc32c u32 LE][postcard message]`; a bad checksum or an undecodable message ends the
-//! connection and the mirror reconnects from its applied sequence number. Journal entries
-//! travel as the journal's own frames (version + CRC32C), checked again before apply.
+//! `[crc32c u32 LE][postcard message]`, the message and nothing after it; a bad checksum or
+//! an undecodable message ends the connection and the mirror reconnects from its applied
+//! sequence number. Journal entries travel as the journal's own frames (version + CRC32C),
+//! checked again before apply, with their seqs (`check_entries`: consecutive from the next
+//! one expected, or the whole message is refused). The harnesses of all of it are in
+//! `fuzz_tests`.
 //!
 //! Handshake (protocol 3; mutual proof of the per-mirror token, which never crosses the
 //! wire; the connecting side proves first, so a peer that knows no token learns nothing it
@@ -287,8 +290,82 @@ pub fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T> {
         )
         .into());
     }
-    postcard::from_bytes(body)
-        .map_err(|e| Corrupt(format!("undecodable: {e}"), Damage::Foreign).into())
+    // One message a frame, and nothing after it: bytes left over are not this protocol's
+    // (postcard's `from_bytes` alone would ignore them).
+    match postcard::take_from_bytes(body) {
+        Ok((m, [])) => Ok(m),
+        Ok((_, rest)) => Err(Corrupt(
+            format!("{} bytes after the message", rest.len()),
+            Damage::Foreign,
+        )
+        .into()),
+        Err(e) => Err(Corrupt(format!("undecodable: {e}"), Damage::Foreign).into()),
+    }
+}
+
+/// Why the entries of an `Entries` message were not taken (see `check_entries`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadEntries {
+    /// The frame sent under `seq` does not decode (its version or CRC32C): `why`.
+    Corrupt { seq: u64, why: String },
+    /// The frame sent under `seq` holds entry `entry_seq` where `expected` was due next: a
+    /// seq that goes back, repeats or jumps, or an entry sent under another's seq.
+    OutOfOrder {
+        seq: u64,
+        entry_seq: u64,
+        expected: u64,
+    },
+}
+
+impl std::fmt::Display for BadEntries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadEntries::Corrupt { seq, why } => write!(f, "corrupt frame at seq {seq}: {why}"),
+            BadEntries::OutOfOrder {
+                seq,
+                entry_seq,
+                expected,
+            } => write!(
+                f,
+                "frame {seq} (holding entry {entry_seq}) where {expected} was expected"
+            ),
+        }
+    }
+}
+
+/// The entries of one `Entries` message, checked before any of them is applied: every frame
+/// decodes (version, CRC32C), holds the entry of the seq it is sent under, and that seq is the
+/// next one (`expected` first, then each one after the previous). A seq that goes back,
+/// repeats or jumps refuses the whole message: the session ends and the mirror asks again
+/// from what it has applied. At most `frames.len()` entries are allocated (each frame's own
+/// decode is bounded by its bytes).
+pub fn check_entries(
+    expected: u64,
+    frames: Vec<(u64, Vec<u8>)>,
+) -> std::result::Result<Vec<fs_core::Entry>, BadEntries> {
+    let mut next = expected;
+    let mut batch = Vec::with_capacity(frames.len());
+    for (seq, f) in frames {
+        let e = fs_core::Entry::decode(&f).map_err(|err| BadEntries::Corrupt {
+            seq,
+            why: err.to_string(),
+        })?;
+        if e.seq != seq || seq != next {
+            return Err(BadEntries::OutOfOrder {
+                seq,
+                entry_seq: e.seq,
+                expected: next,
+            });
+        }
+        // The seq after u64::MAX does not exist: nothing may follow it.
+        next = next.checked_add(1).ok_or(BadEntries::OutOfOrder {
+            seq,
+            entry_seq: e.seq,
+            expected: next,
+        })?;
+        batch.push(e);
+    }
+    Ok(batch)
 }
 
 /// The half of a connection that frames are written to.
@@ -337,6 +414,22 @@ mod tests {
                 "flip at byte {i} went unnoticed"
             );
         }
+    }
+
+    /// A frame holds one message and nothing else: bytes after it (rightly checksummed, so
+    /// not damage in transit) mean the peer is not this protocol, and the message is refused.
+    #[test]
+    fn a_message_with_bytes_after_it_is_refused() {
+        let proof = ToMirror::Proof { proof: vec![9; 32] };
+        let mut body = postcard::to_allocvec(&proof).unwrap();
+        body.push(0);
+        let mut frame = crc32c::crc32c(&body).to_le_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        let e = decode::<ToMirror>(&frame).unwrap_err();
+        let c = e.downcast_ref::<Corrupt>().expect("a corrupt message");
+        assert_eq!(c.1, Damage::Foreign);
+        assert!(c.0.contains("1 bytes after the message"), "{}", c.0);
+        assert_eq!(decode::<ToMirror>(&encode(&proof)).unwrap(), proof);
     }
 
     #[test]

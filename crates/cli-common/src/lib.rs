@@ -34,10 +34,14 @@ use std::io::IsTerminal;
 pub type Destructive<'a> = &'a [&'a str];
 
 fn names_destructive(v: &ContextValue, destructive: Destructive<'_>) -> bool {
+    // Anywhere in the text, not only at its start: clap suggests a subcommand's flag with the
+    // subcommand in front ("tip: 'check --delete-src' exists").
     let hit = |s: &str| {
-        destructive.iter().any(|d| {
-            let s = s.trim();
-            s == *d || s.starts_with(&format!("{d} ")) || s.starts_with(&format!("{d}="))
+        s.split_whitespace().any(|w| {
+            let w = w.trim_matches(['\'', '"', '[', ']', ',', '`']);
+            destructive
+                .iter()
+                .any(|d| w == *d || w.starts_with(&format!("{d}=")))
         })
     };
     match v {
@@ -204,6 +208,132 @@ pub fn init_logging(level: &str, json: bool, filter_env: &str) {
     }
 }
 
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// std's `eprintln!`, except that a failed write (stderr is a closed pipe: the reader of
+/// the command's messages went away) is dropped instead of panicking: a message is never
+/// worth the command's work.
+#[macro_export]
+macro_rules! eprintln {
+    () => {
+        $crate::eprint!("\n")
+    };
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// std's `eprint!` without the panic (see `eprintln!`).
+#[macro_export]
+macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// Make a print to a closed stdout (`println!` panics on a broken pipe, and the binaries
+/// print with it throughout) a quiet panic: no message, and `on_closed_pipe` turns it into a
+/// normal end. Other panics are reported as before. Call first thing in `main`.
+pub fn quiet_on_closed_pipe() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::SeqCst);
+            return;
+        }
+        previous(info)
+    }));
+}
+
+/// Run the command `f`; `None` when it ended because its stdout was closed (the reader went
+/// away, which is not the command's failure: exit 0). The caller then shuts down as after a
+/// normal end (runtimes and databases dropped in order). Any other panic goes on.
+pub fn on_closed_pipe<T>(f: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => Some(v),
+        Err(_) if STDOUT_CLOSED.load(std::sync::atomic::Ordering::SeqCst) => None,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// Whether an error (given as its chain, e.g. `anyhow::Error::chain`) is a write to a closed
+/// pipe: the command's reader went away, which is not the command's failure.
+pub fn closed_pipe<'a>(
+    mut chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> bool {
+    chain.any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// An error and its causes as one line, "outer: inner: root", like anyhow's `{:#}`, except
+/// that a cause whose text the line already ends with is not repeated (an error that quotes
+/// the OS error it keeps as its source).
+pub fn chain_text<'a>(
+    chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> String {
+    let mut out = String::new();
+    for e in chain {
+        let t = e.to_string();
+        if out.is_empty() {
+            out = t;
+        } else if !out.ends_with(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+    }
+    out
+}
+
+/// The one signal handler of every binary and the mount: a token cancelled on the first
+/// SIGTERM or SIGINT (logging `what`, e.g. "interrupted: saving progress"); a second one exits the process at once
+/// (exit code 2), for an operator who does not want to wait for the drain.
+///
+/// The handlers are registered before this returns (call it inside the runtime): a signal
+/// that arrives any time after the call cancels the token. Registered in the spawned task
+/// instead, a SIGTERM sent just after a process said it was ready was taken by an earlier
+/// listener (`jfs`'s own) and never reached this one: the mount went on serving.
+pub fn shutdown_on_signals(what: &'static str) -> tokio_util::sync::CancellationToken {
+    use tokio::signal::unix::{signal, SignalKind};
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!(
+            "cannot install signal handlers: SIGTERM and SIGINT end the process at once"
+        );
+        return token;
+    };
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("{what} (a second signal exits at once)");
+        t.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        std::process::exit(2);
+    });
+    token
+}
+
+#[cfg(test)]
+mod fuzz_tests;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,127 +456,31 @@ mod tests {
         // Harmless suggestions stay.
         assert!(rendered(&["t", "--dry-rn"]).contains("--dry-run"));
     }
-}
 
-static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// std's `eprintln!`, except that a failed write (stderr is a closed pipe: the reader of
-/// the command's messages went away) is dropped instead of panicking: a message is never
-/// worth the command's work.
-#[macro_export]
-macro_rules! eprintln {
-    () => {
-        $crate::eprint!("\n")
-    };
-    ($($arg:tt)*) => {{
-        use ::std::io::Write as _;
-        let _ = ::std::writeln!(::std::io::stderr().lock(), $($arg)*);
-    }};
-}
-
-/// std's `eprint!` without the panic (see `eprintln!`).
-#[macro_export]
-macro_rules! eprint {
-    ($($arg:tt)*) => {{
-        use ::std::io::Write as _;
-        let _ = ::std::write!(::std::io::stderr().lock(), $($arg)*);
-    }};
-}
-
-/// Make a print to a closed stdout (`println!` panics on a broken pipe, and the binaries
-/// print with it throughout) a quiet panic: no message, and `on_closed_pipe` turns it into a
-/// normal end. Other panics are reported as before. Call first thing in `main`.
-pub fn quiet_on_closed_pipe() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let payload = info.payload();
-        let msg = payload
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| payload.downcast_ref::<&str>().copied())
-            .unwrap_or("");
-        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::SeqCst);
-            return;
-        }
-        previous(info)
-    }));
-}
-
-/// Run the command `f`; `None` when it ended because its stdout was closed (the reader went
-/// away, which is not the command's failure: exit 0). The caller then shuts down as after a
-/// normal end (runtimes and databases dropped in order). Any other panic goes on.
-pub fn on_closed_pipe<T>(f: impl FnOnce() -> T) -> Option<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(v) => Some(v),
-        Err(_) if STDOUT_CLOSED.load(std::sync::atomic::Ordering::SeqCst) => None,
-        Err(p) => std::panic::resume_unwind(p),
-    }
-}
-
-/// Whether an error (given as its chain, e.g. `anyhow::Error::chain`) is a write to a closed
-/// pipe: the command's reader went away, which is not the command's failure.
-pub fn closed_pipe<'a>(
-    mut chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
-) -> bool {
-    chain.any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// An error and its causes as one line, "outer: inner: root", like anyhow's `{:#}`, except
-/// that a cause whose text the line already ends with is not repeated (an error that quotes
-/// the OS error it keeps as its source).
-pub fn chain_text<'a>(
-    chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>,
-) -> String {
-    let mut out = String::new();
-    for e in chain {
-        let t = e.to_string();
-        if out.is_empty() {
-            out = t;
-        } else if !out.ends_with(&t) {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-    }
-    out
-}
-
-/// The one signal handler of every binary and the mount: a token cancelled on the first
-/// SIGTERM or SIGINT (logging `what`, e.g. "interrupted: saving progress"); a second one exits the process at once
-/// (exit code 2), for an operator who does not want to wait for the drain.
-///
-/// The handlers are registered before this returns (call it inside the runtime): a signal
-/// that arrives any time after the call cancels the token. Registered in the spawned task
-/// instead, a SIGTERM sent just after a process said it was ready was taken by an earlier
-/// listener (`jfs`'s own) and never reached this one: the mount went on serving.
-pub fn shutdown_on_signals(what: &'static str) -> tokio_util::sync::CancellationToken {
-    use tokio::signal::unix::{signal, SignalKind};
-    let token = tokio_util::sync::CancellationToken::new();
-    let t = token.clone();
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!(
-            "cannot install signal handlers: SIGTERM and SIGINT end the process at once"
+    /// A typo of a subcommand's destructive flag typed before the subcommand: clap's tip names
+    /// it with the subcommand in front ("'check --delete-src' exists"), which is dropped too.
+    #[test]
+    fn a_subcommands_destructive_flag_is_never_suggested_with_the_subcommand_in_front() {
+        let with_sub =
+            || clap::Command::new("t").subcommand(cmd().name("check").arg(clap::Arg::new("src")));
+        let args = ["t", "--delete-sr", "check"];
+        let plain = with_sub()
+            .try_get_matches_from(args)
+            .unwrap_err()
+            .render()
+            .to_string();
+        assert!(
+            plain.contains("'check --delete-src'"),
+            "clap suggests it: {plain}"
         );
-        return token;
-    };
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("{what} (a second signal exits at once)");
-        t.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        std::process::exit(2);
-    });
-    token
+        let e = with_sub().try_get_matches_from(args).unwrap_err();
+        let out = sanitize(e, &mut with_sub(), &["--delete-src"])
+            .render()
+            .to_string();
+        assert!(!out.contains("--delete-src"), "{out}");
+        assert!(
+            out.contains("--delete-sr"),
+            "the typo is still named: {out}"
+        );
+    }
 }

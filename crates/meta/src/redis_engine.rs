@@ -333,12 +333,18 @@ impl RedisEngine {
         Ok(v.unwrap_or(0))
     }
 
+    /// The seq of a journal stream id, which this engine writes as `<seq>-0`: decimal digits
+    /// only (Rust's `u64::from_str` also takes a leading `+`, which no id written here has),
+    /// then `-0`; anything else is a damaged or foreign stream.
     fn parse_id(id: &str) -> Result<u64> {
-        id.split('-')
-            .next()
+        id.strip_suffix("-0")
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| {
-                fs_core::error::corrupt(format!("redis journal id {id:?} is not <seq>-0"))
+                fs_core::error::corrupt(format!(
+                    "redis journal id {id:?} is not <seq>-0 (decimal digits, then -0): \
+                     the journal stream was written by something other than this engine"
+                ))
             })
     }
 
@@ -841,5 +847,39 @@ impl Engine for RedisEngine {
             .map_err(|e| map_err(e, "switching to the installed snapshot"))?;
         self.head_hint.store(head, Ordering::SeqCst);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RedisEngine;
+
+    #[test]
+    fn journal_ids_are_digits_then_dash_zero() {
+        for (id, want) in [
+            ("5-0", Some(5)),
+            ("0-0", Some(0)),
+            ("18446744073709551615-0", Some(u64::MAX)),
+            ("+5-0", None),
+            ("+5", None),
+            ("5", None),
+            ("5-1", None),
+            ("-5-0", None),
+            (" 5-0", None),
+            ("5-0-0", None),
+            ("-0", None),
+            ("18446744073709551616-0", None),
+            ("", None),
+        ] {
+            let got = RedisEngine::parse_id(id);
+            match want {
+                Some(seq) => assert_eq!(got.unwrap(), seq, "{id:?}"),
+                None => {
+                    let e = got.expect_err(id);
+                    assert_eq!(e.kind(), fs_core::error::ErrorKind::Corrupt, "{id:?}");
+                    assert!(e.to_string().contains("<seq>-0"), "{e}");
+                }
+            }
+        }
     }
 }

@@ -8,8 +8,10 @@
 //! connection's peer (SO_PEERCRED) must be this user or root (`accept_trusted`); a client
 //! checks the server's the same way, so a socket planted by another user is never spoken to.
 //!
-//! Protocol: the client writes one JSON request line; the server answers with JSON lines,
-//! progress lines first, and a last line holding `done` or `error`.
+//! Protocol: the client writes one JSON request line (at most `MAX_REQUEST` bytes; anything
+//! else, bytes that are not UTF-8 included, is answered with an `error` line naming what is
+//! wrong: `parse_request`); the server answers with JSON lines, progress lines first, and a
+//! last line holding `done` or `error`.
 
 use crate::metrics::Exporter;
 use crate::vfs::Vfs;
@@ -210,7 +212,7 @@ pub enum WarmAction {
     Evict,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 pub enum Request {
     /// Paths inside the volume ("/a/b").
@@ -299,19 +301,43 @@ async fn send(w: &mut (impl AsyncWriteExt + Unpin), v: &serde_json::Value) -> st
     w.write_all(&line).await
 }
 
+/// The longest request line read (a warmup of many paths is the longest there is).
+pub const MAX_REQUEST: u64 = 1 << 20;
+
+/// A request line as it came from the socket (at most `MAX_REQUEST` bytes, its newline
+/// included or not): the request, or what is wrong with it in words for the client's error
+/// line. Bytes that are not UTF-8, a line cut at the limit and JSON that is not a request
+/// are refused alike, never a panic.
+pub fn parse_request(line: &[u8]) -> Result<Request, String> {
+    if line.len() as u64 >= MAX_REQUEST && line.last() != Some(&b'\n') {
+        return Err(format!(
+            "bad request: longer than {MAX_REQUEST} bytes (warm up fewer paths at a time)"
+        ));
+    }
+    let text = std::str::from_utf8(line)
+        .map_err(|e| format!("bad request: not UTF-8 ({e}): one JSON line is expected"))?;
+    serde_json::from_str(text).map_err(|e| {
+        // serde_json quotes a value of the wrong type whole: a line of the answer, not the
+        // request sent back (up to 1 MiB of it).
+        let e = e.to_string();
+        let mut it = e.chars();
+        let head: String = it.by_ref().take(300).collect();
+        match it.count() {
+            0 => format!("bad request: {head}"),
+            n => format!("bad request: {head}... ({n} more characters)"),
+        }
+    })
+}
+
 async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
     let (r, mut w) = sock.into_split();
-    let mut line = String::new();
-    BufReader::new(r.take(1 << 20)).read_line(&mut line).await?;
-    let req: Request = match serde_json::from_str(&line) {
+    let mut line = Vec::new();
+    BufReader::new(r.take(MAX_REQUEST))
+        .read_until(b'\n', &mut line)
+        .await?;
+    let req: Request = match parse_request(&line) {
         Ok(r) => r,
-        Err(e) => {
-            return send(
-                &mut w,
-                &serde_json::json!({"error": format!("bad request: {e}")}),
-            )
-            .await
-        }
+        Err(e) => return send(&mut w, &serde_json::json!({ "error": e })).await,
     };
     match req {
         Request::Stats => {

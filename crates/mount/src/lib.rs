@@ -37,6 +37,8 @@
 
 pub mod control;
 pub mod fuse;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod guard;
 mod loops;
 pub mod metrics;

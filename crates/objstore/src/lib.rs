@@ -31,6 +31,8 @@
 //! Errors are mapped in one place (`map_err`) to fs-core kinds. A listing error is returned,
 //! never swallowed (gc relies on it).
 
+#[cfg(test)]
+mod fuzz_tests;
 pub mod limits;
 pub mod secrets;
 

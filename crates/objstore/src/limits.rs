@@ -40,14 +40,26 @@ impl BwSchedule {
             let (h, m) = t
                 .split_once(':')
                 .with_context(|| format!("time {t:?}: expected HH:MM"))?;
+            // One or two digits each: `u32::from_str` alone also takes "+8" and "0008".
+            let two_digits =
+                |x: &str| (1..=2).contains(&x.len()) && x.bytes().all(|b| b.is_ascii_digit());
+            if !two_digits(h) || !two_digits(m) {
+                bail!("time {t:?} in timetable entry {part:?}: expected HH:MM (e.g. 08:00)");
+            }
             let (h, m): (u32, u32) = (h.parse()?, m.parse()?);
             if h > 23 || m > 59 {
-                bail!("time {t:?} out of range");
+                bail!("time {t:?} in timetable entry {part:?} is out of range (00:00 to 23:59)");
             }
-            v.push((h * 60 + m, parse_rate(r)?));
+            let rate = parse_rate(r).with_context(|| format!("timetable entry {part:?}"))?;
+            v.push((h * 60 + m, rate));
         }
         v.sort_by_key(|e| e.0);
         Ok(BwSchedule(v))
+    }
+
+    /// The entries, (minute of the day, bytes/s or None for off), in time order.
+    pub fn entries(&self) -> &[(u32, Option<u64>)] {
+        &self.0
     }
 
     /// The limit at `minute` of the day.

@@ -510,6 +510,12 @@ impl DiskCache {
     }
 }
 
+/// The harnesses of the cache's files (headers, whole-file records); declared here so that
+/// they reach the private decoders.
+#[cfg(test)]
+#[path = "fuzz_tests.rs"]
+mod fuzz_tests;
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -26,16 +26,16 @@ use std::sync::Arc;
 /// Index keys of whole-file entries (block keys start with the volume name, never with `@`).
 const PREFIX: &str = "@whole/";
 /// Bytes per CRC32C in an entry's record.
-const SEG: u64 = 4 << 20;
-const FORMAT: u32 = 1;
+pub(crate) const SEG: u64 = 4 << 20;
+pub(crate) const FORMAT: u32 = 1;
 
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Eq, Debug, Clone, Copy)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i64,
-    ctime_ns: i64,
+pub(crate) struct Stamp {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+    pub(crate) size: u64,
+    pub(crate) mtime_ns: i64,
+    pub(crate) ctime_ns: i64,
 }
 
 impl Stamp {
@@ -50,13 +50,27 @@ impl Stamp {
     }
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Record {
-    format: u32,
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub(crate) format: u32,
     /// The content version (`Fs::content_version`), hex.
-    version: String,
-    crcs: Vec<u32>,
-    stamp: Stamp,
+    pub(crate) version: String,
+    /// One CRC32C per `SEG` bytes of the file (the last of what is left): exactly as many as
+    /// its size needs, so that the full check covers every byte.
+    pub(crate) crcs: Vec<u32>,
+    pub(crate) stamp: Stamp,
+}
+
+/// Why an entry's record cannot be trusted, if it cannot: it does not decode, or its CRCs do
+/// not cover its file exactly (one too few would leave the tail unchecked; one too many is
+/// not what was written). A record of another format decodes: it is old, not damaged.
+pub(crate) fn decode_record(raw: &[u8]) -> std::result::Result<Record, &'static str> {
+    let r: Record =
+        serde_json::from_slice(raw).map_err(|_| "its record is missing or does not decode")?;
+    if r.format == FORMAT && r.crcs.len() as u64 != r.stamp.size.div_ceil(SEG) {
+        return Err("its record's checksums do not cover its size");
+    }
+    Ok(r)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -104,11 +118,18 @@ impl DiskCache {
             if name.ends_with(".rec") {
                 continue;
             }
-            let kept = name.parse::<u64>().ok().and_then(|ino| {
+            // Only the name an entry is written under: `u64::from_str` also takes "+5" and
+            // "05", which would index inode 5 a second time (its bytes counted twice) and
+            // keep the foreign file.
+            let ino = name
+                .parse::<u64>()
+                .ok()
+                .filter(|ino| ino.to_string() == name);
+            let kept = ino.and_then(|ino| {
                 let (data, rec) = self.whole_paths(ino);
                 let r = std::fs::read(&rec).ok()?;
                 let m = std::fs::metadata(&data).ok()?;
-                let _: Record = serde_json::from_slice(&r).ok()?;
+                decode_record(&r).ok()?;
                 Some((
                     m.modified().ok()?,
                     format!("{PREFIX}{ino}"),
@@ -171,13 +192,13 @@ impl DiskCache {
             return None;
         }
         let (data, rec) = self.whole_paths(ino);
-        let r: Record = match std::fs::read(&rec)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
+        let r = match std::fs::read(&rec)
+            .map_err(|_| "its record is missing or does not decode")
+            .and_then(|b| decode_record(&b))
         {
-            Some(r) => r,
-            None => {
-                self.drop_whole(ino, "its record is missing or does not decode");
+            Ok(r) => r,
+            Err(why) => {
+                self.drop_whole(ino, why);
                 return None;
             }
         };
@@ -470,6 +491,59 @@ mod tests {
             "the CRC check fails it"
         );
         assert!(!path.exists());
+    }
+
+    /// A record whose CRCs stop short of its file (or run past it) is not trusted: a flipped
+    /// byte in the part no CRC covered would otherwise pass the full check and be served.
+    #[test]
+    fn a_record_whose_checksums_do_not_cover_its_file_is_never_served() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 30);
+        let data = vec![1u8; 6 << 20];
+        for (ino, keep) in [(4u64, 1usize), (5, 0), (6, 3)] {
+            make(&c, ino, &data, b"v");
+            // A byte of the second 4 MiB changed, the stamp put back as it now is, and the
+            // record's CRCs cut to `keep` (3: one made up past the end).
+            let path = d.path().join(format!("uuid1/whole/{ino}"));
+            let rec_path = d.path().join(format!("uuid1/whole/{ino}.rec"));
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[5 << 20] ^= 1;
+            std::fs::remove_file(&path).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+            let mut rec: super::Record =
+                serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+            assert_eq!(rec.crcs.len(), 2);
+            rec.stamp = super::Stamp::of(&std::fs::metadata(&path).unwrap());
+            rec.crcs.resize(keep, 7);
+            std::fs::write(&rec_path, serde_json::to_vec(&rec).unwrap()).unwrap();
+            assert!(
+                c.open_whole(ino, b"v", true).is_none(),
+                "an entry with {keep} CRCs for 6 MiB was served"
+            );
+            assert!(!path.exists(), "the untrusted entry is removed");
+        }
+    }
+
+    /// Files in the whole-file directory named as an inode number is not written ("+5",
+    /// "05") are removed at start, never indexed as that inode a second time.
+    #[test]
+    fn a_file_named_like_an_entry_but_not_as_one_is_removed_at_start() {
+        let d = tempfile::tempdir().unwrap();
+        let c = open(d.path(), 1 << 30);
+        let data = vec![2u8; 1 << 20];
+        make(&c, 5, &data, b"v");
+        let one = c.usage();
+        drop(c);
+        let dir = d.path().join("uuid1/whole");
+        for odd in ["+5", "05", "+5.rec", "05.rec"] {
+            std::fs::copy(dir.join(odd.replace(['+', '0'], "")), dir.join(odd)).unwrap();
+        }
+        let c = open(d.path(), 1 << 30);
+        assert_eq!((c.usage().items, c.usage().bytes), (one.items, one.bytes));
+        for odd in ["+5", "05", "+5.rec", "05.rec"] {
+            assert!(!dir.join(odd).exists(), "{odd} was kept");
+        }
+        assert_eq!(bytes_of(c.open_whole(5, b"v", true).unwrap()), data);
     }
 
     #[test]

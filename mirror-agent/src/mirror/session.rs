@@ -159,29 +159,15 @@ impl Mirror {
                     .last_contact = Some(Instant::now());
                 match msg {
                     ToMirror::Entries { frames } => {
-                        let mut batch = Vec::with_capacity(frames.len());
-                        for (seq, f) in frames {
-                            let e = match Entry::decode(&f) {
-                                Ok(e) => e,
-                                Err(err) => {
-                                    self.metrics.frame_errors.inc();
-                                    tracing::error!(seq, error = %err, "corrupt journal frame: not applied; re-requesting from {expected}");
-                                    bail!("corrupt frame at seq {seq}");
-                                }
-                            };
-                            if e.seq != seq || seq != expected {
+                        let batch = match proto::check_entries(expected, frames) {
+                            Ok(b) => b,
+                            Err(bad) => {
                                 self.metrics.frame_errors.inc();
-                                tracing::error!(
-                                    seq,
-                                    entry_seq = e.seq,
-                                    expected,
-                                    "out-of-order journal frame: not applied; re-requesting"
-                                );
-                                bail!("frame {seq} where {expected} was expected");
+                                tracing::error!(expected, error = %bad, "journal frames refused: not applied; re-requesting from {expected}");
+                                bail!("{bad}");
                             }
-                            expected += 1;
-                            batch.push(e);
-                        }
+                        };
+                        expected += batch.len() as u64;
                         {
                             let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
                             for e in &batch {

@@ -39,10 +39,10 @@ impl Bootstrap {
 }
 
 /// The bootstrap record as stored: the variant, and the format version beside it.
-#[derive(Serialize, Deserialize)]
-struct Record {
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Record {
     #[serde(flatten)]
-    b: Bootstrap,
+    pub(super) b: Bootstrap,
 }
 
 impl Versioned for Record {
@@ -50,11 +50,11 @@ impl Versioned for Record {
     const VERSION: u32 = 1;
 }
 
-fn encode(b: &Bootstrap) -> Vec<u8> {
+pub(super) fn encode(b: &Bootstrap) -> Vec<u8> {
     record::encode(&Record { b: b.clone() })
 }
 
-fn decode(raw: &[u8]) -> Result<Bootstrap> {
+pub(super) fn decode(raw: &[u8]) -> Result<Bootstrap> {
     Ok(record::decode::<Record>(raw)
         .context("the bootstrap record in the agent state")?
         .b)

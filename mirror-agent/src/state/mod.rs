@@ -24,6 +24,8 @@
 
 mod bootstrap;
 mod format;
+#[cfg(test)]
+mod fuzz_tests;
 mod queue;
 
 pub use bootstrap::Bootstrap;
