@@ -506,3 +506,128 @@ fn jfs_sync_state_and_log_are_its_users_alone_and_planted_ones_refused() {
     );
     assert_eq!(std::fs::read(&target).unwrap(), b"keep\n");
 }
+
+/// A jfs-sync copy without --perms is never more open than its source, as `cp`: a 0600
+/// file and a 0700 directory stayed private, not 0644/0755 (user nobody read the copy of a
+/// root-only file). Into a volume too (its mounts may be --allow-other).
+#[test]
+fn a_copy_without_perms_is_never_more_open_than_its_source() {
+    let d = shared_dir();
+    let src = d.path().join("src");
+    std::fs::create_dir_all(src.join("private")).unwrap();
+    std::fs::write(src.join("private/secret"), b"root only").unwrap();
+    std::fs::write(src.join("open"), b"anyone").unwrap();
+    std::fs::write(src.join("secret"), b"root only").unwrap();
+    let mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    mode(&src.join("private/secret"), 0o600);
+    mode(&src.join("private"), 0o700);
+    mode(&src.join("secret"), 0o600);
+    mode(&src.join("open"), 0o755);
+    let dst = d.path().join("dst");
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    // --dirs: directories are entries of the copy (else only made as files need them).
+    let o = sync_umask(
+        "022",
+        &tmp,
+        &[src.to_str().unwrap(), dst.to_str().unwrap(), "--dirs"],
+    );
+    ok(&o, "jfs-sync");
+    let got = |p: &str| std::fs::metadata(dst.join(p)).unwrap().mode() & 0o7777;
+    assert_eq!(
+        (
+            got("secret"),
+            got("private"),
+            got("private/secret"),
+            got("open")
+        ),
+        (0o600, 0o700, 0o600, 0o755)
+    );
+    let o = as_nobody("cat", &[dst.join("secret").to_str().unwrap()]);
+    assert!(
+        !o.status.success() && o.stdout.is_empty(),
+        "nobody read the copy"
+    );
+}
+
+/// Another user's directory or link never steers what root does: `jfs get` into a
+/// directory of theirs (they could swap a subdirectory for a link while it is copied: the
+/// trial's race wrote root's files into a 0700 root directory) fails, writing nothing there;
+/// `jfs get` to LOCAL through their link (it wrote into the link's target and made it 0755),
+/// and `jfs mount`/`umount` at a mount point through their link (it hid the target) are
+/// refused; a log file of theirs is not appended to (they would read it).
+#[test]
+fn another_users_directory_or_link_never_steers_a_get_a_mount_or_a_log() {
+    let d = shared_dir();
+    let b = d.path();
+    let run = b.join("run");
+    let meta = format!("rocksdb://{}/meta", b.display());
+    let store = format!("file://{}/store", b.display());
+    ok(
+        &jfs_umask(
+            "022",
+            &run,
+            &["format", &meta, &unique("lu"), "--storage", &store],
+        ),
+        "format",
+    );
+    let src = b.join("d");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("f"), b"volume bytes").unwrap();
+    ok(
+        &jfs_umask("022", &run, &["put", &meta, src.to_str().unwrap(), "/d"]),
+        "put",
+    );
+    // A directory of nobody's: nothing is written into it, the failure is named.
+    let theirs = b.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let o = jfs_umask("022", &run, &["get", &meta, "/d", theirs.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("belongs to uid 65534"), "{err}");
+    assert_eq!(
+        walk(&theirs).len(),
+        1,
+        "something was written into another user's directory"
+    );
+    // Their links, to a root-only directory: refused before anything is touched.
+    let secret = b.join("root-only");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = b.join("link");
+    std::os::unix::fs::symlink(&secret, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let o = jfs_umask("022", &run, &["get", &meta, "/d", link.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("belongs to uid 65534, another user"), "{err}");
+    let o = jfs_umask("022", &run, &["mount", &meta, link.to_str().unwrap(), "-d"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("belongs to uid 65534, another user"), "{err}");
+    assert!(!is_mounted(&secret));
+    assert_eq!(walk(&secret).len(), 1);
+    assert_eq!(std::fs::metadata(&secret).unwrap().mode() & 0o7777, 0o700);
+    // A log file of theirs: refused, not appended to.
+    let log = b.join("their.log");
+    std::fs::write(&log, b"").unwrap();
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::os::unix::fs::chown(&log, Some(65534), Some(65534)).unwrap();
+    let o = sync_umask(
+        "022",
+        b,
+        &[
+            src.to_str().unwrap(),
+            b.join("out").to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("belongs to uid 65534"), "{err}");
+    assert_eq!(std::fs::read(&log).unwrap(), b"");
+}

@@ -118,10 +118,10 @@ fn init_logging(c: &Common) {
     };
     match &c.log_file {
         Some(path) => {
-            let file = match cli_common::open_private_log(path) {
+            let file = match cli_common::open_private_log(path, "--log-file") {
                 Ok(f) => f,
                 Err(e) => {
-                    cli_common::eprintln!("jfs-sync: error: --log-file {}: {e}", path.display());
+                    cli_common::eprintln!("jfs-sync: error: --log-file: {e:#}");
                     std::process::exit(2);
                 }
             };

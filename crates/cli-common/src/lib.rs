@@ -15,16 +15,38 @@
 
 pub mod private;
 
-/// Open (append, create) a log file the process was told to write: 0600 when created (it
-/// names the volume's files), and never through a symbolic link planted at its name.
-pub fn open_private_log(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
+/// Open (append, create) a log file the process was told to write, `what` naming it and
+/// the option that gives it (e.g. "--log-file"): 0600 when created (a log names the
+/// volume's files), never through a symbolic link, and never a file another user owns (they
+/// would read it); one of this user's that others may read is narrowed to 0600.
+pub fn open_private_log(path: &std::path::Path, what: &str) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+                anyhow::anyhow!("the log file {} is a symbolic link: refusing to write through it (give the file itself with {what}, or remove the link)", path.display())
+            } else {
+                anyhow::anyhow!("opening the log file {}: {e}", path.display())
+            }
+        })?;
+    let m = f.metadata()?;
+    let me = rustix::process::geteuid().as_raw();
+    if m.uid() != me {
+        anyhow::bail!(
+            "the log file {} belongs to uid {}, not to this user (uid {me}): they could read what is logged; give a file of your own with {what} (or remove that one)",
+            path.display(),
+            m.uid()
+        );
+    }
+    if m.mode() & 0o077 != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(f)
 }
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};

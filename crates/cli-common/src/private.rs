@@ -71,6 +71,32 @@ pub fn ancestors_problem(dir: &Path) -> Option<String> {
     None
 }
 
+/// The first symbolic link on the way to `path` (itself included) that belongs to another
+/// user than this one or root, if any: following it would let that user choose where this
+/// process mounts, writes or changes modes (the kernel's `protected_symlinks` rule, kept
+/// even where the host turned it off).
+pub fn foreign_link(path: &Path) -> Option<String> {
+    let me = rustix::process::geteuid().as_raw();
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(path)
+    };
+    for p in abs.ancestors() {
+        let Ok(m) = std::fs::symlink_metadata(p) else {
+            continue;
+        };
+        if m.file_type().is_symlink() && m.uid() != me && m.uid() != 0 {
+            return Some(format!(
+                "{} is a symbolic link that belongs to uid {}, another user: refusing to follow it (give the real path)",
+                p.display(),
+                m.uid()
+            ));
+        }
+    }
+    None
+}
+
 /// Make sure `dir` is a directory of this user's that nobody else may use (0700): created
 /// so (parents too) if absent; one of this user's that others may read but not change is
 /// narrowed to 0700; anything else (a symbolic link, another user's directory, one others

@@ -15,6 +15,9 @@
 
 use crate::metrics::Exporter;
 use crate::vfs::Vfs;
+// How a directory this user keeps private (the run directory, a default cache directory)
+// falls short, checked without following a symbolic link; None when it is fine.
+use cli_common::private::private_dir_problem;
 use fs_core::fs::{Piece, Plan};
 use fs_core::{FileKind, Ino, CHUNK_SIZE};
 use futures::StreamExt;
@@ -42,82 +45,18 @@ pub fn run_dir() -> PathBuf {
     PathBuf::from(format!("/tmp/jfs-{uid}"))
 }
 
-/// How a directory this user keeps private (the run directory, a default cache directory)
-/// falls short, checked without following a symbolic link; None when it is fine.
-fn private_dir_problem(dir: &Path, m: &std::fs::Metadata) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let me = rustix::process::geteuid().as_raw();
-    if m.file_type().is_symlink() {
-        return Some(format!("{} is a symbolic link", dir.display()));
-    }
-    if !m.is_dir() {
-        return Some(format!("{} is not a directory", dir.display()));
-    }
-    if m.uid() != me {
-        return Some(format!(
-            "{} belongs to uid {}, not to this user (uid {me})",
-            dir.display(),
-            m.uid()
-        ));
-    }
-    if m.mode() & 0o022 != 0 {
-        return Some(format!(
-            "{} has mode {:04o}: other users may add to it",
-            dir.display(),
-            m.mode() & 0o7777
-        ));
-    }
-    None
-}
-
 /// Make sure `dir` is a directory of this user's that nobody else may use (0700): created
 /// so (parents too) if absent; one of this user's that others may read but not change is
 /// narrowed to 0700; anything else (a symbolic link, another user's directory, one others
-/// may write) is refused with what to do. `what` names it in messages.
+/// may write, one inside a directory another user could change) is refused with what to
+/// do. `what` names it in messages (`cli_common::private`).
 pub fn ensure_private_dir(dir: &Path, what: &str) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let refuse = |why: String| {
-        anyhow::anyhow!(
-            "the {what} {}: {why}; it must be a directory of this user's that no one else may use (mode 0700): remove it (a new one is made), or set another place{}",
-            dir.display(),
-            if what == "run directory" { " with JFS_RUN_DIR" } else { "" }
-        )
+    let elsewhere = if what == "run directory" {
+        "set another place with JFS_RUN_DIR"
+    } else {
+        "set another place"
     };
-    let m = match std::fs::symlink_metadata(dir) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if let Some(p) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(p)
-                    .map_err(|e| anyhow::anyhow!("creating {}: {e}", p.display()))?;
-            }
-            // Not recursive: one made by someone else in between is an error, then checked.
-            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    return Err(anyhow::anyhow!(
-                        "creating the {what} {}: {e}",
-                        dir.display()
-                    ))
-                }
-            }
-            std::fs::symlink_metadata(dir)
-                .map_err(|e| anyhow::anyhow!("the {what} {}: {e}", dir.display()))?
-        }
-        Err(e) => return Err(anyhow::anyhow!("the {what} {}: {e}", dir.display())),
-    };
-    if let Some(why) = private_dir_problem(dir, &m) {
-        return Err(refuse(why));
-    }
-    if std::os::unix::fs::MetadataExt::mode(&m) & 0o077 != 0 {
-        // This user's, and no one else could add to it: made by an older version.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| refuse(format!("cannot narrow it to 0700: {e}")))?;
-    }
-    Ok(())
+    cli_common::private::ensure_private_dir(dir, what, elsewhere)
 }
 
 /// The run directory (`run_dir`), checked (`ensure_private_dir`).

@@ -76,6 +76,10 @@ pub struct MountOptions {
 /// Check the mount point: a directory, not mounted by a live process; a stale FUSE mount
 /// (its process killed) is cleared. Returns the canonical path.
 pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
+    // Another user's link would choose what the mount hides (`/etc`, say).
+    if let Some(why) = cli_common::private::foreign_link(mp) {
+        bail!("mount point: {why}");
+    }
     if mounts::is_stale(mp) {
         tracing::warn!(
             mountpoint = %mp.display(),

@@ -196,37 +196,9 @@ async fn background(m: &MountArgs) -> Result<Outcome> {
         None => control::socket_path_in(&control::private_run_dir()?, &mp).with_extension("log"),
     };
     // The log names files: 0600 from its first byte, and never through a symbolic link (one
-    // planted there would have the mount append to whatever it points at).
-    let linked = || {
-        anyhow!(
-            "the log file {} is a symbolic link: refusing to write through it (give the file itself with --log, or remove the link)",
-            log.display()
-        )
-    };
-    if std::fs::symlink_metadata(&log).is_ok_and(|m| m.file_type().is_symlink()) {
-        return Err(linked());
-    }
-    let logf = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&log)
-            .map_err(|e| {
-                if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
-                    linked()
-                } else {
-                    anyhow!("opening the log file {}: {e}", log.display())
-                }
-            })?
-    };
-    if m.log.is_none() {
-        // One an older version made open to others: this user's (the run directory is).
-        use std::os::unix::fs::PermissionsExt;
-        let _ = logf.set_permissions(std::fs::Permissions::from_mode(0o600));
-    }
+    // planted there would have the mount append to whatever it points at), never another
+    // user's file (`cli_common::open_private_log`).
+    let logf = cli_common::open_private_log(&log, "--log")?;
     // The log is appended to by every mount of this mount point: what this attempt says
     // starts here.
     let start = logf.metadata().map(|m| m.len()).unwrap_or(0);
@@ -290,6 +262,9 @@ fn this_attempt(log: &Path, start: u64) -> String {
 }
 
 pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
+    if let Some(why) = cli_common::private::foreign_link(mp) {
+        bail!("umount: {why}");
+    }
     if mounts::is_stale(mp) {
         // Only a jfs mount's: a dead sshfs or another FUSE file system is not ours to clear.
         let abs = std::path::absolute(mp).with_context(|| format!("{}", mp.display()))?;

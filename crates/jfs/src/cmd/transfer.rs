@@ -499,8 +499,26 @@ fn plan_get<'a>(
                 // A directory under LOCAL is made or must be one: a symlink there is never
                 // followed (a link left by an earlier get, from the volume, could lead out
                 // of LOCAL). Only LOCAL itself, as given, may be a link (resolved by `get`).
+                let found = std::fs::symlink_metadata(&local);
+                if found.is_err() {
+                    // Owner-only until its mode is set, after everything in it is copied.
+                    std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o700)
+                        .create(&local)
+                        .with_context(|| format!("creating {}", shown(&local)))?;
+                }
+                // Checked once made too: one another user made there first is theirs.
                 match std::fs::symlink_metadata(&local) {
-                    Ok(m) if m.is_dir() => {}
+                    Ok(m) if m.is_dir() => {
+                        if let Some(why) = others_may_change(&m) {
+                            failed.push(anyhow::anyhow!(
+                                "{} {why}: jfs get does not write into a directory another user can change (they could swap what is in it for a link while it is copied), so nothing under it was copied; get into a directory of your own, then move the files",
+                                shown(&local)
+                            ));
+                            return Ok(());
+                        }
+                    }
                     Ok(m) if m.file_type().is_symlink() => {
                         failed.push(anyhow::anyhow!(
                             "{} is a symbolic link where the volume has a directory: jfs get does not write through links, so nothing under it was copied; remove it, or get into another directory",
@@ -515,12 +533,11 @@ fn plan_get<'a>(
                         ));
                         return Ok(());
                     }
-                    // Owner-only until its mode is set, after everything in it is copied.
-                    Err(_) => std::fs::DirBuilder::new()
-                        .recursive(true)
-                        .mode(0o700)
-                        .create(&local)
-                        .with_context(|| format!("creating {}", shown(&local)))?,
+                    Err(e) => {
+                        return Err(
+                            anyhow::Error::new(e).context(format!("creating {}", shown(&local)))
+                        )
+                    }
                 }
                 for e in fs.readdir_all(ino).await? {
                     // Names are bytes: the local name is the volume's, byte for byte.
@@ -556,6 +573,23 @@ fn plan_get<'a>(
         }
         Ok(())
     })
+}
+
+/// Why another user could change directory `m` (it is theirs, not this user's or root's;
+/// or others may write it), if they could.
+fn others_may_change(m: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    if m.uid() != me && m.uid() != 0 {
+        return Some(format!("belongs to uid {}", m.uid()));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Some(format!(
+            "may be written by others (mode {:04o})",
+            m.mode() & 0o7777
+        ));
+    }
+    None
 }
 
 /// A time in ns since 1970 (negative: before) as a `SystemTime`: every time a volume holds,
@@ -732,7 +766,18 @@ pub async fn get(
         .resolve_path(volpath)
         .await
         .map_err(|e| super::fsops::at(volpath, "get", e))?;
+    // LOCAL reached through another user's link, or inside a directory another user could
+    // change, would let them choose where this copy writes (and what it chmods).
+    if let Some(why) = cli_common::private::foreign_link(local) {
+        anyhow::bail!("get: {why}");
+    }
     let dest = get_dest(local, volpath, attr.kind == FileKind::Dir)?;
+    if let Some(why) = cli_common::private::ancestors_problem(&dest) {
+        anyhow::bail!(
+            "get into {}: {why}: get into a directory of your own, then move the files",
+            shown(&dest)
+        );
+    }
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
     let mut refused = Vec::new();

@@ -248,7 +248,9 @@ impl Sink for VolumeSink {
             mtime: Some(src.mtime_ns),
             mode: Some(match (perms, src.mode) {
                 (true, Some(m)) => super::copy_mode(m),
-                _ => 0o644,
+                // Never more open than the source (a 0600 file stays 0600), as `cp`.
+                (false, Some(m)) => m & 0o755,
+                (_, None) => 0o644,
             }),
             ..Default::default()
         };

@@ -445,7 +445,14 @@ impl Endpoint for LocalDir {
         let (dir, k, mode) = (self.dir.clone(), key.to_string(), src.mode);
         blocking(move || {
             sink::create_parents(&dir, &k, &k)?;
-            if let (true, Some(m)) = (perms, mode) {
+            // Without --perms, as `cp -r`: never more open than the source directory (a
+            // 0700 one stays closed to others), and always the owner's to fill.
+            let m = match (perms, mode) {
+                (true, Some(m)) => Some(m),
+                (false, Some(m)) => Some((m | 0o700) & 0o777 & !sink::umask()),
+                (_, None) => None,
+            };
+            if let Some(m) = m {
                 dir.set_permissions(
                     rel(&k),
                     cap_std::fs::Permissions::from_std(std::fs::Permissions::from_mode(m)),

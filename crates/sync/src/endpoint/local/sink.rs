@@ -6,7 +6,8 @@
 //! user, left at that name is removed first, never followed nor reused) and is owner-only
 //! (0600) from its first byte; its mode is set at `finish`, before the rename: with `--perms`
 //! the source's without setuid and setgid (`copy_mode`: the owner is not the source's),
-//! otherwise a new file's (0666 less the umask).
+//! otherwise the source's permission bits less the umask (as `cp`: never more open than the
+//! source), or a new file's (0666 less the umask) when the source has no mode (objects).
 
 use super::super::{Entry, Sink};
 use anyhow::{anyhow, Context, Result};
@@ -144,12 +145,15 @@ pub(super) fn in_the_way(dir: &Dir, dir_key: &str) -> Option<anyhow::Error> {
 pub(super) fn final_mode(perms: bool, mode: Option<u32>) -> u32 {
     match (perms, mode) {
         (true, Some(m)) => super::super::copy_mode(m),
-        _ => 0o666 & !umask(),
+        // As `cp` without `-p`: the source's permission bits less the umask, so a copy is
+        // never more open than its source (a 0600 file stays 0600, not 0644).
+        (false, Some(m)) => m & 0o777 & !umask(),
+        (_, None) => 0o666 & !umask(),
     }
 }
 
 /// This process's umask (from /proc; 022 where it cannot be read).
-fn umask() -> u32 {
+pub(super) fn umask() -> u32 {
     static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *UMASK.get_or_init(|| {
         std::fs::read_to_string("/proc/self/status")
