@@ -617,9 +617,21 @@ fn split_host_port(addr: &str) -> Result<(String, u16)> {
 
 /// The state directory is a directory (or can be created: an ancestor exists and is one).
 fn check_state_dir(dir: &Path) -> Result<()> {
-    if dir.exists() {
-        if !dir.is_dir() {
+    // What `run` refuses (`cli_common::private::ensure_private_dir`), said here first: a
+    // link, another user's directory, one others may write, or one under a directory
+    // another user could change.
+    let refuse = |why: String| {
+        anyhow::anyhow!("state_dir {}: {why}; it must be a directory of this user's that no one else may use (mode 0700): remove it (a new one is made), or set another state_dir", dir.display())
+    };
+    if let Some(why) = cli_common::private::ancestors_problem(dir) {
+        return Err(refuse(why));
+    }
+    if let Ok(m) = std::fs::symlink_metadata(dir) {
+        if m.is_file() {
             bail!("state_dir {} is a file, not a directory", dir.display());
+        }
+        if let Some(why) = cli_common::private::private_dir_problem(dir, &m) {
+            return Err(refuse(why));
         }
         return Ok(());
     }
@@ -775,5 +787,35 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("MIRROR_AGENT_MIRROR__WRKERS"), "{e}");
+    }
+
+    /// `check-config` refuses the state directories `run` refuses: another user's (or one
+    /// others may write), a link, one under a directory another user could change. It said
+    /// "ok" and `run` then refused.
+    #[test]
+    fn a_state_dir_run_would_refuse_is_refused_by_the_checks() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let theirs = t.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = super::check_state_dir(&theirs).unwrap_err().to_string();
+        assert!(e.contains("belongs to uid 65534"), "{e}");
+        let e = super::check_state_dir(&theirs.join("state"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("who could replace it"), "{e}");
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(t.path(), &link).unwrap();
+        let e = super::check_state_dir(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(super::check_state_dir(&open).is_err());
+        let mine = t.path().join("mine");
+        std::fs::create_dir(&mine).unwrap();
+        super::check_state_dir(&mine).unwrap();
+        super::check_state_dir(&t.path().join("new")).unwrap();
     }
 }
