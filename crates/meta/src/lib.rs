@@ -94,8 +94,25 @@ fn config_err(url: &str, what: impl std::fmt::Display) -> Error {
 /// spelled, is redacted by its spelling: between the user's `:` and the last `@`.
 pub fn redact(url: &str) -> String {
     match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
+        Ok(mut u) if u.password().is_some() || u.query_pairs().any(|(k, _)| secret_param(&k)) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            // A password given as a parameter (refused, but shown in the refusal).
+            let pairs: Vec<(String, String)> = u
+                .query_pairs()
+                .map(|(k, v)| {
+                    let v = if secret_param(&k) {
+                        "***".to_string()
+                    } else {
+                        v.into_owned()
+                    };
+                    (k.into_owned(), v)
+                })
+                .collect();
+            if !pairs.is_empty() {
+                u.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             u.to_string()
         }
         // No password where the parser looked: a damaged URL ("redis:redis://u:p@h") may
@@ -123,8 +140,23 @@ fn query(u: &url::Url) -> HashMap<String, String> {
         .collect()
 }
 
+/// A URL parameter whose value would be a secret (`password`, `secret`, a token or key).
+fn secret_param(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    k != "password_env"
+        && ["pass", "secret", "token", "key", "credential"]
+            .iter()
+            .any(|w| k.contains(w))
+}
+
 fn check_params(url: &str, q: &HashMap<String, String>, allowed: &[&str]) -> Result<()> {
     for k in q.keys() {
+        if secret_param(k) && !allowed.contains(&k.as_str()) {
+            return Err(config_err(
+                url,
+                format!("parameter {k:?} would put a secret in the URL, which shows in `ps`, logs and job records: name the variable that holds it with ?password_env=VAR (jfs also takes --meta-password-file FILE)"),
+            ));
+        }
         if !allowed.contains(&k.as_str()) {
             return Err(config_err(
                 url,
@@ -184,7 +216,7 @@ pub fn check_url(url: &str, opts: &OpenOptions) -> Result<()> {
         "redis" | "postgres" | "postgresql" => {
             let u = url::Url::parse(url).map_err(|e| config_err(url, e))?;
             if u.password().is_some() {
-                return Err(config_err(url, format!("do not put the password in the URL; set {PASSWORD_ENV} or use a password file")));
+                return Err(config_err(url, format!("do not put the password in the URL (it shows in `ps` and logs): set {PASSWORD_ENV}, or name the variable that holds it with ?password_env=VAR (jfs also takes --meta-password-file FILE)")));
             }
             let q = query(&u);
             let known: &[&str] = if scheme == "redis" { &["prefix", "password_env"] } else { &["schema", "password_env"] };
@@ -304,7 +336,7 @@ fn server_url(url: &str, known: &[&str]) -> Result<(url::Url, HashMap<String, St
         return Err(config_err(
             url,
             format!(
-                "do not put the password in the URL; set {PASSWORD_ENV} or use a password file"
+                "do not put the password in the URL (it shows in `ps` and logs): set {PASSWORD_ENV}, or name the variable that holds it with ?password_env=VAR (jfs also takes --meta-password-file FILE)"
             ),
         ));
     }
@@ -476,6 +508,9 @@ mod tests {
         check_err("rocksdb://", "no path").await;
         check_err("rocksdb:///no/such/parent/dir", "does not exist").await;
         check_err("rocksdb:///tmp/x?fast=1", "unknown parameter").await;
+        // A password as a parameter: refused with the way to give it, never echoed.
+        check_err("redis://127.0.0.1:1/1?password=hunter2", "password_env").await;
+        check_err("postgres://h/db?sslpassword=hunter2&x=1", "password_env").await;
         check_err("rocksdb://tmp/x", "did you mean rocksdb:///tmp/x?").await;
         check_err(
             "redis://u:hunter2@127.0.0.1:6379/0",

@@ -64,6 +64,11 @@ pub fn check(url: &str) -> std::result::Result<(), String> {
         return Err("a password in the URL (user:password@): give credentials through the environment (e.g. AWS_SECRET_ACCESS_KEY, or an option KEY=env:NAME), never in the URL, which shows in `ps`, logs and job records".into());
     }
     for (k, v) in query(url) {
+        if userinfo_password(&v).is_some() {
+            return Err(format!(
+                "option {k:?} holds a URL with a password in it (user:password@): give credentials through the environment (an option KEY=env:NAME), never in the URL, which shows in `ps`, logs and job records"
+            ));
+        }
         if is_secret_option(&k) && !v.starts_with("env:") {
             return Err(format!(
                 "option {k:?} holds a secret and is given inline: pass it as {k}=env:NAME and export NAME=<the secret> (a value in the URL shows in `ps`, logs, job records and `job status`)"
@@ -105,6 +110,13 @@ pub fn redact(url: &str) -> String {
                 .unwrap_or_default();
             if is_secret_option(&key) && !value.starts_with("env:") {
                 format!("{k}=***")
+            } else if userinfo_password(&value).is_some() {
+                // A URL in an option (an endpoint) with a password in its user part.
+                let hidden = redact(&value);
+                format!(
+                    "{k}={}",
+                    url::form_urlencoded::byte_serialize(hidden.as_bytes()).collect::<String>()
+                )
             } else {
                 pair.to_string()
             }
@@ -168,6 +180,19 @@ mod tests {
         check("s3://bucket/prefix?endpoint=http://127.0.0.1:9000").unwrap();
         check("file:///data/store").unwrap();
         check("/data/dir?password=x").unwrap();
+    }
+
+    #[test]
+    fn a_password_inside_an_options_url_is_refused_and_hidden() {
+        let u = "opendal+webdav://?endpoint=http://u:hunter2@127.0.0.1:1";
+        let e = check(u).unwrap_err();
+        assert!(e.contains("endpoint") && !e.contains("hunter2"), "{e}");
+        let r = redact(u);
+        assert!(!r.contains("hunter2") && r.contains("endpoint="), "{r}");
+        let s3 = "s3://b/p?endpoint=http%3A%2F%2Fu%3Ahunter2%40h%3A9000";
+        assert!(check(s3).is_err());
+        assert!(!redact(s3).contains("hunter2"), "{}", redact(s3));
+        assert!(check("s3://b/p?endpoint=http://h:9000").is_ok());
     }
 
     #[test]
