@@ -333,7 +333,9 @@ fn ls(meta: &str, dir: &str) -> Vec<String> {
 /// Start `jfs put LOCAL VOLPATH` and kill it (-9) once its temporary file is in the volume.
 fn kill_put_midway(meta: &str, local: &Path, volpath: &str, dir: &str) {
     let mut child = Command::new(bin("jfs"))
-        .args(["-q", "put", meta, s(local), volpath])
+        .args(["-q", "put", meta])
+        .arg(local) // any bytes
+        .arg(volpath)
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
@@ -405,6 +407,27 @@ fn a_killed_puts_temporary_files_are_skipped_and_removed_by_gc_and_reruns() {
     ok(&["-q", "put", &meta, s(&src.join("big")), "/d/big"]);
     assert_eq!(ls(&meta, "/d"), vec!["big".to_string()]);
     assert!(ok_bytes_eq(&meta, "/d/big", &big));
+
+    // The temporary of a name that is not UTF-8, left by a put whose session is dead (no
+    // such session is live), is counted and removed too (gc skipped it).
+    use std::os::unix::ffi::OsStrExt;
+    let odd = src.join(std::ffi::OsStr::from_bytes(
+        b".b\xffg.jfs-tmp-00000000deadbeef-1-0badc0de",
+    ));
+    std::fs::write(&odd, b"left behind").unwrap();
+    ok(&["mkdir", &meta, "/e"]);
+    let o = Command::new(bin("jfs"))
+        .args(["-q", "put", meta.as_str()])
+        .arg(&odd)
+        .arg("/e/")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(ls(&meta, "/e").len(), 1);
+    assert_eq!(gc(false)["temps_dead"], 1);
+    let r = gc(true);
+    assert_eq!(r["temps_removed"].as_u64(), Some(1));
+    assert!(ls(&meta, "/e").is_empty(), "{:?}", ls(&meta, "/e"));
 }
 
 fn ok_bytes_eq(meta: &str, path: &str, want: &[u8]) -> bool {

@@ -122,10 +122,10 @@ impl Fs {
                         due.push((id, size));
                     }
                     Key::Dentry(parent, name) => {
-                        if let (Ok(n), Some((ino, crate::types::FileKind::File))) =
-                            (std::str::from_utf8(name), keys::decode_dentry(&v))
-                        {
-                            if super::is_tmp_name(n) {
+                        // A temporary's writer ids are ASCII at the end of its name; the
+                        // name before them may hold any bytes (a put of a byte name).
+                        if let Some((ino, crate::types::FileKind::File)) = keys::decode_dentry(&v) {
+                            if super::is_tmp_name(&String::from_utf8_lossy(name)) {
                                 temps.push((parent, name.to_vec(), ino));
                             }
                         }
@@ -145,7 +145,7 @@ impl Fs {
                 Err(e) if e.kind() == ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             };
-            if !judge.is_stale(std::str::from_utf8(&name).unwrap_or(""), mtime) {
+            if !judge.is_stale(&String::from_utf8_lossy(&name), mtime) {
                 continue;
             }
             rep.temps_dead += 1;

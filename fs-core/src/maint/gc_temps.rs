@@ -148,12 +148,12 @@ impl crate::fs::Fs {
             let crate::keys::Key::Dentry(_, n) = crate::keys::parse(&k) else {
                 continue;
             };
-            let (Ok(n), Some((ino, crate::types::FileKind::File))) =
-                (std::str::from_utf8(n), crate::keys::decode_dentry(&v))
-            else {
+            let Some((ino, crate::types::FileKind::File)) = crate::keys::decode_dentry(&v) else {
                 continue;
             };
-            if !is_tmp_name(n) {
+            // The writer ids are ASCII at the end; the name before them may be any bytes.
+            let shown = String::from_utf8_lossy(n);
+            if !is_tmp_name(&shown) {
                 continue;
             }
             let a = match self.getattr(ino).await {
@@ -161,8 +161,8 @@ impl crate::fs::Fs {
                 Err(e) if e.kind() == crate::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             };
-            if judge.is_stale(n, a.mtime.max(a.ctime)) {
-                match self.unlink(parent, n.as_bytes()).await {
+            if judge.is_stale(&shown, a.mtime.max(a.ctime)) {
+                match self.unlink(parent, n).await {
                     Ok(()) => removed += 1,
                     Err(e) if e.kind() == crate::ErrorKind::NotFound => {}
                     Err(e) => return Err(e),

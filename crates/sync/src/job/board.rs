@@ -200,7 +200,14 @@ pub fn redis_refusal(e: &::redis::RedisError, password_from: &str) -> String {
     let msg = e.to_string();
     if msg.contains("without any password configured") {
         format!("it has no password, but one was sent (from {password_from}): give this URL no password (unset it, or give the URLs that need one their own ?password_env=VAR)")
-    } else if msg.contains("NOAUTH") {
+    } else if msg.contains("NOAUTH")
+        || (msg.contains("refused to switch database") && !msg.contains("NOPERM"))
+    {
+        // A Redis that wants a password refuses SELECT (a database other than 0) before it
+        // refuses anything else.
+        if msg.contains("out of range") {
+            return format!("it has no such database (the number after the port is past its `databases` setting): use one it has: {msg}");
+        }
         format!("it needs a password and none was given: set {password_from}")
     } else if e.kind() == ::redis::ErrorKind::AuthenticationFailed
         || msg.contains("WRONGPASS")
@@ -431,5 +438,23 @@ pub fn password_source(url: &str) -> String {
             "{} (not set: no password was sent) or ?password_env=VAR in the URL",
             meta::PASSWORD_ENV
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A job's Redis on a database other than 0 that wants a password refuses the SELECT
+    /// first: said as the missing password, not "refused to switch database".
+    #[test]
+    fn a_refused_select_says_a_password_is_needed() {
+        let e = ::redis::RedisError::from((
+            ::redis::ErrorKind::ResponseError,
+            "Redis server refused to switch database",
+        ));
+        let m = super::redis_refusal(&e, "JFS_META_PASSWORD");
+        assert!(
+            m.contains("needs a password") && m.contains("JFS_META_PASSWORD"),
+            "{m}"
+        );
     }
 }
