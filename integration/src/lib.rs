@@ -4,6 +4,7 @@
 //!
 //! A backend whose URL variable is missing is a test failure with instructions, never a skip.
 
+pub mod disk;
 pub mod jobs;
 pub mod mirror;
 pub mod mountproc;

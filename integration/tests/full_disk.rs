@@ -5,38 +5,10 @@
 //! These need /dev/fuse and fusermount3 (Debian fuse3): without them they fail, never skip.
 
 use integration::data;
+use integration::disk::SmallDisk;
 use integration::mountproc::{fuse_ready, Mount};
 use integration::{bin, unique};
-use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// A tmpfs of `mib` MiB at a new directory, unmounted when dropped.
-struct SmallDisk(PathBuf);
-
-impl SmallDisk {
-    fn new(at: &Path, mib: u64) -> SmallDisk {
-        std::fs::create_dir_all(at).unwrap();
-        let o = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={mib}m,mode=0700"),
-                "tmpfs",
-            ])
-            .arg(at)
-            .output()
-            .expect("running mount");
-        assert!(o.status.success(), "mount -t tmpfs: {o:?}");
-        SmallDisk(at.to_path_buf())
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
 
 fn jfs(args: &[&str]) -> std::process::Output {
     Command::new(bin("jfs"))

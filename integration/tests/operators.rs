@@ -7,8 +7,9 @@
 //!
 //! Small disks are tmpfs mounted (and unmounted on every way out) by the test, as root.
 
+use integration::disk::SmallDisk;
 use integration::{bin, data, fails_clearly, runbook, unique};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -41,46 +42,6 @@ fn ok(args: &[&str]) -> String {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// A tmpfs of `mib` MiB at a new directory, unmounted when dropped.
-struct SmallDisk(PathBuf);
-
-impl SmallDisk {
-    fn new(at: &Path, mib: u64) -> SmallDisk {
-        std::fs::create_dir_all(at).unwrap();
-        let o = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={mib}m,mode=0700"),
-                "tmpfs",
-            ])
-            .arg(at)
-            .output()
-            .expect("running mount");
-        assert!(o.status.success(), "mount -t tmpfs: {o:?}");
-        SmallDisk(at.to_path_buf())
-    }
-
-    fn free_mib(&self) -> u64 {
-        let st = rustix::fs::statvfs(&self.0).unwrap();
-        (st.f_bavail * st.f_frsize) >> 20
-    }
-
-    fn entries(&self) -> Vec<String> {
-        std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect()
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
 }
 
 /// Format volume `name` in `meta` with blocks in `store` (a path).

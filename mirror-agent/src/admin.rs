@@ -266,18 +266,23 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_status_lists_the_workers_with_their_errors() {
-        let workers = std::sync::Arc::new(Supervisor::new(CancellationToken::new()));
-        workers.spawn(Failing);
-        let a = super::Admin {
+    /// An admin endpoint with no token, limits, slots or resync: only its workers.
+    fn admin_of(workers: std::sync::Arc<Supervisor>) -> super::Admin {
+        super::Admin {
             metrics: std::sync::Arc::new(crate::metrics::Metrics::new(false)),
             token: None,
             limits: None,
             slots: None,
             resync: None,
-            workers: workers.clone(),
-        };
+            workers,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_status_lists_the_workers_with_their_errors() {
+        let workers = std::sync::Arc::new(Supervisor::new(CancellationToken::new()));
+        workers.spawn(Failing);
+        let a = admin_of(workers.clone());
         a.metrics.set_status(serde_json::json!({"role": "mirror"}));
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let v = super::status_doc(&a);
@@ -321,14 +326,7 @@ mod tests {
     async fn pending_counts_the_copies_the_copier_holds() {
         let workers = std::sync::Arc::new(Supervisor::new(CancellationToken::new()));
         workers.spawn(Copying);
-        let a = super::Admin {
-            metrics: std::sync::Arc::new(crate::metrics::Metrics::new(false)),
-            token: None,
-            limits: None,
-            slots: None,
-            resync: None,
-            workers: workers.clone(),
-        };
+        let a = admin_of(workers.clone());
         a.metrics.set_status(
             serde_json::json!({"role": "mirror", "blocks": {"pending": 0, "copied": 2}}),
         );
