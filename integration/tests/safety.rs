@@ -1087,7 +1087,15 @@ async fn status_and_refusals_say_what_an_operator_can_act_on() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("dropped slot \"m1\""));
     let st = pair.primary.status();
     assert_eq!(st["mirrors"].as_array().unwrap().len(), 0, "{st}");
-    assert!(!pair.primary.metrics().contains("mirror=\"m1\""));
+    let mt = pair.primary.metrics();
+    assert!(
+        !mt.contains("mirror=\"m1\""),
+        "{}",
+        mt.lines()
+            .filter(|l| l.contains("m1"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     // The mirror comes back: a new slot, a resync, said in the primary's log.
     pair.mirror.restart();
     wait_converged(&pair.mirror, &**vol.fs.engine(), Duration::from_secs(60)).await;

@@ -93,6 +93,11 @@ impl Metrics {
         self.slot_lag_entries.remove(&l);
         self.slot_needs_resync.remove(&l);
         self.slot_connected.remove(&l);
+        // And what it forwarded: a dropped mirror is gone from every series.
+        self.fwd_committed.remove(&l);
+        self.fwd_conflicts.remove(&l);
+        self.fwd_refused.remove(&l);
+        self.fwd_seconds.remove(&l);
     }
 
     /// The metrics of the block store in `role`, registered on first use.

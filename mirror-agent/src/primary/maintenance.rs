@@ -164,6 +164,7 @@ impl Primary {
     }
 
     pub(super) async fn refresh_status(&self) -> Result<()> {
+        let _one = self.refreshing.lock().await;
         let b = self.engine.journal_bounds().await?;
         self.metrics.head_seq.set(b.last as i64);
         self.metrics.journal_first.set(b.first as i64);

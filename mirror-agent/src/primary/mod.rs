@@ -61,6 +61,9 @@ pub struct Primary {
     admin: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// Slots whose series are exported.
     seen_slots: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// One status refresh at a time: one that listed the slots before a `slot drop` must
+    /// not put the dropped slot's series back after the drop's own refresh.
+    refreshing: tokio::sync::Mutex<()>,
     /// Runs the background work (`maintenance`).
     workers: Arc<Supervisor>,
     /// Woken when a mirror's change was committed here (`forward`): the streams look now.
@@ -123,6 +126,7 @@ impl Primary {
             refusals: Default::default(),
             admin: Default::default(),
             seen_slots: Default::default(),
+            refreshing: Default::default(),
             workers: Arc::new(Supervisor::new(CancellationToken::new())),
             committed_here: tokio::sync::Notify::new(),
             instance: format!("{:032x}", rand::random::<u128>()),
