@@ -181,21 +181,12 @@ fn server_trusted(s: &tokio::net::UnixStream, path: &Path) -> std::result::Resul
             dir.display()
         ));
     }
-    for a in dir.ancestors().skip(1) {
-        if a.as_os_str().is_empty() {
-            break;
-        }
-        let Ok(m) = std::fs::symlink_metadata(a) else {
-            continue;
-        };
-        let others_write = m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0;
-        if (m.uid() != me && m.uid() != 0) || (others_write && !m.file_type().is_symlink()) {
-            return Err(format!(
-                "it is served by uid {peer} from {}, inside {} that another user could change",
-                dir.display(),
-                a.display()
-            ));
-        }
+    // Above it, ssh's rule: root's or this user's, and no one else may replace it.
+    if let Some(why) = cli_common::private::ancestors_problem(dir) {
+        return Err(format!(
+            "it is served by uid {peer} from {}: {why}",
+            dir.display()
+        ));
     }
     Ok(())
 }
