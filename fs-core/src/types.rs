@@ -254,14 +254,35 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
         None => (t, 1),
     };
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 4M, 64K, 1G)"))?;
-    if !(n >= 0.0) {
+    let num = num.trim();
+    let not_a_size = || format!("{s:?} is not a size (e.g. 4M, 64K, 1G, 1.5T)");
+    if num.starts_with('-') {
         return Err(format!("{s:?} is negative"));
     }
-    Ok((n * mult as f64) as u64)
+    // Digits with at most one decimal point: no sign, exponent, `inf` or `nan`, which f64's
+    // parser would take (a size of 1e30 would silently become u64::MAX).
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (int.is_empty() && frac.is_empty())
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(not_a_size());
+    }
+    let too_large = || format!("{s:?} is too large (at most 16 EiB less one byte)");
+    if frac.is_empty() {
+        let n: u64 = int.parse().map_err(|_| too_large())?;
+        return n.checked_mul(mult).ok_or_else(too_large);
+    }
+    let n: f64 = num.parse().map_err(|_| not_a_size())?;
+    let bytes = n * mult as f64;
+    // Past 2^53 an f64 no longer holds every whole number: a fraction that large is refused
+    // rather than rounded to a neighbour.
+    if bytes >= (1u64 << 53) as f64 {
+        return Err(format!(
+            "{s:?}: give a size this large without a fraction (e.g. in a smaller unit)"
+        ));
+    }
+    Ok(bytes as u64)
 }
 
 pub fn now_ns() -> i64 {
@@ -306,6 +327,32 @@ mod tests {
         assert!(parse_size("4Q").is_err());
         assert!(parse_size("-1").is_err());
         assert!(parse_size("big").is_err());
+    }
+
+    #[test]
+    fn a_size_past_u64_or_written_as_a_float_is_refused_not_saturated() {
+        for bad in [
+            "99999999999999999999999T",
+            "18446744073709551616",
+            "16777216T",
+            "inf",
+            "nan",
+            "1e30",
+            "+5",
+            ".",
+            "",
+            "1.5.5K",
+            "9007199254740993.5",
+        ] {
+            let e = parse_size(bad);
+            assert!(e.is_err(), "{bad:?} gave {e:?}");
+        }
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
+        assert_eq!(parse_size("16777215T").unwrap(), 16777215u64 << 40);
+        assert_eq!(parse_size(".5K").unwrap(), 512);
+        assert!(parse_size("99999999999999999999999T")
+            .unwrap_err()
+            .contains("too large"));
     }
 
     #[test]
