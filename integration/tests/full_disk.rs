@@ -1,5 +1,6 @@
 //! A full store reaches applications as ENOSPC, with the cause in the commands' messages,
-//! and jfs-sync does not retry it (issue 43, items 16 and 17). The block store is a small
+//! and jfs-sync does not retry it (issue 43, items 16 and 17); jfs-sync refuses a resume state
+//! on a disk without room for it. The block store is a small
 //! tmpfs mounted (and unmounted on every way out) by the test, as root.
 //!
 //! These need /dev/fuse and fusermount3 (Debian fuse3): without them they fail, never skip.
@@ -79,4 +80,43 @@ fn a_full_store_is_enospc_to_applications_and_named_by_commands() {
     );
     assert!(err.contains("failed after 1 attempt(s)"), "{err}");
     drop(disk);
+}
+
+/// jfs-sync's resume state (RocksDB) on a disk without the room RocksDB sets aside at open
+/// and the floor every write keeps is refused before anything is copied, naming the
+/// directory; the same job with its state elsewhere then runs.
+#[test]
+fn a_resume_state_on_a_disk_without_room_is_refused_before_anything_is_copied() {
+    let d = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::new(&d.path().join("small"), 40);
+    let src = d.path().join("src");
+    let dst = d.path().join("dst");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a"), data(1, 1000)).unwrap();
+    std::fs::write(src.join("sub/b"), data(2, 5000)).unwrap();
+    std::fs::create_dir(&dst).unwrap();
+    let state = disk.0.join("state");
+    let run = |state: &std::path::Path| {
+        Command::new(bin("jfs-sync"))
+            .arg(format!("{}/", src.display()))
+            .arg(format!("{}/", dst.display()))
+            .arg("--state-dir")
+            .arg(state)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("running jfs-sync")
+    };
+    let o = run(&state);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        err.contains("resume state cannot be kept in") && err.contains(&*state.to_string_lossy()),
+        "{err}"
+    );
+    assert!(err.contains("--state-dir"), "{err}");
+    assert_eq!(std::fs::read_dir(&dst).unwrap().count(), 0, "{err}");
+
+    let o = run(&d.path().join("state"));
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(std::fs::read(dst.join("sub/b")).unwrap(), data(2, 5000));
 }

@@ -12,6 +12,12 @@ use anyhow::{bail, Result};
 use rocksdb::{WriteBatch, DB};
 use std::path::{Path, PathBuf};
 
+/// The resume state's memtable: a million done-keys should not cost 64 MiB buffers of RAM.
+const STATE_WRITE_BUFFER: u64 = 8 << 20;
+/// What RocksDB sets aside as the state opens: its write-ahead log, preallocated a block of
+/// 1.1 write buffers at a time, and the manifest (`meta::base_options`).
+const OPEN_NEED: u64 = STATE_WRITE_BUFFER + STATE_WRITE_BUFFER / 10 + (4 << 20);
+
 pub struct State {
     db: DB,
     path: PathBuf,
@@ -57,10 +63,20 @@ impl State {
             "state directory",
             "give the job another --state-dir",
         )?;
+        // Refused at open on a disk without room for what RocksDB sets aside there (its
+        // write-ahead log and manifest) and the floor every write keeps: a write that meets a
+        // full disk leaves RocksDB's log writer failed, and Debian's librocksdb aborts the
+        // process on its next sync.
+        meta::check_room(path, OPEN_NEED).map_err(|m| {
+            anyhow::anyhow!(
+                "jfs-sync's resume state cannot be kept in {}: {m}; or give the job a --state-dir on a disk with room",
+                path.display()
+            )
+        })?;
         let mut o = meta::base_options();
         o.create_if_missing(true);
         // Small memtables: a million done-keys should not cost 64 MiB buffers of RAM.
-        o.set_write_buffer_size(8 << 20);
+        o.set_write_buffer_size(STATE_WRITE_BUFFER as usize);
         o.set_max_write_buffer_number(2);
         let db = match DB::open(&o, path) {
             Ok(db) => db,
@@ -80,6 +96,32 @@ impl State {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Every write is refused short of a full disk (`meta::check_room`), naming the
+    /// directory: the run stops with its progress so far kept, and resumes once there is room.
+    fn room(&self, bytes: usize) -> Result<()> {
+        meta::check_room(&self.path, bytes as u64).map_err(|m| {
+            anyhow::anyhow!(
+                "jfs-sync's resume state: {m}; the progress so far is kept: rerun the same command once there is room"
+            )
+        })
+    }
+
+    fn put(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<()> {
+        let (key, value) = (key.as_ref(), value.as_ref());
+        self.room(key.len() + value.len())?;
+        Ok(self.db.put(key, value)?)
+    }
+
+    fn write(&self, b: WriteBatch) -> Result<()> {
+        self.room(b.size_in_bytes())?;
+        Ok(self.db.write(b)?)
+    }
+
+    fn del(&self, key: impl AsRef<[u8]>) -> Result<()> {
+        self.room(key.as_ref().len())?;
+        Ok(self.db.delete(key)?)
     }
 
     /// Tie this state to `identity` (what SRC and DST are and the options): a fresh state
@@ -126,9 +168,9 @@ impl State {
                     );
                     let mut b = WriteBatch::default();
                     b.delete_range(&[0u8][..], &[0xffu8; 8][..]);
-                    self.db.write(b)?;
+                    self.write(b)?;
                 }
-                self.db.put(IDENTITY, identity)?;
+                self.put(IDENTITY, identity)?;
                 Ok(self.db.flush_wal(true)?)
             }
         }
@@ -142,7 +184,7 @@ impl State {
     }
 
     pub fn set_cursor(&self, key: &str) -> Result<()> {
-        Ok(self.db.put(CURSOR, key)?)
+        self.put(CURSOR, key)
     }
 
     /// The tally of the keys at or before the cursor, from earlier attempts.
@@ -166,7 +208,7 @@ impl State {
         let mut b = WriteBatch::default();
         b.put(CURSOR, cursor);
         b.put(TALLY, Tally::encode(tally));
-        Ok(self.db.write(b)?)
+        self.write(b)
     }
 
     pub fn mark_done(&self, key: &str, size: u64, mtime_ns: i64, what: Done) -> Result<()> {
@@ -218,7 +260,7 @@ impl State {
     }
 
     pub fn clear_multipart(&self, key: &str) -> Result<()> {
-        Ok(self.db.delete(k(MULTIPART, key))?)
+        self.del(k(MULTIPART, key))
     }
 
     pub fn add_delete(&self, key: &str, is_dir: bool) -> Result<()> {
@@ -233,7 +275,7 @@ impl State {
         let mut b = WriteBatch::default();
         b.delete(k(DELETE, key));
         b.put(DELETED, n.to_string());
-        Ok(self.db.write(b)?)
+        self.write(b)
     }
 
     /// Deletions done by earlier attempts of the final step.
@@ -270,7 +312,7 @@ impl State {
     }
 
     pub fn set_journal_seq(&self, seq: u64) -> Result<()> {
-        self.db.put(JOURNAL_SEQ, seq.to_string())?;
+        self.put(JOURNAL_SEQ, seq.to_string())?;
         self.db.flush_wal(true)?;
         Ok(())
     }
@@ -289,7 +331,7 @@ impl State {
         if let Some(id) = identity {
             b.put(IDENTITY, id);
         }
-        self.db.write(b)?;
+        self.write(b)?;
         self.db.flush()?;
         self.db.compact_range::<&[u8], &[u8]>(None, None);
         Ok(())
@@ -302,7 +344,7 @@ impl State {
     /// Write a raw value, as a damaged disk or an older release might have left it.
     #[cfg(test)]
     pub(crate) fn raw_put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        Ok(self.db.put(key, value)?)
+        self.put(key, value)
     }
 }
 
