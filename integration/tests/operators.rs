@@ -482,3 +482,113 @@ fn a_redis_that_needs_a_password_says_so() {
         );
     }
 }
+
+/// A dump edited to hold names no file could have (an absolute path, `..`, an empty name)
+/// or a namespace that is no tree (a directory inside itself, one entered twice, an entry
+/// pointing at the root) is refused by `jfs load` before anything is written, naming what is
+/// wrong (before: each loaded with exit 0, and `jfs get` of the volume then wrote outside its
+/// LOCAL, `ls -R` overflowed its stack).
+#[test]
+fn a_dump_whose_names_or_tree_no_file_system_could_hold_is_refused_at_load() {
+    use serde_json::{json, Value};
+    let d = tempfile::tempdir().unwrap();
+    let meta = format!("rocksdb://{}/meta", d.path().display());
+    let store = d.path().join("store");
+    assert!(format(&meta, &store).status.success());
+    ok(&["mkdir", &meta, "/x"]);
+    ok(&["mkdir", &meta, "/x/sub"]);
+    let f = d.path().join("f");
+    std::fs::write(&f, data(3, 5000)).unwrap();
+    ok(&["put", &meta, s(&f), "/x/f"]);
+    let dump = d.path().join("dump.json");
+    ok(&["dump", &meta, s(&dump)]);
+    let good: Value = serde_json::from_str(&std::fs::read_to_string(&dump).unwrap()).unwrap();
+    let ino_of = |dir: &str, name: &str| -> String {
+        good["inodes"][dir]["entries"][name]
+            .as_u64()
+            .unwrap()
+            .to_string()
+    };
+    let x = ino_of("1", "x");
+    let sub = ino_of(&x, "sub");
+    let file = ino_of(&x, "f");
+    let file_n: u64 = file.parse().unwrap();
+    let sub_n: u64 = sub.parse().unwrap();
+    let x_n: u64 = x.parse().unwrap();
+    let sub2 = sub.clone();
+
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "absolute",
+            Box::new(move |v| v["inodes"]["1"]["entries"]["/etc/PWNED"] = json!(file_n)),
+            "is not a file name",
+        ),
+        (
+            "dotdot",
+            Box::new(move |v| v["inodes"][&x]["entries"][".."] = json!(file_n)),
+            "is not a file name",
+        ),
+        (
+            "dotdot-rel",
+            Box::new(move |v| v["inodes"]["1"]["entries"]["../../PWNED"] = json!(file_n)),
+            "is not a file name",
+        ),
+        (
+            "empty",
+            Box::new(move |v| v["inodes"]["1"]["entries"][""] = json!(file_n)),
+            "is not a file name",
+        ),
+        (
+            "root",
+            Box::new(move |v| v["inodes"][&sub]["entries"]["loop"] = json!(1)),
+            "points at the root",
+        ),
+        (
+            "twice",
+            Box::new(move |v| v["inodes"]["1"]["entries"]["again"] = json!(sub_n)),
+            "is entered from both",
+        ),
+        (
+            "cycle",
+            Box::new(move |v| {
+                // x leaves the root and sub holds x: a loop cut off from the root.
+                v["inodes"]["1"]["entries"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("x");
+                v["inodes"][&sub2]["entries"]["x"] = json!(x_n);
+            }),
+            "is inside itself",
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let mut v = good.clone();
+        edit(&mut v);
+        let bad = d.path().join(format!("bad-{what}.json"));
+        std::fs::write(&bad, serde_json::to_vec(&v).unwrap()).unwrap();
+        let target = format!("rocksdb://{}/t-{what}", d.path().display());
+        let copy = format!("file://{}/copy-{what}", d.path().display());
+        let err = fails_clearly(
+            &jfs(&["--block-store", &copy, "load", &target, s(&bad)]),
+            want,
+        );
+        assert!(err.contains("nothing was loaded"), "{what}: {err}");
+        assert!(
+            !d.path().join(format!("t-{what}")).exists(),
+            "{what}: the refused load left its metadata"
+        );
+    }
+    // The unedited dump loads.
+    let target = format!("rocksdb://{}/t-good", d.path().display());
+    let copy = d.path().join("copy-good");
+    copy_tree(&store, &copy);
+    ok(&[
+        "--block-store",
+        &format!("file://{}", copy.display()),
+        "load",
+        &target,
+        s(&dump),
+    ]);
+    assert_eq!(jfs(&["cat", &target, "/x/f"]).stdout, data(3, 5000));
+}

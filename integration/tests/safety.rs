@@ -305,6 +305,18 @@ async fn writes_into_a_mirror_are_refused_until_it_is_detached() {
         let err = fails_clearly(&run("jfs", &args, &[]), want);
         assert!(err.contains("mirror-agent detach"), "{err}");
     }
+    // The mirror's dump loaded into fresh metadata would take the primary's store over (the
+    // mirror's settings name it): refused, pointing at --block-store and the mirror's store.
+    let fresh = format!("rocksdb://{}/fresh", dir.path().display());
+    let err = fails_clearly(
+        &run("jfs", &["load", &fresh, s(&dump_file)], &[]),
+        "the metadata of mirror site \"m1\"",
+    );
+    assert!(
+        err.contains("--block-store") && err.contains(&pair.m_store) && err.contains("promote"),
+        "{err}"
+    );
+    assert!(!dir.path().join("fresh").exists(), "{err}");
     let src = dir.path().join("tree");
     make_tree(&src, 5);
     fails_clearly(

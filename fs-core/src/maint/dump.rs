@@ -219,6 +219,12 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
     })
 }
 
+/// Whether `load` would take this dump: its settings, namespace and slice records (what
+/// `load` checks before writing anything), without an engine.
+pub fn check_dump(d: &Dump) -> Result<()> {
+    check_and_pairs(d).map(|_| ())
+}
+
 /// Every key/value pair a dump stands for.
 /// `load` writes nothing before this passes: the settings are ones `jfs format` could have
 /// made (a block size of 0 would divide by zero at the first read), every slice record
@@ -227,6 +233,7 @@ pub(crate) fn check_and_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     d.setting
         .validate()
         .map_err(|e| corrupt(format!("the dump's settings: {e}")))?;
+    check_tree(d)?;
     for (ino, n) in &d.inodes {
         for (idx, recs) in &n.chunks {
             for r in recs {
@@ -240,6 +247,88 @@ pub(crate) fn check_and_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         }
     }
     dump_pairs(d)
+}
+
+/// The dump's namespace is a tree a file system could have made: every entry name is one a
+/// file could have (not empty, `.` or `..`, no `/` or NUL, at most 255 bytes), the root is a
+/// directory, and every directory but the root is the child of exactly one entry of a
+/// directory reachable from the root (no cycle, no directory linked twice, none cut off).
+/// A hand-edited dump naming `/etc/passwd` or `..`, or a directory inside itself, would
+/// otherwise send `jfs get` outside its LOCAL or `ls -R` round a loop.
+fn check_tree(d: &Dump) -> Result<()> {
+    use crate::types::{FileKind, ROOT_INO};
+    let damaged = |what: String| {
+        corrupt(format!(
+            "{what}: a file system cannot hold this tree; the dump is damaged or edited (nothing was loaded)"
+        ))
+    };
+    let is_dir = |ino: Ino| {
+        d.inodes
+            .get(&ino)
+            .and_then(|n| n.attr.as_ref())
+            .is_some_and(|a| a.kind == FileKind::Dir)
+    };
+    if !is_dir(ROOT_INO) {
+        return Err(damaged(format!(
+            "the root (inode {ROOT_INO}) is missing or not a directory"
+        )));
+    }
+    let mut parent_of: BTreeMap<Ino, Ino> = BTreeMap::new();
+    for (&ino, n) in &d.inodes {
+        if !n.entries.is_empty() && !is_dir(ino) {
+            return Err(damaged(format!(
+                "inode {ino} has entries but is not a directory"
+            )));
+        }
+        for (name, &child) in &n.entries {
+            let bytes = decode_name(name)?;
+            crate::fs::check_name(&bytes).map_err(|e| {
+                damaged(format!(
+                    "entry {name:?} of directory inode {ino} is not a file name ({})",
+                    e.message()
+                ))
+            })?;
+            if child == ROOT_INO {
+                return Err(damaged(format!(
+                    "entry {name:?} of directory inode {ino} points at the root"
+                )));
+            }
+            if is_dir(child) {
+                if let Some(first) = parent_of.insert(child, ino) {
+                    return Err(damaged(format!(
+                        "directory inode {child} is entered from both inode {first} and inode {ino}"
+                    )));
+                }
+            }
+        }
+    }
+    // Every directory with a parent reaches the root through parents; a loop of parents
+    // (a directory inside itself) never does.
+    let mut reaches_root: std::collections::BTreeSet<Ino> = [ROOT_INO].into();
+    for &start in parent_of.keys() {
+        let mut path = Vec::new();
+        let mut on_path = std::collections::BTreeSet::new();
+        let mut at = start;
+        while !reaches_root.contains(&at) {
+            path.push(at);
+            on_path.insert(at);
+            match parent_of.get(&at) {
+                Some(&p) if !on_path.contains(&p) => at = p,
+                Some(_) => {
+                    return Err(damaged(format!(
+                        "directory inode {start} is inside itself"
+                    )))
+                }
+                None => {
+                    return Err(damaged(format!(
+                        "directory inode {start} is not reachable from the root (its topmost directory, inode {at}, is in no directory)"
+                    )))
+                }
+            }
+        }
+        reaches_root.extend(path);
+    }
+    Ok(())
 }
 
 fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {

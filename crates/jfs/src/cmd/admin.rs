@@ -260,6 +260,8 @@ async fn load_into(
     let raw = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let mut d: maint::Dump = serde_json::from_slice(&raw)
         .with_context(|| format!("{} is not a jfs dump", file.display()))?;
+    // A damaged or edited dump is named before any store or metadata is touched.
+    maint::check_dump(&d).with_context(|| format!("{} cannot be loaded", file.display()))?;
     let other_store = g.storage.clone().filter(|u| *u != d.setting.storage);
     if let Some(url) = &other_store {
         // The loaded volume's blocks are in `url`: its settings and storage record say so.
@@ -285,8 +287,11 @@ async fn load_into(
         .check()
         .await
         .with_context(|| format!("checking the volume's store {}", d.setting.storage))?;
-    if other_store.is_none() && !take_over {
-        refuse_live_source(g, &d, file).await?;
+    if other_store.is_none() {
+        refuse_mirror_source(g, &d, file).await?;
+        if !take_over {
+            refuse_live_source(g, &d, file).await?;
+        }
     }
     let n = maint::load(engine, &d).await.context("loading")?;
     let settings = Fs::load_settings(engine).await?;
@@ -311,6 +316,33 @@ async fn load_into(
         }
     );
     Ok(Outcome::Done)
+}
+
+/// Refuse a load of a mirror site's dump onto the store it names: a mirror's settings name
+/// its primary's store, live at the primary whatever the mirror's own sessions say, and
+/// taking it over would refuse every write there (and let this metadata's gc delete them).
+async fn refuse_mirror_source(g: &Global, d: &maint::Dump, file: &Path) -> Result<()> {
+    let Some(src) = &d.source else {
+        return Ok(());
+    };
+    // Unreadable now: `refuse_live_source` says so, or `--take-over` asserts the source gone.
+    let Ok(engine) = super::open_engine(g, src, true).await else {
+        return Ok(());
+    };
+    match Fs::load_settings(&*engine).await {
+        Ok(s) if s.uuid == d.setting.uuid => {}
+        _ => return Ok(()),
+    }
+    let Ok(Some(m)) = fs_core::site::marker(&*engine).await else {
+        return Ok(());
+    };
+    bail!(
+        "refusing to load {}: it was dumped from {src}, the metadata of mirror site {:?}, whose settings name its primary's store {}; that store is the primary's, live at the primary, and this load (even with --take-over) would take it over. Load it with --block-store URL: the mirror's own store {} once its copier has caught up, or a copy of the blocks. To make the mirror the primary, use `mirror-agent promote` instead",
+        file.display(),
+        m.name,
+        objstore::secrets::redact(&d.setting.storage),
+        objstore::secrets::redact(&m.store),
+    )
 }
 
 /// Refuse a load that would take the store over from a volume still mounted: the dump names

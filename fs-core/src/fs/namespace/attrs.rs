@@ -92,6 +92,14 @@ impl Fs {
         page.into_iter()
             .map(|(k, v)| {
                 let name = k[prefix.len()..].to_vec();
+                // A name no file could have (`..`, `/` inside, empty) is damage, never
+                // handed to a caller who would join it to a local path.
+                crate::fs::check_name(&name).map_err(|e| {
+                    crate::error::corrupt(format!(
+                        "directory inode {ino} holds an entry that is not a file name ({}): the metadata is damaged; run jfs fsck",
+                        e.message()
+                    ))
+                })?;
                 let (ino, kind) = keys::decode_dentry(&v).ok_or_else(|| {
                     crate::error::corrupt(format!(
                         "directory entry {:?} does not decode",
