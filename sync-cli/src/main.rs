@@ -241,6 +241,7 @@ fn request(a: &SyncArgs, c: &Common, rules: Vec<(bool, String)>) -> sync::option
         end: a.end.clone(),
         dirs: a.dirs,
         perms: a.perms,
+        owners: a.owners,
         links: a.links,
         from_journal: a.from_journal,
         checksum: a.checksum,

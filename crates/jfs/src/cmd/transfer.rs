@@ -500,19 +500,15 @@ pub struct GetOpts {
 impl GetOpts {
     /// Refuse `--owners` to a caller that cannot give files away.
     pub fn check(&self) -> Result<()> {
-        if self.owners && !rustix::process::geteuid().is_root() {
-            bail!("get --owners: only root can give files to their owners; run it as root, or without --owners (the copies are then yours, without setuid and setgid bits)");
+        if self.owners {
+            sync::endpoint::check_owners("get")?;
         }
         Ok(())
     }
 
-    /// The mode a copy of a file with `mode` gets.
+    /// The mode a copy of a file with `mode` gets (the rule `jfs-sync` follows too).
     fn file_mode(&self, mode: u32) -> u32 {
-        if self.owners {
-            mode & 0o7777
-        } else {
-            mode & 0o7777 & !0o6000
-        }
+        sync::endpoint::copy_mode(mode, self.owners)
     }
 }
 
