@@ -721,3 +721,52 @@ fn jfs_sync_owners_restores_owners_and_only_then_keeps_setuid() {
     );
     assert!(!o5.exists());
 }
+
+/// An entry of a tree that `jfs put` cannot read once it comes to it (a directory it may not
+/// list, here another user's 0000 one in a tree put by nobody; a file deleted since the
+/// listing) fails that entry, named, and the put goes on: exit 1, the rest copied. Before,
+/// the whole put stopped with exit 2.
+#[test]
+fn put_fails_only_the_entry_it_cannot_read_and_copies_the_rest() {
+    let d = shared_dir();
+    let nb = d.path().join("nb");
+    std::fs::create_dir(&nb).unwrap();
+    std::os::unix::fs::chown(&nb, Some(65534), Some(65534)).unwrap();
+    let meta = format!("rocksdb://{}/meta", nb.display());
+    let store = format!("file://{}/store", nb.display());
+    let as_nb = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(NOBODY)
+            .arg(bin("jfs"))
+            .args(args)
+            .env("JFS_RUN_DIR", nb.join("run"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv")
+    };
+    ok(
+        &as_nb(&["format", &meta, &unique("vanish"), "--storage", &store]),
+        "format",
+    );
+    let src = nb.join("src");
+    std::fs::create_dir_all(src.join("locked")).unwrap();
+    std::fs::write(src.join("a"), b"first").unwrap();
+    std::fs::write(src.join("locked/s"), b"not readable").unwrap();
+    std::fs::write(src.join("z"), b"last").unwrap();
+    for p in walk(&src) {
+        std::os::unix::fs::lchown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    std::fs::set_permissions(src.join("locked"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    let o = as_nb(&["put", &meta, src.to_str().unwrap(), "/t"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("listing {}", src.join("locked").display()))
+            && err.contains("nothing under it was copied")
+            && err.contains("1 failed"),
+        "{err}"
+    );
+    let cat = |p: &str| as_nb(&["cat", &meta, p]).stdout;
+    assert_eq!(cat("/t/a"), b"first");
+    assert_eq!(cat("/t/z"), b"last");
+}

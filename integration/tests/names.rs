@@ -608,3 +608,52 @@ fn get_replaces_a_link_where_the_volume_has_a_file_and_never_writes_through_it()
     assert!(m.is_file(), "the link is replaced by the volume's file");
     assert_eq!(std::fs::read(out.join("f")).unwrap(), b"volume bytes");
 }
+
+/// A file deleted while `jfs put` runs (after its directory was listed, before its turn: here
+/// while a big file before it is uploaded, one file at a time) is named as vanished, the put
+/// goes on and exits 1.
+#[test]
+fn put_names_a_file_that_vanished_while_it_ran_and_goes_on() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), data(5, 96 << 20)).unwrap();
+    std::fs::write(src.join("m"), b"deleted meanwhile").unwrap();
+    std::fs::write(src.join("z"), b"last").unwrap();
+    let put = Command::new(bin("jfs"))
+        .args([
+            os("put"),
+            os(&v.meta),
+            src.as_os_str(),
+            os("/t"),
+            os("--threads"),
+            os("1"),
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `a` is open (the tree is listed, its upload under way): `m` goes.
+    let fds = PathBuf::from(format!("/proc/{}/fd", put.id()));
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_dir(&fds)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == src.join("a")))
+    {
+        assert!(t0.elapsed().as_secs() < 60, "a's upload never started");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::fs::remove_file(src.join("m")).unwrap();
+    let o = put.wait_with_output().unwrap();
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(&format!("{} vanished", src.join("m").display())) && e.contains("1 failed"),
+        "{e}"
+    );
+    let cat = v.jfs(&[os("cat"), os("/t/z")]);
+    assert_eq!(cat.stdout, b"last");
+}

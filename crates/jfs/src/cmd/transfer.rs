@@ -109,9 +109,25 @@ struct PutCtx {
     judge: fs_core::maint::TmpJudge,
 }
 
+/// A local entry found in a directory being put that cannot be read, as that entry's
+/// failure: one deleted since its directory was listed is named as vanished (as rsync's "file
+/// has vanished"); the put goes on with the rest.
+fn unreadable(local: &Path, what: &str, e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        anyhow::anyhow!(
+            "{} vanished (it was deleted while the put ran), so it was not copied",
+            shown(local)
+        )
+    } else {
+        anyhow::Error::new(e).context(format!("{what} {}", shown(local)))
+    }
+}
+
 /// Create the directory tree in the volume; collect file jobs; return (dir ino, mtime) pairs to
 /// fix up at the end (creating children changes a directory's mtime). `rerun`: `parent` was
-/// there before this put; `in_tree`: `local` was found in a directory being put.
+/// there before this put; `in_tree`: `local` was found in a directory being put. An entry of
+/// the tree that cannot be read or listed (vanished, unreadable) is a failure of that entry,
+/// added to `failed`; LOCAL itself failing is an error.
 #[allow(clippy::too_many_arguments)]
 fn plan_put<'a>(
     fs: &'a Fs,
@@ -122,10 +138,17 @@ fn plan_put<'a>(
     in_tree: bool,
     jobs: &'a mut Vec<PutJob>,
     dirs: &'a mut Vec<(Ino, std::fs::Metadata)>,
+    failed: &'a mut Vec<anyhow::Error>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
     Box::pin(async move {
-        let meta = std::fs::symlink_metadata(local)
-            .with_context(|| format!("reading {}", shown(local)))?;
+        let meta = match std::fs::symlink_metadata(local) {
+            Ok(m) => m,
+            Err(e) if in_tree => {
+                failed.push(unreadable(local, "reading", e));
+                return Ok(());
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", shown(local))),
+        };
         let ft = meta.file_type();
         let owner = Owner {
             uid: meta.uid(),
@@ -148,13 +171,28 @@ fn plan_put<'a>(
                     return Err(e).with_context(|| format!("creating directory {}", quote(name)))
                 }
             };
-            for (path, cname) in sorted_children(local)? {
-                plan_put(fs, &path, ino, &cname, existed, true, jobs, dirs).await?;
+            let children = match sorted_children(local) {
+                Ok(c) => c,
+                Err(e) if in_tree => {
+                    failed.push(e.context("nothing under it was copied"));
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
+            for (path, cname) in children {
+                plan_put(fs, &path, ino, &cname, existed, true, jobs, dirs, failed).await?;
             }
             dirs.push((ino, meta));
         } else if ft.is_symlink() {
             // A link's target is bytes too, kept as it is.
-            let target = std::fs::read_link(local)?;
+            let target = match std::fs::read_link(local) {
+                Ok(t) => t,
+                Err(e) if in_tree => {
+                    failed.push(unreadable(local, "reading the link", e));
+                    return Ok(());
+                }
+                Err(e) => return Err(e).with_context(|| format!("reading {}", shown(local))),
+            };
             if let Ok((_, a)) = fs.lookup(parent, name).await {
                 if a.kind == FileKind::Dir {
                     bail!("{} exists in the volume as a directory", quote(name));
@@ -226,7 +264,7 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
         Ok(f) => Arc::new(f),
         Err(e) => {
             let _ = fs.unlink(job.parent, &tmp).await;
-            return Err(e).with_context(|| format!("opening {}", shown(&job.local)));
+            return Err(unreadable(&job.local, "opening", e));
         }
     };
     // Bytes of this file counted so far: taken back if it fails, so the summary counts only
@@ -371,7 +409,19 @@ pub async fn put(
     };
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
-    plan_put(fs, local, parent, &name, true, false, &mut jobs, &mut dirs).await?;
+    let mut skipped = Vec::new();
+    plan_put(
+        fs,
+        local,
+        parent,
+        &name,
+        true,
+        false,
+        &mut jobs,
+        &mut dirs,
+        &mut skipped,
+    )
+    .await?;
     let engine = fs.engine();
     let ctx = PutCtx {
         session: fs_core::maint::own_session(&**engine).await,
@@ -385,12 +435,13 @@ pub async fn put(
     let total: u64 = jobs.iter().map(|j| j.meta.len()).sum();
     let progress = Progress::new("put", total, quiet);
     let t0 = std::time::Instant::now();
-    let failures: Vec<anyhow::Error> =
+    let mut failures: Vec<anyhow::Error> =
         futures::stream::iter(jobs.iter().map(|j| put_file(fs, &ctx, j, &progress)))
             .buffer_unordered(threads.max(1))
             .filter_map(|r| async move { r.err() })
             .collect()
             .await;
+    failures.extend(skipped);
     for (ino, meta) in &dirs {
         fs.setattr(
             *ino,
