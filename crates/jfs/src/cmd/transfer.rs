@@ -229,7 +229,11 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
     check_interrupted()?;
     if job.rerun {
         let n = fs
-            .remove_dead_temps_of(job.parent, &key_of(&job.name), &ctx.judge)
+            .remove_dead_temps_by_prefix(
+                job.parent,
+                &bytes_of(&tmp_prefix(&key_of(&job.name))),
+                &ctx.judge,
+            )
             .await
             .with_context(|| {
                 format!(
