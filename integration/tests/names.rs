@@ -657,3 +657,30 @@ fn put_names_a_file_that_vanished_while_it_ran_and_goes_on() {
     let cat = v.jfs(&[os("cat"), os("/t/z")]);
     assert_eq!(cat.stdout, b"last");
 }
+
+/// `jfs stat` of a link whose target holds a byte that is not UTF-8 and a newline prints the
+/// target shell-escaped, as `jfs ls` does: no byte lost (before: U+FFFD), no raw newline.
+#[test]
+fn stat_prints_a_link_target_of_any_bytes_escaped() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::os::unix::fs::symlink(p(b"tar\xff\nget"), src.join("l")).unwrap();
+    std::os::unix::fs::symlink("plain target", src.join("m")).unwrap();
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let stat = |path: &str| -> serde_json::Value {
+        let o = v.jfs(&[os("stat"), os(path)]);
+        assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    assert_eq!(stat("/t/l")["target"], "'tar'$'\\377'$'\\n''get'");
+    assert_eq!(stat("/t/m")["target"], "plain target");
+    let o = v.jfs(&[os("ls"), os("-l"), os("/t")]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("-> 'tar'$'\\377'$'\\n''get'"),
+        "as ls shows it: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}

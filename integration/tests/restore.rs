@@ -441,7 +441,11 @@ fn a_killed_puts_temporary_files_are_skipped_and_removed_by_gc_and_reruns() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let tree = t.path().join("tree");
     std::fs::create_dir(&tree).unwrap();
-    std::fs::write(tree.join(std::ffi::OsStr::from_bytes(b"b\xffg")), b"the file").unwrap();
+    std::fs::write(
+        tree.join(std::ffi::OsStr::from_bytes(b"b\xffg")),
+        b"the file",
+    )
+    .unwrap();
     let o = Command::new(bin("jfs"))
         .args(["-q", "put", meta.as_str()])
         .arg(&tree)
