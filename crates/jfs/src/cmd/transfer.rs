@@ -375,13 +375,23 @@ fn base_name_bytes(local: &Path) -> Result<Vec<u8>> {
         .with_context(|| format!("{} has no file name", shown(local)))
 }
 
-/// A local path as it is shown: shell-escaped where it holds control bytes or bytes that
-/// are not UTF-8 (`sync::names::quote`).
+/// A local path as it is shown in messages: as given, shell-escaped where it holds control
+/// bytes or bytes that are not UTF-8 (`sync::names::quote`), and, when it is relative, the
+/// absolute path it stands for after it (`sub/f (/home/u/sub/f)`), so a message is clear
+/// wherever it is read.
 pub fn shown(p: &Path) -> std::borrow::Cow<'_, str> {
-    match p.to_str() {
-        Some(s) if !s.chars().any(char::is_control) => s.into(),
-        _ => quote(p.as_os_str().as_bytes()).into(),
+    let escaped = |p: &Path| -> String {
+        match p.to_str() {
+            Some(s) if !s.chars().any(char::is_control) => s.to_string(),
+            _ => quote(p.as_os_str().as_bytes()),
+        }
+    };
+    if p.is_relative() && !p.as_os_str().is_empty() {
+        if let Ok(cwd) = std::env::current_dir() {
+            return format!("{} ({})", escaped(p), escaped(&cwd.join(p))).into();
+        }
     }
+    escaped(p).into()
 }
 
 /// The entries of local directory `dir` in byte order of their names: (path, name bytes).
@@ -402,6 +412,14 @@ pub async fn put(
     threads: usize,
     quiet: bool,
 ) -> Result<Outcome> {
+    if let Err(e) = std::fs::symlink_metadata(local) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            bail!(
+                "put: LOCAL {} does not exist; name a file or directory to put",
+                shown(local)
+            );
+        }
+    }
     let base = base_name_bytes(local)?;
     let (parent, name) = match fs.resolve_path(&dest.path).await {
         Ok((ino, a)) if dest.goes_into(local, a.kind == FileKind::Dir) => (ino, base),
