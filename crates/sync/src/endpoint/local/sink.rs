@@ -4,8 +4,9 @@
 //!
 //! The temporary file is made by this process (`O_EXCL`: what an interrupted run, or another
 //! user, left at that name is removed first, never followed nor reused) and is owner-only
-//! (0600) from its first byte; its mode is set at `finish`, before the rename: with `--perms`
-//! the source's without setuid and setgid (`copy_mode`: the owner is not the source's),
+//! (0600) from its first byte; its owner (with `--owners`: `Entry::owner`, through the
+//! descriptor) and then its mode are set at `finish`, before the rename: with `--perms` the
+//! source's, without setuid and setgid unless the owner was restored (`copy_mode`),
 //! otherwise the source's permission bits less the umask (as `cp`: never more open than the
 //! source), or a new file's (0666 less the umask) when the source has no mode (objects).
 
