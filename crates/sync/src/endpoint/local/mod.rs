@@ -147,7 +147,12 @@ impl LocalDir {
         for e in rd {
             let e = e?;
             let name = name_of(&e);
-            let meta = e.metadata()?;
+            let meta = match e.metadata() {
+                Ok(m) => m,
+                // Deleted since the directory was read: gone meanwhile, as in `Kids::next`.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| format!("stat {}", show(&name))),
+            };
             out.push((
                 if meta.is_dir() {
                     format!("{name}/")
