@@ -1051,3 +1051,33 @@ fn empty_paths_and_a_dump_into_a_directory_are_refused_cleanly() {
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// `jfs put` names a relative LOCAL as it was typed and the absolute path it stands for,
+/// and says what to do when it does not exist (exit 2).
+#[test]
+fn put_names_a_relative_local_as_typed_and_absolute() {
+    let (meta, _d1) = meta_url("rocksdb");
+    let d = tempfile::tempdir().unwrap();
+    format_local(&meta, d.path());
+    let run = |args: &[&str]| {
+        Command::new(bin("jfs"))
+            .args(args)
+            .current_dir(d.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = run(&["put", &meta, "nosuch", "/x"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    let abs = d.path().join("nosuch");
+    assert!(
+        e.contains(&format!("LOCAL nosuch ({}) does not exist", abs.display()))
+            && e.contains("name a file or directory to put"),
+        "{e}"
+    );
+    // A relative LOCAL that is there goes in as usual.
+    std::fs::write(d.path().join("here"), b"typed relative").unwrap();
+    assert_eq!(run(&["put", &meta, "here", "/here"]).status.code(), Some(0));
+    assert_eq!(ok_bytes(&["cat", &meta, "/here"]), b"typed relative");
+}

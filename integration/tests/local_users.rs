@@ -631,3 +631,142 @@ fn another_users_directory_or_link_never_steers_a_get_a_mount_or_a_log() {
     assert!(err.contains("belongs to uid 65534"), "{err}");
     assert_eq!(std::fs::read(&log).unwrap(), b"");
 }
+
+/// `jfs-sync --owners` (root): copies get their source's numeric owner and group, and with
+/// `--perms` keep setuid and setgid (the rule `jfs get --owners` follows); without it they
+/// are root's and lose those bits. Dir to dir, dir to volume, volume to dir. Not root:
+/// refused before anything is copied, saying what to do.
+#[test]
+fn jfs_sync_owners_restores_owners_and_only_then_keeps_setuid() {
+    let d = shared_dir();
+    let b = d.path();
+    let run = b.join("run");
+    let meta = format!("rocksdb://{}/meta", b.display());
+    let store = format!("file://{}/store", b.display());
+    ok(
+        &jfs_umask(
+            "022",
+            &run,
+            &["format", &meta, &unique("own"), "--storage", &store],
+        ),
+        "format",
+    );
+    let src = b.join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("x"), b"a program").unwrap();
+    std::fs::set_permissions(src.join("x"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    std::os::unix::fs::chown(src.join("x"), Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(src.join("x"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    std::os::unix::fs::chown(src.join("sub"), Some(65534), Some(65534)).unwrap();
+    let sync = |args: &[&str]| {
+        Command::new(bin("jfs-sync"))
+            .args(args)
+            .env("VOL", &meta)
+            .env("XDG_CACHE_HOME", b.join("cache"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("running jfs-sync")
+    };
+    let owner_mode = |p: &Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o7777)
+    };
+    let s = src.to_str().unwrap();
+    let (o1, o2, o3, o4) = (b.join("o1"), b.join("o2"), b.join("o3"), b.join("o4"));
+    ok(
+        &sync(&[s, o1.to_str().unwrap(), "--perms", "--owners", "--dirs"]),
+        "dir to dir --owners",
+    );
+    assert_eq!(owner_mode(&o1.join("x")), (65534, 65534, 0o4755));
+    assert_eq!(owner_mode(&o1.join("sub")).0, 65534);
+    ok(
+        &sync(&[s, o2.to_str().unwrap(), "--perms", "--dirs"]),
+        "dir to dir",
+    );
+    assert_eq!(owner_mode(&o2.join("x")), (0, 0, 0o755));
+    assert_eq!(owner_mode(&o2.join("sub")).0, 0);
+    ok(
+        &sync(&[s, "jfs://VOL/v", "--perms", "--owners", "--dirs"]),
+        "dir to volume --owners",
+    );
+    ok(
+        &sync(&[
+            "jfs://VOL/v",
+            o3.to_str().unwrap(),
+            "--perms",
+            "--owners",
+            "--dirs",
+        ]),
+        "volume to dir --owners",
+    );
+    assert_eq!(owner_mode(&o3.join("x")), (65534, 65534, 0o4755));
+    assert_eq!(owner_mode(&o3.join("sub")).0, 65534);
+    ok(
+        &sync(&["jfs://VOL/v", o4.to_str().unwrap(), "--perms"]),
+        "volume to dir",
+    );
+    assert_eq!(owner_mode(&o4.join("x")), (0, 0, 0o755));
+    // Not root: refused, nothing made.
+    let o5 = b.join("o5");
+    let o = as_nobody(
+        bin("jfs-sync").to_str().unwrap(),
+        &[s, o5.to_str().unwrap(), "--perms", "--owners"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("only root can give files to their owners")
+            && err.contains("without --owners"),
+        "{err}"
+    );
+    assert!(!o5.exists());
+}
+
+/// An entry of a tree that `jfs put` cannot read once it comes to it (a directory it may not
+/// list, here another user's 0000 one in a tree put by nobody; a file deleted since the
+/// listing) fails that entry, named, and the put goes on: exit 1, the rest copied. Before,
+/// the whole put stopped with exit 2.
+#[test]
+fn put_fails_only_the_entry_it_cannot_read_and_copies_the_rest() {
+    let d = shared_dir();
+    let nb = d.path().join("nb");
+    std::fs::create_dir(&nb).unwrap();
+    std::os::unix::fs::chown(&nb, Some(65534), Some(65534)).unwrap();
+    let meta = format!("rocksdb://{}/meta", nb.display());
+    let store = format!("file://{}/store", nb.display());
+    let as_nb = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(NOBODY)
+            .arg(bin("jfs"))
+            .args(args)
+            .env("JFS_RUN_DIR", nb.join("run"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv")
+    };
+    ok(
+        &as_nb(&["format", &meta, &unique("vanish"), "--storage", &store]),
+        "format",
+    );
+    let src = nb.join("src");
+    std::fs::create_dir_all(src.join("locked")).unwrap();
+    std::fs::write(src.join("a"), b"first").unwrap();
+    std::fs::write(src.join("locked/s"), b"not readable").unwrap();
+    std::fs::write(src.join("z"), b"last").unwrap();
+    for p in walk(&src) {
+        std::os::unix::fs::lchown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    std::fs::set_permissions(src.join("locked"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    let o = as_nb(&["put", &meta, src.to_str().unwrap(), "/t"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("listing {}", src.join("locked").display()))
+            && err.contains("nothing under it was copied")
+            && err.contains("1 failed"),
+        "{err}"
+    );
+    let cat = |p: &str| as_nb(&["cat", &meta, p]).stdout;
+    assert_eq!(cat("/t/a"), b"first");
+    assert_eq!(cat("/t/z"), b"last");
+}

@@ -9,7 +9,7 @@ use integration::{bin, data};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -350,6 +350,11 @@ fn get_counts_a_planted_directory_link_as_failed_and_copies_the_rest() {
     assert_eq!(o.status.code(), Some(1), "a partial failure: {e}");
     assert!(e.contains("1 failed"), "{e}");
     assert!(e.contains("sub is a symbolic link"), "named: {e}");
+    assert!(
+        e.contains("a symbolic link is in the way")
+            && e.contains("remove it or choose another LOCAL"),
+        "what to do: {e}"
+    );
     assert_eq!(std::fs::read(out.join("g")).unwrap(), b"beside it");
     assert_eq!(
         std::fs::read_dir(&elsewhere).unwrap().count(),
@@ -500,4 +505,182 @@ fn the_mount_lists_byte_names_as_they_are() {
         data(1, 3000)
     );
     m.stop();
+}
+
+/// `jfs get` enters every directory below LOCAL from its parent's descriptor without
+/// following a link, and writes, chmods and stamps through descriptors held since then: a
+/// directory swapped for a link to OUTSIDE while the get runs (here while a big file before
+/// it is copied, one file at a time) is not written through, and OUTSIDE's mode stays.
+/// Before, files were created by path after the check, and the modes set by path at the end:
+/// OUTSIDE got `f` and `sub`'s mode.
+#[test]
+fn get_never_writes_through_a_directory_swapped_for_a_link_while_it_runs() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let (src, out, outside) = (
+        t.path().join("src"),
+        t.path().join("out"),
+        t.path().join("outside"),
+    );
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a"), data(3, 96 << 20)).unwrap();
+    std::fs::write(src.join("sub/f"), b"under sub").unwrap();
+    std::fs::set_permissions(src.join("sub"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    let get = Command::new(bin("jfs"))
+        .args([
+            os("get"),
+            os(&v.meta),
+            os("/t"),
+            out.as_os_str(),
+            os("--threads"),
+            os("1"),
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While `a` is copied (its temporary file is there), `sub` (made, not yet written) is
+    // swapped for a link.
+    let copying_a = || {
+        std::fs::read_dir(&out)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().as_bytes().starts_with(b".a.jfs-tmp"))
+    };
+    let t0 = std::time::Instant::now();
+    while !copying_a() {
+        assert!(t0.elapsed().as_secs() < 60, "a's copy never started");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::fs::rename(out.join("sub"), out.join("sub.moved")).unwrap();
+    std::os::unix::fs::symlink(&outside, out.join("sub")).unwrap();
+    let o = get.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "written through the link"
+    );
+    assert_eq!(
+        std::fs::metadata(&outside).unwrap().mode() & 0o7777,
+        0o700,
+        "chmod through the link"
+    );
+    // What was copied went into the directory get made (now sub.moved).
+    assert_eq!(
+        std::fs::read(out.join("sub.moved/f")).unwrap(),
+        b"under sub"
+    );
+    assert_eq!(
+        std::fs::metadata(out.join("sub.moved")).unwrap().mode() & 0o7777,
+        0o755
+    );
+}
+
+/// A link where the volume has a file (`LOCAL/f -> OUTSIDE/x`) is replaced by the file (the
+/// rename is made in the directory get holds), never written through.
+#[test]
+fn get_replaces_a_link_where_the_volume_has_a_file_and_never_writes_through_it() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let (src, out, outside) = (
+        t.path().join("src"),
+        t.path().join("out"),
+        t.path().join("outside"),
+    );
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"volume bytes").unwrap();
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("x"), b"outside").unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    std::os::unix::fs::symlink(outside.join("x"), out.join("f")).unwrap();
+    let o = v.jfs(&[os("get"), os("/t"), out.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(std::fs::read(outside.join("x")).unwrap(), b"outside");
+    let m = std::fs::symlink_metadata(out.join("f")).unwrap();
+    assert!(m.is_file(), "the link is replaced by the volume's file");
+    assert_eq!(std::fs::read(out.join("f")).unwrap(), b"volume bytes");
+}
+
+/// A file deleted while `jfs put` runs (after its directory was listed, before its turn: here
+/// while a big file before it is uploaded, one file at a time) is named as vanished, the put
+/// goes on and exits 1.
+#[test]
+fn put_names_a_file_that_vanished_while_it_ran_and_goes_on() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), data(5, 96 << 20)).unwrap();
+    std::fs::write(src.join("m"), b"deleted meanwhile").unwrap();
+    std::fs::write(src.join("z"), b"last").unwrap();
+    let put = Command::new(bin("jfs"))
+        .args([
+            os("put"),
+            os(&v.meta),
+            src.as_os_str(),
+            os("/t"),
+            os("--threads"),
+            os("1"),
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `a` is open (the tree is listed, its upload under way): `m` goes.
+    let fds = PathBuf::from(format!("/proc/{}/fd", put.id()));
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_dir(&fds)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == src.join("a")))
+    {
+        assert!(t0.elapsed().as_secs() < 60, "a's upload never started");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::fs::remove_file(src.join("m")).unwrap();
+    let o = put.wait_with_output().unwrap();
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(&format!("{} vanished", src.join("m").display())) && e.contains("1 failed"),
+        "{e}"
+    );
+    let cat = v.jfs(&[os("cat"), os("/t/z")]);
+    assert_eq!(cat.stdout, b"last");
+}
+
+/// `jfs stat` of a link whose target holds a byte that is not UTF-8 and a newline prints the
+/// target shell-escaped, as `jfs ls` does: no byte lost (before: U+FFFD), no raw newline.
+#[test]
+fn stat_prints_a_link_target_of_any_bytes_escaped() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::os::unix::fs::symlink(p(b"tar\xff\nget"), src.join("l")).unwrap();
+    std::os::unix::fs::symlink("plain target", src.join("m")).unwrap();
+    let o = v.jfs(&[os("put"), src.as_os_str(), os("/t")]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let stat = |path: &str| -> serde_json::Value {
+        let o = v.jfs(&[os("stat"), os(path)]);
+        assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    assert_eq!(stat("/t/l")["target"], "'tar'$'\\377'$'\\n''get'");
+    assert_eq!(stat("/t/m")["target"], "plain target");
+    let o = v.jfs(&[os("ls"), os("-l"), os("/t")]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("-> 'tar'$'\\377'$'\\n''get'"),
+        "as ls shows it: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 }

@@ -428,6 +428,37 @@ fn a_killed_puts_temporary_files_are_skipped_and_removed_by_gc_and_reruns() {
     let r = gc(true);
     assert_eq!(r["temps_removed"].as_u64(), Some(1));
     assert!(ls(&meta, "/e").is_empty(), "{:?}", ls(&meta, "/e"));
+
+    // A rerun of a put removes it too: the same leftover beside `b\xffg`, then a put of a
+    // tree holding `b\xffg` into /e (a rerun there) leaves only the file. Before, the rerun
+    // looked for the key's text, not the name's bytes, and left it.
+    let o = Command::new(bin("jfs"))
+        .args(["-q", "put", meta.as_str()])
+        .arg(&odd)
+        .arg("/e/")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tree = t.path().join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    std::fs::write(
+        tree.join(std::ffi::OsStr::from_bytes(b"b\xffg")),
+        b"the file",
+    )
+    .unwrap();
+    let o = Command::new(bin("jfs"))
+        .args(["-q", "put", meta.as_str()])
+        .arg(&tree)
+        .arg("/e")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = ls(&meta, "/e");
+    assert!(
+        names.len() == 1 && !names[0].contains(".jfs-tmp-"),
+        "the leftover stays: {names:?}"
+    );
+    assert_eq!(gc(false)["temps_dead"], 0);
 }
 
 fn ok_bytes_eq(meta: &str, path: &str, want: &[u8]) -> bool {

@@ -1941,3 +1941,56 @@ fn from_journal_copies_a_rewrite_of_the_same_size_and_time() {
     let v = run();
     assert_eq!(n(&v, "copied") + n(&v, "updated"), 0, "{v}");
 }
+
+/// `--delete-dst` from a source that is one file (a volume's file, a local file) is refused
+/// before anything is touched: exit 2, the message says what and what to do, all 52
+/// destination files stay, and a missing destination is not made. Before, a volume file
+/// listed as an empty tree and `--max-delete 100%` let every destination file go.
+#[test]
+fn delete_dst_from_a_one_file_source_is_refused_and_touches_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let meta = format!("rocksdb://{}/meta", t.path().display());
+    let jfs = |args: &[&str]| {
+        let o = Command::new(bin("jfs")).args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "jfs {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    jfs(&[
+        "format",
+        &meta,
+        "v",
+        "--storage",
+        &format!("file://{}/blocks", t.path().display()),
+    ]);
+    let one = t.path().join("one");
+    std::fs::write(&one, b"one file").unwrap();
+    jfs(&["put", &meta, s(&one), "/one"]);
+    let dst = t.path().join("dst");
+    make_tree(&dst, 52, 0);
+    let before = tree(&dst);
+    assert_eq!(before.len(), 52);
+    let job = Job::new();
+    for (src, extra) in [
+        ("jfs://VOL/one", &["--max-delete", "100%"][..]),
+        ("jfs://VOL/one", &[][..]),
+        (s(&one), &[][..]),
+    ] {
+        for to in [s(&dst), s(&t.path().join("new"))] {
+            let mut c = job.cmd(&[src, to, "--delete-dst"]);
+            c.args(extra).env("VOL", &meta);
+            let o = c.output().unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{src} {extra:?}: {err}");
+            assert!(
+                err.contains("--delete-dst with a source that is one file")
+                    && err.contains("Name the source's directory instead"),
+                "{err}"
+            );
+        }
+    }
+    assert_eq!(tree(&dst), before);
+    assert!(!t.path().join("new").exists());
+}

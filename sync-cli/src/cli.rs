@@ -207,10 +207,15 @@ pub struct SyncArgs {
     /// Also sync directories, including empty ones.
     #[arg(long, help_heading = WHAT)]
     pub dirs: bool,
-    /// Keep permission bits (file-system endpoints), except setuid and setgid: owners are
-    /// not kept, so a copy is never made setuid to someone else.
+    /// Keep permission bits (file-system endpoints), except setuid and setgid unless
+    /// --owners: a copy is never made setuid to someone else.
     #[arg(long, help_heading = WHAT)]
     pub perms: bool,
+    /// Give copies their source's numeric owner and group (file-system endpoints and
+    /// volumes; root only, like `tar --same-owner`); with --perms, setuid and setgid are then
+    /// kept. Refused for a user who is not root.
+    #[arg(long, help_heading = WHAT)]
+    pub owners: bool,
     /// Copy symlinks as symlinks (without it they are skipped, never followed).
     #[arg(long, short = 'l', help_heading = WHAT)]
     pub links: bool,

@@ -225,6 +225,12 @@ async fn serve_metrics(addr: &str, stats: Arc<Stats>) -> Result<()> {
     Ok(())
 }
 
+/// Why `--delete-dst` is refused for a source that is one file: it makes the destination
+/// hold what the source's tree holds, so everything else there would be deleted.
+fn one_file_source(src: &str) -> String {
+    format!("--delete-dst with a source that is one file ({}): the destination would keep only that file and every other entry in it would be deleted; nothing was touched. Name the source's directory instead (with --include/--exclude or --files-from to choose files), or leave out --delete-dst", sync::names::show(src))
+}
+
 /// The run's options from its flags (`sync::options::Request` turns them into the engine's).
 fn request(a: &SyncArgs, c: &Common, rules: Vec<(bool, String)>) -> sync::options::Request {
     sync::options::Request {
@@ -241,6 +247,7 @@ fn request(a: &SyncArgs, c: &Common, rules: Vec<(bool, String)>) -> sync::option
         end: a.end.clone(),
         dirs: a.dirs,
         perms: a.perms,
+        owners: a.owners,
         links: a.links,
         from_journal: a.from_journal,
         checksum: a.checksum,
@@ -320,9 +327,23 @@ async fn sync(a: SyncArgs, c: Common, rules: Vec<(bool, String)>, plan_only: boo
     if !from_volume {
         stores(&src_places, &dst_places)?;
     }
+    let local_src = src_spec.strip_prefix("file://").unwrap_or(&src_spec);
+    let is_local = !src_spec.contains("://") || src_spec.starts_with("file://");
+    if a.delete_dst && is_local && std::path::Path::new(local_src).is_file() {
+        bail!("{}", one_file_source(&src_spec));
+    }
     let src = endpoint::open(&src_spec, ep, a.delete_src && !a.dry_run, false)
         .await
         .with_context(|| format!("source {src_spec}"))?;
+    // Before the destination is opened (or made): nothing is touched.
+    // (A local directory does not stat its own root, "": that is no file either.)
+    if a.delete_dst {
+        if let Ok(Some(e)) = src.stat("").await {
+            if e.kind == sync::entry::Kind::File {
+                bail!("{}", one_file_source(&src_spec));
+            }
+        }
+    }
     if a.delete_src && !a.dry_run {
         refuse_object_volume_store(&src_spec, &*src, ep, "SRC (with --delete-src)").await?;
     }

@@ -23,6 +23,10 @@ pub struct Entry {
     pub mode: Option<u32>,
     /// Symlink target.
     pub target: Option<String>,
+    /// Numeric owner and group (uid, gid), when the endpoint has them (a local directory, a
+    /// volume). A run without `--owners` drops them before copying (`run::ctx::work`): a
+    /// sink gives a copy its source's owner exactly when this is set.
+    pub owner: Option<(u32, u32)>,
 }
 
 pub type Page = Result<Vec<Entry>>;

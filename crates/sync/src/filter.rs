@@ -287,6 +287,7 @@ mod tests {
             mtime_ns: 0,
             mode: None,
             target: None,
+            owner: None,
         };
         assert!(f.allows(&e("c", 50)));
         assert!(!f.allows(&e("c", 5)));

@@ -33,6 +33,8 @@ pub struct Request {
     pub end: Option<String>,
     pub dirs: bool,
     pub perms: bool,
+    /// Give copies their source's numeric owner and group (root only; `--owners`).
+    pub owners: bool,
     pub links: bool,
     pub from_journal: bool,
     pub checksum: bool,
@@ -70,6 +72,7 @@ impl Default for Request {
             end: None,
             dirs: false,
             perms: false,
+            owners: false,
             links: false,
             from_journal: false,
             checksum: false,
@@ -117,6 +120,9 @@ impl Request {
         }
         if self.size_only && self.checksum {
             bail!("--size-only and --checksum contradict each other (sizes only, or contents too)");
+        }
+        if self.owners {
+            crate::endpoint::check_owners("jfs-sync")?;
         }
         Ok(())
     }
@@ -180,6 +186,7 @@ impl Request {
             dry_run: self.dry_run,
             dirs: self.dirs,
             perms: self.perms,
+            owners: self.owners,
             links: self.links,
             check_new: self.check_new,
             retries: self.retries,
@@ -227,6 +234,7 @@ impl Request {
             ("--dirs", self.dirs.to_string()),
             ("--links", self.links.to_string()),
             ("--perms", self.perms.to_string()),
+            ("--owners", self.owners.to_string()),
             ("--delete-dst", self.delete_dst.to_string()),
             ("--min-size", num(self.min_size)),
             ("--max-size", num(self.max_size)),

@@ -149,6 +149,7 @@ mod tests {
             mtime_ns: t,
             mode: None,
             target: None,
+            owner: None,
         }
     }
 

@@ -141,7 +141,22 @@ impl crate::fs::Fs {
         name: &str,
         judge: &TmpJudge,
     ) -> crate::error::Result<u64> {
-        let start = crate::keys::dentry(parent, format!("{}-", tmp_prefix(name)).as_bytes());
+        self.remove_dead_temps_by_prefix(parent, tmp_prefix(name).as_bytes(), judge)
+            .await
+    }
+
+    /// `remove_dead_temps_of` for a name whose temporary prefix (`tmp_prefix`) is given as
+    /// the bytes stored in the directory: a name that is not UTF-8 is carried by its callers
+    /// as a key (`sync::names`) whose text is not those bytes, so they give the bytes.
+    pub async fn remove_dead_temps_by_prefix(
+        &self,
+        parent: crate::types::Ino,
+        prefix: &[u8],
+        judge: &TmpJudge,
+    ) -> crate::error::Result<u64> {
+        let mut with_dash = prefix.to_vec();
+        with_dash.push(b'-');
+        let start = crate::keys::dentry(parent, &with_dash);
         let end = crate::keys::prefix_end(&start);
         let mut removed = 0;
         for (k, v) in self.engine().scan(&start, &end, 1000).await? {

@@ -132,9 +132,14 @@ pub async fn stat(fs: &Fs, path: &VolPath) -> Result<Outcome> {
     v["ino"] = ino.into();
     v["path"] = path.to_string().into();
     if a.kind == FileKind::Symlink {
-        v["target"] = String::from_utf8_lossy(&fs.readlink(ino).await?)
-            .into_owned()
-            .into();
+        // Bytes are not lost: a target that is not UTF-8, or holds control bytes, is shown
+        // shell-escaped as `jfs ls` shows it (`'tar'$'\377''get'`); other targets as they are.
+        let t = fs.readlink(ino).await?;
+        v["target"] = match std::str::from_utf8(&t) {
+            Ok(s) if !s.chars().any(char::is_control) => s.to_string(),
+            _ => quote(&t),
+        }
+        .into();
     }
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(Outcome::Done)

@@ -14,6 +14,13 @@
 //! (`sync::names::quote`). A put rerun skips a file of a tree whose volume copy has its size,
 //! mtime and mode; summaries count only bytes of files that completed. A link or file where
 //! get needs a directory is a failure of that subtree (exit 1), never written through.
+//!
+//! `get` opens by path only the directory DEST goes into (LOCAL as given, its ancestors
+//! checked first); below it every directory is entered from its parent's descriptor with
+//! `O_DIRECTORY | O_NOFOLLOW` and held (`LocalDir`), every file is created (`O_EXCL |
+//! O_NOFOLLOW`), renamed and linked relative to one, and modes, times and owners are set
+//! through descriptors. So a link planted there, or swapped in while get runs, is never
+//! followed: no check-then-open-by-path window.
 
 use super::{parent_of, Outcome};
 use crate::progress::Progress;
@@ -48,35 +55,30 @@ fn tmp_name_of(name: &[u8], session: Option<&str>) -> Vec<u8> {
     bytes_of(&tmp_name(&key_of(name), session)).into_owned()
 }
 
-/// Remove temporary files a killed `jfs get` left beside `dest` (their process is gone from
-/// this host; one from before pids were in the name, `.NAME.jfs-tmp-<8 hex>`, counts as
-/// gone). Other names are the user's and stay.
-fn remove_stale_temps(dest: &Path) {
-    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
-        return;
-    };
-    let prefix = format!("{}-", tmp_prefix(&key_of(name.as_bytes())));
-    let Ok(rd) = std::fs::read_dir(if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    }) else {
+/// Remove temporary files a killed `jfs get` left beside `name` in directory `dir` (their
+/// process is gone from this host; one from before pids were in the name,
+/// `.NAME.jfs-tmp-<8 hex>`, counts as gone). Other names are the user's and stay. `local`
+/// names the directory in log lines.
+fn remove_stale_temps(dir: &std::fs::File, name: &[u8], local: &Path) {
+    let prefix = format!("{}-", tmp_prefix(&key_of(name)));
+    let Ok(rd) = rustix::fs::Dir::read_from(dir) else {
         return;
     };
     for e in rd.flatten() {
-        let f = e.file_name();
-        let f = key_of(f.as_bytes());
-        if !f.starts_with(&prefix) {
+        let f = e.file_name().to_bytes().to_vec();
+        let k = key_of(&f);
+        if !k.starts_with(&prefix) {
             continue;
         }
         let old_style = |rest: &str| rest.len() == 8 && rest.bytes().all(|b| b.is_ascii_hexdigit());
-        let gone = match fs_core::maint::tmp_writer(&f) {
+        let gone = match fs_core::maint::tmp_writer(&k) {
             Some(w) => fs_core::session::process_start(w.pid).is_none(),
-            None => old_style(&f[prefix.len()..]),
+            None => old_style(&k[prefix.len()..]),
         };
         if gone {
-            tracing::info!(path = %quote(e.path().as_os_str().as_bytes()), "removing a temporary file a killed jfs get left");
-            let _ = std::fs::remove_file(e.path());
+            let shown_at = local.with_file_name(OsStr::from_bytes(&f));
+            tracing::info!(path = %quote(shown_at.as_os_str().as_bytes()), "removing a temporary file a killed jfs get left");
+            let _ = rustix::fs::unlinkat(dir, OsStr::from_bytes(&f), rustix::fs::AtFlags::empty());
         }
     }
 }
@@ -107,9 +109,25 @@ struct PutCtx {
     judge: fs_core::maint::TmpJudge,
 }
 
+/// A local entry found in a directory being put that cannot be read, as that entry's
+/// failure: one deleted since its directory was listed is named as vanished (as rsync's "file
+/// has vanished"); the put goes on with the rest.
+fn unreadable(local: &Path, what: &str, e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        anyhow::anyhow!(
+            "{} vanished (it was deleted while the put ran), so it was not copied",
+            shown(local)
+        )
+    } else {
+        anyhow::Error::new(e).context(format!("{what} {}", shown(local)))
+    }
+}
+
 /// Create the directory tree in the volume; collect file jobs; return (dir ino, mtime) pairs to
 /// fix up at the end (creating children changes a directory's mtime). `rerun`: `parent` was
-/// there before this put; `in_tree`: `local` was found in a directory being put.
+/// there before this put; `in_tree`: `local` was found in a directory being put. An entry of
+/// the tree that cannot be read or listed (vanished, unreadable) is a failure of that entry,
+/// added to `failed`; LOCAL itself failing is an error.
 #[allow(clippy::too_many_arguments)]
 fn plan_put<'a>(
     fs: &'a Fs,
@@ -120,10 +138,17 @@ fn plan_put<'a>(
     in_tree: bool,
     jobs: &'a mut Vec<PutJob>,
     dirs: &'a mut Vec<(Ino, std::fs::Metadata)>,
+    failed: &'a mut Vec<anyhow::Error>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
     Box::pin(async move {
-        let meta = std::fs::symlink_metadata(local)
-            .with_context(|| format!("reading {}", shown(local)))?;
+        let meta = match std::fs::symlink_metadata(local) {
+            Ok(m) => m,
+            Err(e) if in_tree => {
+                failed.push(unreadable(local, "reading", e));
+                return Ok(());
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", shown(local))),
+        };
         let ft = meta.file_type();
         let owner = Owner {
             uid: meta.uid(),
@@ -146,13 +171,28 @@ fn plan_put<'a>(
                     return Err(e).with_context(|| format!("creating directory {}", quote(name)))
                 }
             };
-            for (path, cname) in sorted_children(local)? {
-                plan_put(fs, &path, ino, &cname, existed, true, jobs, dirs).await?;
+            let children = match sorted_children(local) {
+                Ok(c) => c,
+                Err(e) if in_tree => {
+                    failed.push(e.context("nothing under it was copied"));
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
+            for (path, cname) in children {
+                plan_put(fs, &path, ino, &cname, existed, true, jobs, dirs, failed).await?;
             }
             dirs.push((ino, meta));
         } else if ft.is_symlink() {
             // A link's target is bytes too, kept as it is.
-            let target = std::fs::read_link(local)?;
+            let target = match std::fs::read_link(local) {
+                Ok(t) => t,
+                Err(e) if in_tree => {
+                    failed.push(unreadable(local, "reading the link", e));
+                    return Ok(());
+                }
+                Err(e) => return Err(e).with_context(|| format!("reading {}", shown(local))),
+            };
             if let Ok((_, a)) = fs.lookup(parent, name).await {
                 if a.kind == FileKind::Dir {
                     bail!("{} exists in the volume as a directory", quote(name));
@@ -189,7 +229,11 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
     check_interrupted()?;
     if job.rerun {
         let n = fs
-            .remove_dead_temps_of(job.parent, &key_of(&job.name), &ctx.judge)
+            .remove_dead_temps_by_prefix(
+                job.parent,
+                &bytes_of(&tmp_prefix(&key_of(&job.name))),
+                &ctx.judge,
+            )
             .await
             .with_context(|| {
                 format!(
@@ -224,7 +268,7 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
         Ok(f) => Arc::new(f),
         Err(e) => {
             let _ = fs.unlink(job.parent, &tmp).await;
-            return Err(e).with_context(|| format!("opening {}", shown(&job.local)));
+            return Err(unreadable(&job.local, "opening", e));
         }
     };
     // Bytes of this file counted so far: taken back if it fails, so the summary counts only
@@ -331,13 +375,23 @@ fn base_name_bytes(local: &Path) -> Result<Vec<u8>> {
         .with_context(|| format!("{} has no file name", shown(local)))
 }
 
-/// A local path as it is shown: shell-escaped where it holds control bytes or bytes that
-/// are not UTF-8 (`sync::names::quote`).
+/// A local path as it is shown in messages: as given, shell-escaped where it holds control
+/// bytes or bytes that are not UTF-8 (`sync::names::quote`), and, when it is relative, the
+/// absolute path it stands for after it (`sub/f (/home/u/sub/f)`), so a message is clear
+/// wherever it is read.
 pub fn shown(p: &Path) -> std::borrow::Cow<'_, str> {
-    match p.to_str() {
-        Some(s) if !s.chars().any(char::is_control) => s.into(),
-        _ => quote(p.as_os_str().as_bytes()).into(),
+    let escaped = |p: &Path| -> String {
+        match p.to_str() {
+            Some(s) if !s.chars().any(char::is_control) => s.to_string(),
+            _ => quote(p.as_os_str().as_bytes()),
+        }
+    };
+    if p.is_relative() && !p.as_os_str().is_empty() {
+        if let Ok(cwd) = std::env::current_dir() {
+            return format!("{} ({})", escaped(p), escaped(&cwd.join(p))).into();
+        }
     }
+    escaped(p).into()
 }
 
 /// The entries of local directory `dir` in byte order of their names: (path, name bytes).
@@ -358,6 +412,14 @@ pub async fn put(
     threads: usize,
     quiet: bool,
 ) -> Result<Outcome> {
+    if let Err(e) = std::fs::symlink_metadata(local) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            bail!(
+                "put: LOCAL {} does not exist; name a file or directory to put",
+                shown(local)
+            );
+        }
+    }
     let base = base_name_bytes(local)?;
     let (parent, name) = match fs.resolve_path(&dest.path).await {
         Ok((ino, a)) if dest.goes_into(local, a.kind == FileKind::Dir) => (ino, base),
@@ -369,7 +431,19 @@ pub async fn put(
     };
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
-    plan_put(fs, local, parent, &name, true, false, &mut jobs, &mut dirs).await?;
+    let mut skipped = Vec::new();
+    plan_put(
+        fs,
+        local,
+        parent,
+        &name,
+        true,
+        false,
+        &mut jobs,
+        &mut dirs,
+        &mut skipped,
+    )
+    .await?;
     let engine = fs.engine();
     let ctx = PutCtx {
         session: fs_core::maint::own_session(&**engine).await,
@@ -383,12 +457,13 @@ pub async fn put(
     let total: u64 = jobs.iter().map(|j| j.meta.len()).sum();
     let progress = Progress::new("put", total, quiet);
     let t0 = std::time::Instant::now();
-    let failures: Vec<anyhow::Error> =
+    let mut failures: Vec<anyhow::Error> =
         futures::stream::iter(jobs.iter().map(|j| put_file(fs, &ctx, j, &progress)))
             .buffer_unordered(threads.max(1))
             .filter_map(|r| async move { r.err() })
             .collect()
             .await;
+    failures.extend(skipped);
     for (ino, meta) in &dirs {
         fs.setattr(
             *ino,
@@ -434,8 +509,53 @@ pub fn report(
 
 struct GetJob {
     ino: Ino,
+    /// The directory it goes into, held open (`LocalDir`), and its name there (bytes).
+    dir: LocalDir,
+    name: Vec<u8>,
+    /// Where that is, for messages only: nothing is opened by this path.
     local: PathBuf,
     attr: fs_core::Attr,
+}
+
+/// A local directory `jfs get` writes into, held open: entered from its parent's descriptor
+/// with `O_DIRECTORY | O_NOFOLLOW` (`enter_dir`), so a link there (planted before the get, or
+/// swapped in while it runs) is never followed. Everything below LOCAL is made relative to
+/// one of these (`openat`, `mkdirat`, `symlinkat`, `renameat`) and its mode, times and owner
+/// are set through a descriptor, never by path.
+type LocalDir = Arc<std::fs::File>;
+
+/// Open directory `name` of `parent` (no link followed; a link there fails with ELOOP or
+/// ENOTDIR).
+fn enter_dir(parent: &std::fs::File, name: &[u8]) -> std::io::Result<std::fs::File> {
+    use rustix::fs::OFlags;
+    let fd = rustix::fs::openat(
+        parent,
+        OsStr::from_bytes(name),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// Why entry `name` of `parent` could not be entered as a directory, as a message naming
+/// `local` and saying what to do.
+fn not_a_dir(
+    parent: &std::fs::File,
+    name: &[u8],
+    local: &Path,
+    e: std::io::Error,
+) -> anyhow::Error {
+    match rustix::fs::statat(parent, OsStr::from_bytes(name), rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink => anyhow::anyhow!(
+            "{} is a symbolic link where the volume has a directory: a symbolic link is in the way (jfs get never writes through links, so nothing under it was copied): remove it or choose another LOCAL",
+            shown(local)
+        ),
+        Ok(_) => anyhow::anyhow!(
+            "{} exists and is not a directory, where the volume has one, so nothing under it was copied; remove it or choose another LOCAL",
+            shown(local)
+        ),
+        Err(_) => anyhow::Error::new(e).context(format!("opening the directory {}", shown(local))),
+    }
 }
 
 /// How `jfs get` treats owners. Without `owners` every copy belongs to whoever runs get, and
@@ -453,19 +573,15 @@ pub struct GetOpts {
 impl GetOpts {
     /// Refuse `--owners` to a caller that cannot give files away.
     pub fn check(&self) -> Result<()> {
-        if self.owners && !rustix::process::geteuid().is_root() {
-            bail!("get --owners: only root can give files to their owners; run it as root, or without --owners (the copies are then yours, without setuid and setgid bits)");
+        if self.owners {
+            sync::endpoint::check_owners("get")?;
         }
         Ok(())
     }
 
-    /// The mode a copy of a file with `mode` gets.
+    /// The mode a copy of a file with `mode` gets (the rule `jfs-sync` follows too).
     fn file_mode(&self, mode: u32) -> u32 {
-        if self.owners {
-            mode & 0o7777
-        } else {
-            mode & 0o7777 & !0o6000
-        }
+        sync::endpoint::copy_mode(mode, self.owners)
     }
 }
 
@@ -479,66 +595,57 @@ fn chown_fd(f: &impl std::os::fd::AsFd, attr: &fs_core::Attr) -> std::io::Result
     .map_err(std::io::Error::from)
 }
 
-/// Plan the copy of `ino` to `local`. What cannot be copied where it must go (a symbolic
-/// link or a file where the volume has a directory) is a failure of that subtree, added to
-/// `failed`; the rest goes on.
+/// Plan the copy of `ino` to entry `name` of directory `parent` (`local`: where that is, for
+/// messages). What cannot be copied where it must go (a symbolic link or a file where the
+/// volume has a directory) is a failure of that subtree, added to `failed`; the rest goes on.
 #[allow(clippy::too_many_arguments)]
 fn plan_get<'a>(
     fs: &'a Fs,
     ino: Ino,
     attr: fs_core::Attr,
+    parent: LocalDir,
+    name: Vec<u8>,
     local: PathBuf,
     opts: GetOpts,
     jobs: &'a mut Vec<GetJob>,
-    dirs: &'a mut Vec<(PathBuf, fs_core::Attr)>,
+    dirs: &'a mut Vec<(LocalDir, PathBuf, fs_core::Attr)>,
     failed: &'a mut Vec<anyhow::Error>,
 ) -> futures::future::BoxFuture<'a, Result<()>> {
     Box::pin(async move {
+        let at = OsStr::from_bytes(&name);
         match attr.kind {
             FileKind::Dir => {
-                // A directory under LOCAL is made or must be one: a symlink there is never
-                // followed (a link left by an earlier get, from the volume, could lead out
-                // of LOCAL). Only LOCAL itself, as given, may be a link (resolved by `get`).
-                let found = std::fs::symlink_metadata(&local);
-                if found.is_err() {
-                    // Owner-only until its mode is set, after everything in it is copied.
-                    std::fs::DirBuilder::new()
-                        .recursive(true)
-                        .mode(0o700)
-                        .create(&local)
-                        .with_context(|| format!("creating {}", shown(&local)))?;
-                }
-                // Checked once made too: one another user made there first is theirs.
-                match std::fs::symlink_metadata(&local) {
-                    Ok(m) if m.is_dir() => {
-                        if let Some(why) = others_may_change(&m) {
-                            failed.push(anyhow::anyhow!(
-                                "{} {why}: jfs get does not write into a directory another user can change (they could swap what is in it for a link while it is copied), so nothing under it was copied; get into a directory of your own, then move the files",
-                                shown(&local)
-                            ));
-                            return Ok(());
-                        }
-                    }
-                    Ok(m) if m.file_type().is_symlink() => {
-                        failed.push(anyhow::anyhow!(
-                            "{} is a symbolic link where the volume has a directory: jfs get does not write through links, so nothing under it was copied; remove it, or get into another directory",
-                            shown(&local)
-                        ));
-                        return Ok(());
-                    }
-                    Ok(_) => {
-                        failed.push(anyhow::anyhow!(
-                            "{} exists and is not a directory, where the volume has one, so nothing under it was copied; remove it, or get into another directory",
-                            shown(&local)
-                        ));
-                        return Ok(());
-                    }
+                // Made owner-only (its mode is set after everything in it is copied), or
+                // one already there; then entered without following a link (`enter_dir`).
+                match rustix::fs::mkdirat(&*parent, at, rustix::fs::Mode::from_raw_mode(0o700)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                     Err(e) => {
-                        return Err(
-                            anyhow::Error::new(e).context(format!("creating {}", shown(&local)))
-                        )
+                        failed.push(
+                            anyhow::Error::new(std::io::Error::from(e))
+                                .context(format!("creating {}", shown(&local))),
+                        );
+                        return Ok(());
                     }
                 }
+                let d = match enter_dir(&parent, &name) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        failed.push(not_a_dir(&parent, &name, &local, e));
+                        return Ok(());
+                    }
+                };
+                // Checked once made too: one another user made there first is theirs.
+                let st = rustix::fs::fstat(&d)
+                    .map_err(std::io::Error::from)
+                    .with_context(|| format!("reading {}", shown(&local)))?;
+                if let Some(why) = others_may_change(st.st_uid, st.st_mode) {
+                    failed.push(anyhow::anyhow!(
+                        "{} {why}: jfs get does not write into a directory another user can change (they could swap what is in it for a link while it is copied), so nothing under it was copied; get into a directory of your own, then move the files",
+                        shown(&local)
+                    ));
+                    return Ok(());
+                }
+                let d = Arc::new(d);
                 for e in fs.readdir_all(ino).await? {
                     // Names are bytes: the local name is the volume's, byte for byte.
                     if is_tmp_entry(&e.name) {
@@ -546,27 +653,55 @@ fn plan_get<'a>(
                     }
                     let a = fs.getattr(e.ino).await?;
                     let to = local.join(OsStr::from_bytes(&e.name));
-                    plan_get(fs, e.ino, a, to, opts, jobs, dirs, failed).await?;
+                    plan_get(
+                        fs,
+                        e.ino,
+                        a,
+                        d.clone(),
+                        e.name,
+                        to,
+                        opts,
+                        jobs,
+                        dirs,
+                        failed,
+                    )
+                    .await?;
                 }
-                dirs.push((local, attr));
+                dirs.push((d, local, attr));
             }
             FileKind::Symlink => {
                 let t = fs.readlink(ino).await?;
-                let _ = std::fs::remove_file(&local);
-                std::os::unix::fs::symlink(OsStr::from_bytes(&t), &local)
-                    .with_context(|| format!("creating symlink {}", shown(&local)))?;
-                if opts.owners {
-                    rustix::fs::chownat(
-                        rustix::fs::CWD,
-                        &local,
-                        Some(rustix::process::Uid::from_raw(attr.uid)),
-                        Some(rustix::process::Gid::from_raw(attr.gid)),
-                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-                    )
-                    .with_context(|| format!("giving {} to its owner", shown(&local)))?;
+                // What is there is replaced (a link or file; a directory stays, and the
+                // link then fails); nothing is followed.
+                let _ = rustix::fs::unlinkat(&*parent, at, rustix::fs::AtFlags::empty());
+                let made =
+                    rustix::fs::symlinkat(OsStr::from_bytes(&t), &*parent, at).and_then(|()| {
+                        if opts.owners {
+                            rustix::fs::chownat(
+                                &*parent,
+                                at,
+                                Some(rustix::process::Uid::from_raw(attr.uid)),
+                                Some(rustix::process::Gid::from_raw(attr.gid)),
+                                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                            )
+                        } else {
+                            Ok(())
+                        }
+                    });
+                if let Err(e) = made {
+                    failed.push(
+                        anyhow::Error::new(std::io::Error::from(e))
+                            .context(format!("creating symlink {}", shown(&local))),
+                    );
                 }
             }
-            FileKind::File => jobs.push(GetJob { ino, local, attr }),
+            FileKind::File => jobs.push(GetJob {
+                ino,
+                dir: parent,
+                name,
+                local,
+                attr,
+            }),
             kind => {
                 tracing::warn!(path = %shown(&local), ?kind, "skipped: not a file, directory or symlink");
             }
@@ -575,18 +710,17 @@ fn plan_get<'a>(
     })
 }
 
-/// Why another user could change directory `m` (it is theirs, not this user's or root's;
-/// or others may write it), if they could.
-fn others_may_change(m: &std::fs::Metadata) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
+/// Why another user could change a directory of owner `uid` and `mode` (it is theirs, not
+/// this user's or root's; or others may write it), if they could.
+fn others_may_change(uid: u32, mode: u32) -> Option<String> {
     let me = rustix::process::geteuid().as_raw();
-    if m.uid() != me && m.uid() != 0 {
-        return Some(format!("belongs to uid {}", m.uid()));
+    if uid != me && uid != 0 {
+        return Some(format!("belongs to uid {uid}"));
     }
-    if m.mode() & 0o022 != 0 {
+    if mode & 0o022 != 0 {
         return Some(format!(
             "may be written by others (mode {:04o})",
-            m.mode() & 0o7777
+            mode & 0o7777
         ));
     }
     None
@@ -613,22 +747,25 @@ async fn get_file(
     progress: &Progress,
 ) -> Result<()> {
     check_interrupted()?;
-    let name = job.local.file_name().map_or(&b"file"[..], |n| n.as_bytes());
-    remove_stale_temps(&job.local);
-    let tmp = job
-        .local
-        .with_file_name(OsStr::from_bytes(&tmp_name_of(name, None)));
-    // Owner-only from the first byte, and a new file: whatever sits at that name (a file or
-    // a link another user planted) is neither followed nor reused (O_EXCL).
-    let file = Arc::new(
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&tmp)
-            .with_context(|| format!("creating {}", shown(&tmp)))?,
-    );
+    remove_stale_temps(&job.dir, &job.name, &job.local);
+    let tmp_name = tmp_name_of(&job.name, None);
+    let tmp_at = OsStr::from_bytes(&tmp_name);
+    let tmp = job.local.with_file_name(tmp_at);
+    // Owner-only from the first byte, and a new file in the directory held open: whatever
+    // sits at that name (a file or a link another user planted) is neither followed nor
+    // reused (O_EXCL | O_NOFOLLOW).
+    let file = {
+        use rustix::fs::OFlags;
+        let fd = rustix::fs::openat(
+            &*job.dir,
+            tmp_at,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .map_err(std::io::Error::from)
+        .with_context(|| format!("creating {}", shown(&tmp)))?;
+        Arc::new(std::fs::File::from(fd))
+    };
     // Bytes of this file counted so far: taken back if it fails (the summary counts only
     // what was written).
     let mut counted = 0u64;
@@ -707,11 +844,12 @@ async fn get_file(
                 .set_modified(system_time(job.attr.mtime))
                 .set_accessed(system_time(job.attr.atime)),
         )?;
-        std::fs::rename(&tmp, &job.local)?;
+        // Within the held directory: a link at the final name is replaced, not followed.
+        rustix::fs::renameat(&*job.dir, tmp_at, &*job.dir, OsStr::from_bytes(&job.name))?;
         Ok(())
     });
     if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = rustix::fs::unlinkat(&*job.dir, tmp_at, rustix::fs::AtFlags::empty());
         progress.undo_bytes(counted);
         return Err(e.context(format!("copying to {}", shown(&job.local))));
     }
@@ -778,6 +916,33 @@ pub async fn get(
             shown(&dest)
         );
     }
+    // The directory DEST goes into is opened by its path (LOCAL as given, checked above);
+    // everything below it is reached from descriptors only (`LocalDir`).
+    let name = dest
+        .file_name()
+        .map(|n| n.as_bytes().to_vec())
+        .with_context(|| {
+            format!(
+                "get: {} names no entry to create; name a directory below it",
+                shown(&dest)
+            )
+        })?;
+    let above = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if attr.kind == FileKind::Dir {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&above)
+            .with_context(|| format!("get: creating {}", shown(&above)))?;
+    }
+    let above_dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC).bits() as i32)
+        .open(&above)
+        .with_context(|| format!("get: opening the directory {}", shown(&above)))?;
     let mut jobs = Vec::new();
     let mut dirs = Vec::new();
     let mut refused = Vec::new();
@@ -785,6 +950,8 @@ pub async fn get(
         &fs,
         ino,
         attr,
+        Arc::new(above_dir),
+        name,
         dest,
         opts,
         &mut jobs,
@@ -805,13 +972,17 @@ pub async fn get(
     .collect()
     .await;
     failures.extend(refused);
-    for (path, attr) in dirs.iter().rev() {
-        let d = std::fs::File::open(path)?;
+    // Through the descriptors held since each was entered: a directory swapped for a link
+    // meanwhile is not what is changed.
+    for (d, path, attr) in dirs.iter().rev() {
         if opts.owners {
-            chown_fd(&d, attr).with_context(|| format!("giving {} to its owner", shown(path)))?;
+            chown_fd(&**d, attr).with_context(|| format!("giving {} to its owner", shown(path)))?;
         }
-        d.set_permissions(std::fs::Permissions::from_mode(attr.mode & 0o7777))?;
-        d.set_times(std::fs::FileTimes::new().set_modified(system_time(attr.mtime)))?;
+        d.set_permissions(std::fs::Permissions::from_mode(attr.mode & 0o7777))
+            .and_then(|()| {
+                d.set_times(std::fs::FileTimes::new().set_modified(system_time(attr.mtime)))
+            })
+            .with_context(|| format!("setting the mode and time of {}", shown(path)))?;
     }
     let (files, bytes) = progress.finish();
     report("get", files, bytes, t0.elapsed(), &failures, quiet)

@@ -172,6 +172,7 @@ impl Endpoint for BlocksEndpoint {
                     mtime_ns: 0,
                     mode: None,
                     target: None,
+                    owner: None,
                 })
                 .collect();
             if tx.send(Ok(entries)).await.is_err() || done {

@@ -109,11 +109,26 @@ pub fn permanent(msg: impl Into<String>) -> anyhow::Error {
     ))
 }
 
-/// The mode a copy of a file with permission bits `mode` gets with `--perms`: its setuid
-/// and setgid bits are dropped, because the copy's owner is not the source's (a root
-/// jfs-sync of a user's `chmod 4755` file would otherwise make a setuid-root binary).
-pub fn copy_mode(mode: u32) -> u32 {
-    mode & 0o7777 & !0o6000
+/// The mode a copy of a file with permission bits `mode` gets when its modes are kept
+/// (`jfs-sync --perms`, `jfs get`): setuid and setgid stay only when the copy is given its
+/// source's owner (`owner_kept`: `--owners`, root only); otherwise they are dropped, as `cp`
+/// and `tar` do, because a root copy of a user's `chmod 4755` file would be a setuid-root
+/// binary.
+pub fn copy_mode(mode: u32, owner_kept: bool) -> u32 {
+    if owner_kept {
+        mode & 0o7777
+    } else {
+        mode & 0o7777 & !0o6000
+    }
+}
+
+/// Refuse `--owners` (giving copies their source's numeric owner) to a caller that is not
+/// root: only root can give files away. `what` names the command in the message.
+pub fn check_owners(what: &str) -> Result<()> {
+    if !rustix::process::geteuid().is_root() {
+        anyhow::bail!("{what} --owners: only root can give files to their owners; run it as root, or without --owners (the copies are then yours, without setuid and setgid bits)");
+    }
+    Ok(())
 }
 
 /// A time in ns since 1970 (negative: before) as a `SystemTime`.

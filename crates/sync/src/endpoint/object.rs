@@ -43,6 +43,7 @@ fn entry(key: String, is_dir: bool, meta: &opendal::Metadata) -> Entry {
         mtime_ns: ns(meta.last_modified()),
         mode: None,
         target: None,
+        owner: None,
     }
 }
 
@@ -228,6 +229,7 @@ impl Endpoint for ObjectStore {
                 mtime_ns: ns(m.last_modified()),
                 mode: None,
                 target: None,
+                owner: None,
             })),
             Err(e) if e.kind() == opendal::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("stat {key}")),

@@ -39,6 +39,7 @@ fn entry(key: String, a: &Attr, target: Option<String>) -> Entry {
         mtime_ns: a.mtime,
         mode: Some(a.mode),
         target,
+        owner: Some((a.uid, a.gid)),
     }
 }
 
@@ -242,12 +243,15 @@ impl Sink for VolumeSink {
         Ok(())
     }
     async fn finish(self: Box<Self>, src: &Entry, perms: bool) -> Result<()> {
-        // Owner-only while it is written (`sink`); its mode now. The owner is not carried
-        // (every copy is the volume's default owner), so setuid and setgid are not either.
+        // Owner-only while it is written (`sink`); its owner (with `--owners`) and mode now.
+        // Without an owner restored, every copy is the volume's default owner, and setuid
+        // and setgid are not carried either.
         let set = SetAttr {
             mtime: Some(src.mtime_ns),
+            uid: src.owner.map(|o| o.0),
+            gid: src.owner.map(|o| o.1),
             mode: Some(match (perms, src.mode) {
-                (true, Some(m)) => super::copy_mode(m),
+                (true, Some(m)) => super::copy_mode(m, src.owner.is_some()),
                 // Never more open than the source (a 0600 file stays 0600), as `cp`.
                 (false, Some(m)) => m & 0o755,
                 (_, None) => 0o644,
@@ -371,12 +375,14 @@ impl Endpoint for VolumeEndpoint {
             Err(e) if e.kind() == ErrorKind::AlreadyExists => self.fs.lookup(parent, &n).await?.0,
             Err(e) => return Err(e.into()),
         };
-        if perms {
+        if perms || src.owner.is_some() {
             self.fs
                 .setattr(
                     ino,
                     &SetAttr {
-                        mode: src.mode,
+                        mode: if perms { src.mode } else { None },
+                        uid: src.owner.map(|o| o.0),
+                        gid: src.owner.map(|o| o.1),
                         ..Default::default()
                     },
                 )

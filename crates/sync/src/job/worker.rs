@@ -513,6 +513,7 @@ pub(super) async fn run_unit(
         dry_run: false,
         dirs: base.dirs,
         perms: base.perms,
+        owners: base.owners,
         links: base.links,
         check_new: base.check_new,
         retries: base.retries,

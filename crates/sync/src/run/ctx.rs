@@ -197,6 +197,12 @@ pub(super) fn spawn_lister(
 
 pub(super) async fn work(ctx: Arc<Ctx>, action: Action, s: Entry) -> Result<Outcome> {
     let o = &ctx.o;
+    // A sink restores the owner an entry carries: only with --owners.
+    let s = if o.owners {
+        s
+    } else {
+        Entry { owner: None, ..s }
+    };
     let copier = Copier {
         src: &*ctx.src,
         dst: &*ctx.dst,

@@ -54,6 +54,8 @@ pub struct Options {
     pub dry_run: bool,
     pub dirs: bool,
     pub perms: bool,
+    /// Copies get their source's owner (`Entry::owner`); otherwise it is dropped first.
+    pub owners: bool,
     pub links: bool,
     pub check_new: bool,
     pub retries: u32,

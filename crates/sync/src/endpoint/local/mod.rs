@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 use cap_std::fs::Dir;
-use cap_std::fs::MetadataExt;
+use cap_std::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,6 +53,7 @@ fn entry_at(dir: &Dir, key: String, m: &cap_std::fs::Metadata) -> Result<Entry> 
         mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
         mode: Some(m.mode() & 0o7777),
         target,
+        owner: Some((m.uid(), m.gid())),
     })
 }
 
@@ -146,7 +147,12 @@ impl LocalDir {
         for e in rd {
             let e = e?;
             let name = name_of(&e);
-            let meta = e.metadata()?;
+            let meta = match e.metadata() {
+                Ok(m) => m,
+                // Deleted since the directory was read: gone meanwhile, as in `Kids::next`.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| format!("stat {}", show(&name))),
+            };
             out.push((
                 if meta.is_dir() {
                     format!("{name}/")
@@ -183,7 +189,7 @@ impl LocalDir {
             .get(&parent_key)
             .cloned();
         let (sd, root) = (src.dir.clone(), self.dir.clone());
-        let (key, size, mtime, mode) = (e.key.clone(), e.size, e.mtime_ns, e.mode);
+        let (key, size, mtime, mode, owner) = (e.key.clone(), e.size, e.mtime_ns, e.mode, e.owner);
         let pk = parent_key.clone();
         let dir = blocking(move || {
             let mut from = sd
@@ -214,8 +220,10 @@ impl LocalDir {
                     );
                 }
                 to.set_times(std::fs::FileTimes::new().set_modified(super::system_time(mtime)))?;
+                let kept = sink::restore_owner(&to, owner)
+                    .with_context(|| format!("giving {} to its owner", show(&key)))?;
                 to.set_permissions(std::fs::Permissions::from_mode(sink::final_mode(
-                    perms, mode,
+                    perms, mode, kept,
                 )))?;
                 dir.rename(rel(&tmp), &dir, rel(&name))
                     .with_context(|| format!("renaming into place: {}", show(&key)))?;
@@ -442,9 +450,25 @@ impl Endpoint for LocalDir {
 
     async fn mkdir(&self, key: &str, src: &Entry, perms: bool) -> Result<()> {
         check_key(key)?;
-        let (dir, k, mode) = (self.dir.clone(), key.to_string(), src.mode);
+        let (dir, k, mode, owner) = (self.dir.clone(), key.to_string(), src.mode, src.owner);
         blocking(move || {
             sink::create_parents(&dir, &k, &k)?;
+            if let Some((uid, gid)) = owner {
+                // Opened inside the destination (cap-std) without following a link there.
+                let mut o = cap_std::fs::OpenOptions::new();
+                o.read(true).custom_flags(
+                    (rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::NOFOLLOW).bits() as i32,
+                );
+                let d = dir
+                    .open_with(rel(&k), &o)
+                    .with_context(|| format!("opening {}", show(&k)))?;
+                rustix::fs::fchown(
+                    &d,
+                    Some(rustix::process::Uid::from_raw(uid)),
+                    Some(rustix::process::Gid::from_raw(gid)),
+                )
+                .with_context(|| format!("giving {} to its owner", show(&k)))?;
+            }
             // Without --perms, as `cp -r`: never more open than the source directory (a
             // 0700 one stays closed to others), and always the owner's to fill.
             let m = match (perms, mode) {

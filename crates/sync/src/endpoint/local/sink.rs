@@ -4,8 +4,9 @@
 //!
 //! The temporary file is made by this process (`O_EXCL`: what an interrupted run, or another
 //! user, left at that name is removed first, never followed nor reused) and is owner-only
-//! (0600) from its first byte; its mode is set at `finish`, before the rename: with `--perms`
-//! the source's without setuid and setgid (`copy_mode`: the owner is not the source's),
+//! (0600) from its first byte; its owner (with `--owners`: `Entry::owner`, through the
+//! descriptor) and then its mode are set at `finish`, before the rename: with `--perms` the
+//! source's, without setuid and setgid unless the owner was restored (`copy_mode`),
 //! otherwise the source's permission bits less the umask (as `cp`: never more open than the
 //! source), or a new file's (0666 less the umask) when the source has no mode (objects).
 
@@ -141,10 +142,28 @@ pub(super) fn in_the_way(dir: &Dir, dir_key: &str) -> Option<anyhow::Error> {
     None
 }
 
-/// The mode a finished copy gets (see the module's doc).
-pub(super) fn final_mode(perms: bool, mode: Option<u32>) -> u32 {
+/// Give `f` its source's owner, when the run restores owners (`Entry::owner`): before its
+/// mode is set, since a chown clears setuid and setgid.
+pub(super) fn restore_owner(
+    f: &impl std::os::fd::AsFd,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<bool> {
+    let Some((uid, gid)) = owner else {
+        return Ok(false);
+    };
+    rustix::fs::fchown(
+        f,
+        Some(rustix::process::Uid::from_raw(uid)),
+        Some(rustix::process::Gid::from_raw(gid)),
+    )?;
+    Ok(true)
+}
+
+/// The mode a finished copy gets (see the module's doc); `owner_kept`: it was given its
+/// source's owner (`--owners`), so setuid and setgid may stay.
+pub(super) fn final_mode(perms: bool, mode: Option<u32>, owner_kept: bool) -> u32 {
     match (perms, mode) {
-        (true, Some(m)) => super::super::copy_mode(m),
+        (true, Some(m)) => super::super::copy_mode(m, owner_kept),
         // As `cp` without `-p`: the source's permission bits less the umask, so a copy is
         // never more open than its source (a 0600 file stays 0600, not 0644).
         (false, Some(m)) => m & 0o777 & !umask(),
@@ -177,14 +196,18 @@ impl Sink for LocalSink {
     }
 
     async fn finish(self: Box<Self>, src: &Entry, perms: bool) -> Result<()> {
-        let (mtime, mode) = (src.mtime_ns, src.mode);
+        let (mtime, mode, owner) = (src.mtime_ns, src.mode, src.owner);
         blocking(move || {
             let s = *self;
             s.file.set_times(
                 std::fs::FileTimes::new().set_modified(super::super::system_time(mtime)),
             )?;
+            let kept = restore_owner(&s.file, owner)
+                .with_context(|| format!("giving {} to its owner", show(&s.key)))?;
             s.file
-                .set_permissions(std::fs::Permissions::from_mode(final_mode(perms, mode)))?;
+                .set_permissions(std::fs::Permissions::from_mode(final_mode(
+                    perms, mode, kept,
+                )))?;
             // Not synced here: the run makes finished copies durable in batches (`sync`)
             // before it records them as done.
             s.dir
