@@ -1226,3 +1226,43 @@ fn a_sigterm_the_instant_the_mount_answers_unmounts_it() {
         assert!(!is_mounted(&mp), "round {round}: still mounted");
     }
 }
+
+/// A damaged block (a bit flipped at rest) fails the read with EIO, and the mount's log line
+/// names the file by its path, shell-escaped as `jfs ls` prints names (a space, a byte that
+/// is not UTF-8), beside its inode number: the log named only the inode (issue 43, item 17).
+#[test]
+fn a_damaged_block_read_logs_the_files_path() {
+    use std::os::unix::ffi::OsStrExt;
+    let v = new_vol("rocksdb");
+    let m = mount(&v, "mnt", &["--cache-size", "0"]);
+    std::fs::create_dir(m.mp.join("dir")).unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"da mage\xff");
+    std::fs::write(m.mp.join("dir").join(name), data(3, 300_000)).unwrap();
+    let ino = std::fs::metadata(m.mp.join("dir").join(name))
+        .unwrap()
+        .ino();
+    m.stop();
+    let blocks = integration::mountproc::store_blocks(&v.store);
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    let key = blocks[0]
+        .0
+        .strip_prefix(v.store.trim_start_matches("file://"))
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    integration::mountproc::flip_bit(&v.store, &key, 1000);
+    let m = mount(&v, "mnt", &["--cache-size", "0"]);
+    let e = std::fs::read(m.mp.join("dir").join(name)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("read failed: EIO"))
+        .unwrap_or_else(|| panic!("no read failure logged: {log}"));
+    assert!(
+        line.contains(r"path='/dir/da mage'$'\377'") && line.contains(&format!("ino={ino}")),
+        "the line does not name the file's path and inode {ino}: {line}"
+    );
+    m.stop();
+}
