@@ -1266,3 +1266,49 @@ fn a_damaged_block_read_logs_the_files_path() {
     );
     m.stop();
 }
+
+/// `jfs mount -d` says the mount process's warnings on the terminal, not only in the
+/// background log: a cache directory other users may read and files hidden under the mount
+/// point, each once (issue 43: they went to the log only).
+#[test]
+fn a_background_mount_says_its_warnings_on_the_terminal_once() {
+    fuse_ready();
+    let v = new_vol("rocksdb");
+    let mp = v.dir.path().join("busy");
+    std::fs::create_dir(&mp).unwrap();
+    std::fs::write(mp.join("hidden.txt"), b"x").unwrap();
+    let cache = v.dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = jfs_in(
+        &v,
+        &[
+            "mount",
+            &v.meta,
+            mp.to_str().unwrap(),
+            "-d",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--free-space-ratio",
+            "0.01",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let u = jfs_in(&v, &["umount", mp.to_str().unwrap()]);
+    assert!(o.status.success(), "{err}");
+    assert!(u.status.success(), "{}", String::from_utf8_lossy(&u.stderr));
+    assert_eq!(
+        err.matches("the mount point is not empty").count(),
+        1,
+        "the hidden files are said once on the terminal: {err}"
+    );
+    assert!(err.contains("hidden.txt"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the cache directory {} has mode 0755",
+            cache.display()
+        )),
+        "the cache directory's mode is said on the terminal: {err}"
+    );
+    assert!(err.contains("jfs: mounted at"), "{err}");
+}

@@ -74,8 +74,10 @@ pub struct MountOptions {
 }
 
 /// Check the mount point: a directory, not mounted by a live process; a stale FUSE mount
-/// (its process killed) is cleared. Returns the canonical path.
-pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
+/// (its process killed) is cleared. Returns the canonical path. With `warn_hidden`, says
+/// what a mount over a non-empty directory hides (`jfs mount -d` leaves that to the mount
+/// process, whose warnings it relays, so that it is said once).
+pub fn prepare_mountpoint(mp: &Path, warn_hidden: bool) -> Result<PathBuf> {
     // Another user's link would choose what the mount hides (`/etc`, say).
     if let Some(why) = cli_common::private::foreign_link(mp) {
         bail!("mount point: {why}");
@@ -111,11 +113,16 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
     }
     // Mounting over files hides them (they are not lost, only out of sight until the
     // unmount): said, so that a mistyped mount point is noticed.
-    if let Ok(rd) = std::fs::read_dir(&canon) {
+    let listed = if warn_hidden {
+        std::fs::read_dir(&canon).ok()
+    } else {
+        None
+    };
+    if let Some(rd) = listed {
         let names: Vec<String> = rd
             .flatten()
             .take(4)
-            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .map(|e| cli_common::names::quote(e.file_name().as_encoded_bytes()))
             .collect();
         if !names.is_empty() {
             tracing::warn!(
@@ -183,7 +190,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
     // Listening from the start: a SIGTERM at any moment after this, even one sent the
     // instant the mount answers, ends it cleanly.
     let signalled = cli_common::shutdown_on_signals("signalled: committing buffers and unmounting");
-    let mp = prepare_mountpoint(&o.mountpoint)?;
+    let mp = prepare_mountpoint(&o.mountpoint, false)?;
     let volume::Volume {
         mut fs,
         site,
