@@ -1312,3 +1312,41 @@ fn a_background_mount_says_its_warnings_on_the_terminal_once() {
     );
     assert!(err.contains("jfs: mounted at"), "{err}");
 }
+
+/// A clean unmount (`jfs umount`) logs nothing at WARN or ERROR: fuser unmounted the mount
+/// point a second time as its session ended, after `jfs umount` (or the mount's own unmount
+/// at SIGTERM) had done it, and logged `Failed to umount filesystem: Invalid argument` every
+/// time (issue 43).
+#[test]
+fn a_clean_unmount_logs_no_warning() {
+    let v = new_vol("rocksdb");
+    let mut m = mount(&v, "mnt", &[]);
+    std::fs::write(m.mp.join("f"), data(4, 100_000)).unwrap();
+    let o = jfs_in(&v, &["umount", m.mp.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c = m.child.as_mut().unwrap();
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "still running");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.success(), "{st}");
+    assert!(!is_mounted(&m.mp));
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    let bad: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("Failed to"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "a clean unmount logged {bad:?}; the log: {log}"
+    );
+    m.child = None;
+    // The file was committed.
+    let m = mount(&v, "mnt", &[]);
+    assert_eq!(std::fs::read(m.mp.join("f")).unwrap(), data(4, 100_000));
+    m.stop();
+}
