@@ -44,11 +44,11 @@ pub fn errno(e: &fs_core::Error) -> Errno {
         ErrorKind::ReadOnly => libc::EROFS,
         ErrorKind::Busy => libc::EBUSY,
         ErrorKind::NoSpace => {
-            tracing::warn!(error = %e, "no space left: ENOSPC");
+            tracing::warn!(error = %e, "operation failed: ENOSPC");
             libc::ENOSPC
         }
         _ => {
-            tracing::warn!(error = %e, "operation failed");
+            tracing::warn!(error = %e, "operation failed: EIO");
             libc::EIO
         }
     }
