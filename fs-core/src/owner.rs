@@ -162,6 +162,12 @@ pub async fn take_over(store: &dyn BlockStore, s: &Settings) -> Result<()> {
         .await
 }
 
+/// A time of a record (nanoseconds since the epoch) as a person reads it: RFC 3339, UTC.
+fn rfc3339(ns: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
 fn holds(url: &str, o: &Owner, s: &Settings) -> Result<()> {
     if o.incarnation == s.incarnation {
         return Ok(());
@@ -169,8 +175,9 @@ fn holds(url: &str, o: &Owner, s: &Settings) -> Result<()> {
     Err(Error::new(
         ErrorKind::ReadOnly,
         format!(
-            "the blocks of volume {:?} in {url} are held by other metadata: a `jfs load` of a dump of this volume took the store over (at {} ns). This metadata is retired: writing here would overwrite the loaded volume's blocks, and its gc would delete them. Use the metadata the dump was loaded into",
-            o.name, o.since_ns
+            "the blocks of volume {:?} in {url} are held by other metadata: a `jfs load` of a dump of this volume took the store over at {}. This metadata is retired: writing here would overwrite the loaded volume's blocks, and its gc would delete them. Use the metadata the dump was loaded into",
+            o.name,
+            rfc3339(o.since_ns)
         ),
     ))
 }
@@ -204,6 +211,24 @@ mod tests {
             crate::record::decode::<Owner>(br#"{"version":2,"name":"v","uuid":"u","since_ns":7}"#)
                 .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::UnsupportedVersion);
+    }
+
+    #[test]
+    fn a_retired_metadatas_refusal_says_when_as_a_date() {
+        let o = Owner {
+            version: 1,
+            name: "v".into(),
+            uuid: "u".into(),
+            since_ns: 1_795_877_889_123_456_789,
+            incarnation: Some("loaded".into()),
+        };
+        let s = Settings::new("v", "file:///s", 4 << 20);
+        let e = holds("file:///s", &o, &s).unwrap_err().to_string();
+        assert!(
+            e.contains("took the store over at 2026-11-28T14:58:09Z."),
+            "{e}"
+        );
+        assert!(!e.contains("1795877889"), "{e}");
     }
 
     #[test]

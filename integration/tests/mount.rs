@@ -1226,3 +1226,127 @@ fn a_sigterm_the_instant_the_mount_answers_unmounts_it() {
         assert!(!is_mounted(&mp), "round {round}: still mounted");
     }
 }
+
+/// A damaged block (a bit flipped at rest) fails the read with EIO, and the mount's log line
+/// names the file by its path, shell-escaped as `jfs ls` prints names (a space, a byte that
+/// is not UTF-8), beside its inode number: the log named only the inode (issue 43, item 17).
+#[test]
+fn a_damaged_block_read_logs_the_files_path() {
+    use std::os::unix::ffi::OsStrExt;
+    let v = new_vol("rocksdb");
+    let m = mount(&v, "mnt", &["--cache-size", "0"]);
+    std::fs::create_dir(m.mp.join("dir")).unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"da mage\xff");
+    std::fs::write(m.mp.join("dir").join(name), data(3, 300_000)).unwrap();
+    let ino = std::fs::metadata(m.mp.join("dir").join(name))
+        .unwrap()
+        .ino();
+    m.stop();
+    let blocks = integration::mountproc::store_blocks(&v.store);
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    let key = blocks[0]
+        .0
+        .strip_prefix(v.store.trim_start_matches("file://"))
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    integration::mountproc::flip_bit(&v.store, &key, 1000);
+    let m = mount(&v, "mnt", &["--cache-size", "0"]);
+    let e = std::fs::read(m.mp.join("dir").join(name)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("read failed: EIO"))
+        .unwrap_or_else(|| panic!("no read failure logged: {log}"));
+    assert!(
+        line.contains(r"path='/dir/da mage'$'\377'") && line.contains(&format!("ino={ino}")),
+        "the line does not name the file's path and inode {ino}: {line}"
+    );
+    m.stop();
+}
+
+/// `jfs mount -d` says the mount process's warnings on the terminal, not only in the
+/// background log: a cache directory other users may read and files hidden under the mount
+/// point, each once (issue 43: they went to the log only).
+#[test]
+fn a_background_mount_says_its_warnings_on_the_terminal_once() {
+    fuse_ready();
+    let v = new_vol("rocksdb");
+    let mp = v.dir.path().join("busy");
+    std::fs::create_dir(&mp).unwrap();
+    std::fs::write(mp.join("hidden.txt"), b"x").unwrap();
+    let cache = v.dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = jfs_in(
+        &v,
+        &[
+            "mount",
+            &v.meta,
+            mp.to_str().unwrap(),
+            "-d",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--free-space-ratio",
+            "0.01",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let u = jfs_in(&v, &["umount", mp.to_str().unwrap()]);
+    assert!(o.status.success(), "{err}");
+    assert!(u.status.success(), "{}", String::from_utf8_lossy(&u.stderr));
+    assert_eq!(
+        err.matches("the mount point is not empty").count(),
+        1,
+        "the hidden files are said once on the terminal: {err}"
+    );
+    assert!(err.contains("hidden.txt"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the cache directory {} has mode 0755",
+            cache.display()
+        )),
+        "the cache directory's mode is said on the terminal: {err}"
+    );
+    assert!(err.contains("jfs: mounted at"), "{err}");
+}
+
+/// A clean unmount (`jfs umount`) logs nothing at WARN or ERROR: fuser unmounted the mount
+/// point a second time as its session ended, after `jfs umount` (or the mount's own unmount
+/// at SIGTERM) had done it, and logged `Failed to umount filesystem: Invalid argument` every
+/// time (issue 43).
+#[test]
+fn a_clean_unmount_logs_no_warning() {
+    let v = new_vol("rocksdb");
+    let mut m = mount(&v, "mnt", &[]);
+    std::fs::write(m.mp.join("f"), data(4, 100_000)).unwrap();
+    let o = jfs_in(&v, &["umount", m.mp.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c = m.child.as_mut().unwrap();
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "still running");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.success(), "{st}");
+    assert!(!is_mounted(&m.mp));
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    let bad: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("Failed to"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "a clean unmount logged {bad:?}; the log: {log}"
+    );
+    m.child = None;
+    // The file was committed.
+    let m = mount(&v, "mnt", &[]);
+    assert_eq!(std::fs::read(m.mp.join("f")).unwrap(), data(4, 100_000));
+    m.stop();
+}

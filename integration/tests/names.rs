@@ -684,3 +684,33 @@ fn stat_prints_a_link_target_of_any_bytes_escaped() {
         String::from_utf8_lossy(&o.stdout)
     );
 }
+
+/// `jfs put` of a RocksDB volume that a mount holds goes through the mount (its one writer):
+/// names of any bytes arrive byte for byte there too. It refused the whole put at the first
+/// name that was not UTF-8 ("... is not UTF-8", exit 2, nothing copied).
+#[test]
+fn names_of_any_bytes_go_put_through_a_mount_byte_identical() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    hostile_tree(&src);
+    // The mount holds the RocksDB volume: the put can only go through it.
+    let m = integration::mountproc::Mount::start(&v.meta, t.path(), "mnt", &[]);
+    let o = run(
+        "jfs",
+        &[os("put"), os(&v.meta), src.as_os_str(), os("/t")],
+        &[("JFS_RUN_DIR", m.run_dir.as_os_str())],
+    );
+    assert_eq!(o.status.code(), Some(0), "put: {}", err(&o));
+    assert_eq!(
+        snapshot(&m.mp.join("t")),
+        snapshot(&src),
+        "names and bytes as they were, through the mount"
+    );
+    m.stop();
+    // And in the volume itself, read back without the mount.
+    let out = t.path().join("out");
+    let o = v.jfs(&[os("get"), os("/t"), out.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "get: {}", err(&o));
+    assert_eq!(snapshot(&out), snapshot(&src));
+}

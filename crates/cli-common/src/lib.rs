@@ -13,6 +13,7 @@
 //! - `private`: directories of this user's alone (created 0700, planted ones refused), and
 //!   `open_private_log`: a log file opened 0600 without following a link.
 
+pub mod names;
 pub mod private;
 
 /// Open (append, create) a log file the process was told to write, `what` naming it and

@@ -33,11 +33,24 @@ const HEAD: &[u8] = b"head";
 pub const WAL_BOUND: u64 = 64 << 20;
 
 fn err(e: rocksdb::Error, what: &str) -> Error {
-    let msg = e.into_string();
+    err_of(e.into_string(), what)
+}
+
+fn err_of(msg: String, what: &str) -> Error {
     if msg.contains("No space left") {
+        // RocksDB's status says its cause twice ("IO error: No space left on device: While
+        // appending to file: F: No space left on device"): said once, then what failed.
+        let rest: Vec<&str> = msg
+            .split(": ")
+            .filter(|p| !p.contains("No space left") && *p != "IO error")
+            .collect();
+        let sep = if rest.is_empty() { "" } else { ": " };
         return Error::new(
             ErrorKind::NoSpace,
-            format!("rocksdb {what}: disk full: {msg}"),
+            format!(
+                "rocksdb {what}: disk full (No space left on device){sep}{}",
+                rest.join(": ")
+            ),
         );
     }
     Error::new(ErrorKind::Backend, format!("rocksdb {what}: {msg}"))
@@ -989,6 +1002,20 @@ impl Engine for RocksEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_said_once() {
+        let e = err_of(
+            "IO error: No space left on device: While appending to file: /m/000012.log: No space left on device".into(),
+            "commit",
+        );
+        assert_eq!(e.kind(), ErrorKind::NoSpace);
+        assert_eq!(
+            e.to_string(),
+            "rocksdb commit: disk full (No space left on device): While appending to file: /m/000012.log"
+        );
+        assert_eq!(e.to_string().matches("No space left").count(), 1);
+    }
 
     #[test]
     fn secondaries_of_dead_processes_are_cleaned_up() {

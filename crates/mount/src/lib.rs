@@ -74,8 +74,10 @@ pub struct MountOptions {
 }
 
 /// Check the mount point: a directory, not mounted by a live process; a stale FUSE mount
-/// (its process killed) is cleared. Returns the canonical path.
-pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
+/// (its process killed) is cleared. Returns the canonical path. With `warn_hidden`, says
+/// what a mount over a non-empty directory hides (`jfs mount -d` leaves that to the mount
+/// process, whose warnings it relays, so that it is said once).
+pub fn prepare_mountpoint(mp: &Path, warn_hidden: bool) -> Result<PathBuf> {
     // Another user's link would choose what the mount hides (`/etc`, say).
     if let Some(why) = cli_common::private::foreign_link(mp) {
         bail!("mount point: {why}");
@@ -111,11 +113,16 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf> {
     }
     // Mounting over files hides them (they are not lost, only out of sight until the
     // unmount): said, so that a mistyped mount point is noticed.
-    if let Ok(rd) = std::fs::read_dir(&canon) {
+    let listed = if warn_hidden {
+        std::fs::read_dir(&canon).ok()
+    } else {
+        None
+    };
+    if let Some(rd) = listed {
         let names: Vec<String> = rd
             .flatten()
             .take(4)
-            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .map(|e| cli_common::names::quote(e.file_name().as_encoded_bytes()))
             .collect();
         if !names.is_empty() {
             tracing::warn!(
@@ -183,7 +190,7 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
     // Listening from the start: a SIGTERM at any moment after this, even one sent the
     // instant the mount answers, ends it cleanly.
     let signalled = cli_common::shutdown_on_signals("signalled: committing buffers and unmounting");
-    let mp = prepare_mountpoint(&o.mountpoint)?;
+    let mp = prepare_mountpoint(&o.mountpoint, false)?;
     let volume::Volume {
         mut fs,
         site,
@@ -365,7 +372,7 @@ async fn serve(
     // Started before mounting, so it holds none of the FUSE descriptors.
     let mut guard = guard::spawn(mp)?;
     let mp2 = mp.to_path_buf();
-    let mut fsession = tokio::task::spawn_blocking(move || fuser::Session::new(ffs, &mp2, &cfg))
+    let fsession = tokio::task::spawn_blocking(move || fuser::Session::new(ffs, &mp2, &cfg))
         .await?
         .with_context(|| {
             format!(
@@ -373,12 +380,25 @@ async fn serve(
                 mp.display()
             )
         })?;
-    let mut unmounter = fsession.unmount_callable();
+    // fuser unmounts the mount point once more when its handle of the mount is dropped (at
+    // the end of `Session::run`): after a clean unmount (ours below, or `jfs umount`'s) the
+    // mount point is no longer a mount, and every clean unmount logged "Failed to umount
+    // filesystem: Invalid argument" (had another file system been mounted there meanwhile,
+    // that one would have been unmounted). Its check for a mount already gone is no help:
+    // fuser 0.18 takes POLLERR on /dev/fuse (the connection ended) for "still mounted". Every
+    // unmount is ours (`mounts`, fusermount3 or umount(8)), so the handle is taken out of the
+    // session (`spawn`) and never dropped: the thread's handle is swapped out and the rest
+    // forgotten (a file descriptor and a path, until this process exits).
+    let mut bg = fsession.spawn().context("starting the FUSE session")?;
+    let session = std::mem::replace(&mut bg.guard, std::thread::spawn(|| Ok(())));
+    std::mem::forget(bg);
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("fuse-session".into())
         .spawn(move || {
-            let r = fsession.run();
+            let r = session
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the FUSE session thread panicked")));
             let _ = done_tx.send(r);
         })?;
     raise_kernel_readahead(mp, KERNEL_READAHEAD_KB);
@@ -455,8 +475,11 @@ async fn serve(
         Err(now) => {
             tracing::info!(now, "asked to stop: committing buffers and unmounting");
             vfs.flush_all().await;
-            if let Err(e) = unmounter.unmount() {
-                tracing::warn!(error = %e, "unmount failed (files open?); detaching lazily");
+            if let Err(e) = mounts::unmount(mp) {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "unmount failed (files open?); detaching lazily"
+                );
                 let _ = mounts::lazy_unmount(mp);
             }
             // AutoUnmount's fusermount3 unmounts once the session's socket closes; ask

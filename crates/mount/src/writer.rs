@@ -232,7 +232,8 @@ impl Writer {
             match r {
                 Ok(()) => self.committed += 1,
                 Err(e) => {
-                    tracing::error!(ino = self.ino, error = %e, "a buffered write could not be stored; the next flush, fsync or close fails (ENOSPC for a full store, else EIO)");
+                    let path = crate::vfs::describe(&self.fs, self.ino).await;
+                    tracing::error!(%path, ino = self.ino, error = %e, "a buffered write could not be stored; the next flush, fsync or close fails (ENOSPC for a full store, else EIO)");
                     self.error = Some(e);
                 }
             }

@@ -349,23 +349,3 @@ pub async fn parent_of(fs: &Fs, path: &VolPath, op: &str) -> Result<(Ino, String
     }
     Ok((ino, name.to_string()))
 }
-
-/// The entries of local directory `dir` in name order, as (path, name); a name that is not
-/// UTF-8 is refused (a volume's names are).
-pub(crate) fn sorted_children(dir: &std::path::Path) -> Result<Vec<(std::path::PathBuf, String)>> {
-    let mut children: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .collect::<std::io::Result<_>>()?;
-    children.sort_by_key(|e| e.file_name());
-    children
-        .into_iter()
-        .map(|c| {
-            let name = c
-                .file_name()
-                .to_str()
-                .map(str::to_string)
-                .with_context(|| format!("{:?} is not UTF-8", c.path()))?;
-            Ok((c.path(), name))
-        })
-        .collect()
-}

@@ -74,7 +74,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
         return background(&m).await;
     }
     // Checked before opening anything, so a mistake costs nothing.
-    let mp = mount::prepare_mountpoint(&m.mountpoint)?;
+    let mp = mount::prepare_mountpoint(&m.mountpoint, true)?;
     let cache = if m.cache_size > 0 {
         let dir = match &m.cache_dir {
             Some(d) => {
@@ -179,7 +179,8 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
 /// Start this same command without -d in a new process group, its output to the log file,
 /// and return once the mount answers on its control socket (or report why it did not).
 async fn background(m: &MountArgs) -> Result<Outcome> {
-    let mp = mount::prepare_mountpoint(&m.mountpoint)?;
+    // What the mount point hides is said by the mount process (relayed below), once.
+    let mp = mount::prepare_mountpoint(&m.mountpoint, false)?;
     let log = match &m.log {
         Some(l) => {
             if let Some(d) = l.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -230,6 +231,11 @@ async fn background(m: &MountArgs) -> Result<Outcome> {
         let up = mounts::find(&mp)?.is_some_and(|e| e.is_jfs())
             && control::call(&mp, &Request::Stats, |_| {}).await.is_ok();
         if up {
+            // The mount process's stderr is the log: its warnings (a store or cache other
+            // users may read, files hidden under the mount point, ...) are said here too.
+            for w in warnings_of(&this_attempt(&log, start)) {
+                cli_common::eprintln!("{w}");
+            }
             cli_common::eprintln!(
                 "jfs: mounted at {} (pid {}, log {})",
                 mp.display(),
@@ -247,6 +253,57 @@ async fn background(m: &MountArgs) -> Result<Outcome> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The warning and error lines of a mount log's text, as the terminal shows them: the
+/// process's own `jfs: warning: ...` lines as they are, and its log's WARN and ERROR records
+/// (plain or JSON) as `jfs: warning: MESSAGE FIELDS` / `jfs: error: ...`.
+fn warnings_of(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("jfs: warning:") || l.starts_with("jfs: error:") {
+            out.push(l.to_string());
+        } else if l.starts_with('{') {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(l) else {
+                continue;
+            };
+            let word = match v["level"].as_str() {
+                Some("WARN") => "warning",
+                Some("ERROR") => "error",
+                _ => continue,
+            };
+            let f = &v["fields"];
+            let mut s = format!("jfs: {word}: {}", f["message"].as_str().unwrap_or_default());
+            if let Some(o) = f.as_object() {
+                for (k, val) in o.iter().filter(|(k, _)| *k != "message") {
+                    match val.as_str() {
+                        Some(t) => s.push_str(&format!(" {k}={t}")),
+                        None => s.push_str(&format!(" {k}={val}")),
+                    }
+                }
+            }
+            out.push(s);
+        } else {
+            // `2026-01-02T03:04:05.678Z  WARN target: message fields`
+            let mut words = l.split_whitespace();
+            let _time = words.next();
+            let word = match words.next() {
+                Some("WARN") => "warning",
+                Some("ERROR") => "error",
+                _ => continue,
+            };
+            let Some((_, rest)) = l.split_once(if word == "warning" {
+                " WARN "
+            } else {
+                " ERROR "
+            }) else {
+                continue;
+            };
+            let msg = rest.split_once(": ").map_or(rest, |(_, m)| m);
+            out.push(format!("jfs: {word}: {msg}"));
+        }
+    }
+    out
 }
 
 /// What a mount log holds from byte `start` on (this attempt's lines).
@@ -702,5 +759,36 @@ pub async fn gc(
                 .context("the mount's gc report does not decode")?;
             super::admin::print_gc(&r, true, json)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::warnings_of;
+
+    fn check(log: &str, want: &[&str]) {
+        assert_eq!(warnings_of(log), want, "{log}");
+    }
+
+    #[test]
+    fn a_background_mounts_warnings_are_relayed_as_the_terminal_shows_them() {
+        check(
+            "jfs: warning: the cache directory /c has mode 0755: ...\n\
+             2026-11-28T15:16:16.533211Z  WARN mount: the mount point is not empty: what it holds (x) is hidden mountpoint=/m\n\
+             2026-11-28T15:16:16.533211Z  INFO mount: mounted\n\
+             jfs: mounted rocksdb:///m at /m\n\
+             2026-11-28T15:16:16.533211Z ERROR mount::vfs::files: read failed: EIO path=/f ino=3\n",
+            &[
+                "jfs: warning: the cache directory /c has mode 0755: ...",
+                "jfs: warning: the mount point is not empty: what it holds (x) is hidden mountpoint=/m",
+                "jfs: error: read failed: EIO path=/f ino=3",
+            ],
+        );
+        check(
+            r#"{"timestamp":"t","level":"WARN","fields":{"message":"the mount point is not empty","mountpoint":"/m"},"target":"mount"}
+{"timestamp":"t","level":"INFO","fields":{"message":"mounted"},"target":"mount"}"#,
+            &["jfs: warning: the mount point is not empty mountpoint=/m"],
+        );
+        check("", &[]);
     }
 }

@@ -13,10 +13,11 @@
 //! with the same check at every directory. Errors have the words of the commands without a mount
 //! (`fsops::at`), and `put` reports like `transfer::put`: a file counts as done only once
 //! the mount has committed it (fsync), a failed one is named, and the summary line and exit
-//! code are the same.
+//! code are the same. `put` carries names as bytes (`OsString`), never as text: a local name
+//! that is not UTF-8 arrives byte for byte, as with `transfer::put`.
 
 use super::fsops::{at, LinkTarget};
-use super::transfer::{base_name, mtime_ns, report, system_time, tmp_name, Dest};
+use super::transfer::{mtime_ns, report, system_time, tmp_name, Dest};
 use super::{split_last, Outcome};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
@@ -24,10 +25,13 @@ use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, SystemTimeSpec};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
 use fs_core::VolPath;
 use futures::StreamExt;
+use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use sync::names::{bytes_of, key_of, quote};
 
 /// An io error in fs-core's words, for `fsops::at`.
 fn fse(e: std::io::Error) -> fs_core::Error {
@@ -71,7 +75,8 @@ impl Root {
     }
 
     /// The error for an entry that is not on the mount's file system.
-    fn elsewhere(&self, name: &str) -> std::io::Error {
+    fn elsewhere(&self, name: impl AsRef<Path>) -> std::io::Error {
+        let name = quote(name.as_ref().as_os_str().as_bytes());
         std::io::Error::other(Elsewhere(format!(
             "{name} is another file system mounted inside the mount at {} (a bind mount or another volume): jfs does not cross into it; unmount it first, or use that file system's own tools",
             self.mp.display()
@@ -79,8 +84,8 @@ impl Root {
     }
 
     /// Directory `name` in `d`, following no symlink and never into another file system.
-    fn sub(&self, d: &Dir, name: &str) -> std::io::Result<Dir> {
-        let s = d.open_dir_nofollow(name)?;
+    fn sub(&self, d: &Dir, name: impl AsRef<Path>) -> std::io::Result<Dir> {
+        let s = d.open_dir_nofollow(name.as_ref())?;
         if cap_std::fs::MetadataExt::dev(&s.dir_metadata()?) != self.dev {
             return Err(self.elsewhere(name));
         }
@@ -274,12 +279,38 @@ impl Root {
     }
 }
 
-/// One file to copy into the mount.
+/// One file to copy into the mount. Names are bytes, whatever they are (a volume's names
+/// may hold any byte but `/` and NUL, as a local file system's do).
 struct Job {
     dir: Arc<Dir>,
-    name: String,
+    name: OsString,
     local: PathBuf,
     meta: std::fs::Metadata,
+}
+
+/// A name as messages show it: shell-escaped where it holds control bytes or bytes that are
+/// not UTF-8 (`sync::names::quote`, as `jfs ls` prints names).
+fn shown(n: &OsStr) -> String {
+    quote(n.as_bytes())
+}
+
+/// The name a local path is put under: its bytes, whatever they are.
+fn base_name_os(local: &Path) -> Result<OsString> {
+    local
+        .file_name()
+        .map(OsStr::to_os_string)
+        .with_context(|| format!("{} has no file name", shown(local.as_os_str())))
+}
+
+/// The entries of local directory `dir` in byte order of their names: (path, name).
+fn children(dir: &Path) -> Result<Vec<(PathBuf, OsString)>> {
+    let mut out: Vec<(PathBuf, OsString)> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", shown(dir.as_os_str())))?
+        .map(|e| e.map(|e| (e.path(), e.file_name())))
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("listing {}", shown(dir.as_os_str())))?;
+    out.sort_by(|a, b| a.1.as_bytes().cmp(b.1.as_bytes()));
+    Ok(out)
 }
 
 /// `jfs put` through a mount.
@@ -292,10 +323,10 @@ pub async fn put(
 ) -> Result<Outcome> {
     let root = Root::open(mp)?;
     let (dir, name) = match root.dir(&dest.path) {
-        Ok(d) if dest.goes_into(local, true) => (d, base_name(local)?),
+        Ok(d) if dest.goes_into(local, true) => (d, base_name_os(local)?),
         Ok(_) => {
             let (d, n) = root.parent(&dest.path, "put")?;
-            (d, n.to_string())
+            (d, OsString::from(n))
         }
         Err(e) if is_elsewhere(&e) => return Err(at(&dest.path, "put", fse(e))),
         Err(_) if dest.dir_slash && root.exists(&dest.path) => {
@@ -303,7 +334,7 @@ pub async fn put(
         }
         Err(_) => {
             let (d, n) = root.parent(&dest.path, "put")?;
-            (d, n.to_string())
+            (d, OsString::from(n))
         }
     };
     let mut jobs = Vec::new();
@@ -335,7 +366,7 @@ pub async fn put(
                     cap_std::time::SystemTime::from_std(system_time(mtime_ns(meta))),
                 )),
             )
-            .with_context(|| root.ctx(format!("setting the mtime of {name}")))?;
+            .with_context(|| root.ctx(format!("setting the mtime of {}", shown(name))))?;
     }
     let progress =
         Arc::try_unwrap(progress).map_err(|_| anyhow::anyhow!("a copy task outlived the put"))?;
@@ -349,10 +380,11 @@ fn plan(
     root: &Root,
     parent: &Arc<Dir>,
     local: &Path,
-    name: &str,
+    name: &OsStr,
     jobs: &mut Vec<Job>,
-    dirs: &mut Vec<(Arc<Dir>, String, std::fs::Metadata)>,
+    dirs: &mut Vec<(Arc<Dir>, OsString, std::fs::Metadata)>,
 ) -> Result<()> {
+    let shown_name = shown(name);
     let meta =
         std::fs::symlink_metadata(local).with_context(|| format!("reading {}", local.display()))?;
     let ft = meta.file_type();
@@ -361,12 +393,12 @@ fn plan(
             Ok(()) => false,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => true,
             Err(e) => {
-                return Err(e).with_context(|| root.ctx(format!("creating directory {name}")))
+                return Err(e).with_context(|| root.ctx(format!("creating directory {shown_name}")))
             }
         };
         let d = root.sub(parent, name).map_err(|e| match is_elsewhere(&e) {
             true => anyhow::Error::new(e),
-            false => anyhow::anyhow!("{name} exists in the volume and is not a directory"),
+            false => anyhow::anyhow!("{shown_name} exists in the volume and is not a directory"),
         })?;
         if existed {
             remove_dead_temps(&d);
@@ -380,33 +412,33 @@ fn plan(
                 Some(rustix::process::Gid::from_raw(meta.gid())),
                 rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             )
-            .with_context(|| root.ctx(format!("setting the owner of {name}")))?;
+            .with_context(|| root.ctx(format!("setting the owner of {shown_name}")))?;
         }
         parent
             .set_permissions(name, Permissions::from_mode(meta.mode() & 0o7777))
-            .with_context(|| root.ctx(format!("setting the mode of {name}")))?;
+            .with_context(|| root.ctx(format!("setting the mode of {shown_name}")))?;
         let d = Arc::new(d);
-        for (path, cname) in super::sorted_children(local)? {
+        for (path, cname) in children(local)? {
             plan(root, &d, &path, &cname, jobs, dirs)?;
         }
-        dirs.push((parent.clone(), name.to_string(), meta));
+        dirs.push((parent.clone(), name.to_os_string(), meta));
     } else if ft.is_symlink() {
         let target = std::fs::read_link(local)?;
         if let Ok(m) = parent.symlink_metadata(name) {
             if m.is_dir() {
-                bail!("{name} exists in the volume as a directory");
+                bail!("{shown_name} exists in the volume as a directory");
             }
             parent
                 .remove_file_or_symlink(name)
-                .with_context(|| root.ctx(format!("replacing {name}")))?;
+                .with_context(|| root.ctx(format!("replacing {shown_name}")))?;
         }
         parent
             .symlink_contents(&target, name)
-            .with_context(|| root.ctx(format!("symlink {name}")))?;
+            .with_context(|| root.ctx(format!("symlink {shown_name}")))?;
     } else if ft.is_file() {
         jobs.push(Job {
             dir: parent.clone(),
-            name: name.to_string(),
+            name: name.to_os_string(),
             local: local.to_path_buf(),
             meta,
         });
@@ -423,17 +455,17 @@ fn remove_dead_temps(d: &Dir) {
     let Ok(entries) = d.entries() else { return };
     for e in entries.flatten() {
         let n = e.file_name();
-        let Some(w) = n.to_str().and_then(fs_core::maint::tmp_writer) else {
+        // A name that is not UTF-8 by its key (`sync::names::key_of`), as gc reads it.
+        let Some(w) = fs_core::maint::tmp_writer(&key_of(n.as_bytes())) else {
             continue;
         };
         if w.session.is_none() && fs_core::session::process_start(w.pid).is_none() {
-            let n = n.to_string_lossy();
-            match d.remove_file(&*n) {
+            match d.remove_file(&n) {
                 Ok(()) => {
-                    tracing::info!(name = %n, "removed a temporary file a killed jfs put left")
+                    tracing::info!(name = %shown(&n), "removed a temporary file a killed jfs put left")
                 }
                 Err(e) => {
-                    tracing::warn!(name = %n, error = %e, "removing a temporary file a killed jfs put left")
+                    tracing::warn!(name = %shown(&n), error = %e, "removing a temporary file a killed jfs put left")
                 }
             }
         }
@@ -455,7 +487,9 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
     if super::interrupted() {
         bail!("interrupted");
     }
-    let tmp = tmp_name(&job.name, None);
+    // The temporary name as `transfer::put` makes it: a name that is not UTF-8 by its key.
+    let tmp =
+        OsStr::from_bytes(&bytes_of(&tmp_name(&key_of(job.name.as_bytes()), None))).to_os_string();
     // Owner-only until complete, and made by this process (O_EXCL); its owner, then its mode,
     // are set once it is committed, so that a root put never leaves a root-owned setuid file
     // with another user's bytes, even for a moment (and a chown after the mode would clear it).
@@ -469,7 +503,7 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
         let mut out = job
             .dir
             .open_with(&tmp, &o)
-            .with_context(|| format!("creating {tmp}"))?;
+            .with_context(|| format!("creating {}", shown(&tmp)))?;
         let mut src = std::fs::File::open(&job.local)
             .with_context(|| format!("opening {}", job.local.display()))?;
         let mut buf = vec![0u8; 1 << 20];
@@ -522,7 +556,7 @@ fn put_file(job: &Job, progress: &Progress, mp: &Path) -> Result<()> {
         )?;
         job.dir
             .rename(&tmp, &job.dir, &job.name)
-            .with_context(|| format!("renaming into place: {}", job.name))?;
+            .with_context(|| format!("renaming into place: {}", shown(&job.name)))?;
         Ok(())
     })();
     if let Err(e) = result {

@@ -358,15 +358,6 @@ impl Dest {
     }
 }
 
-/// The name a local path is put under (UTF-8: `jfs put --through` takes it as text).
-pub fn base_name(local: &Path) -> Result<String> {
-    local
-        .file_name()
-        .and_then(|n| n.to_str())
-        .map(str::to_string)
-        .with_context(|| format!("{} has no UTF-8 file name", shown(local)))
-}
-
 /// The name (bytes, whatever they are) a local path is put under.
 fn base_name_bytes(local: &Path) -> Result<Vec<u8>> {
     local

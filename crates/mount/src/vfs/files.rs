@@ -19,13 +19,17 @@ impl Vfs {
             self.metrics.slices_committed.inc_by(c);
         }
         self.metrics.buffer_used.set(self.budget.used() as i64);
-        r.map_err(|e| {
-            self.metrics.write_errors.inc();
-            let no = write_errno(&e);
-            tracing::error!(ino, error = %e, "flush failed: {}", errno_name(no));
-            self.note_write_error(ino, &e.to_string());
-            no
-        })
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.metrics.write_errors.inc();
+                let no = write_errno(&e);
+                let path = describe(&self.fs, ino).await;
+                tracing::error!(%path, ino, error = %e, "flush failed: {}", errno_name(no));
+                self.note_write_error(ino, &e.to_string());
+                Err(no)
+            }
+        }
     }
 
     fn node_open(&self, ino: Ino) -> Arc<Node> {
@@ -268,10 +272,14 @@ impl Vfs {
         // read(2) has no ENOENT, and a program takes EPERM or EINVAL for its own mistake: a
         // block the store does not have (deleted by hand, a lost disk), or any other failure
         // of the file's data, is EIO, with a line that names what failed.
-        let data = rd.read(offset, size as usize).await.map_err(|e| {
-            tracing::error!(ino = h.ino, offset, error = %e, "read failed: EIO");
-            libc::EIO
-        })?;
+        let data = match rd.read(offset, size as usize).await {
+            Ok(d) => d,
+            Err(e) => {
+                let path = describe(&self.fs, h.ino).await;
+                tracing::error!(%path, ino = h.ino, offset, error = %e, "read failed: EIO");
+                return Err(libc::EIO);
+            }
+        };
         self.metrics.read_bytes.inc_by(data.len() as u64);
         h.read_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         let st = rd.stats();
@@ -317,7 +325,8 @@ impl Vfs {
             }
             Err(e) => {
                 let no = write_errno(&e);
-                tracing::error!(ino = h.ino, error = %e, "write failed: {}", errno_name(no));
+                let path = describe(&self.fs, h.ino).await;
+                tracing::error!(%path, ino = h.ino, error = %e, "write failed: {}", errno_name(no));
                 self.metrics.write_errors.inc();
                 Err(no)
             }
@@ -374,6 +383,7 @@ impl Vfs {
         // when the last unlink did not keep it after all).
         if last && h.node.maybe_kept.load(Ordering::SeqCst) {
             if let Err(e) = self.fs.release_kept(h.ino).await {
+                // Unlinked: it has no path left to name.
                 tracing::warn!(ino = h.ino, error = %e, "freeing an unlinked file at its last close failed; gc frees it once this session ends");
             }
         }

@@ -44,11 +44,11 @@ pub fn errno(e: &fs_core::Error) -> Errno {
         ErrorKind::ReadOnly => libc::EROFS,
         ErrorKind::Busy => libc::EBUSY,
         ErrorKind::NoSpace => {
-            tracing::warn!(error = %e, "no space left: ENOSPC");
+            tracing::warn!(error = %e, "operation failed: ENOSPC");
             libc::ENOSPC
         }
         _ => {
-            tracing::warn!(error = %e, "operation failed");
+            tracing::warn!(error = %e, "operation failed: EIO");
             libc::EIO
         }
     }
@@ -56,6 +56,21 @@ pub fn errno(e: &fs_core::Error) -> Errno {
 
 fn err(e: fs_core::Error) -> Errno {
     errno(&e)
+}
+
+/// The most parents walked to name a file in a log line.
+const PATH_DEPTH: usize = 256;
+
+/// How a log line names `ino`: its path, shell-escaped as `jfs ls` prints names (a name may
+/// hold any byte but `/` and NUL), or "inode N (path unknown)" when it cannot be told (an
+/// unlinked file held open, a rename meanwhile, a tree deeper than `PATH_DEPTH`, a failed
+/// read). Lines give it beside the inode number. It lists each parent directory: for lines
+/// about failures only.
+pub async fn describe(fs: &Fs, ino: Ino) -> String {
+    match fs.path_bytes_of(ino, PATH_DEPTH).await {
+        Some(p) => cli_common::names::quote(&p),
+        None => format!("inode {ino} (path unknown)"),
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -223,6 +223,42 @@ impl Fs {
         Ok(format!("/{}", parts.join("/")))
     }
 
+    /// The path of `ino` as the bytes of its names (a mount's log lines quote them), walking
+    /// at most `max_depth` parents. None when it cannot be told: an unlinked file (held open),
+    /// a name gone from its parent (renamed meanwhile), a deeper tree, a failed read. A
+    /// hard-linked file gets one of its names.
+    pub async fn path_bytes_of(&self, ino: Ino, max_depth: usize) -> Option<Vec<u8>> {
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT_INO {
+            if parts.len() >= max_depth {
+                return None;
+            }
+            let a = self.getattr(cur).await.ok()?;
+            if a.nlink == 0 {
+                return None;
+            }
+            let name = self
+                .readdir_all(a.parent)
+                .await
+                .ok()?
+                .into_iter()
+                .find(|e| e.ino == cur && e.name != b"." && e.name != b"..")?
+                .name;
+            parts.push(name);
+            cur = a.parent;
+        }
+        let mut out = Vec::new();
+        for p in parts.iter().rev() {
+            out.push(b'/');
+            out.extend_from_slice(p);
+        }
+        if out.is_empty() {
+            out.push(b'/');
+        }
+        Some(out)
+    }
+
     /// `path_of` for many inodes at once: each parent directory is listed once however many
     /// of the inodes it holds (fsck's report of a lost store names every file of a large
     /// directory). An inode whose path cannot be read is named `<inode N>`.
