@@ -770,3 +770,104 @@ fn put_fails_only_the_entry_it_cannot_read_and_copies_the_rest() {
     assert_eq!(cat("/t/a"), b"first");
     assert_eq!(cat("/t/z"), b"last");
 }
+
+/// jfs-sync run by root never follows another user's link at SRC or DST, and never writes
+/// into a DST that another user owns or may change, or that sits in such a directory (the
+/// trial: nobody's `/tmp/x -> root's private dir` made root's `--delete-dst` delete a file
+/// there and write the copy in, exit 0). Nothing outside is read, written or deleted.
+#[test]
+fn jfs_sync_follows_no_other_users_link_and_writes_into_no_directory_of_theirs() {
+    let d = shared_dir();
+    let victim = d.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(victim.join("authorized_keys"), b"k\n").unwrap();
+    let src = d.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/f"), data(1, 3000)).unwrap();
+    // Nobody's corner of the shared directory: a link to the victim, a 0777 directory, and
+    // a directory of theirs with a plain subdirectory.
+    let theirs = d.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let link = theirs.join("export");
+    ok(
+        &as_nobody(
+            "ln",
+            &["-s", victim.to_str().unwrap(), link.to_str().unwrap()],
+        ),
+        "planting the link",
+    );
+    let open = theirs.join("open");
+    ok(
+        &as_nobody("mkdir", &["-m", "777", open.to_str().unwrap()]),
+        "mkdir",
+    );
+    let below = d.path().join("theirs2");
+    std::fs::create_dir(&below).unwrap();
+    std::os::unix::fs::chown(&below, Some(65534), Some(65534)).unwrap();
+    std::fs::create_dir(below.join("mine")).unwrap();
+
+    let sync = |args: &[&str]| {
+        Command::new(bin("jfs-sync"))
+            .args(args)
+            .env("HOME", d.path().join("home"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("running jfs-sync")
+    };
+    let s = |p: &Path| format!("{}/", p.display());
+    for (dst, want) in [
+        (
+            &link,
+            "belongs to uid 65534, another user: refusing to follow it",
+        ),
+        (&open, "belongs to uid 65534, another user"),
+        (&below.join("mine"), "(above it) belongs to uid 65534"),
+    ] {
+        let o = sync(&["--delete-dst", &s(&src), &s(dst)]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {err}", dst.display());
+        assert!(
+            err.contains(want) && err.contains("DST"),
+            "{}: {err}",
+            dst.display()
+        );
+    }
+    // A 0777 directory of root's own: others may change it.
+    let wide = d.path().join("wide");
+    std::fs::create_dir(&wide).unwrap();
+    std::fs::set_permissions(&wide, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = sync(&[&s(&src), &s(&wide)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.code() == Some(2) && err.contains("mode 0777"),
+        "{err}"
+    );
+    // Nobody's link as SRC: root would copy the victim's files where nobody could read them.
+    let out = d.path().join("out");
+    let o = sync(&[&s(&link), &s(&out)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(2) && err.contains("SRC"), "{err}");
+
+    assert_eq!(
+        std::fs::read(victim.join("authorized_keys")).unwrap(),
+        b"k\n",
+        "the victim's file changed"
+    );
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1);
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(below.join("mine")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&wide).unwrap().count(), 0);
+    assert!(!out.exists());
+    // Root's own directory: the run goes ahead.
+    let mine = d.path().join("mine");
+    let o = sync(&[&s(&src), &s(&mine)]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(std::fs::read(mine.join("sub/f")).unwrap(), data(1, 3000));
+}

@@ -20,6 +20,7 @@ use crate::range::KeyRange;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
+use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -307,16 +308,54 @@ pub async fn open(
     }
     if let Some((scheme, _)) = spec.split_once("://") {
         if scheme == "file" {
-            return Ok(Arc::new(LocalDir::open_with(
-                &spec["file://".len()..],
-                create,
-            )?));
+            let path = &spec["file://".len()..];
+            check_local(path, write)?;
+            return Ok(Arc::new(LocalDir::open_with(path, create)?));
         }
         return Ok(Arc::new(ObjectStore::open(spec, endpoint).with_context(
             || format!("opening {}", objstore::secrets::redact(spec)),
         )?));
     }
+    check_local(spec, write)?;
     Ok(Arc::new(LocalDir::open_with(spec, create)?))
+}
+
+/// A local SRC or DST reached through another user's symbolic link is refused (they would
+/// choose what this run reads, or where it writes and deletes: the kernel's
+/// `protected_symlinks` rule, kept where a host turned it off). A DST must also be this
+/// user's (or root's) and closed to other writers, and so must every directory above it
+/// (ssh's rule): otherwise another user could swap it for a link or directory of theirs
+/// while the run writes. Below DST nothing is followed out of it (cap-std).
+fn check_local(path: &str, write: bool) -> Result<()> {
+    use cli_common::private::{ancestors_problem, foreign_link};
+    use std::os::unix::fs::MetadataExt;
+    let p = Path::new(path);
+    let side = if write { "DST" } else { "SRC" };
+    if let Some(why) = foreign_link(p) {
+        anyhow::bail!("{side} {path}: {why}");
+    }
+    if !write {
+        return Ok(());
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if let Ok(m) = std::fs::metadata(p) {
+        if m.uid() != me && m.uid() != 0 {
+            anyhow::bail!(
+                "DST {path} belongs to uid {}, another user, who could swap what is in it for links while this run writes: sync into a directory of your own (or run as that user)",
+                m.uid()
+            );
+        }
+        if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
+            anyhow::bail!(
+                "DST {path} has mode {:04o}: other users may change it while this run writes and deletes there; chmod go-w it, or sync into a directory of your own",
+                m.mode() & 0o7777
+            );
+        }
+    }
+    if let Some(why) = ancestors_problem(p) {
+        anyhow::bail!("DST {path}: {why}: sync into a directory of your own, then move it");
+    }
+    Ok(())
 }
 
 /// A destination that does not exist yet, for `--dry-run`: it lists nothing and refuses
