@@ -485,21 +485,23 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
             let h = StorageHolder::open(engine.clone(), writes, &settings.storage)
                 .await
                 .map_err(|e| e.context("opening the origin store to write blocks to"))?;
-            Some((fwd, h))
+            Some((fwd, h, sock.clone()))
         }
         _ => None,
     };
     let mut fs = match (&holder, &forwarding) {
-        (_, Some((fwd, h))) => {
-            let placement: Arc<dyn fs_core::storage::StorageFollow> = match &mirror_store {
-                Some(ms) if ms.display_url() != h.display_url() => {
-                    Arc::new(forward::AlsoToMirror {
-                        origin: h.clone(),
-                        mirror: ms.clone(),
-                    })
-                }
-                _ => h.clone(),
-            };
+        (_, Some((fwd, h, sock))) => {
+            // Its own copy when the mirror has a store of its own; a refused origin write
+            // is told to the agent either way (its status counts the site's failed writes).
+            let placement: Arc<dyn fs_core::storage::StorageFollow> =
+                Arc::new(forward::AlsoToMirror {
+                    origin: h.clone(),
+                    mirror: mirror_store
+                        .as_ref()
+                        .filter(|ms| ms.display_url() != h.display_url())
+                        .cloned(),
+                    report: sock.clone(),
+                });
             Fs::open_following(fwd.clone(), store.clone(), placement).await?
         }
         (Some(h), None) => Fs::open_following(engine.clone(), store.clone(), h.clone()).await?,
@@ -521,7 +523,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
                 mover,
                 holder
                     .clone()
-                    .or(forwarding.as_ref().map(|(_, h)| h.clone()))
+                    .or(forwarding.as_ref().map(|(_, h, _)| h.clone()))
                     .or(origin_holder.clone()),
                 // A mount writing through a mirror's agent is a writer, though not this
                 // metadata's (its agent relays its session to the primary, where it keeps
