@@ -17,6 +17,7 @@ mod apply;
 pub mod awaiting;
 mod bootstrap;
 mod forward;
+pub mod received;
 mod replication;
 mod session;
 mod status;
