@@ -192,7 +192,7 @@ mod tests {
             "{msg}"
         );
         assert!(!dir.join("agent.db").exists(), "nothing was written");
-        let e = State::probe(&dir).err().expect("probed on a 70 MiB disk");
+        let e = State::probe(&dir).expect_err("probed on a 70 MiB disk");
         assert!(format!("{e:#}").contains("disk too small"), "{e:#}");
         let big = SmallDisk::new(&t.path().join("big"), need + 16);
         State::open(&big.0.join("state")).unwrap();
