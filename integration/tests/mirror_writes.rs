@@ -271,6 +271,67 @@ async fn a_mirror_that_cannot_write_the_origin_store_mounts_read_only_and_says_w
     drop(ro);
 }
 
+/// Issue 43, item 25 (rest): a writing mirror mount whose host can no longer write the origin
+/// store (a read-only bind over it after the mount came up): each close fails with EIO, and
+/// the mirror agent, where the operator looks, counts each failure and shows its cause (its
+/// status said `0 failed`: the block never reached it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_mounts_failed_origin_writes_are_counted_in_the_agents_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume_with("redis", "file", |_| {}).await;
+    let pair = Pair::start(dir.path(), &vol.meta_url, "rocksdb", None, ALLOW_WRITES, "").await;
+    let st = writes_known(&pair).await;
+    assert_eq!(st["writes"]["allowed"], true, "{st}");
+    assert_eq!(st["writes"]["mount_failures"], 0, "{st}");
+    let m = Mount::start(&pair.m_meta, dir.path(), "mm", &["--cache-size", "0"]);
+    std::fs::write(m.mp.join("before"), b"fine").unwrap();
+    let ro = integration::mountproc::ReadOnlyBind::over_store(&vol.store_url);
+    for i in 0..3 {
+        // Rust's close ignores its error: fsync shows the failed write.
+        use std::io::Write;
+        let mut f = std::fs::File::create(m.mp.join(format!("f{i}"))).unwrap();
+        f.write_all(&data(i, 300_000)).unwrap();
+        let e = f.sync_all().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(5 /* EIO */), "{e}");
+    }
+    // The reports arrive beside the failures: wait for them, then for any late one.
+    status_until(&pair.mirror, Duration::from_secs(10), |st| {
+        st["writes"]["mount_failures"].as_u64() >= Some(3)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let st = pair.mirror.status();
+    let w = &st["writes"];
+    assert_eq!(w["mount_failures"], 3, "one report per failed write: {st}");
+    assert_eq!(w["failed"], 0, "no change reached the agent: {st}");
+    let cause = w["last_failure"].as_str().unwrap_or_default();
+    assert!(
+        cause.starts_with("the origin store refused a block: writing ")
+            && cause.contains(&vol.store_url)
+            && cause.contains("Read-only file system"),
+        "{st}"
+    );
+    let human = std::process::Command::new(integration::bin("mirror-agent"))
+        .args(["status", "--admin", &pair.mirror.admin])
+        .output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains("0 failed, 3 failed at mounts")
+            && human.contains("last failed write: the origin store refused a block: writing "),
+        "{human}"
+    );
+    assert!(
+        pair.mirror
+            .metrics()
+            .contains("jfs_mirror_mount_write_failures_total 3"),
+        "{}",
+        pair.mirror.metrics()
+    );
+    drop(ro);
+    m.stop();
+}
+
 /// The primary agent stopped: a change at the mirror mount fails with EIO within the bound
 /// and is not made; reads go on; once the primary is back, writes go through again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1266,3 +1266,63 @@ async fn a_planned_move_fence_checks_new_primary_is_the_agent_of_the_moved_to_mi
     drop(m2);
     drop(pair);
 }
+
+/// The trial: rejoining the old primary while its read-write mount was up, `check-config
+/// --connect` said ok and `run` failed with the fence's text. Both now say that a running
+/// read-write mount holds the metadata (its mount point and pid) and to unmount it first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_agent_on_metadata_held_by_a_read_write_mount_says_to_unmount_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, _d1) = integration::meta_url("rocksdb");
+    let (store, _d2) = integration::store_url("file");
+    let o = integration::run(
+        "jfs",
+        &[
+            "format",
+            &meta,
+            &integration::unique("v"),
+            "--storage",
+            &store,
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = Mount::start(&meta, dir.path(), "pm", &[]);
+    let pid = m.child.as_ref().unwrap().id();
+    let cfg = dir.path().join("mirror.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "role = \"mirror\"\nmeta = \"{meta}\"\nstate_dir = \"{}\"\n[mirror]\nname = \"m1\"\nprimary = \"127.0.0.1:{}\"\ntoken_env = \"MIRROR_TOKEN\"\nstore = \"file://{}\"\n",
+            dir.path().join("mstate").display(),
+            free_port(),
+            dir.path().join("mstore").display()
+        ),
+    )
+    .unwrap();
+    let want = format!(
+        "is locked by a running read-write mount at {} (pid {pid})",
+        m.mp.display()
+    );
+    for args in [
+        &["check-config", "--connect", "--config"][..],
+        &["run", "--config"][..],
+    ] {
+        let o = Command::new(bin("mirror-agent"))
+            .args(args)
+            .arg(&cfg)
+            .env("MIRROR_TOKEN", TOKEN)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success()
+                && err.contains(&want)
+                && err.contains(&format!("unmount it first (`umount {}`)", m.mp.display()))
+                && !err.contains("fenced"),
+            "mirror-agent {args:?}: {}{err}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    m.stop();
+}

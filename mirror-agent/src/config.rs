@@ -59,6 +59,9 @@ pub struct Secret {
     pub token_file: Option<PathBuf>,
     /// Refused: present only to give a clear error when someone writes a token inline.
     pub token: Option<toml::Value>,
+    /// How the config names these settings: "" (`token_env`, `token_file`) or "admin_"
+    /// (`admin_token_env`, ...), for the messages.
+    pub setting: &'static str,
 }
 
 /// How a good token is made, for the messages that refuse one.
@@ -75,27 +78,28 @@ impl Secret {
         if self.token.is_some() {
             bail!("{who}: a literal `token` is not accepted in the config (it would sit in a file anyone may read and in backups); use token_env = \"VAR\" or token_file = \"/path\"");
         }
+        let p = self.setting;
         let (t, from) = match (&self.token_env, &self.token_file) {
             (Some(v), None) => (
                 std::env::var(v).map_err(|_| {
-                    anyhow!("{who}: the environment variable {v} (token_env) is not set")
+                    anyhow!("{who}: the environment variable {v} is not set (the config's {p}token_env = \"{v}\" names it): set {v} in the agent's environment (export it, or Environment= in its systemd unit), or use {p}token_file instead")
                 })?,
-                format!("the token in {v} (token_env)"),
+                format!("the token in {v} ({p}token_env)"),
             ),
             (None, Some(f)) => {
                 check_token_file(who, f)?;
                 (
                     std::fs::read_to_string(f)
-                        .with_context(|| format!("{who}: reading token_file {}", f.display()))?
+                        .with_context(|| format!("{who}: reading {p}token_file {}", f.display()))?
                         .lines()
                         .next()
                         .unwrap_or("")
                         .to_string(),
-                    format!("the token in token_file {}", f.display()),
+                    format!("the token in {p}token_file {}", f.display()),
                 )
             }
-            (Some(_), Some(_)) => bail!("{who}: give token_env or token_file, not both"),
-            (None, None) => bail!("{who}: no token: set token_env or token_file"),
+            (Some(_), Some(_)) => bail!("{who}: give {p}token_env or {p}token_file, not both"),
+            (None, None) => bail!("{who}: no token: set {p}token_env or {p}token_file"),
         };
         let t = t.trim().to_string();
         if t.len() < 16 {
@@ -242,6 +246,7 @@ impl MirrorEntry {
             token_env: self.token_env.clone(),
             token_file: self.token_file.clone(),
             token: self.token.clone(),
+            setting: "",
         }
     }
 }
@@ -340,6 +345,7 @@ impl MirrorConfig {
             token_env: self.token_env.clone(),
             token_file: self.token_file.clone(),
             token: self.token.clone(),
+            setting: "",
         }
     }
 }
@@ -491,6 +497,7 @@ impl Config {
             token_env: self.admin_token_env.clone(),
             token_file: self.admin_token_file.clone(),
             token: None,
+            setting: "admin_",
         }
         .load("admin token")
         .map(Some)
@@ -727,6 +734,33 @@ mod tests {
         }
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(s.load("[mirror]").unwrap(), good);
+    }
+
+    /// The trial: a missing admin token variable said `(token_env)`, a setting the config
+    /// has no such name for. The message names the real setting and the variable.
+    #[test]
+    fn a_missing_token_variable_names_its_setting_and_the_variable() {
+        let text = "role = \"mirror\"\nmeta = \"rocksdb:///m\"\nstate_dir = \"/s\"\nadmin_token_env = \"JFS_TEST_UNSET_ADMIN_TOKEN_43\"\n[mirror]\nname = \"m\"\nprimary = \"p:1\"\nstore = \"file:///b\"\ntoken_env = \"JFS_TEST_UNSET_MIRROR_TOKEN_43\"\n";
+        let c = Config::parse(text).unwrap();
+        let e = c.admin_token().unwrap_err().to_string();
+        assert!(
+            e.starts_with("admin token: the environment variable JFS_TEST_UNSET_ADMIN_TOKEN_43 is not set (the config's admin_token_env = \"JFS_TEST_UNSET_ADMIN_TOKEN_43\" names it)")
+                && e.contains("or use admin_token_file")
+                && !e.contains("(token_env)"),
+            "{e}"
+        );
+        let e = c
+            .mirror
+            .unwrap()
+            .secret()
+            .load("[mirror]")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the config's token_env = \"JFS_TEST_UNSET_MIRROR_TOKEN_43\" names it")
+                && e.contains("or use token_file"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! agent); its framing with lying lengths, before and after authentication; both halves of
 //! the handshake fed damaged messages on a duplex pipe (the real `accept` and `connect`); the
 //! session's check of journal frames (a seq that goes back, repeats or jumps, an entry sent
-//! under another's seq); and the agent's TOML config with its environment overlay. The agent
+//! under another's seq); the session's checks of a whole received sequence (epoch, snapshot
+//! order and seqs: `mirror::received`); and the agent's TOML config with its environment overlay. The agent
 //! state's records have their own harnesses (`state::fuzz_tests`).
 //!
 //! Allocation: the codec refuses a frame whose header is over its limit before buffering it
@@ -871,6 +872,160 @@ fn fuzz_agent_journal_sequences() {
                     prop_assert!(bad.to_string().contains(&seq.to_string()));
                 }
                 (got, w) => prop_assert!(false, "checked {got:?}, should be {w:?}"),
+            }
+            Ok(())
+        },
+    );
+}
+
+/// A change made to a valid sequence of what a primary sends in one session.
+#[derive(Debug, Clone)]
+enum SessionLie {
+    Swap(usize, usize),
+    Drop(usize),
+    Repeat(usize),
+    /// The snapshot's end says this seq.
+    EndAt(u64),
+    /// The primary's welcome says this epoch.
+    Epoch(u64),
+    /// Any message, here.
+    Insert(usize, ToMirror),
+}
+
+fn session_lie() -> impl Strategy<Value = SessionLie> {
+    let i = || 0usize..12;
+    let s = || prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>(), 0u64..64];
+    prop_oneof![
+        (i(), i()).prop_map(|(a, b)| SessionLie::Swap(a, b)),
+        i().prop_map(SessionLie::Drop),
+        i().prop_map(SessionLie::Repeat),
+        s().prop_map(SessionLie::EndAt),
+        s().prop_map(SessionLie::Epoch),
+        (i(), to_mirror()).prop_map(|(a, m)| SessionLie::Insert(a, m)),
+    ]
+}
+
+/// The session's checks of what it receives (`mirror::received`: the welcome's epoch, the
+/// snapshot's begin, pairs and end in order with an end not below its beginning, then
+/// journal frames running on from the snapshot's seq), driven with valid sessions changed by
+/// swaps, drops, repeats, lying seqs and epochs and foreign messages: every step the machine
+/// takes is one a valid session allows (checked against the rules here), a refusal is an
+/// error with a message, never a panic, and a session left as it was is taken whole.
+#[test]
+fn fuzz_agent_received_sequences() {
+    use crate::mirror::received::{Received, Step};
+    fuzz::run(
+        "agent_received_sequences",
+        (
+            0u64..4,
+            0u64..3,
+            any::<bool>(),
+            prop_oneof![Just(0u64), 1u64..1 << 40, Just(u64::MAX - 4)],
+            0u64..5,
+            0usize..3,
+            0usize..4,
+        )
+            .prop_flat_map(|(mine, up, snap, s0, grow, pairs, n)| {
+                let first = if snap { s0 + 1 } else { s0 };
+                (
+                    Just((mine, mine + up, snap, s0, s0 + grow, pairs)),
+                    (0..n as u64).map(|i| entry(first + i)).collect::<Vec<_>>(),
+                    proptest::collection::vec(session_lie(), 0..3),
+                )
+            }),
+        |((mine, epoch, snap, s0, s_end, pairs), entries, lies)| {
+            let mut msgs = Vec::new();
+            if snap {
+                msgs.push(ToMirror::SnapshotBegin {
+                    seq: s0,
+                    settings: b"{}".to_vec(),
+                });
+                for k in 0..pairs {
+                    msgs.push(ToMirror::SnapshotPairs {
+                        pairs: vec![(vec![k as u8], vec![1])],
+                    });
+                }
+                msgs.push(ToMirror::SnapshotEnd { seq: s_end });
+            }
+            for e in &entries {
+                msgs.push(ToMirror::Entries {
+                    frames: vec![(e.seq, e.encode())],
+                });
+                msgs.push(ToMirror::Heartbeat {
+                    head: e.seq,
+                    head_time_ns: 0,
+                });
+            }
+            let mut epoch = epoch;
+            for l in &lies {
+                let n = msgs.len().max(1);
+                match l {
+                    SessionLie::Swap(a, b) if !msgs.is_empty() => msgs.swap(a % n, b % n),
+                    SessionLie::Drop(a) if !msgs.is_empty() => {
+                        msgs.remove(a % n);
+                    }
+                    SessionLie::Repeat(a) if !msgs.is_empty() => {
+                        let m = msgs[a % n].clone();
+                        msgs.insert(a % n, m);
+                    }
+                    SessionLie::EndAt(v) => {
+                        for m in msgs.iter_mut() {
+                            if let ToMirror::SnapshotEnd { seq } = m {
+                                *seq = *v;
+                            }
+                        }
+                    }
+                    SessionLie::Epoch(v) => epoch = *v,
+                    SessionLie::Insert(a, m) => msgs.insert(a % (msgs.len() + 1), m.clone()),
+                    _ => {}
+                }
+            }
+            let expected = if snap { 0 } else { s0 };
+            let mut r = match Received::new(epoch, mine, snap, expected) {
+                Ok(r) => {
+                    prop_assert!(epoch >= mine, "a primary at epoch {epoch} < {mine} taken");
+                    r
+                }
+                Err(e) => {
+                    prop_assert!(epoch < mine, "epoch {epoch} >= {mine} refused: {e}");
+                    prop_assert!(e.to_string().contains(&epoch.to_string()));
+                    return Ok(());
+                }
+            };
+            // The rules, step by step, for what the machine takes.
+            let mut begun: Option<u64> = None;
+            let mut ended = !snap;
+            let mut next = if snap { None } else { Some(s0) };
+            let mut taken = 0usize;
+            for m in msgs.clone() {
+                match r.step(m) {
+                    Ok(Step::SnapshotBegin { seq, .. }) => {
+                        prop_assert!(snap && begun.is_none());
+                        begun = Some(seq);
+                    }
+                    Ok(Step::SnapshotPairs { .. }) => prop_assert!(begun.is_some() && !ended),
+                    Ok(Step::SnapshotEnd { s0: b, s_end: e }) => {
+                        prop_assert!(!ended && begun == Some(b) && e >= b, "end {e} of {b}");
+                        ended = true;
+                        next = b.checked_add(1);
+                    }
+                    Ok(Step::Entries(batch)) => {
+                        prop_assert!(ended);
+                        for e in batch {
+                            prop_assert_eq!(Some(e.seq), next);
+                            next = e.seq.checked_add(1);
+                        }
+                    }
+                    Ok(Step::Heartbeat { .. }) | Ok(Step::Refused { .. }) => prop_assert!(ended),
+                    Err(e) => {
+                        prop_assert!(!e.to_string().is_empty());
+                        break;
+                    }
+                }
+                taken += 1;
+            }
+            if lies.is_empty() {
+                prop_assert_eq!(taken, msgs.len(), "a valid session was refused");
             }
             Ok(())
         },

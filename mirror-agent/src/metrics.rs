@@ -77,6 +77,9 @@ pub struct Metrics {
     pub fwd_sent: Counter,
     pub fwd_sent_conflicts: Counter,
     pub fwd_sent_failed: Counter,
+    /// Writes this site's mounts reported failed where this agent did not see them (a block
+    /// the origin store refused, a change not answered in time).
+    pub mount_write_failures: Counter,
     /// Seconds from a mount's request to the primary's answer (sum).
     pub fwd_sent_seconds: Counter<f64, AtomicU64>,
     /// 1 while the primary lets this mirror write and the forward connection is up.
@@ -210,6 +213,11 @@ impl Metrics {
                     "forward_failed",
                     "Changes of this site's mounts refused or not answered",
                     m.fwd_sent_failed.clone(),
+                );
+                r.register(
+                    "mount_write_failures",
+                    "Writes of this site's mounts that failed where the agent did not see them (the origin store refused a block, no answer in time)",
+                    m.mount_write_failures.clone(),
                 );
                 r.register(
                     "forward_seconds",

@@ -65,6 +65,11 @@ pub async fn reach(c: &Config, reach: Reach) -> Result<Vec<String>> {
                 let e = volume::open_engine(&c.meta, volume::Access::Read, None, false)
                     .await
                     .map_err(|e| anyhow!("meta: {e}"))?;
+                // `run` opens it to write: a read-write mount holding it (the old primary's,
+                // at a rejoin) stops it, whatever the metadata says.
+                if let Some(s) = volume::writing_mount(&*e).await {
+                    bail!("meta: {}", volume::locked_by_mount(&e.display_url(), &s));
+                }
                 crate::site::plan_claim(&*e, built_here, m).await?;
                 mirror_uuid = fs_core::Fs::load_settings(&*e).await.ok().map(|s| s.uuid);
                 identity = crate::site::identity(&*e).await?.unwrap_or_default();

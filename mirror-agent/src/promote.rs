@@ -293,6 +293,49 @@ enum Probe {
 /// Greet `addr` as mirror `name` without a token: a primary agent answers with its challenge
 /// (or, of another protocol version, a refusal); the connection is then dropped.
 async fn probe_agent(addr: &str, name: &str) -> Probe {
+    match probe_agent_at(addr, name).await {
+        // An agent's admin address (HTTP) does not speak the protocol: say so, and which
+        // address to give, rather than "nothing answers".
+        Probe::Nothing(why) => Probe::Nothing(match admin_port(addr).await {
+            Some(what) => format!(
+                "{addr} is {what}, not where an agent's replication listens: give the `listen` address of that agent's [mirror] section (where its primary agent will listen once promoted) or of the primary agent's [primary] section, not its `admin`"
+            ),
+            None => why,
+        }),
+        p => p,
+    }
+}
+
+/// When `addr` serves an agent's admin endpoint (`GET /status` answers with its role), what
+/// it is, in words ("the admin port of mirror agent \"m1\"").
+pub(crate) async fn admin_port(addr: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"GET /status HTTP/1.0\r\nHost: agent\r\n\r\n")
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        (&mut s).take(1 << 20).read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf);
+        if !text.starts_with("HTTP/1.") {
+            return None;
+        }
+        let body = text.split_once("\r\n\r\n")?.1;
+        let v: serde_json::Value = serde_json::from_str(body).ok()?;
+        let role = v["role"].as_str()?;
+        Some(match v["name"].as_str() {
+            Some(n) => format!("the admin port of {role} agent {n:?}"),
+            None => format!("the admin port of a {role} agent"),
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(3), ask)
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn probe_agent_at(addr: &str, name: &str) -> Probe {
     use crate::proto::{self, ToMirror, ToPrimary};
     let mut wire = match crate::mirror::dial(addr, &None).await {
         Ok(w) => w,
@@ -707,5 +750,53 @@ async fn probe_old_primary(
             Some(p) => OldPrimary::Serving(p.message().to_string()),
             None => OldPrimary::Gone(format!("{e:#}")),
         },
+    }
+}
+
+#[cfg(test)]
+mod admin_port_tests {
+    use super::*;
+    use tokio_util::sync::CancellationToken;
+
+    /// The trial: `fence --new-primary ADDR` with ADDR an agent's admin port said only that
+    /// nothing answers. The probe now says that it is an admin port, whose, and which
+    /// address to give.
+    #[tokio::test]
+    async fn an_agents_admin_port_given_as_new_primary_is_named_as_such() {
+        let addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let metrics = Arc::new(crate::metrics::Metrics::new(false));
+        metrics.set_status(serde_json::json!({"role": "mirror", "name": "m1"}));
+        let stop = CancellationToken::new();
+        let app = crate::admin::Admin {
+            metrics,
+            token: None,
+            limits: None,
+            slots: None,
+            resync: None,
+            workers: Arc::new(background::Supervisor::new(stop.clone())),
+        };
+        let _h = crate::admin::serve(addr, app, stop.clone()).await.unwrap();
+        let a = addr.to_string();
+        match probe_agent(&a, "m1").await {
+            Probe::Nothing(why) => assert!(
+                why.starts_with(&format!(
+                    "{a} is the admin port of mirror agent \"m1\", not where an agent's replication listens"
+                )) && why.contains("`listen` address of that agent's [mirror] section"),
+                "{why}"
+            ),
+            _ => panic!("an admin port taken for an agent"),
+        }
+        // An address where nothing listens keeps its own reason.
+        stop.cancel();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let free = l.local_addr().unwrap().to_string();
+        drop(l);
+        match probe_agent(&free, "m1").await {
+            Probe::Nothing(why) => assert!(!why.contains("admin port"), "{why}"),
+            _ => panic!("something answered at a free port"),
+        }
     }
 }

@@ -14,6 +14,10 @@
 //! A kill during the install starts it over; during the catch-up, the staging is reopened and
 //! replication resumes into it; during the switch, the switch runs again (it is idempotent:
 //! the difference is then empty).
+//!
+//! The staging's directory is removed after the switch while a replication task may still
+//! hold the staging open; its close then finds the directory gone and flushes nothing (it
+//! warned `flushing at close failed` after every resync, about a database thrown away).
 
 use anyhow::{Context, Result};
 use fs_core::engine::Engine;
@@ -126,5 +130,82 @@ impl Meta {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e).with_context(|| format!("removing {}", self.dir.display())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `f` logged (every level), as text.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let w = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, f);
+        let out = buf.0.lock().unwrap().clone();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// Issue 43, item 26: a resync switch logged `flushing at close failed` for the staging,
+    /// which a replication task still held when its directory was removed. The staging is
+    /// discarded without a warning, and the live metadata holds what it staged.
+    #[tokio::test]
+    async fn discarding_a_staging_still_held_after_its_switch_warns_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let live: Arc<dyn Engine> = Arc::new(
+            meta::RocksEngine::open(
+                &d.path().join("live"),
+                meta::RocksMode::ReadWrite,
+                true,
+                true,
+            )
+            .unwrap(),
+        );
+        let marker = fs_core::site::MirrorMarker {
+            version: fs_core::site::MARKER_VERSION,
+            name: "m".into(),
+            primary: "127.0.0.1:1".into(),
+            store: "file:///nowhere".into(),
+            origin_store: None,
+            since_ns: 1,
+        };
+        fs_core::site::set_marker(&*live, &marker).await.unwrap();
+        let meta = Meta::new(live.clone(), d.path());
+        // The staging holds what it was given in its memtable only, as after a snapshot.
+        let staging = meta.begin().await.unwrap();
+        staging
+            .install_put(&[(b"k".to_vec(), b"v".to_vec())])
+            .await
+            .unwrap();
+        meta.switch().await.unwrap();
+        assert_eq!(live.get(b"k").await.unwrap().as_deref(), Some(&b"v"[..]));
+        assert_eq!(
+            fs_core::site::marker(&*live).await.unwrap(),
+            Some(marker.clone())
+        );
+        let held = meta.staging().unwrap();
+        let log = logged(|| {
+            meta.discard().unwrap();
+            drop(staging);
+            drop(held);
+        });
+        assert!(!d.path().join("staging").exists());
+        assert!(!log.contains("flushing at close failed"), "{log}");
     }
 }

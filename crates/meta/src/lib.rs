@@ -56,6 +56,7 @@ mod postgres;
 mod redis_engine;
 mod rocks;
 
+pub use localdir::{check_open_room, open_need};
 pub use postgres::{pool_builder as pg_pool_builder, PgEngine};
 pub use redis_engine::RedisEngine;
 pub use rocks::{

@@ -77,6 +77,47 @@ pub fn check_writer_room(dir: &Path) -> std::result::Result<(), String> {
     ))
 }
 
+/// What another RocksDB of this project (opened from `base_options` with `write_buffer` as
+/// its write buffer, no WAL bound: the mirror agent's state, jfs-sync's) sets aside as it
+/// opens for writing, plus the floor: the same reckoning as `WRITER_NEED`.
+pub fn open_need(write_buffer: u64) -> u64 {
+    write_buffer + write_buffer / 10 + MANIFEST_PREALLOC + DISK_FLOOR
+}
+
+/// Err (the message) when the file system that holds, or will hold, `dir` (the RocksDB
+/// directory of `what`, opened with `write_buffer`) has less free room than it needs at open
+/// (`open_need`): opened anyway, it would refuse every write after its first. `remedy` says
+/// what else the operator may do. As `check_writer_room`, it looks at the nearest directory
+/// that exists, and one that cannot be examined passes.
+pub fn check_open_room(
+    dir: &Path,
+    write_buffer: u64,
+    what: &str,
+    remedy: &str,
+) -> std::result::Result<(), String> {
+    let Some(at) = dir.ancestors().find(|a| a.is_dir()) else {
+        return Ok(());
+    };
+    let Ok(s) = rustix::fs::statvfs(at) else {
+        return Ok(());
+    };
+    let free = s.f_bavail.saturating_mul(s.f_frsize);
+    let need = open_need(write_buffer);
+    if free >= need {
+        return Ok(());
+    }
+    Err(format!(
+        "disk too small for {what}: {} (the file system mounted at {}) has {} MiB free, and it needs {} MiB there to open: {} MiB its write-ahead log preallocates, {} MiB for its manifest, and the {} MiB kept free so that no write meets a full disk. Make room there or {remedy} (nothing was written)",
+        dir.display(),
+        mount_point(at).display(),
+        free >> 20,
+        need.div_ceil(1 << 20),
+        (write_buffer + write_buffer / 10).div_ceil(1 << 20),
+        MANIFEST_PREALLOC >> 20,
+        DISK_FLOOR >> 20,
+    ))
+}
+
 /// The mount point of the file system holding `dir`: its highest ancestor on the same device.
 fn mount_point(dir: &Path) -> std::path::PathBuf {
     use std::os::unix::fs::MetadataExt;

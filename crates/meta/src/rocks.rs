@@ -118,6 +118,13 @@ impl Drop for Inner {
         if self.secondary.is_some() {
             return;
         }
+        // A database whose directory was removed while it was still open (the mirror agent's
+        // resync staging, discarded after its switch while a replication task still held it)
+        // is gone: there is nothing to flush to and no next open, so no warning.
+        if !self.path.join("CURRENT").exists() {
+            tracing::debug!(path = %self.path.display(), "closing a RocksDB database whose directory was removed: nothing to flush");
+            return;
+        }
         let mut o = rocksdb::FlushOptions::default();
         o.set_wait(true);
         let mut flushed = true;

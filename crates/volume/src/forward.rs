@@ -37,6 +37,43 @@ const MAX_FRAME: usize = 64 << 20;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ForwardRequest {
     Commit(CommitRequest),
+    /// A write at the mount failed where the agent did not see it (a block the origin store
+    /// refused, a change the agent could not be asked about or that this site did not apply
+    /// in time): the agent counts it and keeps the cause for its status. No answer.
+    Failed {
+        cause: String,
+    },
+}
+
+/// How long a mount spends telling its agent about a failed write (it is failing anyway).
+const REPORT_WAIT: Duration = Duration::from_secs(1);
+
+/// Tell the agent serving `socket` that a write at this mount failed (see
+/// `ForwardRequest::Failed`); best effort and bounded, never an error of its own.
+pub async fn report_failure(socket: &Path, cause: &str) {
+    let io = async {
+        let mut s = tokio::net::UnixStream::connect(socket)
+            .await
+            .map_err(|e| e.to_string())?;
+        server_trusted(&s, socket)?;
+        write_frame(
+            &mut s,
+            &ForwardRequest::Failed {
+                cause: cause.to_string(),
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(REPORT_WAIT, io).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(socket = %socket.display(), error = %e, "a failed write was not reported to the mirror agent")
+        }
+        Err(_) => {
+            tracing::debug!(socket = %socket.display(), "a failed write was not reported to the mirror agent in time")
+        }
+    }
 }
 
 /// The primary's answer, relayed by the agent.
@@ -301,6 +338,8 @@ impl Engine for ForwardingEngine {
                 if fs_core::site::marker(&*self.local).await?.is_none() {
                     return self.local.commit(req).await;
                 }
+                // The agent did not answer (it may still hear this: a timeout, a reset).
+                report_failure(&self.socket, e.message()).await;
                 return Err(e);
             }
         };
@@ -309,13 +348,15 @@ impl Engine for ForwardingEngine {
                 if self.applied(seq).await? {
                     Ok(CommitOutcome::Committed { seq, time_ns })
                 } else {
-                    Err(Error::temporary(
+                    let e = Error::temporary(
                         ErrorKind::Backend,
                         format!(
                             "the change was committed at the primary as entry {seq}, but this mirror has not applied it within {:?} (is its agent replicating?); it shows here once applied",
                             self.apply_wait
                         ),
-                    ))
+                    );
+                    report_failure(&self.socket, e.message()).await;
+                    Err(e)
                 }
             }
             ForwardReply::Conflict { head } => {
@@ -397,18 +438,22 @@ fn refused_install() -> Error {
 }
 
 /// Where a writing mirror mount puts blocks: the origin's placement (the primary's storage
-/// record, replicated here), each block then also into the mirror's own store, so that
-/// reading it back at the mirror costs no origin read. The origin's put must succeed (the
-/// write-order invariant is about the origin); a failed mirror copy is logged and left to
-/// the agent's copier, which queues every block the journal brings.
+/// record, replicated here), each block then also into the mirror's own store (when it has
+/// one of its own), so that reading it back at the mirror costs no origin read. The origin's
+/// put must succeed (the write-order invariant is about the origin): a refused one fails the
+/// write (EIO at close) and is reported to the agent at `report` (its forward socket), whose
+/// status counts it; a failed mirror copy is logged and left to the agent's copier, which
+/// queues every block the journal brings.
 pub struct AlsoToMirror {
     pub origin: Arc<crate::StorageHolder>,
-    pub mirror: Arc<dyn fs_core::BlockStore>,
+    pub mirror: Option<Arc<dyn fs_core::BlockStore>>,
+    pub report: PathBuf,
 }
 
 struct Tee {
     origin: Arc<dyn fs_core::BlockStore>,
-    mirror: Arc<dyn fs_core::BlockStore>,
+    mirror: Option<Arc<dyn fs_core::BlockStore>>,
+    report: PathBuf,
 }
 
 #[async_trait]
@@ -417,9 +462,15 @@ impl fs_core::StoreLayer for Tee {
         &*self.origin
     }
     async fn put(&self, key: &str, data: bytes::Bytes) -> Result<()> {
-        self.origin.put(key, data.clone()).await?;
-        if let Err(e) = self.mirror.put(key, data).await {
-            tracing::debug!(key, error = %e, "a block written at the origin was not copied into the mirror store (the agent copies it)");
+        if let Err(e) = self.origin.put(key, data.clone()).await {
+            let cause = format!("the origin store refused a block: {}", e.message());
+            report_failure(&self.report, &cause).await;
+            return Err(e);
+        }
+        if let Some(mirror) = &self.mirror {
+            if let Err(e) = mirror.put(key, data).await {
+                tracing::debug!(key, error = %e, "a block written at the origin was not copied into the mirror store (the agent copies it)");
+            }
         }
         Ok(())
     }
@@ -433,6 +484,7 @@ impl AlsoToMirror {
             store: Arc::new(Tee {
                 origin: p.store.clone(),
                 mirror: self.mirror.clone(),
+                report: self.report.clone(),
             }),
         })
     }

@@ -217,15 +217,45 @@ pub async fn open_engine(
             )
             .await;
             match reader {
-                Ok(r) => match fs_core::site::marker(&*r).await {
-                    Ok(Some(_)) => Err(fs_core::site::refusal(&*r).await),
-                    _ => Err(e),
+                // A read-write mount holds it (a fenced old primary's own mount, say): that,
+                // not the fence, is what stops this writer, and unmounting is what to do.
+                Ok(r) => match writing_mount(&*r).await {
+                    Some(s) => Err(locked_by_mount(&r.display_url(), &s)),
+                    None => match fs_core::site::marker(&*r).await {
+                        Ok(Some(_)) => Err(fs_core::site::refusal(&*r).await),
+                        _ => Err(e),
+                    },
                 },
                 Err(_) => Err(e),
             }
         }
         r => r,
     }
+}
+
+/// The live read-write mount of this host that holds a RocksDB volume's one writer lock, by
+/// its session (None: none, or the metadata is not RocksDB's).
+pub async fn writing_mount(engine: &dyn Engine) -> Option<fs_core::session::Session> {
+    if engine.kind() != "rocksdb" {
+        return None;
+    }
+    let now = fs_core::now_ns();
+    fs_core::session::list(engine)
+        .await
+        .ok()?
+        .into_iter()
+        .find(|s| s.is_local_writer() && s.is_live(now, fs_core::session::DEFAULT_TIMEOUT))
+}
+
+/// The refusal of a second writer while a read-write mount holds a RocksDB volume.
+pub fn locked_by_mount(url: &str, s: &fs_core::session::Session) -> Error {
+    Error::new(
+        ErrorKind::Busy,
+        format!(
+            "{url} is locked by a running read-write mount at {} (pid {}): a RocksDB volume has one writing process; unmount it first (`umount {}`), then start again",
+            s.mountpoint, s.pid, s.mountpoint
+        ),
+    )
 }
 
 /// Open an existing block store by URL, composed with this crate's layers.
@@ -485,21 +515,23 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
             let h = StorageHolder::open(engine.clone(), writes, &settings.storage)
                 .await
                 .map_err(|e| e.context("opening the origin store to write blocks to"))?;
-            Some((fwd, h))
+            Some((fwd, h, sock.clone()))
         }
         _ => None,
     };
     let mut fs = match (&holder, &forwarding) {
-        (_, Some((fwd, h))) => {
-            let placement: Arc<dyn fs_core::storage::StorageFollow> = match &mirror_store {
-                Some(ms) if ms.display_url() != h.display_url() => {
-                    Arc::new(forward::AlsoToMirror {
-                        origin: h.clone(),
-                        mirror: ms.clone(),
-                    })
-                }
-                _ => h.clone(),
-            };
+        (_, Some((fwd, h, sock))) => {
+            // Its own copy when the mirror has a store of its own; a refused origin write
+            // is told to the agent either way (its status counts the site's failed writes).
+            let placement: Arc<dyn fs_core::storage::StorageFollow> =
+                Arc::new(forward::AlsoToMirror {
+                    origin: h.clone(),
+                    mirror: mirror_store
+                        .as_ref()
+                        .filter(|ms| ms.display_url() != h.display_url())
+                        .cloned(),
+                    report: sock.clone(),
+                });
             Fs::open_following(fwd.clone(), store.clone(), placement).await?
         }
         (Some(h), None) => Fs::open_following(engine.clone(), store.clone(), h.clone()).await?,
@@ -521,7 +553,7 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
                 mover,
                 holder
                     .clone()
-                    .or(forwarding.as_ref().map(|(_, h)| h.clone()))
+                    .or(forwarding.as_ref().map(|(_, h, _)| h.clone()))
                     .or(origin_holder.clone()),
                 // A mount writing through a mirror's agent is a writer, though not this
                 // metadata's (its agent relays its session to the primary, where it keeps

@@ -267,12 +267,20 @@ pub fn human(v: &Value) -> String {
             (Some(s), Some(n)) if n > 0 => format!(", {:.1} ms each", s * 1e3 / n as f64),
             _ => String::new(),
         };
+        // What the mounts reported (absent from an older agent's status: not printed).
+        let mounts = match w["mount_failures"].as_u64() {
+            Some(n) => format!(", {n} failed at mounts"),
+            None => String::new(),
+        };
         line(format!(
-            "writes: {state}; {} committed at the primary{mean}, {} conflicts, {} failed",
+            "writes: {state}; {} committed at the primary{mean}, {} conflicts, {} failed{mounts}",
             num(&w["committed"]),
             num(&w["conflicts"]),
             num(&w["failed"])
         ));
+        if let Some(c) = w["last_failure"].as_str() {
+            line(format!("last failed write: {c}"));
+        }
     }
     line(format!(
         "blocks: {} pending ({}), {} failing, {} copied ({}), {} skipped, {} deleted",
@@ -411,7 +419,18 @@ mod tests {
             "conflicts": 1, "failed": 2, "seconds": 0.02, "refused": null});
         let hw = super::human(&w);
         assert!(
-            hw.contains("writes: allowed, link up; 4 committed at the primary, 5.0 ms each, 1 conflicts, 2 failed"),
+            hw.contains("writes: allowed, link up; 4 committed at the primary, 5.0 ms each, 1 conflicts, 2 failed\n"),
+            "{hw}"
+        );
+        w["writes"]["mount_failures"] = serde_json::json!(3);
+        w["writes"]["last_failure"] =
+            serde_json::json!("writing block b to the origin store file:///s: denied");
+        let hw = super::human(&w);
+        assert!(
+            hw.contains("2 failed, 3 failed at mounts\n")
+                && hw.contains(
+                    "last failed write: writing block b to the origin store file:///s: denied"
+                ),
             "{hw}"
         );
         w["writes"] = serde_json::json!({"allowed": false, "refused": "may not write", "committed": 0,

@@ -7,12 +7,14 @@ impl Mirror {
     pub(super) async fn install_snapshot<R: crate::proto::FrameStream>(
         &self,
         stream: &mut R,
+        checks: &mut received::Received,
         stop: &CancellationToken,
     ) -> Result<()> {
-        let (s0, settings) = match recv_within(stream, Duration::from_secs(120)).await? {
-            ToMirror::SnapshotBegin { seq, settings } => (seq, settings),
-            other => bail!("expected a snapshot, got {}", proto::msg_name(&other)),
-        };
+        let (s0, settings) =
+            match checks.step(recv_within(stream, Duration::from_secs(120)).await?)? {
+                received::Step::SnapshotBegin { seq, settings } => (seq, settings),
+                other => bail!("expected a snapshot, got {other:?}"),
+            };
         let settings: Settings =
             serde_json::from_slice(&settings).context("the snapshot's settings do not decode")?;
         // A mirror that serves a consistent state keeps serving it: the snapshot goes into a
@@ -53,14 +55,15 @@ impl Mirror {
             if stop.is_cancelled() {
                 bail!("stopped during the snapshot (it starts over next time)");
             }
-            match recv_within(stream, Duration::from_secs(120)).await? {
-                ToMirror::SnapshotPairs { pairs } => {
+            // The order of the snapshot's messages and its end's seq are checked there.
+            match checks.step(recv_within(stream, Duration::from_secs(120)).await?)? {
+                received::Step::SnapshotPairs { pairs } => {
                     n += pairs.len() as u64;
                     target.install_put(&pairs).await?;
                     let ch = blocks::changes_of_pairs(&settings, &pairs);
                     self.state.record(&ch, None, fs_core::now_ns())?;
                 }
-                ToMirror::SnapshotEnd { seq: s_end } => {
+                received::Step::SnapshotEnd { s_end, .. } => {
                     target.install_head(s0).await?;
                     self.state
                         .record(&Changes::default(), Some(s0), fs_core::now_ns())?;
@@ -76,10 +79,7 @@ impl Mirror {
                     }
                     break;
                 }
-                other => bail!(
-                    "unexpected message during the snapshot: {}",
-                    proto::msg_name(&other)
-                ),
+                other => bail!("unexpected {other:?} during the snapshot"),
             }
         }
         self.set_settings(settings).await?;

@@ -11,6 +11,11 @@
 //! what was in flight at once (such a change may have been committed: it then arrives with
 //! the journal), and the next change finds the link reconnecting and fails at once, EIO at
 //! the mount. The mirror's metadata is written only by applying the journal, as before.
+//!
+//! Failed writes are counted here, where the operator looks: the changes this agent failed
+//! or was refused (`forward_failed`), and what the mounts report over the same socket
+//! (`ForwardRequest::Failed`: a block the origin store refused, a change the agent did not
+//! answer; `mount_write_failures`); the status shows both counts and the last cause.
 
 use super::*;
 use background::{Worker, WorkerState};
@@ -56,12 +61,28 @@ pub(crate) struct Forwarding {
     /// Whether the primary lets this mirror write: None until it said; Err(why) if not.
     pub(crate) allowed: Mutex<Option<std::result::Result<(), String>>>,
     last_error: Mutex<Option<String>>,
+    /// The cause of the last failed write at this site (a refused or unanswered change, or
+    /// what a mount reported: `ForwardRequest::Failed`), for the status.
+    pub(crate) last_failure: Mutex<Option<String>>,
     /// A change went unanswered: the link is torn down (and reset, so that what it had not
     /// delivered never arrives later), and the next change finds a new one.
     give_up: tokio::sync::Notify,
 }
 
 impl Forwarding {
+    /// Keep `cause` as the last failed write's.
+    pub(crate) fn failure(&self, cause: &str) {
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause.to_string());
+    }
+
+    /// The cause of the last failed write, if any.
+    pub(crate) fn last_failure(&self) -> Option<String> {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Whether the primary lets this mirror write, as last heard.
     pub(crate) fn allowed_now(&self) -> Option<std::result::Result<(), String>> {
         self.allowed
@@ -91,6 +112,7 @@ impl Mirror {
         let f = &self.fwd;
         if let Some(Err(why)) = f.allowed_now() {
             self.metrics.fwd_sent_failed.inc();
+            f.failure(&why);
             return failed(fs_core::ErrorKind::ReadOnly, false, why);
         }
         let tx = f.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -101,15 +123,13 @@ impl Mirror {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
-            return failed(
-                fs_core::ErrorKind::Backend,
-                true,
-                format!(
-                    "no link to the primary at {}: the change was not made ({})",
-                    self.cfg.primary,
-                    last.unwrap_or_else(|| "not connected yet".into())
-                ),
+            let why = format!(
+                "no link to the primary at {}: the change was not made ({})",
+                self.cfg.primary,
+                last.unwrap_or_else(|| "not connected yet".into())
             );
+            f.failure(&why);
+            return failed(fs_core::ErrorKind::Backend, true, why);
         };
         let id = f.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (done, answer) = oneshot::channel();
@@ -160,8 +180,9 @@ impl Mirror {
                 self.metrics.fwd_sent_conflicts.inc();
                 Some(*head)
             }
-            ForwardReply::Failed { .. } => {
+            ForwardReply::Failed { message, .. } => {
                 self.metrics.fwd_sent_failed.inc();
+                self.fwd.failure(message);
                 None
             }
         };
@@ -348,6 +369,15 @@ impl Mirror {
                 loop {
                     let req = match fwd::read_frame::<_, ForwardRequest>(&mut sock).await {
                         Ok(Some(ForwardRequest::Commit(r))) => r,
+                        Ok(Some(ForwardRequest::Failed { cause })) => {
+                            // A write the mount could not make (the origin store refused a
+                            // block, say): counted and shown in the status, as the operator
+                            // looks there rather than at each mount's log.
+                            me.metrics.mount_write_failures.inc();
+                            me.fwd.failure(&cause);
+                            tracing::warn!(%cause, "a write at a mount of this site failed");
+                            continue;
+                        }
                         Ok(None) => return,
                         Err(e) => {
                             tracing::debug!(error = %e, "a mount's forward request does not decode");

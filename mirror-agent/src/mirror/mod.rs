@@ -17,6 +17,7 @@ mod apply;
 pub mod awaiting;
 mod bootstrap;
 mod forward;
+pub mod received;
 mod replication;
 mod session;
 mod status;
@@ -197,6 +198,7 @@ impl Mirror {
             .await
             .map_err(|e| anyhow!("[mirror] store {}: {e}", cfg.store))?;
         crate::site::claim(&*engine, &state, &cfg).await?;
+        drop_relayed_sessions(&*engine).await?;
         let settings = match engine.get(keys::SETTING).await? {
             Some(v) => Some(
                 serde_json::from_slice::<Settings>(&v)
@@ -457,4 +459,53 @@ fn replay_fenced(e: &anyhow::Error) -> bool {
         c.downcast_ref::<fs_core::Error>()
             .is_some_and(|f| f.kind() == fs_core::ErrorKind::ReadOnly)
     })
+}
+
+/// Drop the relayed sessions a mirror's metadata holds: records a primary keeps for another
+/// mirror's writing mounts (`relayed_by`), left in the aux records of a former primary that
+/// rejoined as a mirror (aux records are neither replicated nor reset by a resync). Nothing
+/// refreshes them here, so each showed as live until the session timeout, its mount long
+/// gone; at a mirror only its own site's mounts have sessions. Returns how many went.
+pub(crate) async fn drop_relayed_sessions(engine: &dyn Engine) -> Result<usize> {
+    let mut n = 0;
+    for s in fs_core::session::list(engine).await? {
+        if let Some(by) = &s.relayed_by {
+            tracing::info!(session = %s.id, relayed_by = %by, mountpoint = %s.mountpoint, "dropped a session this metadata kept as a primary for a mirror's mount: a mirror keeps none");
+            fs_core::session::remove(engine, &s.id).await?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod relayed_tests {
+    use super::*;
+
+    /// Issue 43, item 26: a former primary rejoined as a mirror kept the sessions it had
+    /// relayed for another mirror's mounts, each listed live for minutes after its mount was
+    /// gone. A mirror drops them (and keeps its own site's sessions).
+    #[tokio::test]
+    async fn a_rejoined_mirror_drops_the_relayed_sessions_it_kept_as_primary() {
+        let d = tempfile::tempdir().unwrap();
+        let e: Arc<dyn Engine> = Arc::new(
+            meta::RocksEngine::open(&d.path().join("m"), meta::RocksMode::ReadWrite, true, true)
+                .unwrap(),
+        );
+        let mut relayed = fs_core::session::Session::new("/mnt/far", false);
+        relayed.relayed_by = Some("m2".into());
+        fs_core::session::beat(&*e, &mut relayed).await.unwrap();
+        let mut own = fs_core::session::Session::new("/mnt/here", true);
+        fs_core::session::beat(&*e, &mut own).await.unwrap();
+        let now = fs_core::now_ns();
+        assert!(relayed.is_live(now, fs_core::session::DEFAULT_TIMEOUT));
+        assert_eq!(drop_relayed_sessions(&*e).await.unwrap(), 1);
+        let left: Vec<String> = fs_core::session::list(&*e)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.mountpoint)
+            .collect();
+        assert_eq!(left, vec!["/mnt/here".to_string()]);
+    }
 }

@@ -105,18 +105,26 @@ impl Mirror {
                 })
             }
         };
-        let primary_head = match welcome {
-            handshake::Welcome::In { epoch, .. } if epoch < my_epoch => {
+        let (primary_head, primary_epoch) = match welcome {
+            handshake::Welcome::In { head, epoch, .. } => (head, epoch),
+            handshake::Welcome::Resync(reason) => return Ok(End::Resync(reason)),
+        };
+        // What this session receives is checked by `received::Received` (epoch, snapshot
+        // order, journal seqs); frames from the next seq after what the target holds.
+        let expected = self.meta.target().journal_bounds().await?.last + 1;
+        let mut checks = match received::Received::new(
+            primary_epoch,
+            my_epoch,
+            want == Want::Snapshot,
+            expected,
+        ) {
+            Ok(c) => c,
+            Err(why) => {
                 return Ok(End::Refused(anyhow::Error::new(fs_core::Error::new(
                     fs_core::ErrorKind::Fenced,
-                    format!(
-                        "the primary at {} is at epoch {epoch} but this mirror has seen epoch {my_epoch}: it was superseded by a promotion; point [mirror] primary at the new primary",
-                        self.cfg.primary
-                    ),
+                    format!("{why} (the primary at {})", self.cfg.primary),
                 ))));
             }
-            handshake::Welcome::In { head, .. } => head,
-            handshake::Welcome::Resync(reason) => return Ok(End::Resync(reason)),
         };
         let (mut sink, mut stream) = wire.split();
         {
@@ -129,7 +137,8 @@ impl Mirror {
         }
         tracing::info!(primary = %self.cfg.primary, ?want, primary_head, "connected to the primary");
         if want == Want::Snapshot {
-            self.install_snapshot(&mut stream, stop).await?;
+            self.install_snapshot(&mut stream, &mut checks, stop)
+                .await?;
             self.force_snapshot
                 .store(false, std::sync::atomic::Ordering::SeqCst);
             self.live
@@ -149,7 +158,6 @@ impl Mirror {
             }
             Ok::<(), anyhow::Error>(())
         };
-        let mut expected = self.meta.target().journal_bounds().await?.last + 1;
         let reader = async {
             loop {
                 let msg = recv_within(&mut stream, READ_TIMEOUT).await?;
@@ -157,40 +165,40 @@ impl Mirror {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .last_contact = Some(Instant::now());
-                match msg {
-                    ToMirror::Entries { frames } => {
-                        let batch = match proto::check_entries(expected, frames) {
-                            Ok(b) => b,
-                            Err(bad) => {
-                                self.metrics.frame_errors.inc();
-                                tracing::error!(expected, error = %bad, "journal frames refused: not applied; re-requesting from {expected}");
-                                bail!("{bad}");
-                            }
-                        };
-                        expected += batch.len() as u64;
+                let expected = checks.expected().unwrap_or(u64::MAX);
+                match checks.step(msg) {
+                    Ok(received::Step::Entries(batch)) => {
                         {
                             let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
                             for e in &batch {
                                 lv.received.push_back((e.seq, e.time_ns));
                             }
-                            lv.primary_head = lv.primary_head.max(expected - 1);
+                            if let Some(last) = batch.last() {
+                                lv.primary_head = lv.primary_head.max(last.seq);
+                            }
                         }
                         if tx.send(batch).await.is_err() {
                             bail!("the applier stopped");
                         }
                     }
-                    ToMirror::Heartbeat { head, .. } => {
+                    Ok(received::Step::Heartbeat { head }) => {
                         let mut lv = self.live.lock().unwrap_or_else(|p| p.into_inner());
                         lv.primary_head = lv.primary_head.max(head);
                     }
-                    ToMirror::Refused {
+                    Ok(received::Step::Refused {
                         reason,
                         resync: true,
-                    } => return Ok(End::Resync(reason)),
-                    ToMirror::Refused { reason, .. } => {
+                    }) => return Ok(End::Resync(reason)),
+                    Ok(received::Step::Refused { reason, .. }) => {
                         bail!("the primary ended the stream: {reason}")
                     }
-                    other => bail!("unexpected message {}", proto::msg_name(&other)),
+                    Ok(other) => bail!("unexpected {other:?} after the snapshot"),
+                    Err(bad @ received::Refusal::Entries(_)) => {
+                        self.metrics.frame_errors.inc();
+                        tracing::error!(expected, error = %bad, "journal frames refused: not applied; re-requesting from {expected}");
+                        bail!("{bad}");
+                    }
+                    Err(bad) => bail!("{bad}"),
                 }
             }
         };

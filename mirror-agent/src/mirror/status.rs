@@ -277,6 +277,8 @@ impl Mirror {
                 "committed": m.fwd_sent.get(),
                 "conflicts": m.fwd_sent_conflicts.get(),
                 "failed": m.fwd_sent_failed.get(),
+                "mount_failures": m.mount_write_failures.get(),
+                "last_failure": self.fwd.last_failure(),
                 "seconds": m.fwd_sent_seconds.get(),
             },
             "last_error": last_error,

@@ -148,15 +148,8 @@ impl Primary {
                     "{behind} entries behind, over retain_max_entries = {}",
                     self.cfg.retain_max_entries
                 ));
-            } else if let Some((_, f)) = self
-                .engine
-                .journal_read(s.acked + 1, 1)
-                .await
-                .ok()
-                .and_then(|v| v.into_iter().next())
-            {
-                let e = Entry::decode(&f)?;
-                let age = Duration::from_nanos((fs_core::now_ns() - e.time_ns).max(0) as u64);
+            } else if let Some(time_ns) = oldest_unacked_ns(&*self.engine, s.acked).await? {
+                let age = Duration::from_nanos((fs_core::now_ns() - time_ns).max(0) as u64);
                 if age > self.cfg.retain_max_age {
                     reason = Some(format!(
                         "oldest unacknowledged entry is {} old, over retain_max_age = {}",
@@ -192,4 +185,43 @@ fn another_copy(mirror: &str, h: &slots::SlotHolder, identity: &str, peer: &str)
         h.peer,
         humantime::format_rfc3339_seconds(since),
     )
+}
+
+/// The commit time of the oldest retained entry after `acked` (None: none, or the journal
+/// could not be read). Its frame must be the entry of the seq it is stored under: a
+/// misfiled or damaged one is an error naming it (its time would judge the slot's age).
+pub(crate) async fn oldest_unacked_ns(engine: &dyn Engine, acked: u64) -> Result<Option<i64>> {
+    let Some((seq, f)) = engine
+        .journal_read(acked.saturating_add(1), 1)
+        .await
+        .ok()
+        .and_then(|v| v.into_iter().next())
+    else {
+        return Ok(None);
+    };
+    let e = Entry::decode_at(seq, &f)
+        .with_context(|| format!("journal entry {seq} in {}", engine.display_url()))?;
+    Ok(Some(e.time_ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 43, fuzzing: a slot's age was judged from whatever frame was stored after its
+    /// acknowledgement (`Entry::decode` without the seq check); a misfiled one is an error.
+    #[tokio::test]
+    async fn a_slots_oldest_entry_is_checked_against_its_seq() {
+        let d = tempfile::tempdir().unwrap();
+        let ok = crate::primary::stream::tests::journal(d.path(), &[(1, 1), (2, 2), (3, 3)]).await;
+        assert_eq!(oldest_unacked_ns(&*ok, 1).await.unwrap(), Some(2000));
+        assert_eq!(oldest_unacked_ns(&*ok, 3).await.unwrap(), None);
+        let d = tempfile::tempdir().unwrap();
+        let bad = crate::primary::stream::tests::journal(d.path(), &[(1, 1), (2, 9), (3, 3)]).await;
+        let msg = format!("{:#}", oldest_unacked_ns(&*bad, 1).await.unwrap_err());
+        assert!(
+            msg.contains("journal entry 2") && msg.contains("holds the frame of entry 9"),
+            "{msg}"
+        );
+    }
 }

@@ -369,16 +369,32 @@ impl Primary {
     }
 
     pub(super) async fn head_time(&self) -> Result<(u64, i64)> {
-        let head = self.engine.journal_bounds().await?.last;
-        let t = match self.engine.journal_read(head, 1).await {
-            Ok(v) => match v.first() {
-                Some((_, f)) => Entry::decode(f)?.time_ns,
-                None => 0,
-            },
-            Err(_) => 0,
-        };
-        Ok((head, t))
+        head_time_of(&*self.engine).await
     }
+}
+
+/// The journal's head and its commit time (0 when it is not retained or cannot be read). The
+/// frame must be the head's: one stored under the head's seq holding another entry is an
+/// error naming both (its time was sent to every mirror as the head's).
+pub(crate) async fn head_time_of(engine: &dyn Engine) -> Result<(u64, i64)> {
+    let head = engine.journal_bounds().await?.last;
+    let t = match engine.journal_read(head, 1).await {
+        Ok(v) => match v.first() {
+            Some((seq, f)) if *seq == head => {
+                Entry::decode_at(head, f)
+                    .with_context(|| {
+                        format!(
+                            "the journal's head entry {head} in {}",
+                            engine.display_url()
+                        )
+                    })?
+                    .time_ns
+            }
+            _ => 0,
+        },
+        Err(_) => 0,
+    };
+    Ok((head, t))
 }
 
 /// Tell the mirror it must resync from a snapshot; the error that ends the stream.
@@ -393,4 +409,57 @@ async fn refuse_resync<S: crate::proto::FrameSink>(sink: &mut S, why: String) ->
     )
     .await;
     anyhow!(reason)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A RocksDB journal holding `frames` (seq, entry seq) up to `head`.
+    pub(crate) async fn journal(d: &std::path::Path, frames: &[(u64, u64)]) -> Arc<dyn Engine> {
+        let e = meta::RocksEngine::open(&d.join("meta"), meta::RocksMode::ReadWrite, true, true)
+            .unwrap();
+        let frames: Vec<(u64, Vec<u8>)> = frames
+            .iter()
+            .map(|&(at, seq)| {
+                let e = Entry {
+                    seq,
+                    time_ns: seq as i64 * 1000,
+                    op: fs_core::Op::Settings { what: "t".into() },
+                    writes: vec![],
+                };
+                (at, e.encode())
+            })
+            .collect();
+        let head = frames.last().map_or(0, |f| f.0);
+        // As a mirror's would be (only a mirror's metadata installs frames as they are).
+        let marker = fs_core::site::MirrorMarker {
+            version: fs_core::site::MARKER_VERSION,
+            name: "m".into(),
+            primary: "127.0.0.1:1".into(),
+            store: "file:///nowhere".into(),
+            origin_store: None,
+            since_ns: 1,
+        };
+        fs_core::site::set_marker(&e, &marker).await.unwrap();
+        e.install_switch(&[], &frames, head).await.unwrap();
+        Arc::new(e)
+    }
+
+    /// Issue 43, fuzzing: the head's time came from whatever frame was stored under the
+    /// head's seq (`Entry::decode` without the seq check); a misfiled frame is now an error.
+    #[tokio::test]
+    async fn the_head_time_is_the_head_entrys_or_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let ok = journal(d.path(), &[(1, 1), (2, 2)]).await;
+        assert_eq!(head_time_of(&*ok).await.unwrap(), (2, 2000));
+        let d = tempfile::tempdir().unwrap();
+        let bad = journal(d.path(), &[(1, 1), (2, 7)]).await;
+        let e = head_time_of(&*bad).await.unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("head entry 2") && msg.contains("holds the frame of entry 7"),
+            "{msg}"
+        );
+    }
 }

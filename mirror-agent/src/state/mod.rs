@@ -12,6 +12,8 @@
 //! | `x/<block key>`     | the mirror copy must be deleted (its slice was purged)     |
 //!
 //! Every change is one WriteBatch with the WAL synced, so a kill -9 loses no queued copy.
+//! Room: the open refuses a disk without room for what RocksDB preallocates plus the floor
+//! (`meta::check_open_room`, 77 MiB), each write one below the floor (`meta::check_room`).
 //!
 //! Versions: `QItem`s are postcard (positional), so each record starts with its version byte
 //! (a `VersionedBin` record: 2; format 1, the first release's, had none); the bootstrap record
@@ -46,6 +48,9 @@ pub struct State {
     /// status costs nothing however long the queue is.
     lock: Mutex<Counts>,
 }
+
+/// The state RocksDB's write buffer (what its open needs free follows from it).
+const STATE_WRITE_BUFFER: u64 = 8 << 20;
 
 const QUEUED: &[u8] = b"m/queued_through";
 const BOOT: &[u8] = b"m/bootstrap";
@@ -82,9 +87,19 @@ impl State {
             "state directory",
             "set another state_dir in the configuration",
         )?;
+        // Checked at open, as the metadata engine's writer is: RocksDB preallocates its log
+        // and manifest at once, and an agent started on a nearly full disk would open, then
+        // refuse every write after its first (each `write` checks the floor).
+        meta::check_open_room(
+            &dir.join("agent.db"),
+            STATE_WRITE_BUFFER,
+            "the mirror agent's state",
+            "set another state_dir in the configuration",
+        )
+        .map_err(|m| anyhow::anyhow!("{m}"))?;
         let mut o = meta::base_options();
         o.create_if_missing(true);
-        o.set_write_buffer_size(8 << 20);
+        o.set_write_buffer_size(STATE_WRITE_BUFFER as usize);
         let db = DB::open(&o, dir.join("agent.db")).map_err(|e| {
             let m = e.into_string();
             if m.contains("lock") {
@@ -122,5 +137,64 @@ impl State {
             .get(QUEUED)?
             .and_then(|v| v.try_into().ok().map(u64::from_be_bytes))
             .unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tmpfs of `mib` MiB at `at`, unmounted when dropped (the tests run as root).
+    struct SmallDisk(std::path::PathBuf);
+    impl SmallDisk {
+        fn new(at: &Path, mib: u64) -> SmallDisk {
+            std::fs::create_dir_all(at).unwrap();
+            let o = std::process::Command::new("mount")
+                .args([
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={mib}m,mode=0700"),
+                    "tmpfs",
+                ])
+                .arg(at)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "mount -t tmpfs: {o:?}");
+            SmallDisk(at.to_path_buf())
+        }
+    }
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+
+    /// Issue 43: an agent started on a nearly full disk opened its state, then refused every
+    /// write after its first. Its open now refuses, naming the directory and what it needs;
+    /// on a disk with room it opens.
+    #[test]
+    fn the_agent_state_refuses_to_open_on_a_disk_without_room_for_its_log() {
+        let t = tempfile::tempdir().unwrap();
+        let small = SmallDisk::new(&t.path().join("small"), 70);
+        let dir = small.0.join("state");
+        let e = State::open(&dir).err().expect("opened on a 70 MiB disk");
+        let msg = format!("{e:#}");
+        let need = meta::open_need(STATE_WRITE_BUFFER).div_ceil(1 << 20);
+        assert!(
+            msg.starts_with("disk too small for the mirror agent's state: ")
+                && msg.contains(&dir.join("agent.db").display().to_string())
+                && msg.contains(&format!("needs {need} MiB there to open"))
+                && msg.contains("set another state_dir"),
+            "{msg}"
+        );
+        assert!(!dir.join("agent.db").exists(), "nothing was written");
+        let e = State::probe(&dir).expect_err("probed on a 70 MiB disk");
+        assert!(format!("{e:#}").contains("disk too small"), "{e:#}");
+        let big = SmallDisk::new(&t.path().join("big"), need + 16);
+        State::open(&big.0.join("state")).unwrap();
     }
 }

@@ -635,18 +635,13 @@ pub async fn journal(
     loop {
         let frames = engine.journal_read(next, 1000).await?;
         for (seq, f) in &frames {
-            let e = Entry::decode(f).with_context(|| {
+            // Checked: the frame's length and CRC32C, and that it is the entry of its seq.
+            let e = Entry::decode_at(*seq, f).with_context(|| {
                 format!(
-                    "journal entry {seq} in {} is unreadable",
+                    "journal entry {seq} in {} is unreadable: the journal is corrupt",
                     engine.display_url()
                 )
             })?;
-            if e.seq != *seq {
-                bail!(
-                    "journal entry stored under {seq} says it is {}: the journal is corrupt",
-                    e.seq
-                );
-            }
             print_entry(&e, json)?;
             next = seq + 1;
         }
