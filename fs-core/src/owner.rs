@@ -138,11 +138,45 @@ pub async fn check(store: &dyn BlockStore, s: &Settings) -> Result<()> {
 }
 
 /// A writer's check at open: this metadata still holds the store (no `jfs load` of a dump of
-/// this volume took it over since).
-pub async fn check_holder(store: &dyn BlockStore, s: &Settings) -> Result<()> {
+/// this volume took it over since), and the store is the volume's at all: one with no owner
+/// record and none of the volume's blocks while the metadata says it holds `used` bytes is
+/// another directory or bucket (a disk not mounted, a mistyped or swapped path), where
+/// writes would land apart from every block the volume has.
+pub async fn check_holder(store: &dyn BlockStore, s: &Settings, used: u64) -> Result<()> {
     match read(store, &s.name).await? {
         Some(o) if o.uuid == s.uuid => holds(&store.display_url(), &o, s),
-        _ => Ok(()),
+        Some(_) => Ok(()),
+        None if used == 0 => Ok(()),
+        None => {
+            // A volume formatted before owner records has blocks here and no record.
+            let mut found = false;
+            let stop = || Error::new(ErrorKind::Conflict, "found a block");
+            let r = store
+                .list(&crate::keys::blocks_prefix(&s.name), &mut |page| {
+                    if page.is_empty() {
+                        Ok(())
+                    } else {
+                        found = true;
+                        Err(stop())
+                    }
+                })
+                .await;
+            match r {
+                Ok(()) if !found => Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "{} is not the store of volume {:?}: it holds no {} record and none of its blocks, while the volume's metadata counts {} bytes stored. Is the store's disk mounted, or its URL mistyped? Nothing was written; mount the disk (or give the right URL) and run this again",
+                        store.display_url(),
+                        s.name,
+                        key(&s.name),
+                        used
+                    ),
+                )),
+                Ok(()) => Ok(()),
+                Err(_) if found => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
     }
 }
 

@@ -871,3 +871,94 @@ fn jfs_sync_follows_no_other_users_link_and_writes_into_no_directory_of_theirs()
     );
     assert_eq!(std::fs::read(mine.join("sub/f")).unwrap(), data(1, 3000));
 }
+
+/// A writer never writes blocks where they would land apart from the volume's or in
+/// another user's hands: metadata or store under another user's directory is refused at
+/// `format` and at every writer's open; a store directory others may change is refused; a
+/// store swapped for an empty directory (a disk not mounted: no owner record, none of the
+/// volume's blocks, while the metadata counts bytes stored) is refused naming the likely
+/// cause (before: each wrote with exit 0, and the volume's files were then unreadable).
+#[test]
+fn a_writer_refuses_a_store_that_is_not_the_volumes_or_that_another_user_could_swap() {
+    let d = shared_dir();
+    let theirs = d.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let jfs = |args: &[&str]| {
+        Command::new(bin("jfs"))
+            .args(args)
+            .env("JFS_RUN_DIR", d.path().join("run"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("running jfs")
+    };
+    let name = unique("swap");
+    let o = jfs(&[
+        "format",
+        &format!("rocksdb://{}/meta", theirs.display()),
+        &name,
+        "--storage",
+        &format!("file://{}/store", theirs.display()),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("(above it) belongs to uid 65534"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&theirs).unwrap().count(),
+        0,
+        "format left {err}"
+    );
+
+    let meta = format!("rocksdb://{}/meta", d.path().display());
+    let store = d.path().join("store");
+    ok(
+        &jfs(&[
+            "format",
+            &meta,
+            &name,
+            "--storage",
+            &format!("file://{}", store.display()),
+        ]),
+        "format",
+    );
+    let f = d.path().join("f");
+    std::fs::write(&f, data(4, 70_000)).unwrap();
+    ok(&jfs(&["put", &meta, f.to_str().unwrap(), "/a"]), "put");
+
+    // Others may change the store directory.
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = jfs(&["put", &meta, f.to_str().unwrap(), "/b"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.code() == Some(2) && err.contains("has mode 0777"),
+        "{err}"
+    );
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+    // The store's disk "not mounted": an empty directory in its place.
+    let away = d.path().join("store.disk");
+    std::fs::rename(&store, &away).unwrap();
+    std::fs::create_dir(&store).unwrap();
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let o = jfs(&["put", &meta, f.to_str().unwrap(), "/c"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("is not the store of volume") && err.contains("disk mounted"),
+        "{err}"
+    );
+    // Nothing but the store's own empty temporary directory.
+    let files: Vec<_> = walk(&store)
+        .into_iter()
+        .filter(|p| !std::fs::symlink_metadata(p).unwrap().is_dir())
+        .collect();
+    assert!(files.is_empty(), "{files:?} {err}");
+    std::fs::remove_dir_all(&store).unwrap();
+    std::fs::rename(&away, &store).unwrap();
+    ok(
+        &jfs(&["put", &meta, f.to_str().unwrap(), "/c"]),
+        "put once the disk is back",
+    );
+    let o = jfs(&["cat", &meta, "/a"]);
+    assert_eq!(o.stdout, data(4, 70_000));
+}

@@ -503,7 +503,21 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
     let store = Arc::new(CachedStore::new(metered, cache, metrics.clone()));
     // A writer's metadata must still hold the store (a `jfs load` of a dump takes it over).
     if o.access == Access::Write && !o.allow_incomplete {
-        fs_core::owner::check_holder(&*store, &settings).await?;
+        // At a mirror the store fills as its copier runs: an empty one is no sign of a
+        // wrong path there.
+        let used = match &site {
+            Site::Primary { .. } => {
+                let v = engine.get(fs_core::keys::USED_SPACE).await?;
+                fs_core::journal::parse_counter(v.as_deref())?.max(0) as u64
+            }
+            _ => 0,
+        };
+        fs_core::owner::check_holder(&*store, &settings, used).await?;
+        if let Site::Primary { store } = &site {
+            if let Some(why) = local_places_problem(&engine.display_url(), store) {
+                return Err(Error::new(ErrorKind::PermissionDenied, why));
+            }
+        }
     }
     // A mirror that writes through to its primary: commits are forwarded, blocks go to the
     // origin's stores by the primary's storage record (replicated here), so the write-order
@@ -581,4 +595,51 @@ pub async fn open_volume_on(engine: Arc<dyn Engine>, o: &Options) -> Result<Volu
         storage: holder,
         follower,
     })
+}
+
+/// What makes an embedded volume's local places (its RocksDB directory, a `file://` store)
+/// unsafe to write, if anything: a directory of another user's (not root), one others may
+/// write without the sticky bit, or one under a directory another user could change (ssh's
+/// rule). That user could swap it for a directory of theirs and read every block written
+/// there, or delete them.
+pub fn local_places_problem(meta_url: &str, store_url: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    let places = [
+        ("metadata directory", meta::local_dir(meta_url)),
+        (
+            "block store",
+            store_url
+                .strip_prefix("file://")
+                .map(std::path::PathBuf::from),
+        ),
+    ];
+    for (what, dir) in places {
+        let Some(dir) = dir else { continue };
+        let why = match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.uid() != me && m.uid() != 0 => Some(format!(
+                "{} belongs to uid {}, another user",
+                dir.display(),
+                m.uid()
+            )),
+            Ok(m)
+                if !m.file_type().is_symlink()
+                    && m.mode() & 0o022 != 0
+                    && m.mode() & 0o1000 == 0 =>
+            {
+                Some(format!(
+                    "{} has mode {:04o}: other users may change it",
+                    dir.display(),
+                    m.mode() & 0o7777
+                ))
+            }
+            _ => cli_common::private::ancestors_problem(&dir),
+        };
+        if let Some(why) = why {
+            return Some(format!(
+                "the volume's {what}: {why}; another user could swap it for a directory of theirs and read or delete what is written there. Nothing was written: move it under a directory of your own (or chmod go-w, chown to this user)"
+            ));
+        }
+    }
+    None
 }

@@ -32,6 +32,11 @@ pub async fn format(
     // The metadata first, read-only: a volume formatted there already is named, and nothing
     // is created (neither the store's directory nor the engine's).
     already_formatted(g, meta_url).await?;
+    // Local places another user could swap for their own are refused before anything is
+    // made (as every writer refuses them at open).
+    if let Some(why) = volume::local_places_problem(meta_url, storage) {
+        bail!("{why}");
+    }
     // A local store's directory (and any missing parent) is created only by a format that
     // then succeeds: these are the directories this attempt would make, deepest first.
     let made_dirs: Vec<std::path::PathBuf> = storage
