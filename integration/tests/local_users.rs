@@ -962,3 +962,74 @@ fn a_writer_refuses_a_store_that_is_not_the_volumes_or_that_another_user_could_s
     let o = jfs(&["cat", &meta, "/a"]);
     assert_eq!(o.stdout, data(4, 70_000));
 }
+
+/// An explicit `--cache-dir` that another user could steer is refused before anything is
+/// mounted: their directory (0777), a link of theirs, one of root's that others may write
+/// (before: the first two were used, with a warning in the background log only, and a link
+/// swapped in later made the cache write into the link's target).
+#[test]
+fn a_cache_dir_another_user_could_steer_is_refused() {
+    let d = shared_dir();
+    let meta = format!("rocksdb://{}/meta", d.path().display());
+    let name = unique("cdir");
+    let jfs = |args: &[&str]| {
+        Command::new(bin("jfs"))
+            .args(args)
+            .env("JFS_RUN_DIR", d.path().join("run"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("running jfs")
+    };
+    ok(
+        &jfs(&[
+            "format",
+            &meta,
+            &name,
+            "--storage",
+            &format!("file://{}/store", d.path().display()),
+        ]),
+        "format",
+    );
+    let mnt = d.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let theirs = d.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let victim = d.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let link = theirs.join("cache");
+    ok(
+        &as_nobody(
+            "ln",
+            &["-s", victim.to_str().unwrap(), link.to_str().unwrap()],
+        ),
+        "ln",
+    );
+    let wide = d.path().join("wide");
+    std::fs::create_dir(&wide).unwrap();
+    std::fs::set_permissions(&wide, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for (dir, want) in [
+        (&theirs, "belongs to uid 65534, another user"),
+        (
+            &link,
+            "belongs to uid 65534, another user: refusing to follow it",
+        ),
+        (&wide, "has mode 0777"),
+    ] {
+        let o = jfs(&[
+            "mount",
+            &meta,
+            mnt.to_str().unwrap(),
+            "-d",
+            "--cache-dir",
+            dir.to_str().unwrap(),
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {err}", dir.display());
+        assert!(err.contains(want) && err.contains("--cache-dir"), "{err}");
+        assert!(!is_mounted(&mnt), "{}: mounted anyway", dir.display());
+    }
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&wide).unwrap().count(), 0);
+}

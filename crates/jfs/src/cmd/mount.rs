@@ -10,6 +10,45 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// A `--cache-dir` someone else could steer is refused: reached through another user's
+/// link, another user's directory, one other users may write (group members too, unless
+/// `--cache-mode` shares the cache with the group), or one under a directory another user
+/// could change. Each would let them read what the mount caches, or plant a link where it
+/// writes.
+fn check_cache_dir(d: &Path, cache_mode: u32) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let fix = "choose a directory of your own with --cache-dir (or leave it out for the default)";
+    if let Some(why) = cli_common::private::foreign_link(d) {
+        bail!("--cache-dir {}: {why}; {fix}", d.display());
+    }
+    if let Ok(md) = std::fs::metadata(d) {
+        let me = rustix::process::geteuid().as_raw();
+        if md.uid() != me && md.uid() != 0 {
+            bail!(
+                "--cache-dir {} belongs to uid {}, another user, who could read what is cached there or plant links in it; {fix}",
+                d.display(),
+                md.uid()
+            );
+        }
+        let writers = if cache_mode & 0o070 != 0 {
+            0o002
+        } else {
+            0o022
+        };
+        if md.mode() & writers != 0 {
+            bail!(
+                "--cache-dir {} has mode {:04o}: other users may add to it or replace what is in it; chmod go-w it, or {fix}",
+                d.display(),
+                md.mode() & 0o7777
+            );
+        }
+    }
+    if let Some(why) = cli_common::private::ancestors_problem(d) {
+        bail!("--cache-dir {}: {why}; {fix}", d.display());
+    }
+    Ok(())
+}
+
 /// The default cache directory: /var/cache/jfs as root, else ~/.cache/jfs, else (no home)
 /// /tmp/jfs-cache-UID. Each is checked to be this user's alone (`ensure_private_dir`): a
 /// shared /tmp/jfs-cache let another user plant or read what a mount cached.
@@ -78,6 +117,7 @@ pub async fn mount(g: &Global, m: MountArgs) -> Result<Outcome> {
     let cache = if m.cache_size > 0 {
         let dir = match &m.cache_dir {
             Some(d) => {
+                check_cache_dir(d, m.cache_mode)?;
                 if m.cache_mode & 0o077 == 0 {
                     warn_if_shared(d, "the cache directory");
                 }
