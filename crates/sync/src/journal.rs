@@ -269,22 +269,22 @@ async fn changed_keys(
                 ..
             } => {
                 created.insert(*ino, *kind);
-                seen.insert(*ino, (*parent, name.clone()));
+                seen.insert(*ino, (*parent, name_in(e, *parent, name)));
             }
             Op::Symlink {
                 parent, name, ino, ..
             } => {
                 created.insert(*ino, FileKind::Symlink);
-                seen.insert(*ino, (*parent, name.clone()));
+                seen.insert(*ino, (*parent, name_in(e, *parent, name)));
             }
             Op::Unlink {
                 parent, name, ino, ..
             } => {
-                seen.insert(*ino, (*parent, name.clone()));
+                seen.insert(*ino, (*parent, name_in(e, *parent, name)));
             }
             Op::Rmdir { parent, name, ino } => {
                 removed_dirs.insert(*ino);
-                seen.insert(*ino, (*parent, name.clone()));
+                seen.insert(*ino, (*parent, name_in(e, *parent, name)));
             }
             Op::Rename {
                 new_parent,
@@ -293,7 +293,7 @@ async fn changed_keys(
                 ..
             } => {
                 linked_into.entry(*ino).or_default().push(*new_parent);
-                seen.insert(*ino, (*new_parent, new_name.clone()));
+                seen.insert(*ino, (*new_parent, name_in(e, *new_parent, new_name)));
             }
             Op::Link { ino, parent, .. } => {
                 linked_into.entry(*ino).or_default().push(*parent);
@@ -322,7 +322,7 @@ async fn changed_keys(
             | Op::Symlink { parent, name, .. }
             | Op::Link { parent, name, .. }
             | Op::Unlink { parent, name, .. } => {
-                if let Some(p) = paths.child(*parent, name).await {
+                if let Some(p) = paths.child(*parent, &name_in(e, *parent, name)).await {
                     if matches!(e.op, Op::Mknod { .. }) {
                         rewritten_paths.insert(p.clone());
                     }
@@ -338,8 +338,10 @@ async fn changed_keys(
                 ..
             } => {
                 let (old, new) = (
-                    paths.child(*parent, name).await,
-                    paths.child(*new_parent, new_name).await,
+                    paths.child(*parent, &name_in(e, *parent, name)).await,
+                    paths
+                        .child(*new_parent, &name_in(e, *new_parent, new_name))
+                        .await,
                 );
                 let is_dir = match created.get(ino) {
                     Some(k) => *k == FileKind::Dir,
@@ -412,4 +414,19 @@ async fn changed_keys(
         }
     }
     Ok(Changed::Keys(keys.into_iter().collect(), rewritten))
+}
+
+/// The key form (`crate::names`) of the name an entry's operation gives in `parent`. The
+/// operation holds names as text, lossily for a name that is not UTF-8 (`k\xfe` reads
+/// `k\u{fffd}`), so the name is taken from the entry's write-set, whose directory-entry keys
+/// hold the bytes: the one in `parent` whose text form is the operation's.
+fn name_in(e: &Entry, parent: Ino, op_name: &str) -> String {
+    for m in &e.writes {
+        if let fs_core::keys::Key::Dentry(p, raw) = fs_core::keys::parse(m.key()) {
+            if p == parent && String::from_utf8_lossy(raw) == op_name {
+                return crate::names::key_of(raw).into_owned();
+            }
+        }
+    }
+    op_name.to_string()
 }
