@@ -151,13 +151,21 @@ impl Drop for ReadOnlyBind {
     }
 }
 
-/// Whether a `jfs mount` is mounted at `mp`.
+/// Whether a `jfs mount` is mounted at `mp` (compared as bytes: the kernel writes a space,
+/// tab, newline or backslash as an octal escape, and any other byte as it is).
 pub fn is_mounted(mp: &Path) -> bool {
-    let t = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = mp.to_string_lossy().replace(' ', "\\040");
-    t.lines().any(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        f.len() > 4 && f[4] == want && l.contains(" - fuse.jfs ")
+    use std::os::unix::ffi::OsStrExt;
+    let t = std::fs::read("/proc/self/mountinfo").unwrap();
+    let mut want = Vec::new();
+    for &b in mp.as_os_str().as_bytes() {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => want.extend(format!("\\{b:03o}").bytes()),
+            _ => want.push(b),
+        }
+    }
+    t.split(|&c| c == b'\n').any(|l| {
+        let f: Vec<&[u8]> = l.split(|&c| c == b' ').collect();
+        f.len() > 4 && f[4] == want.as_slice() && l.windows(12).any(|w| w == b" - fuse.jfs ")
     })
 }
 

@@ -756,3 +756,54 @@ fn from_journal_follows_changes_to_names_of_any_bytes() {
     assert_eq!(o.status.code(), Some(0), "second: {}", err(&o));
     assert_eq!(snapshot(&out), snapshot(&src), "{}", err(&o));
 }
+
+/// A mount point is bytes too: a mount at a path that is not UTF-8 (with a newline in it)
+/// comes up, serves, is listed quoted by `jfs status` and unmounts with `jfs umount`. Before,
+/// the mount's control socket panicked answering its first request, so `jfs mount` said
+/// "did not answer" (exit 2) while the kernel mount was up, and `jfs umount` called it
+/// "not mounted".
+#[test]
+fn a_mount_point_of_any_bytes_mounts_serves_and_unmounts() {
+    integration::mountproc::fuse_ready();
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let mp = t.path().join(p(b"mp\xff\nx"));
+    std::fs::create_dir(&mp).unwrap();
+    let run_dir = t.path().join("run");
+    let env = [("JFS_RUN_DIR", run_dir.as_os_str())];
+    let o = run(
+        "jfs",
+        &[
+            os("mount"),
+            os(&v.meta),
+            mp.as_os_str(),
+            os("-d"),
+            os("--cache-size"),
+            os("0"),
+        ],
+        &env,
+    );
+    assert_eq!(o.status.code(), Some(0), "mount: {}", err(&o));
+    let up = integration::mountproc::is_mounted(&mp);
+    std::fs::write(mp.join("f"), b"through it").ok();
+    let read = std::fs::read(mp.join("f")).ok();
+    let st = run("jfs", &[os("status"), os(&v.meta)], &env);
+    let o = run("jfs", &[os("umount"), mp.as_os_str()], &env);
+    if integration::mountproc::is_mounted(&mp) {
+        let _ = Command::new("fusermount3").arg("-u").arg(&mp).status();
+    }
+    assert!(up, "not mounted");
+    assert_eq!(read.as_deref(), Some(&b"through it"[..]));
+    let status = String::from_utf8_lossy(&st.stdout);
+    // The session record holds the mount point as text (a byte that is not UTF-8 reads as
+    // U+FFFD there); the newline is quoted, never printed raw.
+    assert!(status.contains(r"$'\n''x'"), "{status}");
+    assert!(
+        status
+            .lines()
+            .any(|l| l.contains(" live ") && l.contains("pid")),
+        "{status}"
+    );
+    assert_eq!(o.status.code(), Some(0), "umount: {}", err(&o));
+    assert!(!integration::mountproc::is_mounted(&mp));
+}

@@ -284,7 +284,7 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
                 "done": true,
                 "metrics": ctl.exporter.text(),
                 "known_inodes": ctl.vfs.known_inodes(),
-                "mountpoint": ctl.mountpoint,
+                "mountpoint": ctl.mountpoint.to_string_lossy(),
                 "pid": std::process::id(),
             });
             send(&mut w, &v).await

@@ -19,14 +19,18 @@ impl MountEntry {
     }
 }
 
-/// Undo mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
+/// Undo mountinfo's octal escapes (`\040` for a space). Mount points are bytes: one that
+/// is not UTF-8 comes back as it is.
+fn unescape(b: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\' && i + 4 <= b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+            if let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
+                .ok()
+                .filter(|d| d.bytes().all(|c| (b'0'..=b'7').contains(&c)))
+                .and_then(|d| u8::from_str_radix(d, 8).ok())
+            {
                 out.push(v);
                 i += 4;
                 continue;
@@ -35,7 +39,7 @@ fn unescape(s: &str) -> String {
         out.push(b[i]);
         i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 /// Whether `mp` is a mount left by a dead FUSE process ("Transport endpoint is not
@@ -45,22 +49,27 @@ pub fn is_stale(mp: &Path) -> bool {
 }
 
 pub fn table() -> Result<Vec<MountEntry>> {
-    let s = std::fs::read_to_string("/proc/self/mountinfo")?;
+    use std::os::unix::ffi::OsStringExt;
+    // Bytes, not text: any user may mount at a path that is not UTF-8, and that must not
+    // make every mount and unmount here fail.
+    let s = std::fs::read("/proc/self/mountinfo")?;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let mut out = Vec::new();
-    for line in s.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
+    for line in s.split(|&c| c == b'\n') {
+        let Some(at) = line.windows(3).position(|w| w == b" - ") else {
             continue;
         };
-        let pre: Vec<&str> = pre.split(' ').collect();
-        let post: Vec<&str> = post.split(' ').collect();
+        let (pre, post) = (&line[..at], &line[at + 3..]);
+        let pre: Vec<&[u8]> = pre.split(|&c| c == b' ').collect();
+        let post: Vec<&[u8]> = post.split(|&c| c == b' ').collect();
         if pre.len() < 5 || post.len() < 2 {
             continue;
         }
         out.push(MountEntry {
-            dev: pre[2].to_string(),
-            mountpoint: PathBuf::from(unescape(pre[4])),
-            fstype: post[0].to_string(),
-            source: unescape(post[1]),
+            dev: text(pre[2]),
+            mountpoint: PathBuf::from(std::ffi::OsString::from_vec(unescape(pre[4]))),
+            fstype: text(post[0]),
+            source: text(&unescape(post[1])),
         });
     }
     Ok(out)
@@ -134,8 +143,12 @@ mod tests {
 
     #[test]
     fn escapes_are_undone() {
-        assert_eq!(unescape(r"/mnt/a\040b"), "/mnt/a b");
-        assert_eq!(unescape(r"/plain"), "/plain");
-        assert_eq!(unescape(r"/end\"), r"/end\");
+        assert_eq!(unescape(br"/mnt/a\040b"), b"/mnt/a b");
+        assert_eq!(unescape(br"/plain"), b"/plain");
+        assert_eq!(unescape(br"/end\"), br"/end\");
+        // Bytes that are not UTF-8 stay as they are; `\377` is the byte 0xff.
+        assert_eq!(unescape(b"/mp\xff"), b"/mp\xff");
+        assert_eq!(unescape(br"/mp\377"), b"/mp\xff");
+        assert_eq!(unescape(br"/a\08x"), br"/a\08x");
     }
 }

@@ -759,8 +759,9 @@ pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
             "  {} {} {}:{} pid {} {}{} since {} last beat {}{}",
             m.id,
             if x.live { "live" } else { "DEAD" },
-            m.host,
-            m.mountpoint,
+            // Quoted as `jfs ls` quotes names: a mount point may hold any byte.
+            cli_common::names::quote(m.host.as_bytes()),
+            cli_common::names::quote(m.mountpoint.as_bytes()),
             m.pid,
             if m.read_only { "ro" } else { "rw" },
             m.relayed_by.as_ref().map_or(String::new(), |r| format!(
