@@ -1569,6 +1569,35 @@ async fn every_refusal_of_run_is_a_refusal_of_check_config_connect() {
         mcfg.replace(&m_admin, &port()),
         "in use by another mirror-agent",
     );
+    // A state directory or RocksDB metadata on a disk without the room RocksDB sets aside at
+    // open (issue 43: check-config said ok, then run refused).
+    let small = integration::disk::SmallDisk::new(&d.join("small"), 40);
+    both(
+        "state-on-a-small-disk",
+        mirror_toml(
+            &fresh_redis,
+            &small.0.join("st"),
+            &port(),
+            "m2",
+            &listen,
+            &m_store,
+            "",
+        ),
+        "disk too small for the mirror agent's state",
+    );
+    both(
+        "meta-on-a-small-disk",
+        mirror_toml(
+            &format!("rocksdb://{}/meta", small.0.display()),
+            &d.join("m9s"),
+            &port(),
+            "m2",
+            &listen,
+            &m_store,
+            "",
+        ),
+        "metadata disk too small",
+    );
     // A second copy of mirror m1's metadata (a second agent with the name): the primary
     // refuses it, as it refuses that agent (issue 43, item 9).
     let second = d.join("second.toml");

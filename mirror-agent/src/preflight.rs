@@ -55,6 +55,12 @@ pub async fn reach(c: &Config, reach: Reach) -> Result<Vec<String>> {
             let m = c.mirror.as_ref().expect("checked by Config::check");
             // The state directory: another agent's lock, and what it says of the metadata.
             let mut built_here = false;
+            // Room on the disks `run` writes: the state and the mirror's metadata (RocksDB
+            // sets aside its log and manifest at open), checked before either exists.
+            crate::state::State::check_room(&c.state_dir)?;
+            if let Some(dir) = meta::local_dir(&c.meta) {
+                meta::check_writer_room(&dir).map_err(|m| anyhow!("meta: {m}"))?;
+            }
             if c.state_dir.join("agent.db").join("CURRENT").exists() {
                 let (queued, boot) = crate::state::State::probe(&c.state_dir)?;
                 built_here = queued > 0 || boot;

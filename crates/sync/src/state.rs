@@ -69,8 +69,9 @@ impl State {
         // process on its next sync.
         meta::check_room(path, OPEN_NEED).map_err(|m| {
             anyhow::anyhow!(
-                "jfs-sync's resume state cannot be kept in {}: {m}; or give the job a --state-dir on a disk with room",
-                path.display()
+                "jfs-sync's resume state cannot be kept in {}: {}; or give the job a --state-dir on a disk with room (nothing was copied)",
+                path.display(),
+                m.replace(" (nothing was written)", "")
             )
         })?;
         let mut o = meta::base_options();

@@ -80,6 +80,18 @@ impl State {
         Ok((st.queued_through()?, st.get(BOOT)?.is_some()))
     }
 
+    /// Whether the disk of `dir` (or of its nearest existing parent) has the room the state
+    /// needs to open (`check-config` runs this before the directory exists).
+    pub fn check_room(dir: &Path) -> Result<()> {
+        meta::check_open_room(
+            &dir.join("agent.db"),
+            STATE_WRITE_BUFFER,
+            "the mirror agent's state",
+            "set another state_dir in the configuration",
+        )
+        .map_err(|m| anyhow::anyhow!("{m}"))
+    }
+
     fn open_db(dir: &Path) -> Result<State> {
         // Owner-only: the queue names the volume's blocks and the bootstrap its metadata.
         cli_common::private::ensure_private_dir(
@@ -90,13 +102,7 @@ impl State {
         // Checked at open, as the metadata engine's writer is: RocksDB preallocates its log
         // and manifest at once, and an agent started on a nearly full disk would open, then
         // refuse every write after its first (each `write` checks the floor).
-        meta::check_open_room(
-            &dir.join("agent.db"),
-            STATE_WRITE_BUFFER,
-            "the mirror agent's state",
-            "set another state_dir in the configuration",
-        )
-        .map_err(|m| anyhow::anyhow!("{m}"))?;
+        Self::check_room(dir)?;
         let mut o = meta::base_options();
         o.create_if_missing(true);
         o.set_write_buffer_size(STATE_WRITE_BUFFER as usize);
