@@ -1318,7 +1318,10 @@ async fn a_mirror_agent_on_metadata_held_by_a_read_write_mount_says_to_unmount_i
         assert!(
             !o.status.success()
                 && err.contains(&want)
-                && err.contains(&format!("unmount it first (`umount {}`)", m.mp.display()))
+                && err.contains(&format!(
+                    "unmount it first (`jfs umount {}`)",
+                    m.mp.display()
+                ))
                 && !err.contains("fenced"),
             "mirror-agent {args:?}: {}{err}",
             String::from_utf8_lossy(&o.stdout)

@@ -364,11 +364,14 @@ fn a_busy_rocksdb_volume_names_the_process_that_holds_it() {
     assert!(o.status.success(), "{}", text(&o));
     let o = v.jfs(&["load", &v.meta, dump.to_str().unwrap()]);
     assert!(!o.status.success());
-    let want = format!("pid {}: ", m.pid());
+    let want = format!(
+        "locked by a running read-write mount at {} (pid {})",
+        m.mp.display(),
+        m.pid()
+    );
     assert!(
-        text(&o).contains(&want)
-            && text(&o).contains(&format!("mount {} {}", v.meta, m.mp.display())),
-        "the refusal does not name the mount ({want}...): {}",
+        text(&o).contains(&want) && text(&o).contains(&format!("`jfs umount {}`", m.mp.display())),
+        "the refusal does not name the mount ({want}): {}",
         text(&o)
     );
     m.stop();

@@ -252,8 +252,9 @@ pub fn locked_by_mount(url: &str, s: &fs_core::session::Session) -> Error {
     Error::new(
         ErrorKind::Busy,
         format!(
-            "{url} is locked by a running read-write mount at {} (pid {}): a RocksDB volume has one writing process; unmount it first (`umount {}`), then start again",
-            s.mountpoint, s.pid, s.mountpoint
+            "{url} is locked by a running read-write mount at {mp} (pid {}): a RocksDB volume has one writing process; unmount it first (`jfs umount {mp}`), then start again",
+            s.pid,
+            mp = cli_common::names::quote(s.mountpoint.as_bytes()),
         ),
     )
 }
