@@ -807,3 +807,33 @@ fn a_mount_point_of_any_bytes_mounts_serves_and_unmounts() {
     assert_eq!(o.status.code(), Some(0), "umount: {}", err(&o));
     assert!(!integration::mountproc::is_mounted(&mp));
 }
+
+/// `jfs fsck` names a broken file quoted as `jfs ls` does: a newline or escape byte in its
+/// name never reaches the terminal raw (it printed `BROKEN /odd<newline>name`).
+#[test]
+fn fsck_quotes_the_names_it_reports() {
+    let v = Vol::new();
+    let t = tempfile::tempdir().unwrap();
+    let f = t.path().join("f");
+    let bytes = data(7, 5000);
+    std::fs::write(&f, &bytes).unwrap();
+    let o = v.jfs(&[
+        os("put"),
+        f.as_os_str(),
+        OsStr::from_bytes(b"/odd\nname\x1b[2J"),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let block = block_holding(&v.dir.path().join("s"), &bytes).expect("the file's block");
+    std::fs::remove_file(&block).unwrap();
+    let o = v.jfs(&[os("fsck")]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("BROKEN "))
+        .unwrap_or_else(|| panic!("no BROKEN line: {out}"));
+    assert!(
+        line.starts_with(r"BROKEN '/odd'$'\n''name'$'\033''[2J': block "),
+        "{line}"
+    );
+    assert!(!out.contains('\x1b'), "{out}");
+}

@@ -223,7 +223,11 @@ pub async fn dump(engine: &dyn Engine, file: Option<&Path>) -> Result<Outcome> {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e);
             }
-            cli_common::eprintln!("dumped {} inodes to {}", d.inodes.len(), f.display());
+            cli_common::eprintln!(
+                "dumped {} inodes to {}",
+                d.inodes.len(),
+                cli_common::names::quote(std::os::unix::ffi::OsStrExt::as_bytes(f.as_os_str()))
+            );
         }
         None => {
             let mut out = std::io::stdout().lock();
@@ -448,10 +452,12 @@ pub async fn fsck(
         println!("{}", serde_json::to_string(&v)?);
     } else {
         for (i, b) in r.broken.iter().enumerate() {
+            // Quoted as `jfs ls` quotes names: a path may hold control bytes.
+            let path = cli_common::names::quote(b.path.as_bytes());
             match repairs.as_ref().and_then(|rs| rs.get(i)) {
                 Some(Ok(_)) => println!(
                     "REPAIRED {}: block {} (was {}) from {}",
-                    b.path,
+                    path,
                     b.key,
                     b.problem,
                     objstore::secrets::redact(repair_from.unwrap_or_default())
@@ -459,10 +465,10 @@ pub async fn fsck(
                 Some(Err((_, why))) => {
                     println!(
                         "BROKEN {}: block {} {}; not repaired: {why}",
-                        b.path, b.key, b.problem
+                        path, b.key, b.problem
                     )
                 }
-                None => println!("BROKEN {}: block {} {}", b.path, b.key, b.problem),
+                None => println!("BROKEN {}: block {} {}", path, b.key, b.problem),
             }
         }
         println!(
