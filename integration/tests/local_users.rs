@@ -1033,3 +1033,48 @@ fn a_cache_dir_another_user_could_steer_is_refused() {
     assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(&wide).unwrap().count(), 0);
 }
+
+/// `jfs mkdir` and `jfs ln -s` record the user who ran them as the owner (they recorded
+/// 0:0 for every user, so a user's own directory was root's in the volume and not theirs to
+/// write through a mount).
+#[test]
+fn the_cli_records_its_user_as_the_owner_of_what_it_makes() {
+    let d = shared_dir();
+    let home = d.path().join("nb");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let meta = format!("rocksdb://{}/meta", home.display());
+    let store = format!("file://{}/store", home.display());
+    let name = unique("own");
+    let run = home.join("run");
+    let env_run = format!("JFS_RUN_DIR={}", run.display());
+    // A copy nobody may run (the build's is under root's home).
+    let jfs_bin = d.path().join("jfs");
+    std::fs::copy(bin("jfs"), &jfs_bin).unwrap();
+    std::fs::set_permissions(&jfs_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nb = |args: &[&str]| {
+        let mut a = vec![env_run.as_str(), jfs_bin.to_str().unwrap()];
+        a.extend_from_slice(args);
+        as_nobody("env", &a)
+    };
+    ok(
+        &nb(&["format", &meta, &name, "--storage", &store]),
+        "format as nobody",
+    );
+    ok(&nb(&["mkdir", &meta, "/mine"]), "mkdir as nobody");
+    ok(
+        &nb(&["ln", "-s", &meta, "/mine", "/link"]),
+        "ln -s as nobody",
+    );
+    for path in ["/mine", "/link"] {
+        let o = nb(&["stat", &meta, path]);
+        ok(&o, "stat");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            (v["uid"].as_u64(), v["gid"].as_u64()),
+            (Some(65534), Some(65534)),
+            "{path}: {v}"
+        );
+    }
+}

@@ -178,17 +178,14 @@ pub async fn cat(fs: &Fs, path: &VolPath) -> Result<Outcome> {
 pub async fn mkdir(fs: &Fs, path: &VolPath, parents: bool) -> Result<Outcome> {
     if !parents {
         let (p, name) = parent_of(fs, path, "mkdir").await?;
-        fs.mkdir(p, name.as_bytes(), 0o755, Owner::default())
+        fs.mkdir(p, name.as_bytes(), 0o755, caller())
             .await
             .map_err(|e| at(path, "mkdir", e))?;
         return Ok(Outcome::Done);
     }
     let mut cur = fs_core::ROOT_INO;
     for comp in path.parts() {
-        cur = match fs
-            .mkdir(cur, comp.as_bytes(), 0o755, Owner::default())
-            .await
-        {
+        cur = match fs.mkdir(cur, comp.as_bytes(), 0o755, caller()).await {
             Ok((ino, _)) => ino,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 let (ino, a) = fs.lookup(cur, comp.as_bytes()).await?;
@@ -309,7 +306,7 @@ pub async fn ln(fs: &Fs, target: &LinkTarget, link: &VolPath) -> Result<Outcome>
     let (p, name) = parent_of(fs, link, "ln").await?;
     match target {
         LinkTarget::Text(t) => {
-            fs.symlink(p, name.as_bytes(), t.as_bytes(), Owner::default())
+            fs.symlink(p, name.as_bytes(), t.as_bytes(), caller())
                 .await
                 .map_err(|e| at(link, "ln -s", e))?;
         }
@@ -338,4 +335,13 @@ pub async fn truncate(fs: &Fs, path: &VolPath, size: u64) -> Result<Outcome> {
     .await
     .with_context(|| format!("truncate {path}"))?;
     Ok(Outcome::Done)
+}
+
+/// What `mkdir` and `ln -s` record as the owner of what they make: the user who ran them (as
+/// a mount records the calling process's), never root for everybody.
+fn caller() -> Owner {
+    Owner {
+        uid: rustix::process::geteuid().as_raw(),
+        gid: rustix::process::getegid().as_raw(),
+    }
 }
