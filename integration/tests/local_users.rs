@@ -1078,3 +1078,29 @@ fn the_cli_records_its_user_as_the_owner_of_what_it_makes() {
         );
     }
 }
+
+/// Another user's `jfs umount` of root's mount says whose it is (it said "files open there?
+/// close them, or detach with jfs umount --force"), and the mount stays.
+#[test]
+fn another_users_umount_names_the_mounts_owner() {
+    fuse_ready();
+    let v = integration::mountproc::new_vol("rocksdb");
+    std::fs::set_permissions(v.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = Mount::start(&v.meta, v.dir.path(), "mnt", &["--cache-size", "0"]);
+    let jfs_copy = v.dir.path().join("jfs-copy");
+    std::fs::copy(bin("jfs"), &jfs_copy).unwrap();
+    std::fs::set_permissions(&jfs_copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = as_nobody(
+        jfs_copy.to_str().unwrap(),
+        &["umount", m.mp.to_str().unwrap()],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    let still = is_mounted(&m.mp);
+    m.stop();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("belongs to uid 0: only that user or root may unmount it"),
+        "{err}"
+    );
+    assert!(still, "the mount went");
+}

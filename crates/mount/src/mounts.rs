@@ -11,6 +11,8 @@ pub struct MountEntry {
     pub mountpoint: PathBuf,
     pub fstype: String,
     pub source: String,
+    /// The user a FUSE mount belongs to (its `user_id=` option), who may unmount it.
+    pub owner: Option<u32>,
 }
 
 impl MountEntry {
@@ -70,6 +72,11 @@ pub fn table() -> Result<Vec<MountEntry>> {
             mountpoint: PathBuf::from(std::ffi::OsString::from_vec(unescape(pre[4]))),
             fstype: text(post[0]),
             source: text(&unescape(post[1])),
+            owner: post.get(2).and_then(|o| {
+                o.split(|&c| c == b',')
+                    .find_map(|kv| kv.strip_prefix(b"user_id="))
+                    .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            }),
         });
     }
     Ok(out)

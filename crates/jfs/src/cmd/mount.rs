@@ -385,7 +385,15 @@ pub async fn umount(mp: &Path, force: bool) -> Result<Outcome> {
         .canonicalize()
         .with_context(|| format!("{}", mp.display()))?;
     match mounts::find(&canon)? {
-        Some(e) if e.is_jfs() => {}
+        Some(e) if e.is_jfs() => {
+            let me = rustix::process::geteuid();
+            if let Some(owner) = e.owner.filter(|o| !me.is_root() && *o != me.as_raw()) {
+                bail!(
+                    "the mount at {} belongs to uid {owner}: only that user or root may unmount it",
+                    canon.display()
+                );
+            }
+        }
         Some(e) => bail!(
             "{} is a {} mount, not a jfs mount: refusing to unmount it",
             canon.display(),
