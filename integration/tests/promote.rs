@@ -427,6 +427,27 @@ async fn failover_reports_the_loss_window_and_the_old_primary_rejoins() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // --old-meta naming another volume (a mistyped URL) is named as such, not as unfenced.
+    let other = tempfile::tempdir().unwrap();
+    let other_meta = format!("rocksdb://{}/meta", other.path().display());
+    let o = Command::new(bin("jfs"))
+        .args(["format", &other_meta, "other"])
+        .arg("--storage")
+        .arg(format!("file://{}/s", other.path().display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(bin("mirror-agent"))
+        .args(["promote", "--config", &m_cfg, "--old-meta", &other_meta])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("holds volume \"other\"")
+            && !err.contains("not fenced"),
+        "{err}"
+    );
     // The old primary's agent is gone but its metadata answers: the promotion fences it
     // first, so the loss window is exact and closed.
     let out = runbook::run_checked("failover", "promote", &env);

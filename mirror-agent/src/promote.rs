@@ -509,6 +509,22 @@ pub async fn promote(cfg: &Config, a: &PromoteArgs<'_>) -> Result<String> {
     match (a.old_meta, a.force) {
         (Some(old), false) => {
             let o = open(old, false).await?;
+            // Another volume's metadata (a mistyped URL) is named as such, not as unfenced.
+            match fs_core::Fs::load_settings(&*o).await {
+                Ok(os) if os.uuid != settings.uuid => bail!(
+                    "--old-meta {} holds volume {:?} (uuid {}), not this mirror's volume {:?} (uuid {}): give the old primary's metadata of this volume; nothing was changed",
+                    o.display_url(),
+                    os.name,
+                    os.uuid,
+                    settings.name,
+                    settings.uuid
+                ),
+                Err(e) if e.kind() == fs_core::ErrorKind::NotFormatted => bail!(
+                    "--old-meta {} holds no volume: give the old primary's metadata of this volume; nothing was changed",
+                    o.display_url()
+                ),
+                _ => {}
+            }
             if site::marker(&*o).await?.is_none() {
                 bail!("the old primary {} is not fenced: run `mirror-agent fence --meta OLD_META --as NAME --new-primary ADDR` there first (its writers could go on committing what this mirror never receives)", o.display_url());
             }
