@@ -226,7 +226,7 @@ impl StoreLayer for FallbackStore {
     async fn put(&self, key: &str, _data: Bytes) -> Result<()> {
         Err(Error::new(
             ErrorKind::ReadOnly,
-            format!("block {key}: a mirror site's store is written by its agent only"),
+            format!("block {key}: a mirror site's store is written by its agent only (a damaged block there is replaced from the origin by the mirror's reads and its agent; to repair the primary's store, run this at the primary with --repair-from the mirror's store, see runbooks/repair-damaged-block.md)"),
         ))
     }
 
