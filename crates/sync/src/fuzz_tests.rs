@@ -283,18 +283,24 @@ fn fuzz_meta_urls() {
                 }
             }
             said.push(meta::redact(&url));
-            // A password is what comes after the user's ':' and before an '@' (a damage that
-            // took either away left no password to hide: "s3cr3t" is then a user or a host).
-            for s in said {
-                // A copy of "u:p@" further on (a path) is not taken for a password.
-                if url.matches("s3cr3t").count() > 1 {
-                    break;
-                }
-                for (i, _) in s.match_indices(":s3cr3t") {
-                    // The URL as the message quotes it (its help text has '@'s of its own).
-                    let rest = &s[i..];
-                    let quoted = &rest[..rest.find(['"', ' ']).unwrap_or(rest.len())];
-                    prop_assert!(!quoted.contains('@'), "the password is in {s:?}");
+            // The password as URL syntax has it (RFC 3986): the authority runs from "://" to
+            // the first '/', '?' or '#'; its userinfo is what comes before its last '@'; the
+            // password is what follows the userinfo's first ':'. No message may hold it. (The
+            // first oracle looked for ":s3cr3t" followed by an '@' anywhere; the
+            // 1,000,000-case run showed damage that leaves "s3cr3t" in the scheme or the path,
+            // where it is no password: `b:s3cr3tredis://...`, `postgres://u:s\03cr3t@h//u:s3cr3t@./db`.)
+            let password = url.split_once("://").and_then(|(_, rest)| {
+                let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+                let (userinfo, _) = authority.rsplit_once('@')?;
+                let (_, pw) = userinfo.split_once(':')?;
+                Some(pw.to_string())
+            });
+            // A second copy of the password's text elsewhere in the URL (a path) is the
+            // user's text there, shown as such.
+            let password = password.filter(|p| url.matches(p.as_str()).count() == 1);
+            if let Some(pw) = password.filter(|p| p.contains("3cr3t")) {
+                for s in said {
+                    prop_assert!(!s.contains(&pw), "the password {pw:?} is in {s:?}");
                 }
             }
             Ok(())
