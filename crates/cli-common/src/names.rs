@@ -4,7 +4,7 @@
 //! back. `jfs ls`, `jfs-sync` and the mount's log lines print names this way.
 
 /// Characters never printed as they are.
-fn needs_escape(c: char) -> bool {
+pub fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(
             c,

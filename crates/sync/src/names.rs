@@ -98,77 +98,9 @@ pub fn show(key: &str) -> Cow<'_, str> {
     }
 }
 
-/// Characters never printed as they are.
-fn needs_escape(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{200e}' | '\u{200f}'
-        )
-}
-
-/// Characters that may stand unquoted in a shell word (`ls`'s set).
-fn shell_safe(c: char) -> bool {
-    c.is_alphanumeric() && !needs_escape(c) || "%+,-./:=@_^".contains(c)
-}
-
-/// Name bytes quoted as `ls --quoting-style=shell-escape` does: as they are when every
-/// character is safe in a shell word; in single quotes when all are printable; otherwise
-/// printable runs in single quotes and each other byte as `$'\n'`, `$'\033'`, `$'\377'`, so
-/// that the output never holds a raw control byte or a byte that is not UTF-8, and pasting
-/// it into a shell gives the name back.
-pub fn quote(name: &[u8]) -> String {
-    let printable = std::str::from_utf8(name)
-        .ok()
-        .filter(|s| !s.chars().any(needs_escape));
-    if let Some(s) = printable {
-        if !s.is_empty() && s.chars().all(shell_safe) {
-            return s.to_string();
-        }
-        return format!("'{}'", s.replace('\'', "'\\''"));
-    }
-    let mut out = String::new();
-    let mut run = String::new(); // printable text waiting for its quotes
-    let flush = |run: &mut String, out: &mut String| {
-        if !run.is_empty() {
-            out.push('\'');
-            out.push_str(&run.replace('\'', "'\\''"));
-            out.push('\'');
-            run.clear();
-        }
-    };
-    let escaped = |b: u8| -> String {
-        match b {
-            b'\n' => "\\n".into(),
-            b'\t' => "\\t".into(),
-            b'\r' => "\\r".into(),
-            0x07 => "\\a".into(),
-            0x08 => "\\b".into(),
-            0x0b => "\\v".into(),
-            0x0c => "\\f".into(),
-            b => format!("\\{b:03o}"),
-        }
-    };
-    for chunk in name.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if needs_escape(c) {
-                flush(&mut run, &mut out);
-                let mut buf = [0u8; 4];
-                let s: String = c.encode_utf8(&mut buf).bytes().map(escaped).collect();
-                out.push_str(&format!("$'{s}'"));
-            } else {
-                run.push(c);
-            }
-        }
-        if !chunk.invalid().is_empty() {
-            flush(&mut run, &mut out);
-            let s: String = chunk.invalid().iter().copied().map(escaped).collect();
-            out.push_str(&format!("$'{s}'"));
-        }
-    }
-    flush(&mut run, &mut out);
-    out
-}
+/// Name bytes quoted as `ls --quoting-style=shell-escape` does (one definition for every
+/// binary: `cli_common::names`).
+pub use cli_common::names::{needs_escape, quote};
 
 #[cfg(test)]
 mod tests {
