@@ -129,6 +129,16 @@ fn op() -> impl Strategy<Value = Op> {
         u().prop_map(|slices| Op::Purge { slices }),
         u().prop_map(|keys| Op::Load { keys }),
         u().prop_map(|ino| Op::Release { ino }),
+        (u(), u()).prop_map(|(root, inodes)| Op::CloneStage { root, inodes }),
+        (u(), u(), name(), u(), u()).prop_map(|(src, parent, name, ino, at_seq)| Op::Clone {
+            src,
+            parent,
+            name,
+            ino,
+            entries: at_seq / 2,
+            at_seq
+        }),
+        (u(), u()).prop_map(|(root, inodes)| Op::CloneDrop { root, inodes }),
     ]
 }
 
@@ -546,6 +556,8 @@ fn fuzz_metadata_keys() {
         any::<u64>().prop_map(keys::kept),
         (any::<u64>(), any::<u32>()).prop_map(|(s, n)| keys::pending(s, n)),
         any::<u64>().prop_map(keys::checksums),
+        any::<u64>().prop_map(keys::refs),
+        any::<u64>().prop_map(keys::cloning),
         (any::<i64>(), any::<u64>()).prop_map(|(t, g)| keys::audit(t, g)),
         bytes(12).prop_map(|n| [keys::COUNTER_PREFIX, &n].concat()),
         Just(keys::SETTING.to_vec()),
@@ -566,6 +578,8 @@ fn fuzz_metadata_keys() {
             Key::Pending(s, n) => keys::pending(s, n),
             Key::Checksums(s) => keys::checksums(s),
             Key::Kept(i) => keys::kept(i),
+            Key::Refs(s) => keys::refs(s),
+            Key::Cloning(i) => keys::cloning(i),
             Key::Audit(t, g) => keys::audit(t as i64, g),
             Key::Unknown => return Ok(()),
         };

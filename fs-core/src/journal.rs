@@ -150,6 +150,26 @@ pub enum Op {
     Release {
         ino: Ino,
     },
+    /// A batch of a clone being written: inodes not linked into the tree yet (`fs::clone`).
+    CloneStage {
+        root: Ino,
+        inodes: u64,
+    },
+    /// A clone linked into place: the tree of `src` as of journal entry `at_seq` is now
+    /// `name` in `parent`, inode `ino`, `entries` inodes in all.
+    Clone {
+        src: Ino,
+        parent: Ino,
+        name: String,
+        ino: Ino,
+        entries: u64,
+        at_seq: u64,
+    },
+    /// The inodes of a clone that never finished, removed (its writer died, or it failed).
+    CloneDrop {
+        root: Ino,
+        inodes: u64,
+    },
 }
 
 impl Op {
@@ -173,6 +193,9 @@ impl Op {
             Op::Purge { .. } => "purge",
             Op::Load { .. } => "load",
             Op::Release { .. } => "release",
+            Op::CloneStage { .. } => "clone_stage",
+            Op::Clone { .. } => "clone",
+            Op::CloneDrop { .. } => "clone_drop",
         }
     }
     /// The operation's arguments as a JSON object (without the variant wrapper).

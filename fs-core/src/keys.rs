@@ -16,6 +16,10 @@
 //! | `D<slice:8><size:4>`         | pending delete: `"<seq> <time_ns>"`    |
 //! | `K<slice:8>`                 | CRC32C of each block of the slice, u32 |
 //! |                              | BE each (format version 2 and later)   |
+//! | `R<slice:8>`                 | references to the slice beyond the     |
+//! |                              | first (clones), ASCII decimal          |
+//! | `N<start:8>`                 | JSON `clone::Staging`: a clone being   |
+//! |                              | written, its inodes not yet linked     |
 //! | `storage`                    | JSON `storage::StorageState`: where    |
 //! |                              | blocks go, the cutover, its generation |
 //! | `H<at_ns:8><gen:8>`          | JSON `storage::Audit` of a transition  |
@@ -40,6 +44,26 @@ pub const STORAGE: &[u8] = b"storage";
 pub const EPOCH: &[u8] = b"epoch";
 pub const EPOCH_NAME: &str = "epoch";
 pub const AUDIT_PREFIX: &[u8] = b"H";
+pub const REFS_PREFIX: &[u8] = b"R";
+pub const CLONING_PREFIX: &[u8] = b"N";
+
+/// How many chunk records reference slice `id` beyond the first: absent (or 0) while one
+/// does. A clone adds one per chunk record it copies; freeing a record takes one away, and
+/// only the last reference stamps the slice's pending delete.
+pub fn refs(id: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(b'R');
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// The staging record of a clone whose inodes start at `start` (see `fs::clone`).
+pub fn cloning(start: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(b'N');
+    k.extend_from_slice(&start.to_be_bytes());
+    k
+}
 
 /// The audit record of a storage transition at `at_ns` to generation `gen`.
 pub fn audit(at_ns: i64, gen: u64) -> Vec<u8> {
@@ -171,6 +195,10 @@ pub enum Key<'a> {
     Pending(u64, u32),
     Checksums(u64),
     Kept(Ino),
+    /// Extra references to a slice (`refs`).
+    Refs(u64),
+    /// A clone being written (`cloning`).
+    Cloning(Ino),
     Storage,
     Epoch,
     Audit(u64, u64),
@@ -197,6 +225,8 @@ pub fn parse(k: &[u8]) -> Key<'_> {
             Key::Checksums(u64::from_be_bytes(k[1..9].try_into().unwrap()))
         }
         Some(b'O') if k.len() == 9 => Key::Kept(u64::from_be_bytes(k[1..9].try_into().unwrap())),
+        Some(b'R') if k.len() == 9 => Key::Refs(u64::from_be_bytes(k[1..9].try_into().unwrap())),
+        Some(b'N') if k.len() == 9 => Key::Cloning(u64::from_be_bytes(k[1..9].try_into().unwrap())),
         Some(b'D') if k.len() == 13 => Key::Pending(
             u64::from_be_bytes(k[1..9].try_into().unwrap()),
             u32::from_be_bytes(k[9..13].try_into().unwrap()),

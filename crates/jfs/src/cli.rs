@@ -346,6 +346,18 @@ pub enum Command {
         #[arg(short = 's')]
         symbolic: bool,
     },
+    /// Copy a file or a directory tree in metadata only: the copy shares the source's
+    /// blocks (nothing is copied in the store), keeps modes, owners, times, xattrs,
+    /// symlinks and hard links, and is the source as of one instant even while writers
+    /// change it. DST must not exist (an existing directory gets SRC's name inside it).
+    Clone {
+        meta_url: String,
+        src: String,
+        dst: String,
+        /// One JSON line: entries, files, dirs, bytes shared, the instant (at_seq)...
+        #[arg(long)]
+        json: bool,
+    },
     /// Set a file's length (shrinks or extends with zeros).
     Truncate {
         meta_url: String,

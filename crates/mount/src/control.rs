@@ -173,6 +173,11 @@ pub enum Request {
         #[serde(default)]
         now: bool,
     },
+    /// `jfs clone` of a volume whose one writer is this process: volume paths.
+    Clone {
+        src: String,
+        dst: String,
+    },
     /// Why the latest commit of inode `ino` failed (a writer that got EIO asks).
     WriteError {
         ino: u64,
@@ -299,12 +304,24 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
             let _ = ctl.exit.send(now).await;
             Ok(())
         }
-        Request::Gc { .. } | Request::Cutover { .. } | Request::Commit { .. }
+        Request::Gc { .. }
+        | Request::Cutover { .. }
+        | Request::Commit { .. }
+        | Request::Clone { .. }
             if fs_core::site::marker(&**ctl.vfs.fs.engine())
                 .await
                 .map_or(true, |m| m.is_some()) =>
         {
             let v = serde_json::json!({"error": format!("{} is a mount at a mirror site: gc, cutovers and other processes' changes run at the primary (its own changes go there through the site's agent)", ctl.mountpoint.display())});
+            send(&mut w, &v).await
+        }
+        Request::Clone { src, dst } => {
+            let t = std::time::Instant::now();
+            let v = match clone_here(&ctl.vfs.fs, &src, &dst).await {
+                Ok((to, r)) => serde_json::json!({"done": true, "report": r, "dst": to,
+                    "seconds": t.elapsed().as_secs_f64()}),
+                Err(e) => serde_json::json!({"error": format!("clone: {e}")}),
+            };
             send(&mut w, &v).await
         }
         Request::Gc {
@@ -618,6 +635,20 @@ async fn warmup(
 }
 
 /// Send `req` to the mount at `mountpoint`; `on_line` sees every line; returns the last.
+/// A clone asked for through the control socket, by this process's session.
+async fn clone_here(
+    fs: &fs_core::Fs,
+    src: &str,
+    dst: &str,
+) -> fs_core::Result<(String, fs_core::fs::clone::CloneReport)> {
+    let (src, dst) = (fs_core::VolPath::parse(src)?, fs_core::VolPath::parse(dst)?);
+    let session = fs_core::maint::own_session(&**fs.engine())
+        .await
+        .ok_or_else(|| fs_core::error::invalid("this mount has no session in the metadata"))?;
+    let (to, r) = fs.clone_path(&src, &dst, &session).await?;
+    Ok((to.to_string(), r))
+}
+
 pub async fn call(
     mountpoint: &Path,
     req: &Request,

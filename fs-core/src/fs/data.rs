@@ -32,18 +32,59 @@ pub(crate) async fn check_generation(tx: &mut Txn<'_>, gen: u64) -> Result<()> {
 /// `Fs::free_file_chunks`).
 const FREE_BY_KEY: u64 = 64;
 
-/// Delete chunk records (`(key, value)` as read) and stamp each slice they reference as
-/// pending deletion, once.
-fn free_chunk_records(tx: &mut Txn<'_>, ino: Ino, records: Vec<(Vec<u8>, Vec<u8>)>) -> Result<()> {
-    let mut freed = BTreeSet::new();
+/// Delete chunk records (`(key, value)` as read) and let go of the slices they reference:
+/// each record holds one reference to each slice it names (see `release_slices`).
+async fn free_chunk_records(
+    tx: &mut Txn<'_>,
+    ino: Ino,
+    records: Vec<(Vec<u8>, Vec<u8>)>,
+) -> Result<()> {
+    let mut released = Vec::new();
     for (k, v) in records {
         let recs = SliceRec::decode_list(&v)
             .ok_or_else(|| corrupt(format!("chunk of inode {ino} does not decode")))?;
-        freed.extend(recs.iter().filter(|r| r.id != 0).map(|r| (r.id, r.size)));
+        let one: BTreeSet<(u64, u32)> = recs
+            .iter()
+            .filter(|r| r.id != 0)
+            .map(|r| (r.id, r.size))
+            .collect();
+        released.extend(one);
         tx.delete(k);
     }
-    for (id, size) in freed {
-        tx.stamp(keys::pending(id, size));
+    release_slices(tx, &released).await
+}
+
+/// Take one reference away from each slice of `slices` (one item per chunk record that let
+/// go of it): a slice a clone still shares loses a count (`keys::refs`); the last reference
+/// stamps its pending delete. The counts are read in the transaction, so a clone that adds
+/// a reference meanwhile makes the commit conflict and re-run.
+pub(crate) async fn release_slices(tx: &mut Txn<'_>, slices: &[(u64, u32)]) -> Result<()> {
+    if slices.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<Vec<u8>> = slices.iter().map(|(id, _)| keys::refs(*id)).collect();
+    tx.prefetch(&keys).await?;
+    for &(id, size) in slices {
+        let k = keys::refs(id);
+        let extra = match tx.get(&k).await? {
+            None => 0,
+            Some(v) => crate::journal::parse_counter(Some(&v))
+                .map_err(|e| e.context(format!("the reference count of slice {id}")))?,
+        };
+        if extra > 0 {
+            if extra == 1 {
+                tx.delete(k);
+            } else {
+                tx.put(k, (extra - 1).to_string().into_bytes());
+            }
+        } else {
+            if extra < 0 {
+                return Err(corrupt(format!(
+                    "slice {id} has a negative reference count ({extra})"
+                )));
+            }
+            tx.stamp(keys::pending(id, size));
+        }
     }
     Ok(())
 }
@@ -371,7 +412,7 @@ impl Fs {
                 found.push((k, v));
             }
         }
-        free_chunk_records(tx, ino, found)
+        free_chunk_records(tx, ino, found).await
     }
 
     /// Delete chunks with index >= `first` of `ino`, moving their slices to pending deletes.
@@ -391,7 +432,7 @@ impl Fs {
                 start = k.clone();
                 start.push(0);
             }
-            free_chunk_records(tx, ino, page)?;
+            free_chunk_records(tx, ino, page).await?;
             if n < 1024 {
                 return Ok(());
             }
@@ -479,14 +520,14 @@ impl Fs {
             }]),
         );
         slice.record_checksums(&mut tx);
-        let freed: BTreeSet<(u64, u32)> = recs
+        let freed: Vec<(u64, u32)> = recs
             .iter()
             .filter(|r| r.id != 0)
             .map(|r| (r.id, r.size))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .collect();
-        for (fid, fsize) in &freed {
-            tx.stamp(keys::pending(*fid, *fsize));
-        }
+        release_slices(&mut tx, &freed).await?;
         tx.set_op(Op::Compact {
             ino,
             chunk: idx,

@@ -3,6 +3,7 @@
 
 mod blockbuf;
 mod budget;
+pub mod clone;
 mod data;
 mod layout;
 pub mod namespace;

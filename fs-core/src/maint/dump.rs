@@ -122,6 +122,7 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
     let mut storage = None;
     let mut audit = Vec::new();
     let mut epoch = None;
+    let mut clones = Vec::new();
     scan_all(engine, b"", &[0xff], PAGE, |page| {
         for (k, v) in page {
             match keys::parse(&k) {
@@ -171,6 +172,9 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
                     })?;
                     checksums.insert(id, c);
                 }
+                // Reference counts are the chunk records' to count: `load` counts them again.
+                Key::Refs(_) => {}
+                Key::Cloning(_) => clones.push(crate::fs::clone::Staging::decode(&v)?),
                 Key::Kept(ino) => {
                     inodes.entry(ino).or_default().kept =
                         Some(String::from_utf8_lossy(&v).into_owned())
@@ -206,6 +210,18 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
     .await?;
     let setting = setting
         .ok_or_else(|| Error::new(ErrorKind::NotFormatted, "no volume settings: not formatted"))?;
+    // A clone still being written is not part of the volume: its inodes stay out.
+    for st in clones {
+        for (start, count) in st.ranges {
+            let gone: Vec<Ino> = inodes
+                .range(start..start.saturating_add(count))
+                .map(|(i, _)| *i)
+                .collect();
+            for i in gone {
+                inodes.remove(&i);
+            }
+        }
+    }
     Ok(Dump {
         setting,
         counters,
@@ -358,6 +374,22 @@ fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
             keys::audit(a.at_ns, a.gen),
             serde_json::to_vec(a).expect("audit records serialize"),
         ));
+    }
+    // Slices named by more than one chunk record (clones) get their reference counts.
+    let mut refs: BTreeMap<u64, i64> = BTreeMap::new();
+    for n in d.inodes.values() {
+        for recs in n.chunks.values() {
+            let ids: std::collections::BTreeSet<u64> =
+                recs.iter().filter(|r| r.id != 0).map(|r| r.id).collect();
+            for id in ids {
+                *refs.entry(id).or_default() += 1;
+            }
+        }
+    }
+    for (id, n) in refs {
+        if n > 1 {
+            out.push((keys::refs(id), (n - 1).to_string().into_bytes()));
+        }
     }
     for (&ino, n) in &d.inodes {
         if let Some(a) = &n.attr {

@@ -36,6 +36,11 @@ pub struct FsckReport {
     pub files: u64,
     pub blocks: u64,
     pub broken: Vec<BrokenBlock>,
+    /// Slices whose references disagree with the metadata: a slice a file still names but
+    /// pending deletion (gc would delete blocks in use), or a clone's reference count
+    /// (`keys::refs`) that is not the number of chunk records naming it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub references: Vec<String>,
 }
 
 /// What is wrong with block `key` at `store`, in words, when its length is to be `len` and
@@ -94,6 +99,35 @@ impl Fs {
         let mut from = keys::INODE_PREFIX.to_vec();
         let end = keys::prefix_end(keys::INODE_PREFIX);
         let mut last_ino = 0;
+        // Pending deletes and clones' reference counts are few (freed slices wait for the
+        // trash time; counts exist only for shared slices): held while the chunks are read.
+        let mut pending: std::collections::HashSet<u64> = Default::default();
+        let mut refs: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+        for (prefix, is_refs) in [(keys::PENDING_PREFIX, false), (keys::REFS_PREFIX, true)] {
+            crate::engine::scan_all(
+                &*self.engine,
+                prefix,
+                &keys::prefix_end(prefix),
+                PAGE,
+                |pg| {
+                    for (k, v) in pg {
+                        match keys::parse(&k) {
+                            Key::Pending(id, _) if !is_refs => {
+                                pending.insert(id);
+                            }
+                            Key::Refs(id) if is_refs => {
+                                let n = crate::journal::parse_counter(Some(&v))?;
+                                refs.insert(id, (n + 1, 0));
+                            }
+                            _ => {}
+                        }
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
+        }
+        let mut in_use_pending: BTreeMap<u64, Ino> = BTreeMap::new();
         loop {
             let page = self.engine.scan(&from, &end, PAGE).await?;
             let n = page.len();
@@ -107,6 +141,16 @@ impl Fs {
                     }
                     let recs = SliceRec::decode_list(v)
                         .ok_or_else(|| corrupt(format!("chunk {idx} of inode {ino}")))?;
+                    let ids: std::collections::BTreeSet<u64> =
+                        recs.iter().filter(|r| r.id != 0).map(|r| r.id).collect();
+                    for id in ids {
+                        if pending.contains(&id) {
+                            in_use_pending.entry(id).or_insert(ino);
+                        }
+                        if let Some(c) = refs.get_mut(&id) {
+                            c.1 += 1;
+                        }
+                    }
                     slices.extend(
                         recs.into_iter()
                             .filter(|r| r.id != 0 && r.len > 0)
@@ -201,6 +245,18 @@ impl Fs {
             }
             if n < PAGE {
                 break;
+            }
+        }
+        for (id, ino) in in_use_pending {
+            report.references.push(format!(
+                "slice {id} is named by inode {ino} but pending deletion: gc would delete blocks in use"
+            ));
+        }
+        for (id, (want, found)) in refs {
+            if want != found && found > 1 {
+                report.references.push(format!(
+                    "slice {id} records {want} references, {found} chunk records name it"
+                ));
             }
         }
         bad.sort();

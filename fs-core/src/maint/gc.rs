@@ -56,6 +56,12 @@ pub struct GcReport {
     pub temps_dead: u64,
     #[serde(default)]
     pub temps_removed: u64,
+    /// Clones whose writer died before linking them (their inodes invisible): dropped with
+    /// --delete, their slice references released.
+    #[serde(default)]
+    pub clones_dead: u64,
+    #[serde(default)]
+    pub clones_dropped: u64,
     /// A storage cutover in progress (its phase): gc deletes no block from either store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cutover: Option<String>,
@@ -88,6 +94,19 @@ impl Fs {
             let r = self.reap_sessions(opts.session_timeout).await?;
             rep.kept_released = r.inodes;
             rep.sessions_removed = r.sessions;
+        }
+        // 0b. Clones whose writer is dead: dropped before the pass below counts references.
+        for st in self.clones_in_progress().await? {
+            if live.contains(&st.session) {
+                continue;
+            }
+            rep.clones_dead += 1;
+            if opts.delete {
+                self.drop_staged(&st)
+                    .await
+                    .map_err(|e| e.context("dropping a dead clone's inodes"))?;
+                rep.clones_dropped += 1;
+            }
         }
         // 1. Referenced slices (chunks) and pending deletes, from one metadata pass.
         let mut referenced: HashMap<u64, u32> = HashMap::new();

@@ -471,6 +471,9 @@ pub async fn fsck(
                 None => println!("BROKEN {}: block {} {}", path, b.key, b.problem),
             }
         }
+        for p in &r.references {
+            println!("REFERENCES {p}");
+        }
         println!(
             "checked {} files, {} blocks{}: {} broken{}",
             r.files,
@@ -492,7 +495,7 @@ pub async fn fsck(
             }
         );
     }
-    Ok(if r.broken.len() == mended {
+    Ok(if r.broken.len() == mended && r.references.is_empty() {
         Outcome::Done
     } else {
         Outcome::Partial
@@ -587,9 +590,15 @@ pub fn print_gc(r: &maint::GcReport, delete: bool, json: bool) -> Result<Outcome
             "temporary files of killed copies: {} ({} removed)",
             r.temps_dead, r.temps_removed
         );
+        println!(
+            "clones whose writer died before linking them: {} ({} dropped)",
+            r.clones_dead, r.clones_dropped
+        );
         if let Some(c) = &r.cutover {
             println!("a storage cutover is in progress ({c}): no block is deleted from either store until `jfs cutover finish` or `abort`");
-        } else if !delete && (r.pending_due > 0 || r.leaked > 0 || r.temps_dead > 0) {
+        } else if !delete
+            && (r.pending_due > 0 || r.leaked > 0 || r.temps_dead > 0 || r.clones_dead > 0)
+        {
             println!("(dry run: run with --delete to remove them)");
         }
     }

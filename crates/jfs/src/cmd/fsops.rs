@@ -345,3 +345,52 @@ fn caller() -> Owner {
         gid: rustix::process::getegid().as_raw(),
     }
 }
+
+/// `jfs clone`: a metadata-only copy (`fs_core::fs::clone`).
+pub async fn clone(fs: &Fs, src: &VolPath, dst: &VolPath, json: bool) -> Result<Outcome> {
+    let session = fs_core::maint::own_session(&**fs.engine())
+        .await
+        .context("jfs clone: this process has no session in the volume's metadata (needed so that gc can drop a killed clone's copy)")?;
+    let t = std::time::Instant::now();
+    let (to, rep) = fs.clone_path(src, dst, &session).await.map_err(|e| {
+        anyhow::anyhow!(
+            "clone {} {}: {e}",
+            quote(src.to_string().as_bytes()),
+            quote(dst.to_string().as_bytes())
+        )
+    })?;
+    print_clone(src, &to.to_string(), &rep, t.elapsed(), json);
+    Ok(Outcome::Done)
+}
+
+/// The line (or JSON) a clone reports.
+pub fn print_clone(
+    src: &VolPath,
+    to: &str,
+    rep: &fs_core::fs::clone::CloneReport,
+    took: std::time::Duration,
+    json: bool,
+) {
+    let secs = took.as_secs_f64().max(1e-6);
+    if json {
+        let mut v = serde_json::to_value(rep).unwrap_or_default();
+        v["src"] = serde_json::Value::from(src.to_string());
+        v["dst"] = serde_json::Value::from(to);
+        v["seconds"] = serde_json::Value::from(secs);
+        v["entries_per_s"] = serde_json::Value::from(rep.entries as f64 / secs);
+        println!("{v}");
+    } else {
+        println!(
+            "cloned {} to {}: {} entries ({} files, {} directories), {} bytes shared, no block copied; the source as of journal entry {}; {:.2} s ({:.0} entries/s)",
+            quote(src.to_string().as_bytes()),
+            quote(to.as_bytes()),
+            rep.entries,
+            rep.files,
+            rep.dirs,
+            rep.bytes,
+            rep.at_seq,
+            secs,
+            rep.entries as f64 / secs
+        );
+    }
+}

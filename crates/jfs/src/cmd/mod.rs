@@ -171,6 +171,18 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
                 Err(mp) => through::Root::open(&mp)?.mv(&src, &dst, no_clobber),
             }
         }
+        Command::Clone {
+            meta_url,
+            src,
+            dst,
+            json,
+        } => {
+            let (src, dst) = (vol_path(&src)?, vol_path(&dst)?);
+            match mount::writer_or_mount(g, &meta_url).await? {
+                Ok(fs) => fsops::clone(&fs, &src, &dst, json).await,
+                Err(mp) => mount::clone_through(&mp, &src, &dst, json).await,
+            }
+        }
         Command::Ln {
             meta_url,
             target,

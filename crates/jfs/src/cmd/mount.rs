@@ -810,6 +810,31 @@ pub async fn gc(
     }
 }
 
+/// `jfs clone` of a RocksDB volume mounted read-write here: the mount (its one writer)
+/// clones.
+pub async fn clone_through(
+    mp: &Path,
+    src: &fs_core::VolPath,
+    dst: &fs_core::VolPath,
+    json: bool,
+) -> Result<Outcome> {
+    let t = std::time::Instant::now();
+    let v = control::call(
+        mp,
+        &Request::Clone {
+            src: src.to_string(),
+            dst: dst.to_string(),
+        },
+        |_| {},
+    )
+    .await?;
+    let r: fs_core::fs::clone::CloneReport = serde_json::from_value(v["report"].clone())
+        .context("the mount's clone report does not decode")?;
+    let to = v["dst"].as_str().unwrap_or_default().to_string();
+    super::fsops::print_clone(src, &to, &r, t.elapsed(), json);
+    Ok(Outcome::Done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::warnings_of;
