@@ -833,6 +833,17 @@ fn from_journal_copies_exactly_what_changed() {
     // Nothing changed: nothing to do.
     let (v, _) = run(&[], 0);
     assert_eq!(n(&v, "listed"), 0);
+    // A clone of a directory and of a file: their trees are new at their names.
+    jfs(&["clone", &meta, "/data/d0", "/data/d0-v1"]);
+    jfs(&["clone", &meta, "/data/d1/sub1/f00001.dat", "/data/f1-v1"]);
+    let (v, err) = run(&[], 0);
+    let d0 = (0..200).filter(|i| i % 7 == 0).count() as u64 + 1; // + d0/new
+    assert_eq!(
+        n(&v, "copied"),
+        d0 + 1,
+        "the cloned tree and file: {v} {err}"
+    );
+    same_as_volume(" after clones");
     // Directories in one window: one made, renamed and removed (the destination never had
     // it); one made, filled and renamed; one that existed, renamed, then removed (the
     // destination's copy of it goes).

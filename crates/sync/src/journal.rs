@@ -298,6 +298,12 @@ async fn changed_keys(
             Op::Link { ino, parent, .. } => {
                 linked_into.entry(*ino).or_default().push(*parent);
             }
+            Op::Clone {
+                parent, name, ino, ..
+            } => {
+                created.insert(*ino, clone_kind(e).unwrap_or(FileKind::Dir));
+                seen.insert(*ino, (*parent, name_in(e, *parent, name)));
+            }
             _ => {}
         }
     }
@@ -312,6 +318,7 @@ async fn changed_keys(
     // Paths whose content the window rewrote.
     let mut rewritten_paths: BTreeSet<String> = BTreeSet::new();
     let mut renamed_dirs: Vec<(String, String)> = Vec::new();
+    let mut cloned_dirs: Vec<String> = Vec::new();
     let mut looked_up: HashSet<Ino> = HashSet::new();
     // Inodes whose content the window wrote or truncated, and the paths found for them.
     let mut rewritten_inos: HashSet<Ino> = HashSet::new();
@@ -360,6 +367,16 @@ async fn changed_keys(
                         rewritten_paths.extend(n.clone());
                         volume_paths.extend(o.into_iter().chain(n))
                     }
+                }
+            }
+            // A clone is a new tree at its name: everything under it is new.
+            Op::Clone { parent, name, .. } => {
+                if let Some(p) = paths.child(*parent, &name_in(e, *parent, name)).await {
+                    if clone_kind(e) == Some(FileKind::Dir) {
+                        cloned_dirs.push(p.clone());
+                    }
+                    rewritten_paths.insert(p.clone());
+                    volume_paths.insert(p);
                 }
             }
             Op::SetAttr { ino, .. } | Op::Write { ino, .. } => {
@@ -413,7 +430,31 @@ async fn changed_keys(
             keys_under(dst, &format!("{k}/"), &mut keys).await?;
         }
     }
+    for new in cloned_dirs {
+        if let Some(k) = vol.key_of(&format!("/{new}")) {
+            keys_under(src, &format!("{k}/"), &mut keys).await?;
+        }
+    }
     Ok(Changed::Keys(keys.into_iter().collect(), rewritten))
+}
+
+/// The kind of what a clone entry linked (from the entry it wrote).
+fn clone_kind(e: &Entry) -> Option<FileKind> {
+    let Op::Clone { parent, ino, .. } = &e.op else {
+        return None;
+    };
+    e.writes
+        .iter()
+        .find_map(|m| match (m, fs_core::keys::parse(m.key())) {
+            (fs_core::Mutation::Put { value, .. }, fs_core::keys::Key::Dentry(p, _))
+                if p == *parent =>
+            {
+                fs_core::keys::decode_dentry(value)
+                    .filter(|(i, _)| i == ino)
+                    .map(|(_, k)| k)
+            }
+            _ => None,
+        })
 }
 
 /// The key form (`crate::names`) of the name an entry's operation gives in `parent`. The

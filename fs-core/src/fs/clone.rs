@@ -268,9 +268,8 @@ impl Fs {
                 let ((), _) = transact!(self, |tx| {
                     let mut released = Vec::new();
                     for (k, v) in &page {
-                        match keys::parse(k) {
-                            Key::Chunk(ino, _) => released.extend(distinct_slices(ino, v)?),
-                            _ => {}
+                        if let Key::Chunk(ino, _) = keys::parse(k) {
+                            released.extend(distinct_slices(ino, v)?);
                         }
                         tx.delete(k.clone());
                     }
