@@ -471,3 +471,68 @@ fn jfs_clone_on_the_command_line() {
     want[1 << 20..(1 << 20) + 1000].copy_from_slice(&data(3, 1000));
     assert!(o.stdout == want, "the clone's bytes differ");
 }
+
+/// At a mirror: a clone arrives through the journal with no block copied (the mirror's copy
+/// of the source's blocks serves it), the mirror's volume equals the primary's, and it
+/// still reads every byte from the mirror's own store after the source is removed and gc'd.
+async fn a_clone_reaches_the_mirror_with_no_block_copied(p: &'static str, m: &'static str) {
+    use integration::mirror::*;
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume(p, "file").await;
+    let mut pair = Pair::start(dir.path(), &vol.meta_url, m, None, "", "").await;
+    let fs = &vol.fs;
+    let o = Owner::default();
+    let (src, _) = fs.mkdir(ROOT_INO, b"ckpt", 0o755, o).await.unwrap();
+    for i in 0..40u64 {
+        file(
+            fs,
+            src,
+            &format!("shard-{i}"),
+            i,
+            (i as usize % 5) * 300_000 + 17,
+        )
+        .await;
+    }
+    let engine = fs.engine().clone();
+    let st = wait_converged(&pair.mirror, &*engine, std::time::Duration::from_secs(120)).await;
+    let copied = n(&st, "blocks.copied");
+    assert!(copied >= 32, "{st}");
+    let (_, rep) = fs
+        .clone_path(
+            &fs_core::VolPath::parse("/ckpt").unwrap(),
+            &fs_core::VolPath::parse("/release-1").unwrap(),
+            "0123456789abcdef",
+        )
+        .await
+        .unwrap();
+    assert_eq!(rep.entries, 41);
+    let st = wait_converged(&pair.mirror, &*engine, std::time::Duration::from_secs(120)).await;
+    assert_eq!(
+        n(&st, "blocks.copied"),
+        copied,
+        "the mirror copied blocks for a clone: {st}"
+    );
+    let files = assert_same(fs, &pair.m_meta, &pair.m_store).await;
+    assert_eq!(files, 80);
+    // The source goes at the primary; gc frees nothing the clone shares, at either site.
+    rm_tree(fs, ROOT_INO, b"ckpt").await;
+    fs.gc(&fs_core::maint::GcOptions {
+        delete: true,
+        ..fs_core::maint::gc_defaults()
+    })
+    .await
+    .unwrap();
+    wait_converged(&pair.mirror, &*engine, std::time::Duration::from_secs(120)).await;
+    assert_eq!(assert_same(fs, &pair.m_meta, &pair.m_store).await, 40);
+    assert_eq!(pair.mirror.term(), 0);
+    assert_eq!(pair.primary.term(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clone_reaches_a_rocksdb_mirror_of_a_redis_primary_with_no_block_copied() {
+    a_clone_reaches_the_mirror_with_no_block_copied("redis", "rocksdb").await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clone_reaches_a_postgres_mirror_of_a_rocksdb_primary_with_no_block_copied() {
+    a_clone_reaches_the_mirror_with_no_block_copied("rocksdb", "postgres").await;
+}
