@@ -139,6 +139,13 @@ fn op() -> impl Strategy<Value = Op> {
             at_seq
         }),
         (u(), u()).prop_map(|(root, inodes)| Op::CloneDrop { root, inodes }),
+        (u(), u(), u(), u(), u()).prop_map(|(src, off_in, ino, off_out, len)| Op::CopyRange {
+            src,
+            off_in,
+            ino,
+            off_out,
+            len
+        }),
     ]
 }
 

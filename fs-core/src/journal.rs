@@ -170,6 +170,15 @@ pub enum Op {
         root: Ino,
         inodes: u64,
     },
+    /// `len` bytes of file `src` from `off_in` laid into file `ino` at `off_out` by sharing
+    /// the source's slices (`copy_file_range`, `cp --reflink`).
+    CopyRange {
+        src: Ino,
+        off_in: u64,
+        ino: Ino,
+        off_out: u64,
+        len: u64,
+    },
 }
 
 impl Op {
@@ -196,6 +205,7 @@ impl Op {
             Op::CloneStage { .. } => "clone_stage",
             Op::Clone { .. } => "clone",
             Op::CloneDrop { .. } => "clone_drop",
+            Op::CopyRange { .. } => "copy_range",
         }
     }
     /// The operation's arguments as a JSON object (without the variant wrapper).

@@ -536,3 +536,101 @@ async fn a_clone_reaches_a_rocksdb_mirror_of_a_redis_primary_with_no_block_copie
 async fn a_clone_reaches_a_postgres_mirror_of_a_rocksdb_primary_with_no_block_copied() {
     a_clone_reaches_the_mirror_with_no_block_copied("rocksdb", "postgres").await;
 }
+
+/// Through a mount: `cp` (copy_file_range) of a file lays the copy's bytes without writing a
+/// block, at any offset (a copy into the middle of another file too), and `jfs clone` of a
+/// RocksDB volume mounted read-write goes through the mount (its one writer).
+#[test]
+fn cp_through_a_mount_shares_blocks_and_jfs_clone_goes_through_the_mount() {
+    use integration::mountproc::{new_vol, store_blocks, Mount};
+    let v = new_vol("rocksdb");
+    let m = Mount::start(&v.meta, v.dir.path(), "mnt", &[]);
+    let src = m.mp.join("src.bin");
+    let body = data(11, (9 << 20) + 12345);
+    std::fs::write(&src, &body).unwrap();
+    let blocks = store_blocks(&v.store).len();
+    let cp = |args: &[&str]| {
+        let o = Command::new("cp").args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "cp {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let copy = m.mp.join("copy.bin");
+    cp(&[
+        "--reflink=auto",
+        src.to_str().unwrap(),
+        copy.to_str().unwrap(),
+    ]);
+    assert!(
+        std::fs::read(&copy).unwrap() == body,
+        "the copy's bytes differ"
+    );
+    assert_eq!(store_blocks(&v.store).len(), blocks, "cp wrote blocks");
+    // A range into the middle of another file, at an offset no block boundary matches.
+    let other = m.mp.join("other.bin");
+    std::fs::write(&other, data(12, 3 << 20)).unwrap();
+    let blocks = store_blocks(&v.store).len();
+    {
+        let fi = std::fs::File::open(&src).unwrap();
+        let fo = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&other)
+            .unwrap();
+        let mut off_in: u64 = 4_000_001;
+        let mut off_out: u64 = 1_000_003;
+        let n =
+            rustix::fs::copy_file_range(&fi, Some(&mut off_in), &fo, Some(&mut off_out), 5_000_000)
+                .unwrap();
+        assert_eq!(n, 5_000_000);
+    }
+    let mut want = data(12, 3 << 20);
+    want.resize(6_000_003, 0);
+    want[1_000_003..6_000_003].copy_from_slice(&body[4_000_001..9_000_001]);
+    assert!(
+        std::fs::read(&other).unwrap() == want,
+        "the ranged copy's bytes differ"
+    );
+    assert_eq!(
+        store_blocks(&v.store).len(),
+        blocks,
+        "copy_file_range wrote blocks"
+    );
+    // jfs clone while the mount holds the RocksDB writer: through the mount.
+    std::fs::create_dir(m.mp.join("dir")).unwrap();
+    std::fs::write(m.mp.join("dir/a"), b"aaa").unwrap();
+    let o = Command::new(bin("jfs"))
+        .args(["clone", &v.meta, "/dir", "/dir-v1"])
+        .env("JFS_RUN_DIR", &m.run_dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("cloned /dir to /dir-v1: 2 entries"));
+    assert_eq!(std::fs::read(m.mp.join("dir-v1/a")).unwrap(), b"aaa");
+    // The source's removal leaves every copy whole.
+    std::fs::remove_file(&src).unwrap();
+    std::fs::remove_dir_all(m.mp.join("dir")).unwrap();
+    let o = Command::new(bin("jfs"))
+        .args(["gc", "--delete", &v.meta])
+        .env("JFS_RUN_DIR", &m.run_dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    m.stop();
+    let o = Command::new(bin("jfs"))
+        .args(["fsck", "--deep", &v.meta])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let o = Command::new(bin("jfs"))
+        .args(["cat", &v.meta, "/copy.bin"])
+        .output()
+        .unwrap();
+    assert!(o.stdout == body);
+    let o = Command::new(bin("jfs"))
+        .args(["cat", &v.meta, "/other.bin"])
+        .output()
+        .unwrap();
+    assert!(o.stdout == want);
+}

@@ -379,7 +379,7 @@ async fn changed_keys(
                     volume_paths.insert(p);
                 }
             }
-            Op::SetAttr { ino, .. } | Op::Write { ino, .. } => {
+            Op::SetAttr { ino, .. } | Op::Write { ino, .. } | Op::CopyRange { ino, .. } => {
                 let content = match &e.op {
                     Op::SetAttr { set, .. } => set.length.is_some(),
                     _ => true,

@@ -879,3 +879,153 @@ impl Cloner<'_> {
         Ok(())
     }
 }
+
+/// Chunks one `copy_range` transaction covers at most (a longer copy takes several).
+const COPY_CHUNKS: u64 = 16;
+
+impl Fs {
+    /// Lay bytes `[off_in, off_in + len)` of file `src` into file `dst` at `off_out` without
+    /// copying data: the source's visible slices (and its holes, as holes) become records of
+    /// the destination's chunks, split at chunk boundaries, each chunk record taking one
+    /// reference to each slice it newly names. Bytes past the source's end are not copied
+    /// (as `copy_file_range(2)`). Returns the bytes laid. Overlapping ranges of one file are
+    /// refused (EINVAL, as the kernel does).
+    pub async fn copy_range(
+        &self,
+        src: Ino,
+        off_in: u64,
+        dst: Ino,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        use crate::types::{CHUNK_SIZE, MAX_FILE_LEN};
+        if src == dst
+            && off_in < off_out.saturating_add(len)
+            && off_out < off_in.saturating_add(len)
+        {
+            return Err(invalid("copy_range: the two ranges of one file overlap"));
+        }
+        let mut done = 0u64;
+        while done < len {
+            let (n, _) = transact!(self, |tx| {
+                let sa = get_attr(&mut tx, src).await?;
+                let mut da = if src == dst {
+                    sa.clone()
+                } else {
+                    get_attr(&mut tx, dst).await?
+                };
+                if sa.kind != FileKind::File || da.kind != FileKind::File {
+                    return Err(Error::new(
+                        ErrorKind::IsDir,
+                        "copy_range copies between regular files",
+                    ));
+                }
+                let from = off_in + done;
+                if from >= sa.length {
+                    return Ok::<u64, Error>(0);
+                }
+                // Up to the end of the source, and at most COPY_CHUNKS chunks at a time.
+                let room = (COPY_CHUNKS * CHUNK_SIZE) - (from % CHUNK_SIZE);
+                let n = (len - done).min(sa.length - from).min(room);
+                let to = off_out + done;
+                if to.checked_add(n).is_none_or(|e| e > MAX_FILE_LEN) {
+                    return Err(invalid(
+                        "copy_range would make the file longer than the largest file",
+                    ));
+                }
+                // The source's view over [from, from + n): (file offset, length, slice id,
+                // slice size, offset in the slice); id 0 for zeros.
+                let mut pieces: Vec<(u64, u64, u64, u32, u32)> = Vec::new();
+                let mut at = from;
+                while at < from + n {
+                    let idx = (at / CHUNK_SIZE) as u32;
+                    let cstart = idx as u64 * CHUNK_SIZE;
+                    let cend = (cstart + CHUNK_SIZE).min(from + n);
+                    let recs = super::layout::decode_chunk(
+                        src,
+                        idx,
+                        tx.get(&keys::chunk(src, idx)).await?,
+                    )?;
+                    let view = super::layout::build_view(&recs);
+                    let mut pos = at;
+                    for g in view {
+                        let (gs, ge) = (cstart + g.start as u64, cstart + g.end as u64);
+                        if ge <= pos || gs >= cend {
+                            continue;
+                        }
+                        if gs > pos {
+                            pieces.push((pos, gs - pos, 0, 0, 0));
+                        }
+                        let s = gs.max(pos);
+                        let e = ge.min(cend);
+                        pieces.push((s, e - s, g.id, g.size, g.slice_off + (s - gs) as u32));
+                        pos = e;
+                    }
+                    if pos < cend {
+                        pieces.push((pos, cend - pos, 0, 0, 0));
+                    }
+                    at = cend;
+                }
+                // Onto the destination's chunks, split at their boundaries.
+                let mut by_chunk: BTreeMap<u32, Vec<SliceRec>> = BTreeMap::new();
+                for (s, l, id, size, soff) in pieces {
+                    let mut d = s - from + to;
+                    let mut left = l;
+                    let mut so = soff;
+                    while left > 0 {
+                        let idx = (d / CHUNK_SIZE) as u32;
+                        let pos = (d % CHUNK_SIZE) as u32;
+                        let take = left.min(CHUNK_SIZE - pos as u64) as u32;
+                        by_chunk.entry(idx).or_default().push(SliceRec {
+                            pos,
+                            id,
+                            size: if id == 0 { 0 } else { size },
+                            off: if id == 0 { 0 } else { so },
+                            len: take,
+                        });
+                        d += take as u64;
+                        left -= take as u64;
+                        so += take;
+                    }
+                }
+                let mut refs: BTreeMap<(u64, u32), i64> = BTreeMap::new();
+                for (idx, add) in by_chunk {
+                    let key = keys::chunk(dst, idx);
+                    let mut recs = super::layout::decode_chunk(dst, idx, tx.get(&key).await?)?;
+                    let before: BTreeSet<u64> =
+                        recs.iter().filter(|r| r.id != 0).map(|r| r.id).collect();
+                    for r in &add {
+                        if r.id != 0 && !before.contains(&r.id) {
+                            refs.insert((r.id, r.size), 1);
+                        }
+                    }
+                    recs.extend(add);
+                    tx.put(key, SliceRec::encode_list(&recs));
+                }
+                adjust_refs(&mut tx, &refs).await?;
+                let now = now_ns();
+                let end = to + n;
+                if end > da.length {
+                    tx.add(keys::USED_SPACE, (end - da.length) as i64);
+                    da.length = end;
+                }
+                da.mtime = now;
+                da.ctime = now;
+                put_attr(&mut tx, dst, &da);
+                tx.set_op(Op::CopyRange {
+                    src,
+                    off_in: from,
+                    ino: dst,
+                    off_out: to,
+                    len: n,
+                });
+                Ok(n)
+            })?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+}

@@ -9,10 +9,10 @@ use crate::vfs::{VResult, Vfs};
 use convert::*;
 use fs_core::{FileKind, Ino, SetAttr};
 use fuser::{
-    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation,
+    INodeNo, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use fuser::{BackingId, InitFlags};
 use std::ffi::OsStr;
@@ -722,6 +722,34 @@ impl Filesystem for FuseFs {
                         FopenFlags::empty(),
                     )
                 }
+                Err(e) => reply.error(Errno::from_i32(e)),
+            },
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let v = self.vfs.clone();
+        self.go(
+            "copy_file_range",
+            async move {
+                v.copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+                    .await
+            },
+            move |r| match r {
+                Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
                 Err(e) => reply.error(Errno::from_i32(e)),
             },
         );

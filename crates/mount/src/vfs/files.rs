@@ -420,6 +420,40 @@ impl Vfs {
         Ok(())
     }
 
+    /// `copy_file_range` (what `cp` uses, and `cp --reflink`'s fallback): the destination
+    /// shares the source's slices, no byte is read or written (`Fs::copy_range`). Both
+    /// files' buffered writes are committed first, so the copy sees them.
+    pub async fn copy_file_range(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> VResult<u64> {
+        self.rw()?;
+        let (hi, ho) = (self.handle(fh_in)?, self.handle(fh_out)?);
+        self.flush_ino(hi.ino).await?;
+        self.flush_ino(ho.ino).await?;
+        let n = self
+            .fs
+            .copy_range(hi.ino, off_in, ho.ino, off_out, len)
+            .await
+            .map_err(|e| {
+                if e.kind() == ErrorKind::InvalidArgument
+                    && off_out.saturating_add(len) > fs_core::MAX_FILE_LEN
+                {
+                    libc::EFBIG
+                } else {
+                    err(e)
+                }
+            })?;
+        if let Some(n) = self.open.get(ho.ino) {
+            n.gen.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(n)
+    }
+
     /// Commit every write buffer (unmount, SIGTERM).
     pub async fn flush_all(&self) {
         let nodes: Vec<Ino> = self
