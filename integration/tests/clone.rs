@@ -136,7 +136,12 @@ async fn a_clone_is_the_tree_and_shares_every_block(v: TestVol) {
     let (_, dst) = fs_core::VolPath::parse("/copy").map(|p| ((), p)).unwrap();
     let session = "0123456789abcdef";
     let (_, rep) = fs
-        .clone_path(&fs_core::VolPath::parse("/src").unwrap(), &dst, session)
+        .clone_path(
+            &fs_core::VolPath::parse("/src").unwrap(),
+            &dst,
+            false,
+            session,
+        )
         .await
         .expect("clone");
     // Paths, less one for the second name of the linked pair, plus the root.
@@ -259,6 +264,7 @@ async fn a_clone_is_one_instant_while_writers_change_the_source(v: TestVol) {
             .clone_path(
                 &fs_core::VolPath::parse("/src").unwrap(),
                 &fs_core::VolPath::parse(&format!("/{name}")).unwrap(),
+                false,
                 "0123456789abcdef",
             )
             .await
@@ -318,8 +324,8 @@ async fn two_clones_to_one_destination_one_wins_and_the_other_leaves_nothing() {
     let s = fs_core::VolPath::parse("/src").unwrap();
     let d = fs_core::VolPath::parse("/dst").unwrap();
     let (r1, r2) = tokio::join!(
-        fs.clone_path(&s, &d, "0123456789abcdef"),
-        other.clone_path(&s, &d, "fedcba9876543210")
+        fs.clone_path(&s, &d, false, "0123456789abcdef"),
+        other.clone_path(&s, &d, false, "fedcba9876543210")
     );
     let ok = [r1.is_ok(), r2.is_ok()];
     assert_eq!(ok.iter().filter(|x| **x).count(), 1, "{r1:?} {r2:?}");
@@ -349,7 +355,7 @@ async fn bad_clones_are_refused_and_create_nothing() {
         ("/", "/x", "root"),
         ("/nope", "/x", "no such"),
     ] {
-        let e = fs.clone_path(&p(s), &p(d), sid).await.unwrap_err();
+        let e = fs.clone_path(&p(s), &p(d), false, sid).await.unwrap_err();
         assert!(e.to_string().contains(want), "{s} -> {d}: {e}");
     }
     assert!(fs.clones_in_progress().await.unwrap().is_empty());
@@ -459,6 +465,15 @@ fn jfs_clone_on_the_command_line() {
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["entries"], 11);
     assert_eq!(j["dst"], "/releases-v2");
+    let o = run(&["clone", &meta, "/src/small", "/releases-v2/sub/"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.starts_with("cloned /src/small to /releases-v2/sub/small: 1 entries"),
+        "{text}"
+    );
+    let o = run(&["clone", &meta, "/src", "/v1"]);
+    assert_eq!(o.status.code(), Some(2));
     let o = run(&["clone", &meta, "/src/small", "/v1/small"]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -501,6 +516,7 @@ async fn a_clone_reaches_the_mirror_with_no_block_copied(p: &'static str, m: &'s
         .clone_path(
             &fs_core::VolPath::parse("/ckpt").unwrap(),
             &fs_core::VolPath::parse("/release-1").unwrap(),
+            false,
             "0123456789abcdef",
         )
         .await
@@ -633,4 +649,38 @@ fn cp_through_a_mount_shares_blocks_and_jfs_clone_goes_through_the_mount() {
         .output()
         .unwrap();
     assert!(o.stdout == want);
+}
+
+/// runbooks/model-versions.md, "Release a version as a clone", each step as written.
+#[test]
+fn runbook_release_a_version_as_a_clone() {
+    use integration::runbook;
+    const RB: &str = "model-versions";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let v = rt.block_on(volume("rocksdb", "file"));
+    rt.block_on(async {
+        let fs = &v.fs;
+        let o = Owner::default();
+        let (c, _) = fs.mkdir(ROOT_INO, b"checkpoints", 0o755, o).await.unwrap();
+        let (r, _) = fs.mkdir(c, b"run-42", 0o755, o).await.unwrap();
+        let (s, _) = fs.mkdir(r, b"step-9000", 0o755, o).await.unwrap();
+        for i in 0..8 {
+            file(fs, s, &format!("shard-{i}.safetensors"), i, 300_000).await;
+        }
+    });
+    let meta = v.meta_url.clone();
+    drop(v.fs);
+    let env = [
+        ("META_URL", meta.as_str()),
+        ("CKPT", "/checkpoints/run-42/step-9000"),
+        ("RELEASE", "/models/llama-ft/v3"),
+    ];
+    let out = runbook::run_checked(RB, "release", &env);
+    assert!(out.contains("9 entries (8 files, 1 directories)"), "{out}");
+    let out = runbook::run_checked(RB, "check-release", &env);
+    assert!(out.contains("shard-7.safetensors"), "{out}");
+    // A second release to the same name is refused, as the runbook says.
+    let o = runbook::run(RB, "release", &env);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("a clone never replaces anything"));
 }

@@ -177,6 +177,9 @@ pub enum Request {
     Clone {
         src: String,
         dst: String,
+        /// Into DST, under SRC's name (DST given with a trailing slash).
+        #[serde(default)]
+        into: bool,
     },
     /// Why the latest commit of inode `ino` failed (a writer that got EIO asks).
     WriteError {
@@ -315,9 +318,9 @@ async fn handle(sock: UnixStream, ctl: Arc<Ctl>) -> std::io::Result<()> {
             let v = serde_json::json!({"error": format!("{} is a mount at a mirror site: gc, cutovers and other processes' changes run at the primary (its own changes go there through the site's agent)", ctl.mountpoint.display())});
             send(&mut w, &v).await
         }
-        Request::Clone { src, dst } => {
+        Request::Clone { src, dst, into } => {
             let t = std::time::Instant::now();
-            let v = match clone_here(&ctl.vfs.fs, &src, &dst).await {
+            let v = match clone_here(&ctl.vfs.fs, &src, &dst, into).await {
                 Ok((to, r)) => serde_json::json!({"done": true, "report": r, "dst": to,
                     "seconds": t.elapsed().as_secs_f64()}),
                 Err(e) => serde_json::json!({"error": format!("clone: {e}")}),
@@ -640,12 +643,13 @@ async fn clone_here(
     fs: &fs_core::Fs,
     src: &str,
     dst: &str,
+    into: bool,
 ) -> fs_core::Result<(String, fs_core::fs::clone::CloneReport)> {
     let (src, dst) = (fs_core::VolPath::parse(src)?, fs_core::VolPath::parse(dst)?);
     let session = fs_core::maint::own_session(&**fs.engine())
         .await
         .ok_or_else(|| fs_core::error::invalid("this mount has no session in the metadata"))?;
-    let (to, r) = fs.clone_path(&src, &dst, &session).await?;
+    let (to, r) = fs.clone_path(&src, &dst, into, &session).await?;
     Ok((to.to_string(), r))
 }
 

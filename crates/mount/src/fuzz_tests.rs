@@ -72,7 +72,8 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         any::<bool>().prop_map(|now| Request::Exit { now }),
         any::<u64>().prop_map(|ino| Request::WriteError { ino }),
-        ("[a-z/]{0,12}", "[a-z/]{0,12}").prop_map(|(src, dst)| Request::Clone { src, dst }),
+        ("[a-z/]{0,12}", "[a-z/]{0,12}", any::<bool>())
+            .prop_map(|(src, dst, into)| Request::Clone { src, dst, into }),
         commit_request().prop_map(|req| Request::Commit { req }),
         (
             prop_oneof![

@@ -204,13 +204,14 @@ impl Fs {
         }
     }
 
-    /// `clone_tree` by volume paths: DST must not exist, unless it is a directory, which
-    /// then receives the clone under SRC's name (as `cp -r` and `mv` do). Returns where
-    /// the clone went with the report.
+    /// `clone_tree` by volume paths: DST must not exist; with `into` (DST was given with a
+    /// trailing slash) DST is a directory that receives the clone under SRC's name. Returns
+    /// where the clone went with the report.
     pub async fn clone_path(
         &self,
         src: &crate::path::VolPath,
         dst: &crate::path::VolPath,
+        into: bool,
         session: &str,
     ) -> Result<(crate::path::VolPath, CloneReport)> {
         let (sino, _) = self
@@ -222,14 +223,10 @@ impl Fs {
                 "the source is the volume's root: clone a directory below it",
             ));
         }
-        let target = match self.resolve_path(dst).await {
-            Ok((_, a)) if a.kind == FileKind::Dir => {
-                let name = src.name().unwrap_or_default();
-                dst.join(name)?
-            }
-            Ok(_) => return Err(exists(dst.name().unwrap_or_default().as_bytes())),
-            Err(e) if e.kind() == ErrorKind::NotFound => dst.clone(),
-            Err(e) => return Err(e.context(format!("clone destination {dst}"))),
+        let target = if into {
+            dst.join(src.name().unwrap_or_default())?
+        } else {
+            dst.clone()
         };
         let Some((dir, name)) = target.split_last() else {
             return Err(invalid(

@@ -347,12 +347,18 @@ fn caller() -> Owner {
 }
 
 /// `jfs clone`: a metadata-only copy (`fs_core::fs::clone`).
-pub async fn clone(fs: &Fs, src: &VolPath, dst: &VolPath, json: bool) -> Result<Outcome> {
+pub async fn clone(
+    fs: &Fs,
+    src: &VolPath,
+    dst: &VolPath,
+    into: bool,
+    json: bool,
+) -> Result<Outcome> {
     let session = fs_core::maint::own_session(&**fs.engine())
         .await
         .context("jfs clone: this process has no session in the volume's metadata (needed so that gc can drop a killed clone's copy)")?;
     let t = std::time::Instant::now();
-    let (to, rep) = fs.clone_path(src, dst, &session).await.map_err(|e| {
+    let (to, rep) = fs.clone_path(src, dst, into, &session).await.map_err(|e| {
         anyhow::anyhow!(
             "clone {} {}: {e}",
             quote(src.to_string().as_bytes()),

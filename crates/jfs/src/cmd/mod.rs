@@ -177,10 +177,12 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             dst,
             json,
         } => {
+            // DST/ (a trailing slash): into that directory, under SRC's name.
+            let into = dst.ends_with('/');
             let (src, dst) = (vol_path(&src)?, vol_path(&dst)?);
             match mount::writer_or_mount(g, &meta_url).await? {
-                Ok(fs) => fsops::clone(&fs, &src, &dst, json).await,
-                Err(mp) => mount::clone_through(&mp, &src, &dst, json).await,
+                Ok(fs) => fsops::clone(&fs, &src, &dst, into, json).await,
+                Err(mp) => mount::clone_through(&mp, &src, &dst, into, json).await,
             }
         }
         Command::Ln {

@@ -816,6 +816,7 @@ pub async fn clone_through(
     mp: &Path,
     src: &fs_core::VolPath,
     dst: &fs_core::VolPath,
+    into: bool,
     json: bool,
 ) -> Result<Outcome> {
     let t = std::time::Instant::now();
@@ -824,6 +825,7 @@ pub async fn clone_through(
         &Request::Clone {
             src: src.to_string(),
             dst: dst.to_string(),
+            into,
         },
         |_| {},
     )
