@@ -265,8 +265,9 @@ impl Entry {
         Ok(e)
     }
 
-    /// Decode the frame at the start of `buf`; returns the entry and the bytes it used.
-    pub fn decode_prefix(buf: &[u8]) -> Result<(Entry, usize)> {
+    /// The checked payload of the frame at the start of `buf` and the bytes the frame uses:
+    /// its version, length and checksum checked.
+    fn checked_payload(buf: &[u8]) -> Result<(&[u8], usize)> {
         if buf.len() < FRAME_HEADER {
             return Err(corrupt(format!(
                 "journal frame truncated: {} bytes, header needs 9",
@@ -300,6 +301,33 @@ impl Entry {
                 "journal frame checksum mismatch (stored {want:08x}, computed {got:08x})"
             )));
         }
+        Ok((payload, end))
+    }
+
+    /// The sequence number, time and operation of one whole frame read at `seq`, without
+    /// decoding its write-set (checked as `decode_at` checks it, the write-set aside).
+    pub fn decode_head_at(seq: u64, frame: &[u8]) -> Result<(i64, Op)> {
+        #[derive(Deserialize)]
+        struct Head {
+            seq: u64,
+            time_ns: i64,
+            op: Op,
+        }
+        let (payload, _) = Self::checked_payload(frame)?;
+        let (h, _): (Head, &[u8]) = postcard::take_from_bytes(payload)
+            .map_err(|e| corrupt(format!("journal frame payload does not decode: {e}")))?;
+        if h.seq != seq {
+            return Err(corrupt(format!(
+                "journal entry {seq} holds the frame of entry {}",
+                h.seq
+            )));
+        }
+        Ok((h.time_ns, h.op))
+    }
+
+    /// Decode the frame at the start of `buf`; returns the entry and the bytes it used.
+    pub fn decode_prefix(buf: &[u8]) -> Result<(Entry, usize)> {
+        let (payload, end) = Self::checked_payload(buf)?;
         let (entry, rest): (Entry, &[u8]) = postcard::take_from_bytes(payload)
             .map_err(|e| corrupt(format!("journal frame payload does not decode: {e}")))?;
         if !rest.is_empty() {

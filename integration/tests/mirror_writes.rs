@@ -117,11 +117,24 @@ async fn writes_through(p_engine: &'static str, m_engine: &'static str, loops: u
         .arg(m.mp.join("out/ckpt-copy"))
         .output()
         .unwrap();
-    assert!(cp.status.success(), "{}", String::from_utf8_lossy(&cp.stderr));
+    assert!(
+        cp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cp.stderr)
+    );
     assert!(std::fs::read(m.mp.join("out/ckpt-copy")).unwrap() == big);
-    assert!(at_primary("out/ckpt-copy") == big, "the copy at the primary");
-    assert_eq!(integration::mountproc::store_blocks(&p.store).len(), o_before);
-    assert_eq!(integration::mountproc::store_blocks(&pair.m_store).len(), m_before);
+    assert!(
+        at_primary("out/ckpt-copy") == big,
+        "the copy at the primary"
+    );
+    assert_eq!(
+        integration::mountproc::store_blocks(&p.store).len(),
+        o_before
+    );
+    assert_eq!(
+        integration::mountproc::store_blocks(&pair.m_store).len(),
+        m_before
+    );
     // Read-your-writes, in a loop: create, write, close, reopen, read. No miss.
     let t0 = Instant::now();
     for i in 0..loops {

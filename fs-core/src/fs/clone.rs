@@ -517,6 +517,12 @@ impl Cloner<'_> {
                     return Ok(out);
                 }
                 at = seq + 1;
+                // This clone's own batches touch only its copies.
+                if let (_, Op::CloneStage { root, .. }) = Entry::decode_head_at(seq, &f)? {
+                    if root == self.staging.root {
+                        continue;
+                    }
+                }
                 let e = Entry::decode_at(seq, &f)?;
                 for m in &e.writes {
                     let k = m.key();
@@ -534,32 +540,57 @@ impl Cloner<'_> {
         Ok(out)
     }
 
-    /// Read the records of `srcs` (each after noting the journal head).
+    /// Read the records of `srcs` (sorted), after noting the journal head. Inodes close
+    /// together (a directory's children usually are) are read by one range scan each run.
     async fn read_all(&self, srcs: &[Ino]) -> Result<Vec<Read>> {
         let engine = self.fs.engine.clone();
-        futures::stream::iter(srcs.iter().copied())
-            .map(|src| {
+        let read_at = engine.journal_bounds().await?.last;
+        // Runs of inode numbers with gaps of at most RUN_GAP.
+        const RUN_GAP: u64 = 8;
+        let mut runs: Vec<Vec<Ino>> = Vec::new();
+        let mut start = 0;
+        for i in 1..=srcs.len() {
+            if i == srcs.len() || srcs[i] > srcs[i - 1] + RUN_GAP || i - start >= 512 {
+                runs.push(srcs[start..i].to_vec());
+                start = i;
+            }
+        }
+        let per_run: Vec<Vec<Read>> = futures::stream::iter(runs)
+            .map(|run| {
                 let engine = engine.clone();
                 async move {
-                    let read_at = engine.journal_bounds().await?.last;
-                    let p = keys::inode_prefix(src);
-                    let end = keys::prefix_end(&p);
-                    let mut pairs = Vec::new();
-                    crate::engine::scan_all(&*engine, &p, &end, 4096, |page| {
-                        pairs.extend(page);
+                    let (first, last) = (run[0], run[run.len() - 1]);
+                    let from = keys::inode_prefix(first);
+                    let to = keys::prefix_end(&keys::inode_prefix(last));
+                    let mut by: BTreeMap<Ino, Vec<(Vec<u8>, Vec<u8>)>> =
+                        run.iter().map(|i| (*i, Vec::new())).collect();
+                    crate::engine::scan_all(&*engine, &from, &to, 4096, |page| {
+                        for (k, v) in page {
+                            if k.len() >= 9 {
+                                let ino = u64::from_be_bytes(k[1..9].try_into().unwrap());
+                                if let Some(p) = by.get_mut(&ino) {
+                                    p.push((k, v));
+                                }
+                            }
+                        }
                         Ok(())
                     })
                     .await?;
-                    Ok::<_, Error>(Read {
-                        src,
-                        read_at,
-                        pairs,
-                    })
+                    Ok::<_, Error>(
+                        by.into_iter()
+                            .map(|(src, pairs)| Read {
+                                src,
+                                read_at,
+                                pairs,
+                            })
+                            .collect(),
+                    )
                 }
             })
             .buffered(READ_PARALLEL)
             .try_collect()
-            .await
+            .await?;
+        Ok(per_run.into_iter().flatten().collect())
     }
 
     /// Copy `srcs` (dirty inodes) in staging transactions.
