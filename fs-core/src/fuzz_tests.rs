@@ -566,6 +566,8 @@ fn fuzz_metadata_keys() {
             Key::Pending(s, n) => keys::pending(s, n),
             Key::Checksums(s) => keys::checksums(s),
             Key::Kept(i) => keys::kept(i),
+            Key::Trash(t, i) => keys::trash(t as i64, i),
+            Key::TrashInfo(i) => keys::trash_info(i),
             Key::Audit(t, g) => keys::audit(t as i64, g),
             Key::Unknown => return Ok(()),
         };

@@ -150,6 +150,16 @@ pub enum Op {
     Release {
         ino: Ino,
     },
+    /// A trashed inode freed: past the trash time, or `evicted` by the trash's size cap.
+    TrashPurge {
+        ino: Ino,
+        evicted: bool,
+    },
+    /// Entries of the trash put back into directory `parent` (`jfs restore`).
+    Restore {
+        parent: Ino,
+        entries: u64,
+    },
 }
 
 impl Op {
@@ -173,6 +183,8 @@ impl Op {
             Op::Purge { .. } => "purge",
             Op::Load { .. } => "load",
             Op::Release { .. } => "release",
+            Op::TrashPurge { .. } => "trash_purge",
+            Op::Restore { .. } => "restore",
         }
     }
     /// The operation's arguments as a JSON object (without the variant wrapper).

@@ -177,7 +177,9 @@ pub fn tree_only(req: &CommitRequest) -> std::result::Result<(), String> {
             | Key::Rdev(_)
             | Key::Pending(..)
             | Key::Checksums(_)
-            | Key::Kept(_) => {}
+            | Key::Kept(_)
+            | Key::Trash(..)
+            | Key::TrashInfo(_) => {}
             other => {
                 return Err(format!(
                     "a change forwarded from a mirror may touch only the file tree, not {other:?}"

@@ -59,6 +59,11 @@ pub struct GcReport {
     /// A storage cutover in progress (its phase): gc deletes no block from either store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cutover: Option<String>,
+    /// Trash entries purged (with --delete): past the trash time, and evicted by its cap.
+    #[serde(default)]
+    pub trash_expired: u64,
+    #[serde(default)]
+    pub trash_evicted: u64,
 }
 
 impl Fs {
@@ -88,6 +93,11 @@ impl Fs {
             let r = self.reap_sessions(opts.session_timeout).await?;
             rep.kept_released = r.inodes;
             rep.sessions_removed = r.sessions;
+            // The trash's expired entries (and what its cap evicts) are freed here too, so
+            // their slices are counted below as pending deletes.
+            let p = self.purge_trash(opts.now_ns).await?;
+            rep.trash_expired = p.expired;
+            rep.trash_evicted = p.evicted;
         }
         // 1. Referenced slices (chunks) and pending deletes, from one metadata pass.
         let mut referenced: HashMap<u64, u32> = HashMap::new();
