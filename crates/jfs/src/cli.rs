@@ -517,8 +517,8 @@ pub enum Command {
         #[arg(long, value_parser = humantime::parse_duration)]
         trash: Option<std::time::Duration>,
         /// The trash's size cap (e.g. 100G), or `none`.
-        #[arg(long, value_parser = crate::cmd::trash_cap, value_name = "SIZE|none")]
-        trash_max_bytes: Option<Option<u64>>,
+        #[arg(long, value_name = "SIZE|none")]
+        trash_max_bytes: Option<String>,
     },
     /// Show settings, counters, journal head and retention.
     Status {

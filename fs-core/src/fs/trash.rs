@@ -68,6 +68,10 @@ pub struct TrashInfo {
     pub of: Option<Ino>,
     /// Its length then (0 for a directory).
     pub size: u64,
+    /// Its directory's mtime before this removal changed it (0: not known): a directory
+    /// restored with what was deleted in it gets back the mtime it had before the first.
+    #[serde(default)]
+    pub dir_mtime: i64,
 }
 
 impl Versioned for TrashInfo {
@@ -89,6 +93,8 @@ pub struct From<'a> {
     pub why: Why,
     /// Trash it even with the trash off (a restore's replaced file: the restore is undoable).
     pub force: bool,
+    /// The directory's mtime before this removal (0: not known).
+    pub dir_mtime: i64,
 }
 
 impl<'a> From<'a> {
@@ -98,6 +104,15 @@ impl<'a> From<'a> {
             name,
             why,
             force: false,
+            dir_mtime: 0,
+        }
+    }
+
+    /// With the directory's mtime before the removal.
+    pub fn dir_mtime(self, mtime: i64) -> Self {
+        From {
+            dir_mtime: mtime,
+            ..self
         }
     }
 }
@@ -225,6 +240,7 @@ impl Fs {
             } else {
                 attr.length
             },
+            dir_mtime: from.dir_mtime,
         };
         tx.put(keys::trash_info(ino), record::encode(&info));
         tx.stamp(keys::trash(now, ino));
@@ -274,6 +290,7 @@ impl Fs {
             why: Why::Truncated,
             of: Some(ino),
             size: attr.length,
+            dir_mtime: 0,
         };
         tx.put(keys::trash_info(old), record::encode(&info));
         tx.stamp(keys::trash(now, old));
@@ -514,6 +531,7 @@ impl Fs {
         parent: Ino,
         items: &[&TrashEntry],
         touch: bool,
+        mtime: Option<i64>,
     ) -> Result<Vec<std::result::Result<(), Option<(Ino, FileKind)>>>> {
         let (out, _) = transact!(self, |tx| {
             let mut pre = vec![keys::attr(parent)];
@@ -559,6 +577,8 @@ impl Fs {
                     let now = now_ns();
                     pattr.mtime = now;
                     pattr.ctime = now;
+                } else if let Some(m) = mtime.filter(|m| *m > 0) {
+                    pattr.mtime = m;
                 }
                 put_attr(&mut tx, parent, &pattr);
                 tx.set_op(Op::Restore {
@@ -630,8 +650,13 @@ impl Fs {
         let mut work: Vec<(Ino, Vec<u8>, Vec<&TrashEntry>, bool)> =
             vec![(dir, dir_path.into_bytes(), vec![top], true)];
         while let Some((dir, dpath, items, touch)) = work.pop() {
+            // A restored directory's mtime: as it was before the first of these went.
+            let mtime = items
+                .iter()
+                .min_by_key(|e| (e.info.at_ns, e.seq))
+                .map(|e| e.info.dir_mtime);
             for batch in items.chunks(BATCH) {
-                let res = self.relink(dir, batch, touch).await?;
+                let res = self.relink(dir, batch, touch, mtime).await?;
                 for (e, r) in batch.iter().zip(res) {
                     let at = join(&dpath, &e.info.name_bytes());
                     let kids = by_parent.remove(&e.ino).unwrap_or_default();
@@ -716,10 +741,8 @@ impl Fs {
                 }
                 let cattr = get_attr(&mut tx, cur).await?;
                 let from = From {
-                    parent: dir,
-                    name: &name,
-                    why: Why::Overwritten,
                     force: true,
+                    ..From::new(dir, &name, Why::Overwritten)
                 };
                 tx.delete(keys::dentry(dir, &name));
                 self.drop_link(&mut tx, cur, cattr, now, from).await?;

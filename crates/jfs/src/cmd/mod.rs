@@ -8,8 +8,6 @@ mod through;
 mod transfer;
 mod trash;
 
-pub use trash::parse_cap as trash_cap;
-
 use crate::cli::{Cli, Command, Global};
 use anyhow::{bail, Context, Result};
 use fs_core::{Engine, Fs, Ino, VolPath};
@@ -300,7 +298,15 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             meta_url,
             trash,
             trash_max_bytes,
-        } => trash::config(g, &meta_url, trash, trash_max_bytes).await,
+        } => {
+            let cap = trash_max_bytes
+                .map(|c| {
+                    trash::parse_cap(&c)
+                        .map_err(|e| anyhow::anyhow!("--trash-max-bytes {c:?}: {e}"))
+                })
+                .transpose()?;
+            trash::config(g, &meta_url, trash, cap).await
+        }
         Command::Status { meta_url, json } => {
             admin::status(&open_fs(g, &meta_url, true).await?, json).await
         }

@@ -33,10 +33,10 @@ impl Fs {
             }
             let attr = get_attr(&mut tx, ino).await?;
             let now = now_ns();
+            let from = trash::From::new(parent, name, Why::Deleted).dir_mtime(pattr.mtime);
             tx.delete(keys::dentry(parent, name));
             touch_dir(&mut pattr, now);
             put_attr(&mut tx, parent, &pattr);
-            let from = trash::From::new(parent, name, Why::Deleted);
             let freed = self.drop_link(&mut tx, ino, attr, now, from).await?;
             tx.set_op(Op::Unlink {
                 parent,
@@ -84,7 +84,7 @@ impl Fs {
             let now = now_ns();
             if self.trash_on() {
                 // Kept with its own record: what was deleted inside it points at it.
-                let from = trash::From::new(parent, name, Why::Deleted);
+                let from = trash::From::new(parent, name, Why::Deleted).dir_mtime(pattr.mtime);
                 self.trash_inode(&mut tx, ino, &attr, from, now);
             } else {
                 Self::remove_dir_inode(&mut tx, ino).await?;
