@@ -130,6 +130,14 @@ async fn an_rm_rf_of_10000_files_at_the_primary_is_put_back_identical_at_the_pri
         "the tree put"
     );
     let pair = Pair::start(dir.path(), &meta, "rocksdb", None, "", "").await;
+    wait_converged(
+        &pair.mirror,
+        &*open_ro(&meta).await,
+        Duration::from_secs(300),
+    )
+    .await;
+    let m_blocks = blocks(&pair.m_store);
+    assert!(m_blocks >= 10, "{m_blocks} blocks at the mirror");
     let mnt = Mount::start(&meta, dir.path(), "mp", &[]);
     let t0 = Instant::now();
     std::fs::remove_dir_all(mnt.mp.join("t")).unwrap();
@@ -169,8 +177,11 @@ async fn an_rm_rf_of_10000_files_at_the_primary_is_put_back_identical_at_the_pri
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("jfs umount"), "{err}");
     // The mirror keeps every block its trash references.
-    let m_blocks = blocks(&pair.m_store);
-    assert!(m_blocks >= 10, "{m_blocks} blocks at the mirror");
+    assert_eq!(
+        blocks(&pair.m_store),
+        m_blocks,
+        "the mirror deleted blocks of its trash"
+    );
     drop(mnt);
     let out = ok(&["restore", &meta, "--path", "/t", "--put-back"]);
     assert!(
@@ -434,12 +445,95 @@ fn other_users_are_refused_and_skip_trash_frees_at_once() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("is for root only"), "{args:?}: {err}");
     }
-    ok(&["mkdir", &meta, "/x"]);
-    ok(&["rm", &meta, "/x", "--skip-trash"]);
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(t.path().join("x")).unwrap();
+    std::fs::write(t.path().join("x/f"), data(1, 1000)).unwrap();
+    ok(&["put", &meta, s(&t.path().join("x")), "/x", "-q"]);
+    ok(&["rm", "-r", &meta, "/x", "--skip-trash"]);
     assert!(json(&["trash", &meta, "--json"])
         .as_array()
         .unwrap()
         .is_empty());
+    let st = json(&["status", &meta, "--json"]);
+    assert_eq!(
+        (st["pending_deletes"].as_u64(), st["used_space"].as_u64()),
+        (Some(1), Some(0)),
+        "{st}"
+    );
+}
+
+#[test]
+fn dump_and_load_carry_the_trash() {
+    let t = tempfile::tempdir().unwrap();
+    let (meta, _store, _keep) = format("rocksdb", &[]);
+    std::fs::create_dir_all(t.path().join("d/e")).unwrap();
+    std::fs::write(t.path().join("d/e/f"), b"kept").unwrap();
+    ok(&["put", &meta, s(&t.path().join("d")), "/d", "-q"]);
+    ok(&["rm", "-r", &meta, "/d"]);
+    let listed = json(&["trash", &meta, "--json"]);
+    let file = t.path().join("dump.json");
+    ok(&["dump", &meta, s(&file)]);
+    let (meta2, _d) = meta_url("rocksdb");
+    ok(&["load", &meta2, s(&file)]);
+    assert_eq!(json(&["trash", &meta2, "--json"]), listed);
+    ok(&["restore", &meta2, "--path", "/d", "--put-back"]);
+    assert_eq!(jfs(&["cat", &meta2, "/d/e/f"]).stdout, b"kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_primary_agent_purges_the_trash_and_the_mirror_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, _store, _keep) = format("redis", &["--trash", "3s"]);
+    let pair = Pair::start(dir.path(), &meta, "rocksdb", None, "", "").await;
+    let f = dir.path().join("f");
+    std::fs::write(&f, data(1, 100_000)).unwrap();
+    ok(&["put", &meta, s(&f), "/f", "-q"]);
+    ok(&["rm", &meta, "/f"]);
+    let at_mirror = || {
+        json(&[
+            "--block-store",
+            &pair.m_store,
+            "trash",
+            &pair.m_meta,
+            "--json",
+        ])
+    };
+    wait_converged(
+        &pair.mirror,
+        &*open_ro(&meta).await,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(at_mirror().as_array().unwrap().len(), 1, "replicated");
+    let t0 = Instant::now();
+    while !json(&["trash", &meta, "--json"])
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the agent purged nothing"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = json(&["status", &meta, "--json"]);
+    assert_eq!(
+        st["pending_deletes"], 1,
+        "freed through the free path: {st}"
+    );
+    wait_converged(
+        &pair.mirror,
+        &*open_ro(&meta).await,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        at_mirror().as_array().unwrap().is_empty(),
+        "the purge replicated"
+    );
+    let log = pair.primary.log_text();
+    assert!(log.contains("purged trash entries"), "{}", tail(&log, 20));
 }
 
 #[test]
