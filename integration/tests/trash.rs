@@ -607,3 +607,49 @@ fn the_model_versions_runbook_undoes_a_delete_and_an_overwrite() {
     assert_eq!(files(&after).len(), 3, "{after}");
     assert_eq!(files(&after), files(&before));
 }
+
+/// `jfs-sync --from-journal` follows restores: what `jfs restore` puts back (a tree, a
+/// file's previous content) reaches the destination (the restore's journal entries were
+/// not read as changes: the destination kept the delete, exit 0).
+#[test]
+fn jfs_sync_from_journal_follows_a_restore() {
+    let t = tempfile::tempdir().unwrap();
+    let (meta, _store, _keep) = format("rocksdb", &[]);
+    let (src, out) = (t.path().join("src"), t.path().join("out"));
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a"), b"first a").unwrap();
+    std::fs::write(src.join("sub/b"), b"b").unwrap();
+    ok(&["put", &meta, s(&src), "/fj", "-q"]);
+    let sync = || {
+        let o = Command::new(bin("jfs-sync"))
+            .args(["jfs://VOL/fj", s(&out), "--from-journal", "--delete-dst"])
+            .env("VOL", &meta)
+            .env("XDG_CACHE_HOME", t.path().join("cache"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    sync();
+    assert_eq!(std::fs::read(out.join("sub/b")).unwrap(), b"b");
+    ok(&["rm", "-r", &meta, "/fj/sub"]);
+    let n = t.path().join("n");
+    std::fs::write(&n, b"second a").unwrap();
+    ok(&["put", &meta, s(&n), "/fj/a", "-q"]);
+    sync();
+    assert!(!out.join("sub").exists());
+    assert_eq!(std::fs::read(out.join("a")).unwrap(), b"second a");
+    ok(&["restore", &meta, "--path", "/fj/sub", "--put-back"]);
+    ok(&["restore", &meta, "--version", "/fj/a"]);
+    sync();
+    assert_eq!(
+        std::fs::read(out.join("sub/b")).unwrap(),
+        b"b",
+        "the restored tree"
+    );
+    assert_eq!(
+        std::fs::read(out.join("a")).unwrap(),
+        b"first a",
+        "the restored version"
+    );
+}
