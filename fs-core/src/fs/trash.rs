@@ -95,6 +95,9 @@ pub struct From<'a> {
     pub force: bool,
     /// The directory's mtime before this removal (0: not known).
     pub dir_mtime: i64,
+    /// Free it at once even with the trash on: a temporary file of an unfinished copy
+    /// (`Fs::unlink_temp`), which is nobody's data.
+    pub never: bool,
 }
 
 impl<'a> From<'a> {
@@ -105,6 +108,7 @@ impl<'a> From<'a> {
             why,
             force: false,
             dir_mtime: 0,
+            never: false,
         }
     }
 

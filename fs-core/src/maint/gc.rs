@@ -160,7 +160,7 @@ impl Fs {
             }
             rep.temps_dead += 1;
             if opts.delete {
-                match self.unlink(parent, &name).await {
+                match self.unlink_temp(parent, &name).await {
                     Ok(()) => rep.temps_removed += 1,
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
                     Err(e) => return Err(e.context("removing a dead copy's temporary file")),

@@ -336,7 +336,7 @@ impl Fs {
             put_attr(tx, ino, &attr);
             return Ok(false);
         }
-        if from.force || self.trash_on() {
+        if from.force || (!from.never && self.trash_on()) {
             self.trash_inode(tx, ino, &attr, from, now);
             return Ok(false);
         }

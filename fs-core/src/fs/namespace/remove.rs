@@ -17,6 +17,17 @@ use crate::types::{now_ns, FileKind, Ino, ROOT_INO};
 
 impl Fs {
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.unlink_as(parent, name, false).await
+    }
+
+    /// Unlink the temporary file of an unfinished copy (a failed or killed `jfs put` or
+    /// `jfs-sync`, found by `gc`): freed at once, never kept in the trash (it is nobody's
+    /// data, and a day of it per failed copy of a checkpoint is space nobody asked for).
+    pub async fn unlink_temp(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.unlink_as(parent, name, true).await
+    }
+
+    async fn unlink_as(&self, parent: Ino, name: &[u8], temp: bool) -> Result<()> {
         transact!(self, |tx| {
             // The parent, the name, the inode and its first chunk in one call: a file of up
             // to one chunk that goes needs nothing more to be freed (`free_file_chunks`).
@@ -33,7 +44,10 @@ impl Fs {
             }
             let attr = get_attr(&mut tx, ino).await?;
             let now = now_ns();
-            let from = trash::From::new(parent, name, Why::Deleted).dir_mtime(pattr.mtime);
+            let from = trash::From {
+                never: temp,
+                ..trash::From::new(parent, name, Why::Deleted).dir_mtime(pattr.mtime)
+            };
             tx.delete(keys::dentry(parent, name));
             touch_dir(&mut pattr, now);
             put_attr(&mut tx, parent, &pattr);
