@@ -587,6 +587,8 @@ fn fuzz_metadata_keys() {
             Key::Kept(i) => keys::kept(i),
             Key::Refs(s) => keys::refs(s),
             Key::Cloning(i) => keys::cloning(i),
+            Key::Trash(t, i) => keys::trash(t as i64, i),
+            Key::TrashInfo(i) => keys::trash_info(i),
             Key::Audit(t, g) => keys::audit(t as i64, g),
             Key::Unknown => return Ok(()),
         };

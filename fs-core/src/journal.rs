@@ -179,6 +179,16 @@ pub enum Op {
         off_out: u64,
         len: u64,
     },
+    /// A trashed inode freed: past the trash time, or `evicted` by the trash's size cap.
+    TrashPurge {
+        ino: Ino,
+        evicted: bool,
+    },
+    /// Entries of the trash put back into directory `parent` (`jfs restore`).
+    Restore {
+        parent: Ino,
+        entries: u64,
+    },
 }
 
 impl Op {
@@ -206,6 +216,8 @@ impl Op {
             Op::Clone { .. } => "clone",
             Op::CloneDrop { .. } => "clone_drop",
             Op::CopyRange { .. } => "copy_range",
+            Op::TrashPurge { .. } => "trash_purge",
+            Op::Restore { .. } => "restore",
         }
     }
     /// The operation's arguments as a JSON object (without the variant wrapper).

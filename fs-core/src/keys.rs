@@ -11,6 +11,10 @@
 //! | `A<ino:8>S`                  | symlink target                         |
 //! | `A<ino:8>X<name>`            | xattr value                            |
 //! | `A<ino:8>R`                  | device number of a device node (u32 BE)|
+//! | `A<ino:8>T`                  | JSON `trash::TrashInfo`: where a       |
+//! |                              | trashed inode was and why it went      |
+//! | `T<at_ns:8><ino:8>`          | a trashed inode, in deletion order:    |
+//! |                              | `"<seq> <time_ns>"` of its deletion    |
 //! | `O<ino:8>`                   | an unlinked inode kept while open: the |
 //! |                              | session holding it                     |
 //! | `D<slice:8><size:4>`         | pending delete: `"<seq> <time_ns>"`    |
@@ -63,6 +67,24 @@ pub fn cloning(start: u64) -> Vec<u8> {
     k.push(b'N');
     k.extend_from_slice(&start.to_be_bytes());
     k
+}
+
+pub const TRASH_PREFIX: &[u8] = b"T";
+/// Trashed inodes evicted by the trash's size cap (`trash::purge`), a counter.
+pub const TRASH_EVICTED: &[u8] = b"ctrash_evicted";
+
+/// The trash record of inode `ino`, trashed at `at_ns` (keys sort oldest first).
+pub fn trash(at_ns: i64, ino: Ino) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.push(b'T');
+    k.extend_from_slice(&(at_ns.max(0) as u64).to_be_bytes());
+    k.extend_from_slice(&ino.to_be_bytes());
+    k
+}
+
+/// Where trashed inode `ino` was and why it went (`trash::TrashInfo`).
+pub fn trash_info(ino: Ino) -> Vec<u8> {
+    inode_key(ino, b'T', &[])
 }
 
 /// The audit record of a storage transition at `at_ns` to generation `gen`.
@@ -202,6 +224,9 @@ pub enum Key<'a> {
     Storage,
     Epoch,
     Audit(u64, u64),
+    /// A trashed inode: (deleted at, ns; inode).
+    Trash(u64, Ino),
+    TrashInfo(Ino),
     Unknown,
 }
 
@@ -217,6 +242,10 @@ pub fn parse(k: &[u8]) -> Key<'_> {
     }
     match k.first() {
         Some(b'H') if k.len() == 17 => Key::Audit(
+            u64::from_be_bytes(k[1..9].try_into().unwrap()),
+            u64::from_be_bytes(k[9..17].try_into().unwrap()),
+        ),
+        Some(b'T') if k.len() == 17 => Key::Trash(
             u64::from_be_bytes(k[1..9].try_into().unwrap()),
             u64::from_be_bytes(k[9..17].try_into().unwrap()),
         ),
@@ -243,6 +272,7 @@ pub fn parse(k: &[u8]) -> Key<'_> {
                 b'S' if rest.is_empty() => Key::Symlink(ino),
                 b'X' => Key::Xattr(ino, rest),
                 b'R' if rest.is_empty() => Key::Rdev(ino),
+                b'T' if rest.is_empty() => Key::TrashInfo(ino),
                 _ => Key::Unknown,
             }
         }
@@ -373,6 +403,9 @@ mod tests {
         assert_eq!(parse(SETTING), Key::Setting);
         assert_eq!(parse(STORAGE), Key::Storage);
         assert_eq!(parse(&audit(5, 7)), Key::Audit(5, 7));
+        assert_eq!(parse(&trash(5, 7)), Key::Trash(5, 7));
+        assert_eq!(parse(&trash_info(7)), Key::TrashInfo(7));
+        assert!(trash(5, u64::MAX) < trash(6, 0));
         assert_eq!(prefix_end(b"A\x01\xff"), b"A\x02".to_vec());
         assert!(dentry_prefix(1) < dentry(1, b"") || dentry_prefix(1) == dentry(1, b""));
         assert!(dentry(1, b"\xff\xff") < prefix_end(&dentry_prefix(1)));

@@ -152,8 +152,15 @@ pub struct Settings {
     pub capacity: u64,
     /// Journal entries younger than this are kept (seconds).
     pub journal_retention_secs: u64,
-    /// Freed slices are kept this long before `gc` may delete their blocks (seconds).
+    /// The trash time (seconds; 0: no trash): deleted files and directories, and the data of
+    /// overwritten or truncated files, are kept this long in the trash (`fs::trash`) before
+    /// the primary's background work purges them; freed slices then wait this long again
+    /// before `gc` may delete their blocks.
     pub trash_secs: u64,
+    /// The most bytes the trash keeps (None: no cap): past it, the oldest entries are
+    /// purged first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trash_max_bytes: Option<u64>,
     /// Objects not referenced by metadata are leaked only once older than this (seconds).
     pub gc_grace_secs: u64,
     /// A chunk with more slice records than this is compacted after a write.
@@ -176,6 +183,7 @@ impl Settings {
             capacity: 0,
             journal_retention_secs: 7 * 24 * 3600,
             trash_secs: 0,
+            trash_max_bytes: None,
             gc_grace_secs: 3600,
             compact_threshold: 64,
             created_ns: now_ns(),

@@ -39,7 +39,17 @@ pub fn new_vol(engine: &str) -> Vol {
     let (meta, d1) = crate::meta_url(engine);
     let (store, d2) = crate::store_url("file");
     let o = Command::new(bin("jfs"))
-        .args(["format", &meta, &unique("mv"), "--storage", &store])
+        // The mount tests pin what a delete frees: no trash (integration/tests/trash.rs
+        // tests the trash).
+        .args([
+            "format",
+            &meta,
+            &unique("mv"),
+            "--storage",
+            &store,
+            "--trash",
+            "0s",
+        ])
         .stdin(Stdio::null())
         .output()
         .expect("running jfs format");

@@ -575,6 +575,8 @@ fn gc_deletes_freed_blocks_only_with_delete() {
         "v",
         "--storage",
         &format!("file://{}", store.display()),
+        "--trash",
+        "0s",
     ]);
     let f = tmp.path().join("f");
     std::fs::write(&f, data(1, 6 << 20)).unwrap();

@@ -400,6 +400,8 @@ fn a_killed_puts_temporary_files_are_skipped_and_removed_by_gc_and_reruns() {
         (Some(1), Some(1))
     );
     assert!(ls(&meta, "/d").is_empty());
+    // A partial copy is nobody's data: freed at once, never kept in the trash.
+    assert_eq!(ok(&["trash", &meta, "--json"]).trim(), "[]");
 
     // A rerun of the put removes the leftover beside the file it copies.
     kill_put_midway(&meta, &src.join("big"), "/d/big", "/d");

@@ -258,9 +258,15 @@ pub enum Command {
         /// How long journal entries are kept (e.g. 7d, 12h).
         #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
         journal_retention: std::time::Duration,
-        /// How long freed blocks are kept before gc may delete them.
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        /// The trash time: deleted files and trees, and the previous data of overwritten or
+        /// truncated files, are kept this long (restorable with `jfs restore`), then purged;
+        /// their blocks wait as long again for gc. 0 turns the trash off.
+        #[arg(long, default_value = "1d", value_parser = humantime::parse_duration)]
         trash: std::time::Duration,
+        /// The most bytes the trash keeps (default: no cap); past it the oldest entries are
+        /// purged first, and logged.
+        #[arg(long, value_parser = parse_size)]
+        trash_max_bytes: Option<u64>,
         /// Unreferenced objects younger than this are never deleted by gc.
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         gc_grace: std::time::Duration,
@@ -328,6 +334,10 @@ pub enum Command {
         /// Remove a directory and everything under it.
         #[arg(short = 'r')]
         recursive: bool,
+        /// Free what is removed at once instead of keeping it in the trash (root only; needs
+        /// the volume's writer: not through a RocksDB volume's mount).
+        #[arg(long)]
+        skip_trash: bool,
     },
     /// Rename or move.
     Mv {
@@ -475,6 +485,52 @@ pub enum Command {
     Cutover {
         #[command(subcommand)]
         cmd: CutoverCmd,
+    },
+    /// List the trash, oldest first: time, seq, kind, why, size and the path each entry had
+    /// (root only).
+    Trash {
+        meta_url: String,
+        /// Only what was at this path or under it.
+        #[arg(long)]
+        path: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bring back from the trash (root only): --path P a deleted file or tree as it was
+    /// (names, modes, owners, times, xattrs, symlinks), into /.restored/seq-N/P or with
+    /// --put-back at P; --version P the previous content of file P (the current one goes
+    /// to the trash in turn). Never replaces an entry: what a newer one holds is skipped
+    /// and named (exit 1). A restore is a journaled change: every mirror follows.
+    Restore {
+        meta_url: String,
+        /// The path a deleted file or tree had.
+        #[arg(long, conflicts_with = "version", value_name = "P")]
+        path: Option<String>,
+        /// A file whose previous content comes back (overwritten, truncated or deleted).
+        #[arg(long, value_name = "P")]
+        version: Option<String>,
+        /// The latest entry trashed at or before this time (RFC 3339, UTC), not the latest.
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
+        /// The entry trashed by the commit of this seq (as `jfs trash` lists it).
+        #[arg(long, conflicts_with = "at", value_name = "N")]
+        seq: Option<u64>,
+        /// Put it back where it was (its directory must exist) instead of under /.restored.
+        #[arg(long)]
+        put_back: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the volume's settings, or change them (root only; journaled: mirrors follow).
+    Config {
+        meta_url: String,
+        /// The trash time (e.g. 1d, 12h; 0 turns the trash off and lets the next purge
+        /// free what it holds).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        trash: Option<std::time::Duration>,
+        /// The trash's size cap (e.g. 100G), or `none`.
+        #[arg(long, value_name = "SIZE|none")]
+        trash_max_bytes: Option<String>,
     },
     /// Show settings, counters, journal head and retention.
     Status {

@@ -451,6 +451,9 @@ async fn serve(
     // applied sequence number (a mirror's agent's progress) is published. A mirror's view is
     // read-only here even when its mount writes through to the primary.
     let mirror = matches!(site, volume::Site::Mirror { .. });
+    if !o.read_only && !mirror {
+        workers.spawn(loops::TrashPurger::new(fs.clone()));
+    }
     if o.read_only || mirror {
         mm.mirror_site.set(mirror as i64);
         workers.spawn(loops::ReadOnlyFollower::new(

@@ -178,3 +178,77 @@ impl Worker for ReadOnlyFollower {
         }
     }
 }
+
+/// The trash's purge at the primary (a read-write mount): what is past the trash time, and
+/// over its size cap the oldest entries, are freed through the normal free path
+/// (`Fs::purge_trash`). It reads the settings each round, so a `jfs config --trash` change
+/// holds from then on, here and for this mount's deletes. Never at a mirror: a mirror's
+/// trash is the primary's, replayed.
+pub struct TrashPurger {
+    pub fs: Arc<fs_core::Fs>,
+    pub purged: u64,
+    pub evicted: u64,
+    first: bool,
+}
+
+impl TrashPurger {
+    pub fn new(fs: Arc<fs_core::Fs>) -> TrashPurger {
+        TrashPurger {
+            fs,
+            purged: 0,
+            evicted: 0,
+            first: true,
+        }
+    }
+
+    /// A short trash time is purged within a second of its end; a day's, each minute.
+    fn every(&self) -> Duration {
+        let secs = self.fs.trash_secs();
+        if secs > 0 && secs < 60 {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(60)
+        }
+    }
+}
+
+#[async_trait]
+impl Worker for TrashPurger {
+    fn name(&self) -> String {
+        "trash purge".into()
+    }
+
+    async fn work(&mut self, _stop: &CancellationToken) -> anyhow::Result<WorkerState> {
+        let p = self
+            .fs
+            .purge_trash(fs_core::now_ns())
+            .await
+            .map_err(|e| anyhow::anyhow!("purging the trash: {e}"))?;
+        if p.expired > 0 || p.evicted > 0 {
+            tracing::info!(
+                expired = p.expired,
+                evicted = p.evicted,
+                "purged trash entries (their blocks wait as pending deletes for gc)"
+            );
+        }
+        self.purged += p.expired;
+        self.evicted += p.evicted;
+        Ok(WorkerState::Idle)
+    }
+
+    async fn wait_for_work(&mut self) -> WorkerState {
+        if self.first {
+            self.first = false;
+        } else {
+            tokio::time::sleep(self.every()).await;
+        }
+        WorkerState::Busy
+    }
+
+    fn status(&self) -> WorkerStatus {
+        let mut s = WorkerStatus::default();
+        s.detail.insert("purged".into(), self.purged.into());
+        s.detail.insert("evicted".into(), self.evicted.into());
+        s
+    }
+}

@@ -379,6 +379,22 @@ async fn changed_keys(
                     volume_paths.insert(p);
                 }
             }
+            Op::Restore { .. } => {
+                // Entries put back from the trash (`jfs restore`): each name the entry
+                // gives is content new at its path, as a create's is (a restored directory's
+                // own entries come back in entries of their own).
+                for m in &e.writes {
+                    if let (fs_core::Mutation::Put { .. }, fs_core::keys::Key::Dentry(p, raw)) =
+                        (m, fs_core::keys::parse(m.key()))
+                    {
+                        let name = crate::names::key_of(raw).into_owned();
+                        if let Some(path) = paths.child(p, &name).await {
+                            rewritten_paths.insert(path.clone());
+                            volume_paths.insert(path);
+                        }
+                    }
+                }
+            }
             Op::SetAttr { ino, .. } | Op::Write { ino, .. } | Op::CopyRange { ino, .. } => {
                 let content = match &e.op {
                     Op::SetAttr { set, .. } => set.length.is_some(),

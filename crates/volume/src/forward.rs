@@ -179,7 +179,9 @@ pub fn tree_only(req: &CommitRequest) -> std::result::Result<(), String> {
             | Key::Checksums(_)
             | Key::Kept(_)
             | Key::Refs(_)
-            | Key::Cloning(_) => {}
+            | Key::Cloning(_)
+            | Key::Trash(..)
+            | Key::TrashInfo(_) => {}
             other => {
                 return Err(format!(
                     "a change forwarded from a mirror may touch only the file tree, not {other:?}"

@@ -450,6 +450,10 @@ impl Fs {
         len: u64,
     ) -> Result<()> {
         let old = attr.length;
+        if len == 0 && old > 0 && self.trash_on() {
+            // The old data goes to the trash whole, as an inode of its own (`trash`).
+            return self.trash_truncated(tx, ino, attr).await;
+        }
         if len < old {
             self.free_chunks_from(tx, ino, len.div_ceil(CHUNK_SIZE) as u32)
                 .await?;

@@ -9,6 +9,7 @@ mod layout;
 pub mod namespace;
 mod prefetch;
 mod read;
+pub mod trash;
 
 pub use blockbuf::{BlockBuf, BlockPool};
 pub use budget::{Budget, SPARE};
@@ -95,6 +96,11 @@ pub struct Fs {
     /// `dir_attr_ttl` (zero: off): see `recent_dir_attr`.
     dir_attr_ttl: std::time::Duration,
     dirs_written: std::sync::Mutex<HashMap<Ino, (u64, std::time::Instant, Attr)>>,
+    /// The trash time this process deletes under (seconds, 0: none): the volume's setting,
+    /// followed by `Fs::set_trash_secs` (a mount's background loop reads it again).
+    pub(crate) trash_secs: std::sync::atomic::AtomicU64,
+    /// `jfs rm --skip-trash`: this process frees what it deletes at once.
+    pub(crate) skip_trash: bool,
 }
 
 /// What a mount tells fs-core about its open files, so that unlinking the last name of an
@@ -354,7 +360,6 @@ impl Fs {
         Fs {
             engine,
             store,
-            settings,
             inodes: Mutex::new(IdPool { next: 0, end: 0 }),
             slices: Mutex::new(IdPool { next: 0, end: 0 }),
             io_parallel: 8,
@@ -363,6 +368,9 @@ impl Fs {
             setgid_inherit: false,
             dir_attr_ttl: std::time::Duration::ZERO,
             dirs_written: Default::default(),
+            trash_secs: std::sync::atomic::AtomicU64::new(settings.trash_secs),
+            skip_trash: false,
+            settings,
         }
     }
 
@@ -518,6 +526,7 @@ impl Fs {
             });
             Ok::<_, Error>(())
         })?;
+        self.set_trash_secs(next.trash_secs);
         self.settings = next;
         Ok(seq)
     }

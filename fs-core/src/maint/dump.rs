@@ -76,6 +76,22 @@ pub struct InodeDump {
     /// The session keeping this inode open after its last unlink.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept: Option<String>,
+    /// In the trash: its record (`fs::trash::TrashInfo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trash: Option<TrashDump>,
+}
+
+/// A trashed inode's two records: `trash::TrashInfo` and the stamp of its deletion.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TrashDump {
+    /// The time in its `T` key (ns).
+    pub key_ns: u64,
+    /// `"<seq> <time_ns>"` of the commit that trashed it.
+    pub stamp: String,
+    /// `A<ino>T` as it is (JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<serde_json::Value>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -178,6 +194,28 @@ pub async fn dump(engine: &dyn Engine) -> Result<Dump> {
                 Key::Kept(ino) => {
                     inodes.entry(ino).or_default().kept =
                         Some(String::from_utf8_lossy(&v).into_owned())
+                }
+                Key::Trash(at, ino) => {
+                    let t = inodes
+                        .entry(ino)
+                        .or_default()
+                        .trash
+                        .get_or_insert_with(Default::default);
+                    t.key_ns = at;
+                    t.stamp = encode_name(&v);
+                }
+                Key::TrashInfo(ino) => {
+                    let info = serde_json::from_slice(&v).map_err(|e| {
+                        corrupt(format!(
+                            "the trash record of inode {ino} does not decode: {e}"
+                        ))
+                    })?;
+                    inodes
+                        .entry(ino)
+                        .or_default()
+                        .trash
+                        .get_or_insert_with(Default::default)
+                        .info = Some(info);
                 }
                 Key::Xattr(ino, name) => {
                     inodes
@@ -428,6 +466,17 @@ fn dump_pairs(d: &Dump) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         }
         if let Some(sid) = &n.kept {
             out.push((keys::kept(ino), sid.as_bytes().to_vec()));
+        }
+        if let Some(t) = &n.trash {
+            if !t.stamp.is_empty() {
+                out.push((keys::trash(t.key_ns as i64, ino), decode_name(&t.stamp)?));
+            }
+            if let Some(info) = &t.info {
+                out.push((
+                    keys::trash_info(ino),
+                    serde_json::to_vec(info).expect("JSON serializes"),
+                ));
+            }
         }
     }
     Ok(out)

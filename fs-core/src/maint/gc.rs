@@ -65,6 +65,11 @@ pub struct GcReport {
     /// A storage cutover in progress (its phase): gc deletes no block from either store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cutover: Option<String>,
+    /// Trash entries purged (with --delete): past the trash time, and evicted by its cap.
+    #[serde(default)]
+    pub trash_expired: u64,
+    #[serde(default)]
+    pub trash_evicted: u64,
 }
 
 impl Fs {
@@ -94,6 +99,11 @@ impl Fs {
             let r = self.reap_sessions(opts.session_timeout).await?;
             rep.kept_released = r.inodes;
             rep.sessions_removed = r.sessions;
+            // The trash's expired entries (and what its cap evicts) are freed here too, so
+            // their slices are counted below as pending deletes.
+            let p = self.purge_trash(opts.now_ns).await?;
+            rep.trash_expired = p.expired;
+            rep.trash_evicted = p.evicted;
         }
         // 0b. Clones whose writer is dead: dropped before the pass below counts references.
         for st in self.clones_in_progress().await? {
@@ -169,7 +179,7 @@ impl Fs {
             }
             rep.temps_dead += 1;
             if opts.delete {
-                match self.unlink(parent, &name).await {
+                match self.unlink_temp(parent, &name).await {
                     Ok(()) => rep.temps_removed += 1,
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
                     Err(e) => return Err(e.context("removing a dead copy's temporary file")),

@@ -34,6 +34,8 @@ pub struct Status {
     pub moved: Option<crate::site::Moved>,
     /// Where blocks go (the cutover state).
     pub placement: String,
+    /// The trash: entries, bytes, and how many its size cap evicted.
+    pub trash: crate::fs::trash::TrashUsage,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -87,6 +89,7 @@ impl Fs {
                 })
                 .collect(),
             kept_inodes: self.kept_inodes().await?.len() as u64,
+            trash: self.trash_usage().await?,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! The primary's background work, as `background::Worker`s under the primary's supervisor:
 //! `primary status` (the status document and metrics), `slot lease` (the lease), `journal
-//! maintenance` (the retention cap and the journal trim behind the slowest active mirror).
+//! maintenance` (the retention cap, the journal trim behind the slowest active mirror, and
+//! the purge of what expired in the volume's trash).
 
 use super::lease::LEASE_EVERY;
 use super::*;
@@ -38,6 +39,7 @@ pub(super) fn start(p: &Arc<Primary>) {
         p: p.clone(),
         tick: ticker(p.cfg.trim_interval),
         trim_unsupported: false,
+        trash: None,
     });
 }
 
@@ -116,6 +118,9 @@ struct MaintenanceWorker {
     tick: tokio::time::Interval,
     /// The volume is open read-only here: trimming is left to `jfs gc`.
     trim_unsupported: bool,
+    /// The volume over its metadata, for the trash's purge (None: not yet opened);
+    /// `Some(None)`: read-only here (a RocksDB volume: its read-write mount purges).
+    trash: Option<Option<fs_core::Fs>>,
 }
 
 #[async_trait::async_trait]
@@ -143,11 +148,50 @@ impl Worker for MaintenanceWorker {
                 Err(e) => return Err(anyhow::Error::new(e).context("trimming the journal")),
             }
         }
+        if !matches!(self.trash, Some(None)) {
+            self.purge_trash().await?;
+        }
         caps.map(|()| WorkerState::Idle)
     }
     async fn wait_for_work(&mut self) -> WorkerState {
         self.tick.tick().await;
         WorkerState::Busy
+    }
+}
+
+impl MaintenanceWorker {
+    /// The trash's expired entries (and, over its cap, the oldest) freed through the normal
+    /// free path: the primary's background work where no read-write mount runs (Redis,
+    /// PostgreSQL). A mirror never purges: its trash is the primary's, replayed.
+    async fn purge_trash(&mut self) -> Result<()> {
+        if self.trash.is_none() {
+            // A purge frees metadata only (its slices become pending deletes, which gc
+            // deletes later): no block is read or written, so no store is opened.
+            let store = volume::open_store("memory://trash-purge", None)?;
+            let fs = fs_core::Fs::open(self.p.engine.clone(), store)
+                .await
+                .context("opening the volume to purge its trash")?;
+            self.trash = Some(Some(fs));
+        }
+        let Some(Some(fs)) = &self.trash else {
+            return Ok(());
+        };
+        match fs.purge_trash(fs_core::now_ns()).await {
+            Ok(p) if p.expired > 0 || p.evicted > 0 => {
+                tracing::info!(
+                    expired = p.expired,
+                    evicted = p.evicted,
+                    "purged trash entries (their blocks wait as pending deletes for gc)"
+                );
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ReadOnly => {
+                self.trash = Some(None);
+                tracing::info!("the volume is open read-only here (RocksDB has one writer): its read-write mount, or `jfs gc --delete`, purges the trash");
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("purging the trash")),
+        }
+        Ok(())
     }
 }
 

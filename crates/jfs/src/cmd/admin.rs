@@ -18,7 +18,7 @@ pub async fn format(
     block_size: u64,
     capacity: u64,
     retention: Duration,
-    trash: Duration,
+    (trash, trash_max_bytes): (Duration, Option<u64>),
     grace: Duration,
 ) -> Result<Outcome> {
     // Validate everything before touching metadata: nothing is written on bad input.
@@ -26,6 +26,7 @@ pub async fn format(
     s.capacity = capacity;
     s.journal_retention_secs = retention.as_secs();
     s.trash_secs = trash.as_secs();
+    s.trash_max_bytes = trash_max_bytes;
     s.gc_grace_secs = grace.as_secs();
     s.validate()?;
     objstore::check_url(storage)?;
@@ -594,6 +595,12 @@ pub fn print_gc(r: &maint::GcReport, delete: bool, json: bool) -> Result<Outcome
             "clones whose writer died before linking them: {} ({} dropped)",
             r.clones_dead, r.clones_dropped
         );
+        if delete {
+            println!(
+                "trash entries purged: {} past the trash time, {} evicted by its size cap",
+                r.trash_expired, r.trash_evicted
+            );
+        }
         if let Some(c) = &r.cutover {
             println!("a storage cutover is in progress ({c}): no block is deleted from either store until `jfs cutover finish` or `abort`");
         } else if !delete
@@ -761,6 +768,16 @@ pub async fn status(fs: &Fs, json: bool) -> Result<Outcome> {
     println!(
         "pending     {} freed slices awaiting gc (trash {}s)",
         s.pending_deletes, s.settings.trash_secs
+    );
+    println!(
+        "trash       {} entries, {} bytes (trash time {}s, cap {}); {} evicted by the cap",
+        s.trash.entries,
+        s.trash.bytes,
+        s.settings.trash_secs,
+        s.settings
+            .trash_max_bytes
+            .map_or("none".to_string(), |c| format!("{c} bytes")),
+        s.trash.evicted
     );
     let live = s.sessions.iter().filter(|x| x.live).count();
     println!(

@@ -6,6 +6,7 @@ mod fsops;
 mod mount;
 mod through;
 mod transfer;
+mod trash;
 
 use crate::cli::{Cli, Command, Global};
 use anyhow::{bail, Context, Result};
@@ -63,6 +64,7 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             capacity,
             journal_retention,
             trash,
+            trash_max_bytes,
             gc_grace,
         } => {
             admin::format(
@@ -73,7 +75,7 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
                 block_size,
                 capacity,
                 journal_retention,
-                trash,
+                (trash, trash_max_bytes),
                 gc_grace,
             )
             .await
@@ -142,7 +144,11 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             meta_url,
             path,
             recursive,
+            skip_trash,
         } => {
+            if skip_trash {
+                trash::root_only("jfs rm --skip-trash")?;
+            }
             let raw = path;
             let path = vol_path(&raw)?;
             if path.is_root() {
@@ -155,7 +161,14 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             // A trailing slash names a directory: never a link or a file under that name.
             let dir_only = raw.ends_with('/');
             match mount::writer_or_mount(g, &meta_url).await? {
-                Ok(fs) => fsops::rm(&fs, &path, recursive, dir_only).await,
+                Ok(mut fs) => {
+                    fs.set_skip_trash(skip_trash);
+                    fsops::rm(&fs, &path, recursive, dir_only).await
+                }
+                Err(mp) if skip_trash => bail!(
+                    "rm --skip-trash {path}: the volume is mounted read-write at {} (its one writer), whose deletes go to the trash: unmount it first, or remove without --skip-trash and let the trash time pass",
+                    cli_common::names::quote(mp.as_os_str().as_encoded_bytes())
+                ),
                 Err(mp) => through::Root::open(&mp)?.rm(&path, recursive, dir_only),
             }
         }
@@ -267,6 +280,47 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             json,
         } => admin::journal(&*open_engine(g, &meta_url, true).await?, from, follow, json).await,
         Command::Cutover { cmd } => cutover::run(g, cmd).await,
+        Command::Trash {
+            meta_url,
+            path,
+            json,
+        } => trash::list(g, &meta_url, path.as_deref(), json).await,
+        Command::Restore {
+            meta_url,
+            path,
+            version,
+            at,
+            seq,
+            put_back,
+            json,
+        } => {
+            trash::restore(
+                g,
+                &meta_url,
+                trash::RestoreArgs {
+                    path: path.as_deref(),
+                    version: version.as_deref(),
+                    at: at.as_deref(),
+                    seq,
+                    put_back,
+                    json,
+                },
+            )
+            .await
+        }
+        Command::Config {
+            meta_url,
+            trash,
+            trash_max_bytes,
+        } => {
+            let cap = trash_max_bytes
+                .map(|c| {
+                    trash::parse_cap(&c)
+                        .map_err(|e| anyhow::anyhow!("--trash-max-bytes {c:?}: {e}"))
+                })
+                .transpose()?;
+            trash::config(g, &meta_url, trash, cap).await
+        }
         Command::Status { meta_url, json } => {
             admin::status(&open_fs(g, &meta_url, true).await?, json).await
         }

@@ -267,7 +267,7 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
     let file = match std::fs::File::open(&job.local) {
         Ok(f) => Arc::new(f),
         Err(e) => {
-            let _ = fs.unlink(job.parent, &tmp).await;
+            let _ = fs.unlink_temp(job.parent, &tmp).await;
             return Err(unreadable(&job.local, "opening", e));
         }
     };
@@ -322,7 +322,7 @@ async fn put_file(fs: &Fs, ctx: &PutCtx, job: &PutJob, progress: &Progress) -> R
         Err(e) => Err(e),
     };
     if let Err(e) = result {
-        let _ = fs.unlink(job.parent, &tmp).await;
+        let _ = fs.unlink_temp(job.parent, &tmp).await;
         progress.undo_bytes(counted.load(std::sync::atomic::Ordering::Relaxed));
         return Err(e.context(format!("copying {}", shown(&job.local))));
     }

@@ -271,7 +271,7 @@ impl Sink for VolumeSink {
         Ok(())
     }
     async fn abort(self: Box<Self>) {
-        let _ = self.fs.unlink(self.parent, &bytes_of(&self.tmp)).await;
+        let _ = self.fs.unlink_temp(self.parent, &bytes_of(&self.tmp)).await;
     }
 }
 
@@ -347,7 +347,7 @@ impl Endpoint for VolumeEndpoint {
         let ino = match self.fs.create(parent, &t, 0o600, Owner::default()).await {
             Ok((ino, _)) => ino,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                self.fs.unlink(parent, &t).await?;
+                self.fs.unlink_temp(parent, &t).await?;
                 self.fs.create(parent, &t, 0o600, Owner::default()).await?.0
             }
             Err(e) => return Err(e.into()),

@@ -320,17 +320,24 @@ impl Fs {
     /// file open (see `Keeper`), the inode is *kept* (`O<ino>` names the session) until its
     /// last close; otherwise it is deleted and its slices go to the pending-delete set.
     /// Returns whether the inode was freed.
-    async fn drop_link(
+    /// With the trash on, the last link's inode goes to the trash instead (`from` says where
+    /// it was and why), whether open or not: it keeps every record, so open handles go on.
+    pub(crate) async fn drop_link(
         &self,
         tx: &mut Txn<'_>,
         ino: Ino,
         mut attr: Attr,
         now: i64,
+        from: crate::fs::trash::From<'_>,
     ) -> Result<bool> {
         attr.nlink = attr.nlink.saturating_sub(1);
         attr.ctime = now;
         if attr.nlink > 0 {
             put_attr(tx, ino, &attr);
+            return Ok(false);
+        }
+        if from.force || (!from.never && self.trash_on()) {
+            self.trash_inode(tx, ino, &attr, from, now);
             return Ok(false);
         }
         if let Some(k) = self.keeper.as_ref().filter(|k| k.is_open(ino)) {
@@ -344,7 +351,7 @@ impl Fs {
 
     /// Delete an inode without links: its chunks (slices to pending deletes), xattrs, target,
     /// device number and attributes.
-    async fn free_inode(&self, tx: &mut Txn<'_>, ino: Ino, attr: &Attr) -> Result<()> {
+    pub(crate) async fn free_inode(&self, tx: &mut Txn<'_>, ino: Ino, attr: &Attr) -> Result<()> {
         if attr.kind == FileKind::File {
             self.free_file_chunks(tx, ino, attr.length).await?;
         } else {
@@ -408,7 +415,7 @@ impl Fs {
 }
 
 /// Delete every extended attribute of `ino`, and its attributes.
-async fn delete_xattrs_and_attr(tx: &mut Txn<'_>, ino: Ino) -> Result<()> {
+pub(crate) async fn delete_xattrs_and_attr(tx: &mut Txn<'_>, ino: Ino) -> Result<()> {
     let prefix = keys::xattr_prefix(ino);
     for (k, _) in tx
         .scan(&prefix, &keys::prefix_end(&prefix), usize::MAX)

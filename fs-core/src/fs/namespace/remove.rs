@@ -5,6 +5,7 @@
 use super::touch_dir;
 use crate::engine::Follow;
 use crate::error::{invalid, not_found, Error, ErrorKind, Result};
+use crate::fs::trash::{self, Why};
 use crate::fs::{
     check_name, get_attr, get_dir, lookup_entry, lossy, prefetch_entry_and_inode, put_attr,
     transact, Fs,
@@ -16,6 +17,17 @@ use crate::types::{now_ns, FileKind, Ino, ROOT_INO};
 
 impl Fs {
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.unlink_as(parent, name, false).await
+    }
+
+    /// Unlink the temporary file of an unfinished copy (a failed or killed `jfs put` or
+    /// `jfs-sync`, found by `gc`): freed at once, never kept in the trash (it is nobody's
+    /// data, and a day of it per failed copy of a checkpoint is space nobody asked for).
+    pub async fn unlink_temp(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.unlink_as(parent, name, true).await
+    }
+
+    async fn unlink_as(&self, parent: Ino, name: &[u8], temp: bool) -> Result<()> {
         transact!(self, |tx| {
             // The parent, the name, the inode and its first chunk in one call: a file of up
             // to one chunk that goes needs nothing more to be freed (`free_file_chunks`).
@@ -32,10 +44,14 @@ impl Fs {
             }
             let attr = get_attr(&mut tx, ino).await?;
             let now = now_ns();
+            let from = trash::From {
+                never: temp,
+                ..trash::From::new(parent, name, Why::Deleted).dir_mtime(pattr.mtime)
+            };
             tx.delete(keys::dentry(parent, name));
             touch_dir(&mut pattr, now);
             put_attr(&mut tx, parent, &pattr);
-            let freed = self.drop_link(&mut tx, ino, attr, now).await?;
+            let freed = self.drop_link(&mut tx, ino, attr, now, from).await?;
             tx.set_op(Op::Unlink {
                 parent,
                 name: lossy(name),
@@ -77,11 +93,18 @@ impl Fs {
                     format!("{:?} is not a directory", lossy(name)),
                 ));
             }
-            get_attr(&mut tx, ino).await?; // guard for the emptiness scan
+            let attr = get_attr(&mut tx, ino).await?; // guard for the emptiness scan
             Self::check_empty_dir(&mut tx, ino).await?;
-            Self::remove_dir_inode(&mut tx, ino).await?;
+            let now = now_ns();
+            if self.trash_on() {
+                // Kept with its own record: what was deleted inside it points at it.
+                let from = trash::From::new(parent, name, Why::Deleted).dir_mtime(pattr.mtime);
+                self.trash_inode(&mut tx, ino, &attr, from, now);
+            } else {
+                Self::remove_dir_inode(&mut tx, ino).await?;
+            }
             tx.delete(keys::dentry(parent, name));
-            touch_dir(&mut pattr, now_ns());
+            touch_dir(&mut pattr, now);
             pattr.nlink = pattr.nlink.saturating_sub(1);
             put_attr(&mut tx, parent, &pattr);
             tx.set_op(Op::Rmdir {
@@ -168,7 +191,12 @@ impl Fs {
                 match (kind == FileKind::Dir, tkind == FileKind::Dir) {
                     (true, true) => {
                         Self::check_empty_dir(&mut tx, tino).await?;
-                        Self::remove_dir_inode(&mut tx, tino).await?;
+                        if self.trash_on() {
+                            let from = trash::From::new(new_parent, new_name, Why::Deleted);
+                            self.trash_inode(&mut tx, tino, &tattr, from, now);
+                        } else {
+                            Self::remove_dir_inode(&mut tx, tino).await?;
+                        }
                         let target_parent = npattr.as_mut().unwrap_or(&mut pattr);
                         target_parent.nlink = target_parent.nlink.saturating_sub(1);
                     }
@@ -185,7 +213,8 @@ impl Fs {
                         ))
                     }
                     (false, false) => {
-                        self.drop_link(&mut tx, tino, tattr, now).await?;
+                        let from = trash::From::new(new_parent, new_name, Why::Overwritten);
+                        self.drop_link(&mut tx, tino, tattr, now, from).await?;
                     }
                 }
                 replaced = Some(tino);
