@@ -209,7 +209,7 @@ fn holds(url: &str, o: &Owner, s: &Settings) -> Result<()> {
     Err(Error::new(
         ErrorKind::ReadOnly,
         format!(
-            "the blocks of volume {:?} in {url} are held by other metadata: a `jfs load` of a dump of this volume took the store over at {}. This metadata is retired: writing here would overwrite the loaded volume's blocks, and its gc would delete them. Use the metadata the dump was loaded into",
+            "the blocks of volume {:?} in {url} are held by other metadata: a `jfs load` of a dump of this volume (or a `jfs recover` of its backups) took the store over at {}. This metadata is retired: writing here would overwrite the loaded volume's blocks, and its gc would delete them. Use the metadata the dump was loaded (or recovered) into",
             o.name,
             rfc3339(o.since_ns)
         ),

@@ -49,6 +49,8 @@ pub struct Primary {
     metrics: Arc<Metrics>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     uuid: String,
+    /// The volume's store URL (where the metadata backups go).
+    storage: String,
     /// One live connection per mirror: a newer one cancels the older.
     conns: std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>,
     next_conn: AtomicU64,
@@ -119,6 +121,7 @@ impl Primary {
             metrics,
             tls,
             uuid: settings.uuid,
+            storage: settings.storage,
             conns: Default::default(),
             next_conn: AtomicU64::new(1),
             slot_lock: tokio::sync::Mutex::new(()),
