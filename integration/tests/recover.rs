@@ -36,10 +36,18 @@ fn ok(args: &[&str]) -> String {
 
 /// The volume's journal head (its last entry).
 fn head(meta: &str) -> u64 {
+    head_at(meta).0
+}
+
+/// The volume's last journal entry: its seq and commit time (RFC 3339).
+fn head_at(meta: &str) -> (u64, String) {
     let out = ok(&["journal", meta, "--json"]);
     let last: serde_json::Value =
         serde_json::from_str(out.lines().last().expect("a journal entry")).unwrap();
-    last["seq"].as_u64().unwrap()
+    (
+        last["seq"].as_u64().unwrap(),
+        last["time"].as_str().unwrap().to_string(),
+    )
 }
 
 /// `jfs recover --list --json`, or None while there is no snapshot yet.
@@ -171,7 +179,7 @@ fn scenario(engine: &str) {
     std::fs::write(mnt.mp.join("keep-me"), &keep).unwrap();
     std::fs::create_dir(mnt.mp.join("w")).unwrap();
     // Instant 1: keep-me exists, w is empty.
-    let h1 = head(&meta);
+    let (h1, t1_time) = head_at(&meta);
     wait_shipped(&store, &name, h1, 1);
     // The writer: one file at a time, each line of `acked` written once its close returned.
     let acked = dir.path().join("acked");
@@ -184,6 +192,8 @@ fn scenario(engine: &str) {
     let mut writer = Command::new("sh")
         .args(["-c", &script])
         .stdin(Stdio::null())
+        // Its copies fail once the mount is killed below: expected.
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let acked_now = || -> Vec<String> {
@@ -292,6 +302,27 @@ fn scenario(engine: &str) {
     let fsck = jfs(&["fsck", &old, "--deep"]);
     assert!(fsck.status.success(), "{}", text(&fsck));
 
+    // The same instant by time, for reading only (the store stays `old`'s).
+    let (at, _at) = meta_url(engine);
+    let out = ok(&[
+        "recover",
+        &store,
+        "--name",
+        &name,
+        &at,
+        "--at",
+        &t1_time,
+        "--no-take-over",
+        "--json",
+    ]);
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["seq"].as_u64(), Some(h1), "--at {t1_time}: {r}");
+    assert!(jfs(&["cat", &at, "/keep-me"]).stdout == keep);
+    let o = jfs(&["mkdir", &at, "/x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("held by other metadata"), "{}", text(&o));
+    ok(&["mkdir", &old, "/x"]);
+
     // Metadata that holds anything is refused, and left as it was.
     let o = jfs(&["recover", &store, "--name", &name, &old]);
     let msg = integration::fails_clearly(&o, "is not empty");
@@ -377,6 +408,60 @@ fn scenario(engine: &str) {
     }
     assert!(any, "no recovery read the damaged part");
     std::fs::write(&part, &whole).unwrap();
+}
+
+/// `runbooks/recover-metadata.md`, each step as written, its output compared.
+#[test]
+fn the_recover_metadata_runbook_does_what_it_says() {
+    use integration::runbook;
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, _m) = meta_url("rocksdb");
+    let (store, _s) = store_url("file");
+    let name = unique("rb");
+    ok(&["format", &meta, &name, "--storage", &store]);
+    let tree = dir.path().join("run-7");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..5u64 {
+        std::fs::write(tree.join(format!("ckpt-{i}")), data(i, 50_000 + i as usize)).unwrap();
+    }
+    ok(&["mkdir", &meta, "/projects"]);
+    ok(&["put", &meta, tree.to_str().unwrap(), "/projects/run-7"]);
+    ok(&["backup", &meta, "--now"]);
+    let seq = head(&meta).to_string();
+    ok(&["rm", "-r", &meta, "/projects/run-7"]);
+    ok(&[
+        "put",
+        &meta,
+        tree.join("ckpt-0").to_str().unwrap(),
+        "/after",
+    ]);
+    ok(&["backup", &meta, "--now"]);
+    std::fs::remove_dir_all(meta.trim_start_matches("rocksdb://")).unwrap();
+    let (new, _n) = meta_url("rocksdb");
+    let (other, _o) = meta_url("rocksdb");
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let env = [
+        ("STORE_URL", store.as_str()),
+        ("NAME", name.as_str()),
+        ("NEW_META_URL", new.as_str()),
+        ("OTHER_META_URL", other.as_str()),
+        ("SEQ", seq.as_str()),
+        ("SCRATCH", scratch.to_str().unwrap()),
+    ];
+    runbook::run_checked("recover-metadata", "list", &env);
+    runbook::run_checked("recover-metadata", "recover", &env);
+    runbook::run_checked("recover-metadata", "check", &env);
+    assert!(jfs(&["cat", &new, "/after"]).stdout == data(0, 50_000));
+    assert!(!jfs(&["cat", &new, "/projects/run-7/ckpt-0"])
+        .status
+        .success());
+    runbook::run_checked("recover-metadata", "earlier", &env);
+    // The deleted tree is back in the volume, byte for byte.
+    for i in 0..5u64 {
+        let o = jfs(&["cat", &new, &format!("/projects/run-7/ckpt-{i}")]);
+        assert!(o.stdout == data(i, 50_000 + i as usize), "ckpt-{i}");
+    }
 }
 
 #[test]

@@ -424,6 +424,11 @@ pub enum Command {
         /// Show the snapshots and the recoverable range instead.
         #[arg(long)]
         list: bool,
+        /// Leave the store to the metadata that holds it now (a live volume): the
+        /// recovered metadata is for reading what an earlier instant held (`jfs get`, `jfs
+        /// cat`, a read-only mount); its writers are refused.
+        #[arg(long)]
+        no_take_over: bool,
         #[arg(long)]
         json: bool,
     },

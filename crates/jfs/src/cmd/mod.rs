@@ -260,6 +260,7 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             seq,
             at,
             list,
+            no_take_over,
             json,
         } => {
             recover::recover(
@@ -267,9 +268,9 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
                 &store_url,
                 new_meta_url.as_deref(),
                 &name,
-                seq,
-                at.as_deref(),
+                (seq, at.as_deref()),
                 list,
+                !no_take_over,
                 json,
             )
             .await

@@ -97,9 +97,9 @@ pub async fn recover(
     store_url: &str,
     new_meta: Option<&str>,
     name: &str,
-    seq: Option<u64>,
-    at: Option<&str>,
+    (seq, at): (Option<u64>, Option<&str>),
     list: bool,
+    take: bool,
     json: bool,
 ) -> Result<Outcome> {
     let store = volume::open_store(store_url, g.endpoint.as_deref())
@@ -136,12 +136,12 @@ pub async fn recover(
     let r = backup::recover(&*engine, &*store, name, target)
         .await
         .with_context(|| format!("recovering volume {name:?} into {}", engine.display_url()))?;
-    let settings = take_over(&*engine, &*store).await?;
+    let settings = take_over(&*engine, &*store, take).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         println!(
-            "recovered volume {:?} as of seq {} ({}) into {}: snapshot seq {} ({} keys) and {} journal entries; it now holds the blocks in {}",
+            "recovered volume {:?} as of seq {} ({}) into {}: snapshot seq {} ({} keys) and {} journal entries; {} {}",
             settings.name,
             r.seq,
             rfc3339(r.time_ns),
@@ -149,6 +149,11 @@ pub async fn recover(
             r.snapshot_seq,
             r.pairs,
             r.entries,
+            if take {
+                "it now holds the blocks in"
+            } else {
+                "for reading only: the blocks stay held by the metadata that holds them now, in"
+            },
             store.display_url(),
         );
     }
@@ -158,7 +163,13 @@ pub async fn recover(
 /// The recovered metadata holds the store from now on, as `jfs load`'s does: a new
 /// incarnation (so the metadata it came from, if it still runs, is refused as a writer), its
 /// id counters moved past what that one may still hand out, and the store's owner record.
-async fn take_over(engine: &dyn Engine, store: &dyn BlockStore) -> Result<fs_core::Settings> {
+/// Without `take`, the owner record stays: the new incarnation is then refused as a writer
+/// (for reading only).
+async fn take_over(
+    engine: &dyn Engine,
+    store: &dyn BlockStore,
+    take: bool,
+) -> Result<fs_core::Settings> {
     let mut tx = Txn::new(engine);
     let mut s: fs_core::Settings = serde_json::from_slice(
         &tx.get(keys::SETTING)
@@ -181,9 +192,11 @@ async fn take_over(engine: &dyn Engine, store: &dyn BlockStore) -> Result<fs_cor
     if let fs_core::CommitOutcome::Conflict = tx.commit().await? {
         bail!("the recovered metadata changed while it was being taken over: nothing else may write it yet; recover again into empty metadata");
     }
-    fs_core::owner::take_over(store, &s)
-        .await
-        .context("taking over the store for the recovered metadata")?;
+    if take {
+        fs_core::owner::take_over(store, &s)
+            .await
+            .context("taking over the store for the recovered metadata")?;
+    }
     Ok(s)
 }
 
