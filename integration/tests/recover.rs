@@ -478,3 +478,56 @@ fn redis_metadata_flushed_under_load_is_recovered_from_the_store() {
 fn postgres_schema_dropped_under_load_is_recovered_from_the_store() {
     scenario("postgres");
 }
+
+/// Exactly one process backs up: the primary agent while its lease is alive, otherwise the
+/// live writing session with the smallest id; never a read-only one, never at a mirror.
+#[tokio::test]
+async fn one_backup_writer_the_agent_first_then_the_smallest_writing_session() {
+    use fs_core::maint::backup::{my_turn, AGENT_LEASE};
+    use fs_core::session::{self, Session};
+    let (url, _d) = meta_url("rocksdb");
+    let e = integration::open_engine(&url).await;
+    let (mut a, mut b, mut ro) = (
+        Session::new("/a", false),
+        Session::new("/b", false),
+        Session::new("/ro", true),
+    );
+    // Ids decide, whatever order the mounts came in.
+    if a.id > b.id {
+        std::mem::swap(&mut a, &mut b);
+    }
+    ro.id = "0000000000000000".into();
+    for s in [&a, &b, &ro] {
+        session::put(&*e, s).await.unwrap();
+    }
+    let turns = |e: std::sync::Arc<dyn fs_core::Engine>, a: String, b: String, ro: String| async move {
+        (
+            my_turn(&*e, Some(&a)).await.unwrap(),
+            my_turn(&*e, Some(&b)).await.unwrap(),
+            my_turn(&*e, Some(&ro)).await.unwrap(),
+            my_turn(&*e, None).await.unwrap(),
+        )
+    };
+    let t = || turns(e.clone(), a.id.clone(), b.id.clone(), ro.id.clone());
+    assert_eq!(t().await, (true, false, false, true), "no agent: the smallest writer");
+    // A live agent lease: the agent alone.
+    let lease = serde_json::json!({"pid": 1, "host": "h", "beat_ns": fs_core::now_ns()});
+    e.aux_put(AGENT_LEASE, Some(lease.to_string().as_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(t().await, (false, false, false, true), "a live agent");
+    // A stale one: the mounts again.
+    let stale = serde_json::json!({"pid": 1, "host": "h", "beat_ns": fs_core::now_ns() - 60_000_000_000i64});
+    e.aux_put(AGENT_LEASE, Some(stale.to_string().as_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(t().await, (true, false, false, true), "a stale agent");
+    // The smallest writer gone: the next one.
+    session::remove(&*e, &a.id).await.unwrap();
+    assert_eq!(t().await, (false, true, false, true), "after a's end");
+    // At a mirror: nobody.
+    let (u2, _d2) = meta_url("rocksdb");
+    let e2 = integration::replica(&u2).await;
+    assert!(!my_turn(&*e2, None).await.unwrap());
+    assert!(!my_turn(&*e2, Some(&b.id)).await.unwrap());
+}

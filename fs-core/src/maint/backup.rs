@@ -1034,10 +1034,16 @@ mod tests {
             m(6, 0, now),
         ];
         let k: Vec<u64> = keep(&snaps, &b, now).into_iter().collect();
-        // 6 the newest; 5 the oldest of this hour; 4 of the hour before; 2 the oldest of
-        // yesterday, 5 of today's day bucket... (1 is three days old: gone).
-        assert!(k.contains(&6) && k.contains(&5) && k.contains(&4), "{k:?}");
-        assert!(!k.contains(&1), "{k:?}");
+        // 6 the newest; 5 the oldest of this hour (and of today: `now` is just past
+        // midnight); 4 of the hour before (and of yesterday); 1, 2, 3 are older than both.
+        assert_eq!(k, vec![4, 5, 6]);
+        // Four days: the oldest of the day before yesterday (2) and of the day before (1).
+        let b4 = BackupSettings {
+            keep_daily: 4,
+            ..b.clone()
+        };
+        let k: Vec<u64> = keep(&snaps, &b4, now).into_iter().collect();
+        assert_eq!(k, vec![1, 2, 4, 5, 6]);
     }
 
     #[test]
