@@ -509,7 +509,11 @@ async fn one_backup_writer_the_agent_first_then_the_smallest_writing_session() {
         )
     };
     let t = || turns(e.clone(), a.id.clone(), b.id.clone(), ro.id.clone());
-    assert_eq!(t().await, (true, false, false, true), "no agent: the smallest writer");
+    assert_eq!(
+        t().await,
+        (true, false, false, true),
+        "no agent: the smallest writer"
+    );
     // A live agent lease: the agent alone.
     let lease = serde_json::json!({"pid": 1, "host": "h", "beat_ns": fs_core::now_ns()});
     e.aux_put(AGENT_LEASE, Some(lease.to_string().as_bytes()))

@@ -16,6 +16,10 @@ pub const BACKUP_TICK: Duration = Duration::from_secs(1);
 pub struct BackupWorker {
     engine: Arc<dyn Engine>,
     store: Arc<dyn BlockStore>,
+    /// The agent's: the URL `store` was opened from, opened again when the volume's storage
+    /// record names another single store (a cutover finished). A mount's store is its own
+    /// stack, which follows the record itself (and writes both stores during a cutover).
+    follow_url: Option<String>,
     /// This mount's session id; None: the primary agent.
     session: Option<String>,
     runner: Runner,
@@ -38,6 +42,7 @@ impl BackupWorker {
         BackupWorker {
             engine,
             store,
+            follow_url: None,
             session,
             runner: Runner::default(),
             tick,
@@ -50,12 +55,52 @@ impl BackupWorker {
     }
 }
 
+impl BackupWorker {
+    /// A failed step: logged, counted, retried at the next tick from what the store holds.
+    fn note(&mut self, e: anyhow::Error) {
+        self.runner = Runner::default();
+        self.failures += 1;
+        let msg = format!("{e:#}");
+        tracing::warn!(error = %msg, "metadata backup step failed (retried)");
+        self.last_failure = Some(msg);
+    }
+
+    /// The primary agent's worker: its store opened from the volume's storage record.
+    pub fn for_agent(engine: Arc<dyn Engine>, url: &str) -> anyhow::Result<BackupWorker> {
+        let store = crate::open_store(url, None)?;
+        let mut w = BackupWorker::new(engine, store, None);
+        w.follow_url = Some(url.to_string());
+        Ok(w)
+    }
+
+    async fn follow_store(&mut self) -> anyhow::Result<()> {
+        let Some(url) = &self.follow_url else {
+            return Ok(());
+        };
+        let s = fs_core::Fs::load_settings(&*self.engine).await?;
+        let st = fs_core::storage::current(&*self.engine, &s.storage).await?;
+        if let fs_core::storage::Phase::Single { store } = &st.phase {
+            if store != url {
+                tracing::info!(from = %url, to = %store, "metadata backups follow the volume to its new store");
+                self.store = crate::open_store(store, None)?;
+                self.follow_url = Some(store.clone());
+                self.runner = Runner::default();
+            }
+        }
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Worker for BackupWorker {
     fn name(&self) -> String {
         "metadata backup".into()
     }
     async fn work(&mut self, _stop: &CancellationToken) -> anyhow::Result<WorkerState> {
+        if let Err(e) = self.follow_store().await {
+            self.note(anyhow::Error::from(e).context("following the volume's store"));
+            return Ok(WorkerState::Idle);
+        }
         let r = async {
             if !my_turn(&*self.engine, self.session.as_deref()).await? {
                 // Another process does it: start from the store again when the turn comes.
@@ -75,12 +120,7 @@ impl Worker for BackupWorker {
         }
         .await;
         if let Err(e) = r {
-            // Retried at the next tick, from what the store holds.
-            self.runner = Runner::default();
-            self.failures += 1;
-            let msg = format!("{e:#}");
-            tracing::warn!(error = %msg, "metadata backup step failed (retried)");
-            self.last_failure = Some(msg);
+            self.note(anyhow::Error::from(e));
         }
         Ok(WorkerState::Idle)
     }

@@ -689,6 +689,8 @@ pub struct Runner {
     /// The last entry known shipped (None: not read from the store yet).
     shipped: Option<u64>,
     newest_ns: Option<i64>,
+    /// The newest snapshot's seq: an idle volume gets no new snapshot of the same state.
+    newest_seq: Option<u64>,
     last_ship_ns: i64,
     pub last: Option<String>,
 }
@@ -723,13 +725,15 @@ impl Runner {
         if self.shipped.is_none() {
             let cat = catalog(store, &s.name).await?;
             self.newest_ns = cat.snapshots.iter().map(|m| m.taken_ns).max();
+            self.newest_seq = cat.snapshots.iter().map(|m| m.seq).max();
             self.shipped = cat.last_recoverable();
         }
         let head = engine.journal_bounds().await?.last;
         let due = force
-            || self
-                .newest_ns
-                .is_none_or(|t| now - t >= b.snapshot_every_secs as i64 * 1_000_000_000);
+            || (self.newest_seq != Some(head)
+                && self
+                    .newest_ns
+                    .is_none_or(|t| now - t >= b.snapshot_every_secs as i64 * 1_000_000_000));
         let mut shipped = self.shipped;
         if let Some(sh) = shipped.filter(|&sh| sh < head) {
             if due || now - self.last_ship_ns >= b.segment_every_secs as i64 * 1_000_000_000 {
@@ -750,6 +754,7 @@ impl Runner {
             let m = snapshot(engine, store, &s, shipped.unwrap_or(0)).await?;
             self.shipped = Some(m.seq.max(shipped.unwrap_or(0)));
             self.newest_ns = Some(m.taken_ns);
+            self.newest_seq = Some(m.seq);
             self.last_ship_ns = now;
             out.snapshot = Some(m.seq);
             out.pruned = Some(prune(store, &s.name, &b).await?);

@@ -38,12 +38,8 @@ pub(super) fn start(p: &Arc<Primary>) {
     });
     // Metadata backups (`volume::backup`): the agent's turn while its lease is alive (the
     // mounts at the primary leave them to it).
-    match volume::open_store(&p.storage, None) {
-        Ok(store) => p.workers.spawn(volume::backup::BackupWorker::new(
-            p.engine.clone(),
-            store,
-            None,
-        )),
+    match volume::backup::BackupWorker::for_agent(p.engine.clone(), &p.storage) {
+        Ok(w) => p.workers.spawn(w),
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), store = %p.storage, "metadata backups: the volume's store does not open; the agent takes none")
         }

@@ -114,6 +114,14 @@ impl Primary {
         })?;
         let settings: fs_core::Settings =
             serde_json::from_slice(&settings_raw).context("the volume's settings do not decode")?;
+        // Where the blocks are now (a cutover may have moved them): the backups go there.
+        let storage = match fs_core::storage::current(&*engine, &settings.storage).await {
+            Ok(fs_core::storage::StorageState {
+                phase: fs_core::storage::Phase::Single { store },
+                ..
+            }) => store,
+            _ => settings.storage.clone(),
+        };
         Ok(Arc::new(Primary {
             cfg,
             engine,
@@ -121,7 +129,7 @@ impl Primary {
             metrics,
             tls,
             uuid: settings.uuid,
-            storage: settings.storage,
+            storage,
             conns: Default::default(),
             next_conn: AtomicU64::new(1),
             slot_lock: tokio::sync::Mutex::new(()),
