@@ -98,7 +98,7 @@ impl Worker for BackupWorker {
     }
     async fn work(&mut self, _stop: &CancellationToken) -> anyhow::Result<WorkerState> {
         if let Err(e) = self.follow_store().await {
-            self.note(anyhow::Error::from(e).context("following the volume's store"));
+            self.note(e.context("following the volume's store"));
             return Ok(WorkerState::Idle);
         }
         let r = async {
