@@ -197,7 +197,7 @@ pub async fn take_over(store: &dyn BlockStore, s: &Settings) -> Result<()> {
 }
 
 /// A time of a record (nanoseconds since the epoch) as a person reads it: RFC 3339, UTC.
-fn rfc3339(ns: i64) -> String {
+pub(crate) fn rfc3339(ns: i64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns.max(0) as u64);
     humantime::format_rfc3339_seconds(t).to_string()
 }

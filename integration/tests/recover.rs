@@ -408,6 +408,37 @@ fn scenario(engine: &str) {
     }
     assert!(any, "no recovery read the damaged part");
     std::fs::write(&part, &whole).unwrap();
+
+    // A damaged manifest: that snapshot is never used and is named; the others still are.
+    let manifests: Vec<PathBuf> = backup_files(&store, &name, "snap")
+        .into_iter()
+        .filter(|p| p.ends_with("manifest"))
+        .collect();
+    assert!(manifests.len() >= 2, "{manifests:?}");
+    let m0 = &manifests[0];
+    let whole = std::fs::read(m0).unwrap();
+    std::fs::write(m0, &whole[..whole.len() / 2]).unwrap();
+    let (t3, _t3) = meta_url(engine);
+    let newest = snaps.last().unwrap().to_string();
+    let o = jfs(&["recover", &store, "--name", &name, &t3, "--seq", &newest]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let m0_key = m0
+        .to_str()
+        .unwrap()
+        .split(&format!("/{name}/"))
+        .nth(1)
+        .unwrap();
+    assert!(
+        err.contains("is damaged, that snapshot was not used") && err.contains(m0_key),
+        "{err}"
+    );
+    let list = ok(&["recover", &store, "--name", &name, "--list"]);
+    assert!(
+        list.contains("damaged, never used:") && list.contains(m0_key),
+        "{list}"
+    );
+    std::fs::write(m0, &whole).unwrap();
 }
 
 /// `runbooks/recover-metadata.md`, each step as written, its output compared.

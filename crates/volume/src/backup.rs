@@ -108,6 +108,9 @@ impl Worker for BackupWorker {
                 return Ok(());
             }
             let s = self.runner.step(&*self.engine, &*self.store, false).await?;
+            for d in s.pruned.iter().flat_map(|p| &p.damaged) {
+                tracing::warn!(manifest = %d, "a metadata snapshot's manifest was damaged: that snapshot was never usable, and is deleted now that a newer one is complete");
+            }
             if let Some(seq) = s.snapshot {
                 self.snapshots += 1;
                 self.last_snapshot = Some(seq);

@@ -192,8 +192,12 @@ pub struct Segment {
 pub struct Catalog {
     /// Complete snapshots, oldest first.
     pub snapshots: Vec<Manifest>,
-    /// Snapshot directories without a manifest (half written): seq and their objects.
+    /// Snapshot directories without a usable manifest (half written, or its manifest
+    /// damaged): seq and their objects.
     pub unfinished: BTreeMap<u64, Vec<String>>,
+    /// Manifests that do not read (torn, damaged, moved): key and why. Their snapshots are
+    /// never used; `recover` names them; retention deletes them once a newer one is complete.
+    pub damaged: Vec<(String, String)>,
     /// Every object of each complete snapshot.
     pub snapshot_objects: BTreeMap<u64, Vec<String>>,
     /// Journal segments by first entry.
@@ -277,18 +281,32 @@ pub async fn catalog(store: &dyn BlockStore, volume: &str) -> Result<Catalog> {
     };
     for (seq, objs) in dirs {
         let mkey = format!("{}manifest", snap_dir(volume, seq));
-        if objs.contains(&mkey) {
-            let m = read_manifest(store, &mkey).await?;
-            if m.dir_seq != seq || m.base_seq < seq || m.volume != volume {
-                return Err(corrupt(format!(
+        if !objs.contains(&mkey) {
+            cat.unfinished.insert(seq, objs);
+            continue;
+        }
+        let m = match read_manifest(store, &mkey).await {
+            Ok(m) if m.dir_seq != seq || m.base_seq < seq || m.volume != volume => Err(corrupt(
+                format!(
                     "backup manifest {mkey} describes snapshot {} of volume {:?}: it was moved or damaged",
                     m.dir_seq, m.volume
-                )));
+                ),
+            )),
+            r => r,
+        };
+        match m {
+            Ok(m) => {
+                cat.snapshots.push(m);
+                cat.snapshot_objects.insert(seq, objs);
             }
-            cat.snapshots.push(m);
-            cat.snapshot_objects.insert(seq, objs);
-        } else {
-            cat.unfinished.insert(seq, objs);
+            // A store that does not answer is an error; a manifest that is not one is named.
+            Err(e)
+                if e.kind() == ErrorKind::Corrupt || e.kind() == ErrorKind::UnsupportedVersion =>
+            {
+                cat.damaged.push((mkey, e.to_string()));
+                cat.unfinished.insert(seq, objs);
+            }
+            Err(e) => return Err(e),
         }
     }
     Ok(cat)
@@ -549,10 +567,12 @@ pub fn keep(
 }
 
 /// What a retention pass deleted.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
 pub struct Pruned {
     pub snapshots: u64,
     pub unfinished: u64,
+    /// Of those, snapshots whose manifest was damaged (named in the log).
+    pub damaged: Vec<String>,
     pub segments: u64,
 }
 
@@ -593,6 +613,10 @@ pub async fn prune(store: &dyn BlockStore, volume: &str, b: &BackupSettings) -> 
     let newest = cat.snapshots.iter().map(|m| m.dir_seq).max().unwrap_or(0);
     for (seq, objs) in cat.unfinished {
         if seq < newest {
+            let mkey = format!("{}manifest", snap_dir(volume, seq));
+            if let Some((k, why)) = cat.damaged.iter().find(|(k, _)| *k == mkey) {
+                out.damaged.push(format!("{k}: {why}"));
+            }
             for k in objs {
                 del(k).await?;
             }
@@ -779,7 +803,7 @@ impl Target {
         match self {
             Target::Latest => "the last shipped entry".into(),
             Target::Seq(n) => format!("seq {n}"),
-            Target::Time(t) => format!("the time {t} ns since the epoch"),
+            Target::Time(t) => crate::owner::rfc3339(*t),
         }
     }
 }
@@ -787,6 +811,8 @@ impl Target {
 /// What `recover` rebuilt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Recovered {
+    /// Snapshots whose manifest is damaged (never used): key and why.
+    pub damaged: Vec<(String, String)>,
     pub snapshot_seq: u64,
     pub seq: u64,
     pub time_ns: i64,
@@ -993,6 +1019,7 @@ async fn fill(
     }
     engine.aux_put(crate::site::MARKER, None).await?;
     Ok(Recovered {
+        damaged: cat.damaged.clone(),
         snapshot_seq: snap.seq,
         seq: head,
         time_ns,

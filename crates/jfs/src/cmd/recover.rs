@@ -121,6 +121,9 @@ pub async fn recover(
                 );
             }
             println!("journal segments: {}", l.segments);
+            for (key, why) in &cat.damaged {
+                println!("damaged, never used: {key}: {why}");
+            }
         }
         return Ok(Outcome::Done);
     }
@@ -136,6 +139,11 @@ pub async fn recover(
     let r = backup::recover(&*engine, &*store, name, target)
         .await
         .with_context(|| format!("recovering volume {name:?} into {}", engine.display_url()))?;
+    for (key, why) in &r.damaged {
+        cli_common::eprintln!(
+            "warning: snapshot manifest {key} is damaged, that snapshot was not used: {why}"
+        );
+    }
     let settings = take_over(&*engine, &*store, take).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
