@@ -566,3 +566,78 @@ async fn one_backup_writer_the_agent_first_then_the_smallest_writing_session() {
     assert!(!my_turn(&*e2, None).await.unwrap());
     assert!(!my_turn(&*e2, Some(&b.id)).await.unwrap());
 }
+
+/// Snapshots written since a process started: the log lines of its backup worker.
+fn snapshots_in(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("metadata snapshot written to the volume's store")
+        .count()
+}
+
+/// The primary agent takes the backups while it runs, the read-write mount at the primary
+/// none; once the agent stops (its lease gone), the mount takes them over.
+#[test]
+fn the_primary_agent_takes_the_backups_and_the_mount_takes_over_when_it_stops() {
+    use integration::mirror::{free_port, primary_toml, Agent, TOKEN};
+    let dir = tempfile::tempdir().unwrap();
+    let (meta, _m) = meta_url("rocksdb");
+    let (store, _s) = store_url("file");
+    let name = unique("ag");
+    ok(&["format", &meta, &name, "--storage", &store]);
+    ok(&[
+        "backup",
+        &meta,
+        "--snapshot-every",
+        "1s",
+        "--segment-every",
+        "1s",
+    ]);
+    // -v: the mount logs its snapshots (info).
+    let mnt = Mount::start(&meta, dir.path(), "mnt", &["-v"]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut agent = Agent::start(
+        dir.path(),
+        "primary",
+        &primary_toml(&meta, &dir.path().join("ps"), &admin, &listen, &["m1"], ""),
+        &[("MIRROR_TOKEN", TOKEN)],
+    );
+    // Changes keep coming, so each second has a new state to snapshot.
+    let t0 = Instant::now();
+    let mut i = 0;
+    while snapshots_in(&agent.log) < 3 {
+        std::fs::write(mnt.mp.join(format!("f{i}")), data(i, 1000)).unwrap();
+        i += 1;
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the agent took no 3 snapshots in 60 s: {}",
+            std::fs::read_to_string(&agent.log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The mount may have taken one before the agent's lease was there, none since.
+    let by_mount = snapshots_in(&mnt.log);
+    for _ in 0..15 {
+        std::fs::write(mnt.mp.join(format!("f{i}")), data(i, 1000)).unwrap();
+        i += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        snapshots_in(&mnt.log),
+        by_mount,
+        "the mount backed up while the agent did"
+    );
+    assert_eq!(agent.term(), 0, "the agent's exit");
+    let t0 = Instant::now();
+    while snapshots_in(&mnt.log) == by_mount {
+        std::fs::write(mnt.mp.join(format!("f{i}")), data(i, 1000)).unwrap();
+        i += 1;
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the mount did not take the backups over in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    mnt.stop();
+}
