@@ -565,6 +565,17 @@ async fn one_backup_writer_the_agent_first_then_the_smallest_writing_session() {
     let e2 = integration::replica(&u2).await;
     assert!(!my_turn(&*e2, None).await.unwrap());
     assert!(!my_turn(&*e2, Some(&b.id)).await.unwrap());
+    // And a backup asked for there by hand (`jfs backup --now`) is refused, naming why.
+    let store = integration::open_store("memory://");
+    let err = fs_core::maint::backup::Runner::default()
+        .step(&*e2, &*store, true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is a mirror's metadata: metadata backups are taken at the primary"),
+        "{err}"
+    );
 }
 
 /// Snapshots written since a process started: the log lines of its backup worker.

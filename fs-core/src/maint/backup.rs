@@ -736,6 +736,18 @@ impl Runner {
         store: &dyn BlockStore,
         force: bool,
     ) -> Result<Step> {
+        if crate::site::aux_exact(engine, crate::site::MARKER)
+            .await?
+            .is_some()
+        {
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                format!(
+                    "{} is a mirror's metadata: metadata backups are taken at the primary (its agent or a read-write mount there), into the volume's store",
+                    engine.display_url()
+                ),
+            ));
+        }
         let s: Settings = match engine.get(keys::SETTING).await? {
             Some(v) => serde_json::from_slice(&v).map_err(|e| corrupt(format!("settings: {e}")))?,
             None => return Ok(Step::default()),
