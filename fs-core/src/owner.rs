@@ -197,7 +197,7 @@ pub async fn take_over(store: &dyn BlockStore, s: &Settings) -> Result<()> {
 }
 
 /// A time of a record (nanoseconds since the epoch) as a person reads it: RFC 3339, UTC.
-fn rfc3339(ns: i64) -> String {
+pub(crate) fn rfc3339(ns: i64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns.max(0) as u64);
     humantime::format_rfc3339_seconds(t).to_string()
 }
@@ -209,7 +209,7 @@ fn holds(url: &str, o: &Owner, s: &Settings) -> Result<()> {
     Err(Error::new(
         ErrorKind::ReadOnly,
         format!(
-            "the blocks of volume {:?} in {url} are held by other metadata: a `jfs load` of a dump of this volume took the store over at {}. This metadata is retired: writing here would overwrite the loaded volume's blocks, and its gc would delete them. Use the metadata the dump was loaded into",
+            "the blocks of volume {:?} in {url} are held by other metadata: a `jfs load` of a dump of this volume (or a `jfs recover` of its backups) took the store over at {}. This metadata is retired: writing here would overwrite the loaded volume's blocks, and its gc would delete them. Use the metadata the dump was loaded (or recovered) into",
             o.name,
             rfc3339(o.since_ns)
         ),

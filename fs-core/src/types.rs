@@ -170,6 +170,9 @@ pub struct Settings {
     /// names it), so that the metadata a dump was taken from can no longer write there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<String>,
+    /// Metadata backups (see `maint::backup`; absent: on, with its defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<crate::maint::backup::BackupSettings>,
 }
 
 impl Settings {
@@ -188,7 +191,13 @@ impl Settings {
             compact_threshold: 64,
             created_ns: now_ns(),
             incarnation: None,
+            backup: None,
         }
+    }
+
+    /// The backup settings in force (the defaults when none were set).
+    pub fn backup(&self) -> crate::maint::backup::BackupSettings {
+        self.backup.clone().unwrap_or_default()
     }
 }
 

@@ -399,7 +399,23 @@ async fn consistent_prefix_at_random_instants_postgres() {
 async fn gc_never_deletes_blocks_a_lagging_mirror_needs() {
     use fs_core::{Owner, ROOT_INO};
     let o = Owner { uid: 0, gid: 0 };
-    let mut s = setup_with("redis", "rocksdb", "", "", |st| st.trash_secs = 0, None).await;
+    let mut s = setup_with(
+        "redis",
+        "rocksdb",
+        "",
+        "",
+        |st| {
+            st.trash_secs = 0;
+            // The primary agent's metadata backups would hold the frees too (gc's other
+            // rule, tested in recover.rs): this test is about the mirrors' hold.
+            st.backup = Some(fs_core::maint::backup::BackupSettings {
+                enabled: false,
+                ..Default::default()
+            });
+        },
+        None,
+    )
+    .await;
     let fs = &s.vol.fs;
     let mut inos = Vec::new();
     for i in 0..20u64 {
@@ -1668,7 +1684,23 @@ async fn every_refusal_of_run_is_a_refusal_of_check_config_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_queued_copy_of_a_freed_slice_leaves_the_queue() {
     use fs_core::{Owner, ROOT_INO};
-    let mut s = setup_with("redis", "rocksdb", "", "", |st| st.trash_secs = 0, None).await;
+    let mut s = setup_with(
+        "redis",
+        "rocksdb",
+        "",
+        "",
+        |st| {
+            st.trash_secs = 0;
+            // The primary agent's metadata backups would hold the frees too (gc's other
+            // rule, tested in recover.rs): this test is about the mirrors' hold.
+            st.backup = Some(fs_core::maint::backup::BackupSettings {
+                enabled: false,
+                ..Default::default()
+            });
+        },
+        None,
+    )
+    .await;
     let fs = &s.vol.fs;
     let o = Owner { uid: 0, gid: 0 };
     let (ino, _) = fs.create(ROOT_INO, b"gone", 0o644, o).await.unwrap();

@@ -424,6 +424,8 @@ fn mistyped_flags_never_suggest_a_destructive_one() {
         "'drop'",
         "'detach'",
         "--delete ",
+        "'--purge'",
+        "'recover'",
     ];
     for (bin, args) in [
         ("jfs-sync", vec!["--delete-srx", "a", "b"]),
@@ -434,6 +436,11 @@ fn mistyped_flags_never_suggest_a_destructive_one() {
         ("jfs-sync", vec!["--reset-stat", "a", "b"]),
         ("jfs", vec!["gc", "rocksdb:///x", "--delet"]),
         ("jfs", vec!["rmm", "rocksdb:///x", "/a"]),
+        ("jfs", vec!["backup", "rocksdb:///x", "--purg"]),
+        (
+            "jfs",
+            vec!["recovr", "file:///s", "rocksdb:///x", "--name", "v"],
+        ),
         ("mirror-agent", vec!["slot", "drp", "x"]),
         ("mirror-agent", vec!["detah"]),
     ] {

@@ -423,6 +423,67 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Rebuild a volume's metadata as of any instant its backups cover (snapshots and the
+    /// journal shipped into its store by the primary) into EMPTY metadata of any engine,
+    /// from the store alone; the rebuilt metadata then holds the store. --list shows the
+    /// recoverable range. Default instant: the last shipped entry.
+    Recover {
+        /// The volume's store (its URL as at `jfs format --storage`).
+        store_url: String,
+        /// Empty metadata to rebuild into (refused if it holds anything).
+        #[arg(required_unless_present = "list")]
+        new_meta_url: Option<String>,
+        /// The volume's name (its prefix in the store).
+        #[arg(long)]
+        name: String,
+        /// The metadata as of this journal entry.
+        #[arg(long, conflicts_with = "at")]
+        seq: Option<u64>,
+        /// The metadata as of the last entry committed at or before this time (RFC 3339,
+        /// e.g. 2026-11-28T18:00:00Z).
+        #[arg(long)]
+        at: Option<String>,
+        /// Show the snapshots and the recoverable range instead.
+        #[arg(long)]
+        list: bool,
+        /// Leave the store to the metadata that holds it now (a live volume): the
+        /// recovered metadata is for reading what an earlier instant held (`jfs get`, `jfs
+        /// cat`, a read-only mount); its writers are refused.
+        #[arg(long)]
+        no_take_over: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Metadata backups (on by default): show their settings and range, change them
+    /// (journaled like every setting), take a snapshot now, or delete them all.
+    Backup {
+        meta_url: String,
+        /// Take a snapshot when the newest is older than this (default 1h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        snapshot_every: Option<std::time::Duration>,
+        /// Ship the journal this often: the most a destroyed metadata engine loses (default 10s).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        segment_every: Option<std::time::Duration>,
+        /// Keep the oldest snapshot of each hour for this many hours (default 48).
+        #[arg(long)]
+        keep_hourly: Option<u32>,
+        /// Keep the oldest snapshot of each day for this many days (default 14).
+        #[arg(long)]
+        keep_daily: Option<u32>,
+        #[arg(long, conflicts_with = "off")]
+        on: bool,
+        /// Stop taking backups (those in the store stay, and keep holding gc, until --purge).
+        #[arg(long)]
+        off: bool,
+        /// Take a snapshot now (and ship the journal).
+        #[arg(long)]
+        now: bool,
+        /// Delete every backup of the volume from its store.
+        #[arg(long)]
+        purge: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the change journal.
     Journal {
         meta_url: String,

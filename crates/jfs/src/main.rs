@@ -8,7 +8,9 @@ mod progress;
 use std::process::ExitCode;
 
 /// Never suggested for a mistyped flag or subcommand.
-const DESTRUCTIVE: &[&str] = &["--delete", "--force", "rm", "truncate"];
+const DESTRUCTIVE: &[&str] = &[
+    "--delete", "--force", "rm", "truncate", "--purge", "recover",
+];
 
 /// glibc's malloc serves the 4 MiB blocks of reads with fresh mmaps (page faults on every
 /// block) and spreads the rest over up to 8 arenas per core, each keeping what it freed: a

@@ -242,6 +242,15 @@ pub async fn run(vol: volume::Volume, o: MountOptions, ready: impl FnOnce()) -> 
             WANT_EVERY,
         ));
     }
+    // The primary's background work: metadata backups, when it is this mount's turn
+    // (`volume::backup`). Never at a mirror, never from a read-only mount.
+    if !o.read_only && !matches!(site, volume::Site::Mirror { .. }) {
+        workers.spawn(volume::backup::BackupWorker::new(
+            engine.clone(),
+            fs.store().clone(),
+            Some(sid.clone()),
+        ));
+    }
     let res = serve(
         fs.clone(),
         &site,

@@ -62,6 +62,7 @@
 //! (`rocksdb://`, the new primary's site's own) is never followed nor opened: such a mount
 //! stays on the fenced metadata, read-only, its commits refused at once with what to do.
 
+pub mod backup;
 mod cache;
 mod cached;
 mod fallback;

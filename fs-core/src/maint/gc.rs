@@ -1,7 +1,9 @@
 //! `jfs gc`: pending deletes, leaked objects, dead sessions, the temporary files of copies
 //! whose writer died (`gc_temps`), and the journal's tail. It deletes nothing unless every
 //! listing (metadata and object store) completed without error, and nothing a registered
-//! mirror may still need (see `slots`).
+//! mirror may still need (see `slots`), nor anything a recoverable instant of the metadata
+//! backups references: a pending delete stamped at a seq above the oldest snapshot's in the
+//! store (`backup::hold_seq`, read after the metadata pass) is held, whatever the trash time.
 
 use super::PAGE;
 use crate::engine::{scan_all, Engine};
@@ -32,6 +34,9 @@ pub struct GcReport {
     pub pending: u64,
     pub pending_due: u64,
     pub pending_held_for_mirrors: u64,
+    /// Pending deletes a recoverable instant of the metadata backups still references.
+    #[serde(default)]
+    pub pending_held_for_backups: u64,
     pub pending_purged: u64,
     pub objects: u64,
     pub leaked: u64,
@@ -120,7 +125,7 @@ impl Fs {
         }
         // 1. Referenced slices (chunks) and pending deletes, from one metadata pass.
         let mut referenced: HashMap<u64, u32> = HashMap::new();
-        let mut due: Vec<(u64, u32)> = Vec::new();
+        let mut due: Vec<(u64, u32, u64)> = Vec::new();
         let mut temps: Vec<(u64, Vec<u8>, u64)> = Vec::new();
         scan_all(&*self.engine, b"", &[0xff], PAGE, |page| {
             for (k, v) in page {
@@ -147,8 +152,7 @@ impl Fs {
                             rep.pending_held_for_mirrors += 1;
                             continue;
                         }
-                        rep.pending_due += 1;
-                        due.push((id, size));
+                        due.push((id, size, seq));
                     }
                     Key::Dentry(parent, name) => {
                         // A temporary's writer ids are ASCII at the end of its name; the
@@ -165,6 +169,16 @@ impl Fs {
             Ok(())
         })
         .await?;
+        // 1a. Backups: read after the pass above (see `backup::snapshot`).
+        let hold = super::backup::hold_seq(&*self.store, &s.name)
+            .await
+            .map_err(|e| e.context("reading the metadata backups' catalog (gc deleted nothing)"))?;
+        due.retain(|&(_, _, seq)| {
+            let held = hold.is_some_and(|h| seq > h);
+            rep.pending_held_for_backups += held as u64;
+            !held
+        });
+        rep.pending_due = due.len() as u64;
         // 1b. Temporary files whose writer is dead: unlinked like any file (their slices
         //     become pending deletes, purged by a later gc after the trash time).
         let judge = super::TmpJudge::new(sessions, opts.now_ns, opts.session_timeout, false);
@@ -236,7 +250,7 @@ impl Fs {
         // 3. Delete: pending slices' blocks first, then their keys (a crash in between only
         //    means the next gc deletes already-missing blocks again).
         for batch in due.chunks(1000) {
-            for &(id, size) in batch {
+            for &(id, size, _) in batch {
                 for (key, _) in self.slice_block_keys(id, size) {
                     match self.store.delete(&key).await {
                         Ok(()) => {}
@@ -246,7 +260,7 @@ impl Fs {
                 }
             }
             let mut tx = Txn::new(&*self.engine);
-            for &(id, size) in batch {
+            for &(id, size, _) in batch {
                 tx.delete(keys::pending(id, size));
                 tx.delete(keys::checksums(id));
             }

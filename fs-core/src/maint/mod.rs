@@ -4,6 +4,7 @@
 /// Listing page size for scans of the metadata.
 const PAGE: usize = 4096;
 
+pub mod backup;
 mod dump;
 mod fsck;
 mod gc;

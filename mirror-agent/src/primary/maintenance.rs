@@ -1,7 +1,8 @@
 //! The primary's background work, as `background::Worker`s under the primary's supervisor:
 //! `primary status` (the status document and metrics), `slot lease` (the lease), `journal
 //! maintenance` (the retention cap, the journal trim behind the slowest active mirror, and
-//! the purge of what expired in the volume's trash).
+//! the purge of what expired in the volume's trash), `metadata backup` (snapshots and journal
+//! segments into the volume's store, `volume::backup`).
 
 use super::lease::LEASE_EVERY;
 use super::*;
@@ -35,6 +36,14 @@ pub(super) fn start(p: &Arc<Primary>) {
         },
         failures: Failures::default(),
     });
+    // Metadata backups (`volume::backup`): the agent's turn while its lease is alive (the
+    // mounts at the primary leave them to it).
+    match volume::backup::BackupWorker::for_agent(p.engine.clone(), &p.storage) {
+        Ok(w) => p.workers.spawn(w),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), store = %p.storage, "metadata backups: the volume's store does not open; the agent takes none")
+        }
+    }
     p.workers.spawn(MaintenanceWorker {
         p: p.clone(),
         tick: ticker(p.cfg.trim_interval),

@@ -49,6 +49,8 @@ pub struct Primary {
     metrics: Arc<Metrics>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     uuid: String,
+    /// The volume's store URL (where the metadata backups go).
+    storage: String,
     /// One live connection per mirror: a newer one cancels the older.
     conns: std::sync::Mutex<HashMap<String, (u64, CancellationToken)>>,
     next_conn: AtomicU64,
@@ -112,6 +114,14 @@ impl Primary {
         })?;
         let settings: fs_core::Settings =
             serde_json::from_slice(&settings_raw).context("the volume's settings do not decode")?;
+        // Where the blocks are now (a cutover may have moved them): the backups go there.
+        let storage = match fs_core::storage::current(&*engine, &settings.storage).await {
+            Ok(fs_core::storage::StorageState {
+                phase: fs_core::storage::Phase::Single { store },
+                ..
+            }) => store,
+            _ => settings.storage.clone(),
+        };
         Ok(Arc::new(Primary {
             cfg,
             engine,
@@ -119,6 +129,7 @@ impl Primary {
             metrics,
             tls,
             uuid: settings.uuid,
+            storage,
             conns: Default::default(),
             next_conn: AtomicU64::new(1),
             slot_lock: tokio::sync::Mutex::new(()),

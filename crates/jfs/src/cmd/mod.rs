@@ -4,6 +4,7 @@ mod admin;
 mod cutover;
 mod fsops;
 mod mount;
+mod recover;
 mod through;
 mod transfer;
 mod trash;
@@ -279,6 +280,57 @@ pub async fn run(cli: Cli) -> Result<Outcome> {
             follow,
             json,
         } => admin::journal(&*open_engine(g, &meta_url, true).await?, from, follow, json).await,
+        Command::Recover {
+            store_url,
+            new_meta_url,
+            name,
+            seq,
+            at,
+            list,
+            no_take_over,
+            json,
+        } => {
+            recover::recover(
+                g,
+                &store_url,
+                new_meta_url.as_deref(),
+                &name,
+                (seq, at.as_deref()),
+                list,
+                !no_take_over,
+                json,
+            )
+            .await
+        }
+        Command::Backup {
+            meta_url,
+            snapshot_every,
+            segment_every,
+            keep_hourly,
+            keep_daily,
+            on,
+            off,
+            now,
+            purge,
+            json,
+        } => {
+            recover::backup(
+                g,
+                &meta_url,
+                recover::BackupArgs {
+                    snapshot_every,
+                    segment_every,
+                    keep_hourly,
+                    keep_daily,
+                    on,
+                    off,
+                    now,
+                    purge,
+                    json,
+                },
+            )
+            .await
+        }
         Command::Cutover { cmd } => cutover::run(g, cmd).await,
         Command::Trash {
             meta_url,
