@@ -34,6 +34,7 @@ if [ ! -x "$VENV/bin/juicefs" ]; then
 fi
 JUICEFS=$VENV/bin/juicefs
 D=$(mktemp -d /tmp/jfs-bench-clone.XXXXXX)
+chmod 755 "$D" # services.sh runs PostgreSQL as its own user under it
 B=$D/juicefs
 mkdir -p "$B" "$D/local"
 SVC=
